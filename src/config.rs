@@ -1,0 +1,802 @@
+//! `RunConfig`: every knob of a run, as one TOML document.
+//!
+//! Knob names follow what TRL / verl users know (`num_generations`, `epsilon_low`,
+//! `beta`, `loss_agg_mode`, ...). Each field has a one-line doc: what it does and
+//! its usual range. Presets live in `assets/experiments/*.toml`; a run directory
+//! keeps the exact config it ran with as `config.toml`.
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use thiserror::Error;
+
+/// A problem with a config: names the field and, where there is a choice, the allowed values.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("unknown preset `{name}`; available presets: {available}")]
+    UnknownPreset { name: String, available: String },
+    #[error("unknown config key `{key}`; allowed keys here: {allowed}")]
+    UnknownKey { key: String, allowed: String },
+    #[error("invalid value for `{key}`: {reason}")]
+    InvalidValue { key: String, reason: String },
+    #[error("`--set` expects key=value, got `{0}`")]
+    BadAssignment(String),
+    #[error("cannot read config file {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid TOML: {reason}")]
+    Parse { path: String, reason: String },
+}
+
+/// The whole run: what to learn, with what model, by which algorithm.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    pub task: TaskConfig,
+    pub model: ModelConfig,
+    pub algorithm: AlgorithmConfig,
+    pub optimizer: OptimizerConfig,
+    pub sampling: SamplingConfig,
+    pub run: RunSettings,
+}
+
+/// The sorting task (spec §1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TaskConfig {
+    /// Prompt length: how many numbers to sort (lecture: 3; 2..=16).
+    pub n: usize,
+    /// Numbers are drawn from `0..vocab` (lecture: 5; 2..=64).
+    pub vocab: usize,
+    /// Fixed training prompts (the lecture's three). Empty: draw `train_size` random prompts.
+    pub prompts: Vec<Vec<u32>>,
+    /// Number of random training prompts when `prompts` is empty (16..=100000).
+    pub train_size: usize,
+    /// Number of held-out prompts, disjoint from the training ones (0 disables; usual 32..=1024).
+    pub heldout_size: usize,
+    /// Whether random prompts may repeat a number (`[2,2,0]`).
+    pub allow_repeats: bool,
+    /// The verifier: `distance`, `inclusion_ordering` or `exact` (spec §1).
+    pub reward: RewardKind,
+    /// Optional weighted sum of verifiers, e.g. `{ exact = 1.0, distance = 0.2 }`; overrides `reward`.
+    pub reward_weights: std::collections::BTreeMap<String, f64>,
+}
+
+impl Default for TaskConfig {
+    fn default() -> Self {
+        Self {
+            n: 3,
+            vocab: 5,
+            prompts: vec![vec![1, 0, 2], vec![3, 2, 4], vec![1, 2, 3]],
+            train_size: 0,
+            heldout_size: 32,
+            allow_repeats: true,
+            reward: RewardKind::InclusionOrdering,
+            reward_weights: Default::default(),
+        }
+    }
+}
+
+/// The verifiers of spec §1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RewardKind {
+    Distance,
+    InclusionOrdering,
+    Exact,
+}
+
+impl RewardKind {
+    pub const ALL: [RewardKind; 3] = [Self::Distance, Self::InclusionOrdering, Self::Exact];
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Distance => "distance",
+            Self::InclusionOrdering => "inclusion_ordering",
+            Self::Exact => "exact",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == s)
+    }
+}
+
+/// The policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Which policy: `lecture` (per-position model of the lecture, spec §6).
+    pub kind: ModelKind,
+    /// Embedding width `D` (lecture: 10; 4..=256).
+    pub d_model: usize,
+    /// Multiplies the initial weights (1.0 = the lecture's init; smaller = closer to uniform).
+    pub init_scale: f64,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            kind: ModelKind::Lecture,
+            d_model: 10,
+            init_scale: 1.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelKind {
+    Lecture,
+}
+
+/// GRPO itself (spec §2–§4).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlgorithmConfig {
+    /// Responses sampled per prompt, the group size `G` (lecture: 10; usual 4..=64).
+    pub num_generations: usize,
+    /// Prompts per iteration `B` (0 = every training prompt each iteration).
+    pub prompts_per_iteration: usize,
+    /// Optimizer steps on one batch of rollouts, `μ` (lecture: 10; GRPO paper: 1..=4).
+    pub mu: usize,
+    /// How group rewards become advantages: raw, centered, normalized (GRPO), max, rloo, batch_normalized.
+    pub advantage: AdvantageMode,
+    /// Per-token objective: naive (`-A·logπ`), unclipped (`-A·ρ`), clipped (PPO).
+    pub loss: LossMode,
+    /// Lower clip range ε_low for the ratio (PPO: 0.2; lecture: 0.01).
+    pub epsilon_low: f64,
+    /// Upper clip range ε_high (PPO: 0.2; DAPO clip-higher: 0.28).
+    pub epsilon_high: f64,
+    /// KL coefficient β toward the reference policy (0 = no KL and no reference; usual 0.001..=0.1).
+    pub beta: f64,
+    /// KL estimator: k1, k2 or k3 (GRPO: k3).
+    pub kl_estimator: KlEstimator,
+    /// Where the KL goes: `loss` (GRPO: `+β·KL`) or `reward` (PPO-RLHF: `r - β·KL`).
+    pub kl_penalty: KlPenaltyMode,
+    /// Refresh the reference to a copy of the policy every this many iterations (lecture: 10; 0 = never).
+    pub ref_period: usize,
+    /// Token aggregation: seq-mean-token-mean (GRPO), token-mean (DAPO), seq-mean-token-sum-norm (Dr. GRPO).
+    pub loss_agg_mode: LossAggMode,
+    /// Deliberate bugs for the bug gallery (spec §5); all off by default.
+    pub bugs: BugSwitches,
+}
+
+impl Default for AlgorithmConfig {
+    fn default() -> Self {
+        Self {
+            num_generations: 10,
+            prompts_per_iteration: 0,
+            mu: 10,
+            advantage: AdvantageMode::Normalized,
+            loss: LossMode::Naive,
+            epsilon_low: 0.2,
+            epsilon_high: 0.2,
+            beta: 0.0,
+            kl_estimator: KlEstimator::K3,
+            kl_penalty: KlPenaltyMode::Loss,
+            ref_period: 10,
+            loss_agg_mode: LossAggMode::SeqMeanTokenMean,
+            bugs: BugSwitches::default(),
+        }
+    }
+}
+
+/// Deliberate bugs (spec §5), each one labelled as such wherever it shows.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BugSwitches {
+    /// BUG: ratio written as `logπ / logπ_old` instead of `exp(logπ - logπ_old)`.
+    pub ratio_as_logprob_quotient: bool,
+    /// BUG: `π_old` recomputed with gradient each step instead of frozen at rollout.
+    pub unfrozen_old_policy: bool,
+    /// BUG: the reference shares the policy's weights instead of being a copy.
+    pub shared_reference: bool,
+}
+
+impl BugSwitches {
+    pub fn any(&self) -> bool {
+        self.ratio_as_logprob_quotient || self.unfrozen_old_policy || self.shared_reference
+    }
+}
+
+macro_rules! named_enum {
+    ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum $ty { $(#[serde(rename = $name)] $variant),+ }
+        impl $ty {
+            pub const ALL: &'static [$ty] = &[$($ty::$variant),+];
+            pub fn name(self) -> &'static str { match self { $($ty::$variant => $name),+ } }
+            pub fn parse(s: &str) -> Option<Self> { Self::ALL.iter().copied().find(|m| m.name() == s) }
+        }
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str(self.name()) }
+        }
+    };
+}
+
+named_enum!(AdvantageMode {
+    Raw => "raw",
+    Centered => "centered",
+    Normalized => "normalized",
+    Max => "max",
+    Rloo => "rloo",
+    BatchNormalized => "batch_normalized",
+});
+named_enum!(LossMode { Naive => "naive", Unclipped => "unclipped", Clipped => "clipped" });
+named_enum!(KlEstimator { K1 => "k1", K2 => "k2", K3 => "k3" });
+named_enum!(KlPenaltyMode { Loss => "loss", Reward => "reward" });
+named_enum!(LossAggMode {
+    SeqMeanTokenMean => "seq-mean-token-mean",
+    TokenMean => "token-mean",
+    SeqMeanTokenSumNorm => "seq-mean-token-sum-norm",
+});
+named_enum!(DeviceChoice { Auto => "auto", Gpu => "gpu", Software => "software", Cpu => "cpu" });
+
+/// Adam (the lecture's optimizer).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimizerConfig {
+    /// Learning rate (lecture: 1e-3; usual 1e-5..=1e-2).
+    pub lr: f64,
+    /// Adam β1 (0.9).
+    pub beta1: f64,
+    /// Adam β2 (0.999).
+    pub beta2: f64,
+    /// Adam ε (PyTorch default 1e-8).
+    pub eps: f64,
+    /// Clip the global gradient norm to this value (0 = off; TRL: 1.0).
+    pub max_grad_norm: f64,
+}
+
+impl Default for OptimizerConfig {
+    fn default() -> Self {
+        Self {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            max_grad_norm: 0.0,
+        }
+    }
+}
+
+/// How rollouts are sampled.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SamplingConfig {
+    /// Softmax temperature T (1.0 = the policy as is; usual 0.6..=1.2).
+    pub temperature: f64,
+    /// Keep only the k most likely tokens (0 = off).
+    pub top_k: usize,
+    /// Nucleus sampling: keep the smallest set with this much mass (1.0 = off).
+    pub top_p: f64,
+}
+
+impl Default for SamplingConfig {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+        }
+    }
+}
+
+/// Length of the run, seed, device and what gets written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunSettings {
+    /// Name used in run directories and chart titles.
+    pub name: String,
+    /// Seed: a run is a function of its config and this seed.
+    pub seed: u64,
+    /// GRPO iterations ("epochs" in the lecture: 100).
+    pub iterations: usize,
+    /// Write a checkpoint every this many iterations (0 = only at the end).
+    pub checkpoint_every: usize,
+    /// How many groups per iteration are logged in full (responses, rewards, advantages).
+    pub log_groups: usize,
+    /// Compute device: auto, gpu, software (lavapipe) or cpu (burn's CPU backend).
+    pub device: DeviceChoice,
+}
+
+impl Default for RunSettings {
+    fn default() -> Self {
+        Self {
+            name: "run".into(),
+            seed: 0,
+            iterations: 100,
+            checkpoint_every: 10,
+            log_groups: 16,
+            device: DeviceChoice::Auto,
+        }
+    }
+}
+
+/// The built-in presets, `assets/experiments/NAME.toml`, compiled in so the binary needs no files.
+pub const PRESETS: &[(&str, &str)] = &[
+    (
+        "lecture17",
+        include_str!("../assets/experiments/lecture17.toml"),
+    ),
+    ("scaled", include_str!("../assets/experiments/scaled.toml")),
+    (
+        "random-sort",
+        include_str!("../assets/experiments/random-sort.toml"),
+    ),
+];
+
+impl RunConfig {
+    /// A preset by name.
+    pub fn preset(name: &str) -> Result<Self, ConfigError> {
+        let text = PRESETS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, t)| *t)
+            .ok_or_else(|| ConfigError::UnknownPreset {
+                name: name.into(),
+                available: PRESETS
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        Self::from_toml_str(text, &format!("preset {name}"))
+    }
+
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let value: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.into(),
+            reason: e.message().to_string(),
+        })?;
+        Self::from_table(value)
+    }
+
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml_str(&text, &path.display().to_string())
+    }
+
+    /// Build from a TOML table, checking every key against the known ones first so an
+    /// unknown key is reported with the allowed keys next to it.
+    pub fn from_table(table: toml::Table) -> Result<Self, ConfigError> {
+        let reference = toml::Table::try_from(RunConfig::default()).expect("default serializes");
+        check_keys(&table, &reference, "")?;
+        // Fill missing fields from defaults, then deserialize section by section so the
+        // error can name the section.
+        let mut merged = reference;
+        merge(&mut merged, table);
+        let config: RunConfig =
+            toml::Value::Table(merged)
+                .try_into()
+                .map_err(|e: toml::de::Error| ConfigError::InvalidValue {
+                    key: "config".into(),
+                    reason: e.message().to_string(),
+                })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("config serializes")
+    }
+
+    /// Apply `key=value` overrides (dotted keys, TOML values; bare words are strings).
+    pub fn with_overrides(&self, sets: &[String]) -> Result<Self, ConfigError> {
+        let mut table = toml::Table::try_from(self).expect("config serializes");
+        let reference = table.clone();
+        for assignment in sets {
+            let (key, raw) = assignment
+                .split_once('=')
+                .ok_or_else(|| ConfigError::BadAssignment(assignment.clone()))?;
+            let key = key.trim();
+            let value = parse_value(raw.trim());
+            set_path(&mut table, &reference, key, value)?;
+        }
+        // Deserialize each overridden key alone first, so a bad value names its key.
+        for assignment in sets {
+            let key = assignment
+                .split_once('=')
+                .map(|(k, _)| k.trim())
+                .unwrap_or("");
+            let mut probe = toml::Table::try_from(self).expect("config serializes");
+            let new_value = get_path(&table, key).cloned();
+            if let Some(v) = new_value {
+                set_path(&mut probe, &reference, key, v)?;
+                toml::Value::Table(probe)
+                    .try_into::<RunConfig>()
+                    .map_err(|e| ConfigError::InvalidValue {
+                        key: key.into(),
+                        reason: e.message().to_string(),
+                    })?;
+            }
+        }
+        Self::from_table(table)
+    }
+
+    /// Semantic checks serde cannot make. Each error names the field and the allowed range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, reason: String| {
+            Err(ConfigError::InvalidValue {
+                key: key.into(),
+                reason,
+            })
+        };
+        let t = &self.task;
+        if !(1..=64).contains(&t.n) {
+            return bad("task.n", format!("{} is out of range; allowed 1..=64", t.n));
+        }
+        if !(2..=1024).contains(&t.vocab) {
+            return bad(
+                "task.vocab",
+                format!("{} is out of range; allowed 2..=1024", t.vocab),
+            );
+        }
+        for (i, p) in t.prompts.iter().enumerate() {
+            if p.len() != t.n {
+                return bad(
+                    "task.prompts",
+                    format!("prompt {i} has {} numbers but task.n = {}", p.len(), t.n),
+                );
+            }
+            if let Some(x) = p.iter().find(|&&x| x as usize >= t.vocab) {
+                return bad(
+                    "task.prompts",
+                    format!("prompt {i} holds {x}, outside 0..{} (task.vocab)", t.vocab),
+                );
+            }
+        }
+        if t.prompts.is_empty() && t.train_size == 0 {
+            return bad(
+                "task.train_size",
+                "must be ≥ 1 when task.prompts is empty".into(),
+            );
+        }
+        for (k, w) in &t.reward_weights {
+            if RewardKind::parse(k).is_none() {
+                return bad(
+                    &format!("task.reward_weights.{k}"),
+                    "unknown reward; allowed: distance, inclusion_ordering, exact".into(),
+                );
+            }
+            if !w.is_finite() {
+                return bad(
+                    &format!("task.reward_weights.{k}"),
+                    "weight must be finite".into(),
+                );
+            }
+        }
+        if !t.allow_repeats && t.vocab < t.n {
+            return bad(
+                "task.allow_repeats",
+                format!("false needs task.vocab ≥ task.n ({} < {})", t.vocab, t.n),
+            );
+        }
+        if !(1..=4096).contains(&self.model.d_model) {
+            return bad(
+                "model.d_model",
+                format!("{} is out of range; allowed 1..=4096", self.model.d_model),
+            );
+        }
+        if !(self.model.init_scale > 0.0 && self.model.init_scale.is_finite()) {
+            return bad("model.init_scale", "must be > 0".into());
+        }
+        let a = &self.algorithm;
+        if !(1..=4096).contains(&a.num_generations) {
+            return bad(
+                "algorithm.num_generations",
+                format!("{} is out of range; allowed 1..=4096", a.num_generations),
+            );
+        }
+        if !(1..=1000).contains(&a.mu) {
+            return bad(
+                "algorithm.mu",
+                format!("{} is out of range; allowed 1..=1000", a.mu),
+            );
+        }
+        for (key, eps) in [
+            ("algorithm.epsilon_low", a.epsilon_low),
+            ("algorithm.epsilon_high", a.epsilon_high),
+        ] {
+            if !(eps > 0.0 && eps < 10.0) {
+                return bad(key, format!("{eps} is out of range; allowed (0, 10)"));
+            }
+        }
+        if a.epsilon_low >= 1.0 {
+            return bad(
+                "algorithm.epsilon_low",
+                format!(
+                    "{} must be < 1 (the ratio is clipped at 1 - ε_low)",
+                    a.epsilon_low
+                ),
+            );
+        }
+        if !(a.beta >= 0.0 && a.beta.is_finite()) {
+            return bad("algorithm.beta", format!("{} must be ≥ 0", a.beta));
+        }
+        let o = &self.optimizer;
+        if !(o.lr > 0.0 && o.lr < 10.0) {
+            return bad(
+                "optimizer.lr",
+                format!("{} is out of range; allowed (0, 10)", o.lr),
+            );
+        }
+        for (key, b) in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2)] {
+            if !(0.0..1.0).contains(&b) {
+                return bad(key, format!("{b} is out of range; allowed [0, 1)"));
+            }
+        }
+        if !(o.eps > 0.0) {
+            return bad("optimizer.eps", "must be > 0".into());
+        }
+        if !(o.max_grad_norm >= 0.0) {
+            return bad("optimizer.max_grad_norm", "must be ≥ 0".into());
+        }
+        let s = &self.sampling;
+        if !(s.temperature > 0.0 && s.temperature.is_finite()) {
+            return bad(
+                "sampling.temperature",
+                format!("{} must be > 0", s.temperature),
+            );
+        }
+        if !(s.top_p > 0.0 && s.top_p <= 1.0) {
+            return bad(
+                "sampling.top_p",
+                format!("{} is out of range; allowed (0, 1]", s.top_p),
+            );
+        }
+        if self.run.iterations == 0 {
+            return bad("run.iterations", "must be ≥ 1".into());
+        }
+        Ok(())
+    }
+
+    /// The prompts drawn per iteration.
+    pub fn batch_prompts(&self, train_len: usize) -> usize {
+        match self.algorithm.prompts_per_iteration {
+            0 => train_len,
+            b => b.min(train_len),
+        }
+    }
+
+    /// Optimizer steps in the whole run.
+    pub fn total_steps(&self) -> usize {
+        self.run.iterations * self.algorithm.mu
+    }
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            task: TaskConfig::default(),
+            model: ModelConfig::default(),
+            algorithm: AlgorithmConfig::default(),
+            optimizer: OptimizerConfig::default(),
+            sampling: SamplingConfig::default(),
+            run: RunSettings::default(),
+        }
+    }
+}
+
+fn parse_value(raw: &str) -> toml::Value {
+    // A TOML literal if it parses as one (numbers, booleans, arrays, inline tables), else a string.
+    let doc = format!("v = {raw}");
+    match toml::from_str::<toml::Table>(&doc) {
+        Ok(mut t) => t.remove("v").unwrap_or(toml::Value::String(raw.into())),
+        Err(_) => toml::Value::String(raw.to_string()),
+    }
+}
+
+fn allowed_keys(table: &toml::Table, prefix: &str) -> String {
+    table
+        .keys()
+        .map(|k| {
+            if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Keys whose values are free-form maps (any key allowed).
+const FREE_MAPS: &[&str] = &["task.reward_weights"];
+
+fn check_keys(
+    table: &toml::Table,
+    reference: &toml::Table,
+    prefix: &str,
+) -> Result<(), ConfigError> {
+    for (key, value) in table {
+        let path = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        let Some(ref_value) = reference.get(key) else {
+            return Err(ConfigError::UnknownKey {
+                key: path,
+                allowed: allowed_keys(reference, prefix),
+            });
+        };
+        if FREE_MAPS.contains(&path.as_str()) {
+            continue;
+        }
+        if let (toml::Value::Table(sub), toml::Value::Table(ref_sub)) = (value, ref_value) {
+            check_keys(sub, ref_sub, &path)?;
+        }
+    }
+    Ok(())
+}
+
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o))
+                if !FREE_MAPS.iter().any(|f| f.ends_with(&k)) =>
+            {
+                merge(b, o)
+            }
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
+fn get_path<'a>(table: &'a toml::Table, key: &str) -> Option<&'a toml::Value> {
+    let mut parts = key.split('.');
+    let mut cur = table.get(parts.next()?)?;
+    for p in parts {
+        cur = cur.as_table()?.get(p)?;
+    }
+    Some(cur)
+}
+
+fn set_path(
+    table: &mut toml::Table,
+    reference: &toml::Table,
+    key: &str,
+    value: toml::Value,
+) -> Result<(), ConfigError> {
+    let parts: Vec<&str> = key.split('.').collect();
+    let mut cur = table;
+    let mut cur_ref = reference;
+    let mut free = false;
+    for (i, part) in parts.iter().enumerate() {
+        let prefix = parts[..i].join(".");
+        let last = i + 1 == parts.len();
+        if !free && !cur_ref.contains_key(*part) {
+            return Err(ConfigError::UnknownKey {
+                key: key.into(),
+                allowed: allowed_keys(cur_ref, &prefix),
+            });
+        }
+        if last {
+            let mut value = value;
+            // Keep the value's type where TOML would read a bare word differently
+            // (e.g. `run.name=123` stays a string).
+            if let Some(toml::Value::String(_)) = cur_ref.get(*part) {
+                if !value.is_str() {
+                    value = toml::Value::String(value.to_string());
+                }
+            }
+            if let (Some(toml::Value::Float(_)), toml::Value::Integer(i)) =
+                (cur_ref.get(*part), &value)
+            {
+                value = toml::Value::Float(*i as f64);
+            }
+            cur.insert(part.to_string(), value);
+            return Ok(());
+        }
+        let path_so_far = parts[..=i].join(".");
+        if FREE_MAPS.contains(&path_so_far.as_str()) {
+            free = true;
+        }
+        let entry = cur
+            .entry(part.to_string())
+            .or_insert_with(|| toml::Value::Table(Default::default()));
+        let Some(next) = entry.as_table_mut() else {
+            return Err(ConfigError::UnknownKey {
+                key: key.into(),
+                allowed: format!("`{path_so_far}` is a value, not a section"),
+            });
+        };
+        cur = next;
+        if !free {
+            cur_ref = cur_ref
+                .get(*part)
+                .and_then(|v| v.as_table())
+                .expect("checked above");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_parse_and_validate() {
+        for (name, _) in PRESETS {
+            RunConfig::preset(name).unwrap();
+        }
+    }
+
+    #[test]
+    fn lecture17_is_the_lecture() {
+        let c = RunConfig::preset("lecture17").unwrap();
+        assert_eq!(
+            c.task.prompts,
+            vec![vec![1, 0, 2], vec![3, 2, 4], vec![1, 2, 3]]
+        );
+        assert_eq!((c.task.n, c.task.vocab, c.model.d_model), (3, 5, 10));
+        assert_eq!(c.algorithm.num_generations, 10);
+        assert_eq!((c.run.iterations, c.algorithm.mu), (100, 10));
+        assert_eq!(c.optimizer.lr, 1e-3);
+        assert_eq!(c.task.reward, RewardKind::InclusionOrdering);
+    }
+
+    #[test]
+    fn set_overrides_and_names_bad_keys_and_values() {
+        let c = RunConfig::preset("lecture17").unwrap();
+        let c2 = c
+            .with_overrides(&[
+                "algorithm.advantage=centered".into(),
+                "optimizer.lr=1".into(),
+            ])
+            .unwrap();
+        assert_eq!(c2.algorithm.advantage, AdvantageMode::Centered);
+        assert_eq!(c2.optimizer.lr, 1.0);
+        let e = c
+            .with_overrides(&["algorithm.advantag=raw".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("algorithm.advantag") && e.contains("algorithm.advantage"),
+            "{e}"
+        );
+        let e = c
+            .with_overrides(&["algorithm.advantage=nope".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("algorithm.advantage") && e.contains("rloo"),
+            "{e}"
+        );
+        let e = c
+            .with_overrides(&["algorithm.num_generations=-3".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("algorithm.num_generations"), "{e}");
+        let e = c
+            .with_overrides(&["algorithm.epsilon_low=1.5".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("algorithm.epsilon_low"), "{e}");
+    }
+
+    #[test]
+    fn toml_round_trip() {
+        let c = RunConfig::preset("scaled").unwrap();
+        let back = RunConfig::from_toml_str(&c.to_toml(), "test").unwrap();
+        assert_eq!(c, back);
+    }
+
+    #[test]
+    fn unknown_key_in_file_is_named() {
+        let e = RunConfig::from_toml_str("[algorithm]\nbetta = 0.1\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("algorithm.betta") && e.contains("algorithm.beta"),
+            "{e}"
+        );
+    }
+}

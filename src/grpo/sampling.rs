@@ -1,0 +1,201 @@
+//! Categorical sampling from logits with temperature, top-k and top-p, driven by a
+//! counter-based RNG: the token at `(seed, iteration, prompt, response, position)` does
+//! not depend on the order of work, so a WGSL kernel can reproduce it.
+
+use crate::rng::{counter_u32, unit_f32};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    /// 1.0 = off.
+    pub top_p: f32,
+}
+
+/// The distribution actually sampled from: `softmax(logits / T)` restricted to the
+/// top-k tokens and then to the smallest top-p nucleus, renormalized. Ties keep the
+/// lower token id first.
+pub fn sampling_probs(logits: &[f32], p: SamplingParams) -> Vec<f32> {
+    let v = logits.len();
+    let scaled: Vec<f32> = logits.iter().map(|l| l / p.temperature).collect();
+    let max = scaled.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut probs: Vec<f32> = scaled.iter().map(|l| (l - max).exp()).collect();
+    let total: f32 = probs.iter().sum();
+    probs.iter_mut().for_each(|x| *x /= total);
+    let filter_k = p.top_k > 0 && p.top_k < v;
+    let filter_p = p.top_p < 1.0;
+    if filter_k || filter_p {
+        let mut order: Vec<usize> = (0..v).collect();
+        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+        let mut keep = if filter_k { p.top_k } else { v };
+        if filter_p {
+            let mut mass = 0.0;
+            for (i, &tok) in order.iter().enumerate().take(keep) {
+                mass += probs[tok];
+                if mass >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        for &tok in &order[keep..] {
+            probs[tok] = 0.0;
+        }
+        let total: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|x| *x /= total);
+    }
+    probs
+}
+
+/// Inverse-CDF draw with uniform `u ∈ [0, 1)`; never returns a zero-probability token.
+pub fn draw(probs: &[f32], u: f32) -> u32 {
+    let mut acc = 0.0;
+    let mut last = 0;
+    for (i, &q) in probs.iter().enumerate() {
+        if q > 0.0 {
+            acc += q;
+            last = i;
+            if u < acc {
+                return i as u32;
+            }
+        }
+    }
+    last as u32
+}
+
+/// Sample `G` responses per prompt for a per-position policy.
+/// `logits`: `[B, T, V]` flattened; returns tokens `[B, G, T]` flattened.
+pub fn sample_independent(
+    logits: &[f32],
+    b: usize,
+    t: usize,
+    v: usize,
+    g: usize,
+    params: SamplingParams,
+    seed: u64,
+    iteration: u32,
+) -> Vec<u32> {
+    let mut out = vec![0u32; b * g * t];
+    for bi in 0..b {
+        for ti in 0..t {
+            let row = &logits[(bi * t + ti) * v..(bi * t + ti + 1) * v];
+            let probs = sampling_probs(row, params);
+            for gi in 0..g {
+                let u = unit_f32(counter_u32(
+                    seed,
+                    &[iteration, bi as u32, gi as u32, ti as u32],
+                ));
+                out[(bi * g + gi) * t + ti] = draw(&probs, u);
+            }
+        }
+    }
+    out
+}
+
+/// Greedy decoding: argmax per position (lowest id on ties). `[B, T, V]` → `[B, T]`.
+pub fn argmax_rows(logits: &[f32], v: usize) -> Vec<u32> {
+    logits
+        .chunks(v)
+        .map(|row| {
+            let mut best = 0;
+            for (i, x) in row.iter().enumerate() {
+                if *x > row[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PLAIN: SamplingParams = SamplingParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+    };
+
+    #[test]
+    fn empirical_frequencies_match_softmax() {
+        // Chi-square goodness of fit, 4 degrees of freedom; 0.999 quantile is 18.47.
+        let logits = [0.5f32, -1.0, 2.0, 0.0, 1.0];
+        for temp in [1.0f32, 0.5, 2.0] {
+            let p = SamplingParams {
+                temperature: temp,
+                ..PLAIN
+            };
+            let probs = sampling_probs(&logits, p);
+            let n = 20_000;
+            let tokens = sample_independent(&logits, 1, 1, 5, n, p, 42, 0);
+            let mut counts = [0f64; 5];
+            tokens.iter().for_each(|&t| counts[t as usize] += 1.0);
+            let chi2: f64 = (0..5)
+                .map(|i| {
+                    let e = probs[i] as f64 * n as f64;
+                    (counts[i] - e).powi(2) / e
+                })
+                .sum();
+            assert!(
+                chi2 < 18.47,
+                "T={temp}: chi2 = {chi2}, counts {counts:?}, probs {probs:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn top_k_and_top_p_restrict_support() {
+        let logits = [3.0f32, 2.0, 1.0, 0.0];
+        let p = sampling_probs(&logits, SamplingParams { top_k: 2, ..PLAIN });
+        assert!(p[2] == 0.0 && p[3] == 0.0 && (p[0] + p[1] - 1.0).abs() < 1e-6);
+        // softmax ≈ [0.644, 0.237, 0.087, 0.032]: top_p 0.8 keeps the first two.
+        let p = sampling_probs(
+            &logits,
+            SamplingParams {
+                top_p: 0.8,
+                ..PLAIN
+            },
+        );
+        assert!(p[0] > 0.0 && p[1] > 0.0 && p[2] == 0.0 && p[3] == 0.0);
+        let p = sampling_probs(
+            &logits,
+            SamplingParams {
+                top_p: 0.5,
+                ..PLAIN
+            },
+        );
+        assert_eq!(p, vec![1.0, 0.0, 0.0, 0.0]);
+        let toks = sample_independent(
+            &logits,
+            1,
+            1,
+            4,
+            500,
+            SamplingParams { top_k: 2, ..PLAIN },
+            1,
+            0,
+        );
+        assert!(toks.iter().all(|&t| t < 2));
+    }
+
+    #[test]
+    fn huge_and_tiny_logits_stay_finite() {
+        let p = sampling_probs(&[1e30, -1e30, 0.0], PLAIN);
+        assert_eq!(p, vec![1.0, 0.0, 0.0]);
+        let p = sampling_probs(&[-1e-30, 1e-30], PLAIN);
+        assert!((p[0] - 0.5).abs() < 1e-6);
+        assert_eq!(draw(&[0.0, 1.0, 0.0], 0.999_999), 1);
+    }
+
+    #[test]
+    fn seeded() {
+        let logits = [0.1f32, 0.2, 0.3, 0.4, 0.5, 0.6];
+        let a = sample_independent(&logits, 1, 2, 3, 8, PLAIN, 9, 3);
+        assert_eq!(a, sample_independent(&logits, 1, 2, 3, 8, PLAIN, 9, 3));
+        assert_ne!(a, sample_independent(&logits, 1, 2, 3, 8, PLAIN, 9, 4));
+        assert_eq!(argmax_rows(&[0.0, 2.0, 2.0, 1.0, 0.0, 0.0], 3), vec![1, 0]);
+    }
+}

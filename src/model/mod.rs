@@ -1,0 +1,5 @@
+//! Policies on burn.
+
+pub mod lecture;
+
+pub use lecture::LecturePolicy;

@@ -1,0 +1,6 @@
+//! Charts (PNG and SVG, plotters with an embedded font) drawn from metric records,
+//! so any run can be re-plotted from its `metrics.jsonl`.
+
+pub mod chart;
+
+pub use chart::{Series, line_chart, run_charts};

@@ -1,0 +1,309 @@
+//! The command line as a user (and the checks) call it.
+
+mod common;
+
+use common::temp_dir;
+use std::process::Command;
+
+fn grpo_lab(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn score_json_gives_reward_and_parts() {
+    let o = grpo_lab(&[
+        "score",
+        "--reward",
+        "inclusion_ordering",
+        "--prompt",
+        "3,1,0,2",
+        "--response",
+        "0,3,1,2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["reward"], 6.0);
+    assert_eq!(v["parts"]["inclusion"], 4.0);
+    assert_eq!(v["parts"]["ordering"], 2.0);
+    let o = grpo_lab(&[
+        "score",
+        "--reward",
+        "distance",
+        "--prompt",
+        "3,1,0,2",
+        "--response",
+        "7,2,2,5",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["reward"], 1.0);
+    let o = grpo_lab(&[
+        "score",
+        "--reward",
+        "exact",
+        "--prompt",
+        "3,1,0,2",
+        "--response",
+        "0,1,2,3",
+    ]);
+    assert!(stdout(&o).contains("exact: 1"), "{}", stdout(&o));
+}
+
+#[test]
+fn advantages_json_gives_every_mode() {
+    let o = grpo_lab(&["advantages", "--rewards", "1,2,2,5", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    for mode in [
+        "raw",
+        "centered",
+        "normalized",
+        "max",
+        "rloo",
+        "batch_normalized",
+    ] {
+        assert_eq!(v[mode].as_array().map(|a| a.len()), Some(4), "{mode}");
+    }
+    assert_eq!(v["centered"][0], -1.5);
+    assert_eq!(v["max"][3], 5.0);
+    let o = grpo_lab(&["advantages", "--rewards", "-1,-3,-1", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["rloo"][1], -2.0);
+}
+
+#[test]
+fn bad_input_is_named_with_exit_code_2() {
+    let out = temp_dir("cli-bad");
+    let out = out.to_str().unwrap();
+    let o = grpo_lab(&["train", "--preset", "lecture99", "--out", out]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("lecture99") && stderr(&o).contains("lecture17"),
+        "{}",
+        stderr(&o)
+    );
+    let o = grpo_lab(&[
+        "train",
+        "--preset",
+        "lecture17",
+        "--set",
+        "algorithm.advantag=raw",
+        "--out",
+        out,
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("algorithm.advantage"), "{}", stderr(&o));
+    let o = grpo_lab(&[
+        "train",
+        "--preset",
+        "lecture17",
+        "--set",
+        "algorithm.advantage=best",
+        "--out",
+        out,
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("algorithm.advantage") && stderr(&o).contains("normalized"),
+        "{}",
+        stderr(&o)
+    );
+    let o = grpo_lab(&[
+        "train",
+        "--preset",
+        "lecture17",
+        "--device",
+        "tpu",
+        "--out",
+        out,
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("software"), "{}", stderr(&o));
+    let o = grpo_lab(&[
+        "score",
+        "--reward",
+        "closeness",
+        "--prompt",
+        "1",
+        "--response",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("inclusion_ordering"), "{}", stderr(&o));
+    assert!(!std::path::Path::new(out).join("metrics.jsonl").exists());
+}
+
+#[test]
+fn train_writes_the_run_and_refuses_to_overwrite() {
+    let out = temp_dir("cli-train");
+    let dir = out.to_str().unwrap();
+    let args = [
+        "train",
+        "--preset",
+        "lecture17",
+        "--set",
+        "run.iterations=2",
+        "--seed",
+        "3",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--out",
+        dir,
+    ];
+    let o = grpo_lab(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for f in [
+        "config.toml",
+        "metrics.jsonl",
+        "metrics.csv",
+        "summary.json",
+        "charts/reward.png",
+        "charts/kl.svg",
+        "checkpoints/latest",
+    ] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    assert!(stdout(&o).contains("charts/reward.png"), "{}", stdout(&o));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert!(summary["final_reward_mean"].is_number() && summary["final_accuracy"].is_number());
+    let first: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(out.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    for key in [
+        "iteration",
+        "step",
+        "reward/mean",
+        "reward/std",
+        "kl",
+        "entropy",
+        "loss",
+        "frac_reward_zero_std",
+        "completions/mean_length",
+    ] {
+        assert!(first.get(key).is_some(), "metrics.jsonl lacks {key}");
+    }
+    let config = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    assert!(
+        config.contains("seed = 3") && config.contains("iterations = 2"),
+        "{config}"
+    );
+    // An existing run is refused without --resume or --force, and nothing is lost.
+    let before = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let o = grpo_lab(&args);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("--resume") && stderr(&o).contains("--force"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(
+        before,
+        std::fs::read_to_string(out.join("metrics.jsonl")).unwrap()
+    );
+}
+
+#[test]
+fn ctrl_c_flushes_metrics_and_writes_a_checkpoint() {
+    let out = temp_dir("cli-sigint");
+    let dir = out.to_str().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
+        .args([
+            "train",
+            "--preset",
+            "lecture17",
+            "--set",
+            "run.iterations=100000",
+            "--set",
+            "run.checkpoint_every=0",
+            "--device",
+            "cpu",
+            "--quiet",
+            "--out",
+            dir,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until it is training for real.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::fs::metadata(out.join("metrics.jsonl"))
+        .map(|m| m.len() < 2000)
+        .unwrap_or(true)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "interrupted run should exit cleanly");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["status"], "interrupted");
+    let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
+    let iteration = summary["iterations"].as_u64().unwrap();
+    assert!(iteration > 0);
+    assert_eq!(latest.trim(), format!("iter-{iteration:06}"));
+    let lines = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .count();
+    assert_eq!(
+        lines as u64,
+        iteration * 10,
+        "metrics must cover every finished iteration"
+    );
+}
+
+#[test]
+fn devices_lists_adapters() {
+    let o = grpo_lab(&["devices"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("--device auto picks"));
+    assert!(
+        !stderr(&o).contains("XDG_RUNTIME_DIR"),
+        "noisy probing: {}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn bench_json_reports_ms_per_step() {
+    let o = grpo_lab(&[
+        "bench",
+        "--preset",
+        "lecture17",
+        "--device",
+        "cpu",
+        "--iterations",
+        "2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(v["ms_per_step"].as_f64().unwrap() > 0.0);
+}

@@ -1,0 +1,48 @@
+//! Shared helpers for the integration tests.
+#![allow(dead_code)]
+
+use grpo_lab::config::{DeviceChoice, RunConfig};
+use grpo_lab::gpu::Compute;
+use std::path::PathBuf;
+
+/// The software wgpu adapter (lavapipe). Where `CI` is set a missing adapter fails the
+/// test instead of quietly falling back, so the wgpu path is exercised for real.
+pub fn wgpu_compute() -> Option<Compute> {
+    match Compute::select(DeviceChoice::Software).or_else(|_| Compute::select(DeviceChoice::Gpu)) {
+        Ok(c) => Some(c),
+        Err(e) if std::env::var_os("CI").is_some() => panic!("CI needs a wgpu adapter: {e}"),
+        Err(e) => {
+            eprintln!("skipping wgpu part: {e}");
+            None
+        }
+    }
+}
+
+/// lecture17 shortened to `iterations`.
+pub fn short_lecture(iterations: usize) -> RunConfig {
+    let mut c = RunConfig::preset("lecture17").unwrap();
+    c.run.iterations = iterations;
+    c.run.checkpoint_every = 2;
+    c
+}
+
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("grpo-lab-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// metrics.jsonl without the wall-clock fields (the only ones that may differ between runs).
+pub fn metrics_without_timing(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let o = v.as_object_mut().unwrap();
+            o.remove("step_time_secs");
+            o.remove("tokens_per_second");
+            v
+        })
+        .collect()
+}

@@ -1,0 +1,232 @@
+//! Smoke runs of the real trainer: determinism, resume, backends, the lecture's behaviour.
+
+mod common;
+
+use common::*;
+use grpo_lab::config::{AdvantageMode, RunConfig};
+use grpo_lab::gpu::Compute;
+use grpo_lab::train::{self, RunOptions};
+
+fn run_to(
+    config: RunConfig,
+    compute: Compute,
+    dir: &std::path::Path,
+) -> grpo_lab::train::RunOutcome {
+    train::run(
+        config,
+        compute,
+        RunOptions {
+            out: dir.to_path_buf(),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn same_seed_same_metrics_on_cpu_and_wgpu() {
+    let config = short_lecture(4);
+    let mut backends = vec![("cpu", Compute::cpu())];
+    if let Some(w) = wgpu_compute() {
+        backends.push(("wgpu", w));
+    }
+    for (name, compute) in backends {
+        let a = temp_dir(&format!("det-a-{name}"));
+        let b = temp_dir(&format!("det-b-{name}"));
+        run_to(config.clone(), compute.clone(), &a);
+        run_to(config.clone(), compute, &b);
+        let ma = metrics_without_timing(&a.join("metrics.jsonl"));
+        assert_eq!(ma.len(), 40);
+        assert_eq!(
+            ma,
+            metrics_without_timing(&b.join("metrics.jsonl")),
+            "{name}: same seed, different metrics"
+        );
+        let c = temp_dir(&format!("det-c-{name}"));
+        let mut other = config.clone();
+        other.run.seed += 1;
+        run_to(other, Compute::cpu(), &c);
+        assert_ne!(ma, metrics_without_timing(&c.join("metrics.jsonl")));
+    }
+}
+
+/// The wgpu and CPU backends agree within a stated tolerance on a short run: the same
+/// sampled responses (so the same rewards) and losses within 1e-4 relative.
+#[test]
+fn wgpu_and_cpu_agree() {
+    let Some(wgpu) = wgpu_compute() else { return };
+    let config = short_lecture(3);
+    let (a, b) = (temp_dir("agree-cpu"), temp_dir("agree-wgpu"));
+    run_to(config.clone(), Compute::cpu(), &a);
+    run_to(config, wgpu, &b);
+    let ra = train::read_metrics(&a.join("metrics.jsonl")).unwrap();
+    let rb = train::read_metrics(&b.join("metrics.jsonl")).unwrap();
+    assert_eq!(ra.len(), rb.len());
+    for (x, y) in ra.iter().zip(&rb) {
+        assert_eq!(
+            x.reward_mean, y.reward_mean,
+            "step {}: rewards differ",
+            x.step
+        );
+        if let (Some(gx), Some(gy)) = (&x.groups, &y.groups) {
+            assert_eq!(gx, gy, "step {}: sampled groups differ", x.step);
+        }
+        for (name, p, q) in [
+            ("loss", x.loss, y.loss),
+            ("entropy", x.entropy, y.entropy),
+            ("grad_norm", x.grad_norm, y.grad_norm),
+        ] {
+            assert!(
+                (p - q).abs() <= 1e-4 * (1.0 + p.abs()),
+                "step {}: {name} {p} vs {q}",
+                x.step
+            );
+        }
+    }
+}
+
+#[test]
+fn resume_continues_bit_identically() {
+    let mut config = short_lecture(6);
+    config.run.checkpoint_every = 3;
+    let full = temp_dir("resume-full");
+    run_to(config.clone(), Compute::cpu(), &full);
+
+    // Stop after 3 iterations (as an interrupted run would), then resume to 6.
+    let part = temp_dir("resume-part");
+    let mut short = config.clone();
+    short.run.iterations = 3;
+    run_to(short, Compute::cpu(), &part);
+    std::fs::write(part.join("config.toml"), config.to_toml()).unwrap();
+    train::run(
+        config,
+        Compute::cpu(),
+        RunOptions {
+            out: part.clone(),
+            resume: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        metrics_without_timing(&full.join("metrics.jsonl")),
+        metrics_without_timing(&part.join("metrics.jsonl"))
+    );
+}
+
+#[test]
+fn existing_run_dir_is_refused_without_force() {
+    let dir = temp_dir("exists");
+    run_to(short_lecture(1), Compute::cpu(), &dir);
+    let e = train::run(
+        short_lecture(1),
+        Compute::cpu(),
+        RunOptions {
+            out: dir.clone(),
+            ..Default::default()
+        },
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("--force"), "{e}");
+    train::run(
+        short_lecture(1),
+        Compute::cpu(),
+        RunOptions {
+            out: dir,
+            force: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+}
+
+#[test]
+fn diverging_run_stops_and_keeps_metrics_and_checkpoint() {
+    let dir = temp_dir("nan");
+    let mut config = short_lecture(3);
+    config.model.init_scale = 1e30; // logits overflow: the loss is not finite at once
+    let e = train::run(
+        config,
+        Compute::cpu(),
+        RunOptions {
+            out: dir.clone(),
+            ..Default::default()
+        },
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("step 1"), "{e}");
+    assert!(dir.join("metrics.jsonl").exists());
+    assert!(dir.join("checkpoints/latest").exists());
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["status"], "diverged at step 1");
+}
+
+/// The lecture's qualitative result on a fixed seed: reward rises above the random policy,
+/// entropy falls (collapse toward one answer per prompt), the reward stays below 5.
+#[test]
+fn lecture17_centered_learns_and_collapses_below_max() {
+    let mut config = RunConfig::preset("lecture17").unwrap();
+    config.algorithm.advantage = AdvantageMode::Centered;
+    config.run.log_groups = 3;
+    let dir = temp_dir("lecture");
+    let out = run_to(config, Compute::cpu(), &dir);
+    let records = train::read_metrics(&dir.join("metrics.jsonl")).unwrap();
+    assert_eq!(records.len(), 1000);
+    let first = &records[0];
+    let last = records.last().unwrap();
+    assert!(
+        last.reward_mean > first.reward_mean,
+        "{} -> {}",
+        first.reward_mean,
+        last.reward_mean
+    );
+    assert!(
+        last.entropy < 0.5 * first.entropy,
+        "entropy {} -> {}",
+        first.entropy,
+        last.entropy
+    );
+    assert!(out.summary.final_reward_mean < 5.0);
+    assert!(out.summary.final_reward_mean > 2.0);
+    // Every group logged in full, every advantage mode present.
+    let groups = first.groups.as_ref().unwrap();
+    assert_eq!(groups.len(), 3);
+    assert_eq!(groups[0].responses.len(), 10);
+    assert_eq!(groups[0].advantages.len(), AdvantageMode::ALL.len());
+}
+
+#[test]
+fn charts_are_written() {
+    let dir = temp_dir("charts");
+    let out = train::run(
+        short_lecture(2),
+        Compute::cpu(),
+        RunOptions {
+            out: dir.clone(),
+            charts: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for stem in [
+        "reward",
+        "advantages",
+        "kl",
+        "entropy",
+        "length",
+        "accuracy",
+    ] {
+        for ext in ["png", "svg"] {
+            let p = dir.join("charts").join(format!("{stem}.{ext}"));
+            assert!(
+                std::fs::metadata(&p)
+                    .map(|m| m.len() > 1000)
+                    .unwrap_or(false),
+                "{}",
+                p.display()
+            );
+        }
+    }
+    assert_eq!(out.charts.len(), 12);
+}
