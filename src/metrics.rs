@@ -57,7 +57,7 @@ pub struct StepRecord {
     pub grad_norm: f32,
     pub lr: f32,
 
-    /// Greedy exact-match accuracy on the training prompts, at the start of the iteration.
+    /// Greedy exact-match accuracy on this iteration's training prompts, at its start.
     #[serde(rename = "accuracy/train")]
     pub accuracy_train: f32,
     /// Same on the held-out prompts (none when the task has no held-out split).

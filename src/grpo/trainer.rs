@@ -305,7 +305,16 @@ impl Trainer {
         let mask = Tensor::<3>::ones([b, g, n], &self.device);
 
         let batch_stats = GroupStats::of(&scores);
-        let (accuracy_train, accuracy_heldout) = self.evaluate();
+        // Greedy accuracy on this iteration's training prompts, from the rollout's own logits;
+        // the held-out split is scored in full.
+        let greedy = sampling::argmax_rows(&logits_host, vocab);
+        let accuracy_train = batch
+            .iter()
+            .zip(greedy.chunks(n))
+            .filter(|(p, r)| crate::task::reward::exact(p, r) == 1)
+            .count() as f32
+            / b as f32;
+        let accuracy_heldout = self.greedy_accuracy(&self.prompts.heldout);
         let stats = RolloutStats {
             reward_mean: batch_stats.mean,
             reward_std: batch_stats.std,
