@@ -231,6 +231,7 @@ named_enum!(LossAggMode {
     SeqMeanTokenSumNorm => "seq-mean-token-sum-norm",
 });
 named_enum!(DeviceChoice { Auto => "auto", Gpu => "gpu", Software => "software", Cpu => "cpu" });
+named_enum!(KernelChoice { Auto => "auto", Gpu => "gpu", Reference => "reference" });
 
 /// Adam (the lecture's optimizer).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -298,6 +299,9 @@ pub struct RunSettings {
     pub log_groups: usize,
     /// Compute device: auto, gpu, software (lavapipe) or cpu (burn's CPU backend).
     pub device: DeviceChoice,
+    /// Sampling, verifying and advantages: `gpu` (our WGSL kernels), `reference` (the plain-Rust
+    /// path), `auto` (the kernels whenever the device is a wgpu adapter).
+    pub kernels: KernelChoice,
 }
 
 impl Default for RunSettings {
@@ -309,6 +313,7 @@ impl Default for RunSettings {
             checkpoint_every: 10,
             log_groups: 16,
             device: DeviceChoice::Auto,
+            kernels: KernelChoice::Auto,
         }
     }
 }

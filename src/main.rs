@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use grpo_lab::config::{AdvantageMode, DeviceChoice, RewardKind, RunConfig};
+use grpo_lab::config::{AdvantageMode, DeviceChoice, KernelChoice, RewardKind, RunConfig};
 use grpo_lab::gpu::Compute;
 use grpo_lab::grpo::{Trainer, advantage};
 use grpo_lab::task::{RewardFn, SortTokenizer};
@@ -72,6 +72,9 @@ struct ConfigArgs {
     /// auto | gpu | software | cpu
     #[arg(long, value_parser = parse_device)]
     device: Option<DeviceChoice>,
+    /// Sampling, verifier and advantages: auto | gpu (WGSL kernels) | reference (plain Rust)
+    #[arg(long, value_parser = parse_kernels)]
+    kernels: Option<KernelChoice>,
 }
 
 #[derive(Args)]
@@ -136,6 +139,11 @@ fn parse_reward(s: &str) -> Result<RewardKind, String> {
     })
 }
 
+fn parse_kernels(s: &str) -> Result<KernelChoice, String> {
+    KernelChoice::parse(s)
+        .ok_or_else(|| format!("unknown kernels `{s}`; allowed: auto, gpu, reference"))
+}
+
 fn parse_device(s: &str) -> Result<DeviceChoice, String> {
     DeviceChoice::parse(s)
         .ok_or_else(|| format!("unknown device `{s}`; allowed: auto, gpu, software, cpu"))
@@ -188,6 +196,9 @@ fn build_config(args: &ConfigArgs) -> Result<RunConfig> {
     }
     if let Some(device) = args.device {
         config.run.device = device;
+    }
+    if let Some(kernels) = args.kernels {
+        config.run.kernels = kernels;
     }
     config.validate().map_err(user)?;
     Ok(config)
@@ -476,6 +487,7 @@ fn demo() -> Result<()> {
             sets: vec![],
             seed: None,
             device: None,
+            kernels: None,
         },
         out: Some(PathBuf::from("runs/lecture17-demo")),
         resume: None,

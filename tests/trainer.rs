@@ -230,3 +230,43 @@ fn charts_are_written() {
     }
     assert_eq!(out.charts.len(), 12);
 }
+
+/// lecture17, seed 5: the WGSL kernel path and the Rust reference path sample the same
+/// tokens and give the same rewards and advantages, record for record.
+#[test]
+fn kernel_and_reference_paths_give_the_same_rollouts() {
+    let Some(wgpu) = wgpu_compute() else { return };
+    let mut config = RunConfig::preset("lecture17").unwrap();
+    config.run.iterations = 30;
+    let mut paths = Vec::new();
+    for kernels in [
+        grpo_lab::config::KernelChoice::Gpu,
+        grpo_lab::config::KernelChoice::Reference,
+    ] {
+        let mut c = config.clone();
+        c.run.kernels = kernels;
+        let dir = temp_dir(&format!("kernels-{kernels}"));
+        run_to(c, wgpu.clone(), &dir);
+        paths.push(train::read_metrics(&dir.join("metrics.jsonl")).unwrap());
+    }
+    assert_eq!(paths[0].len(), 300);
+    for (a, b) in paths[0].iter().zip(&paths[1]) {
+        assert_eq!(a.reward_mean, b.reward_mean, "step {}", a.step);
+        assert_eq!(
+            a.groups, b.groups,
+            "step {}: groups (responses, rewards, advantages) differ",
+            a.step
+        );
+        assert_eq!(a.loss, b.loss, "step {}", a.step);
+    }
+}
+
+#[test]
+fn kernels_gpu_on_the_cpu_backend_is_a_clear_error() {
+    let mut c = short_lecture(1);
+    c.run.kernels = grpo_lab::config::KernelChoice::Gpu;
+    let e = grpo_lab::grpo::Trainer::new(c, Compute::cpu())
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("--kernels reference"), "{e}");
+}

@@ -44,9 +44,20 @@ impl GroupStats {
     }
 }
 
-/// Unbiased std over all rewards of the batch (for `batch_normalized`).
+/// Unbiased std over all rewards of the batch (for `batch_normalized`), accumulated in
+/// f64: a batch can hold many thousands of rewards.
 pub fn batch_std(rewards: &[f32]) -> f32 {
-    GroupStats::of(rewards).std
+    let n = rewards.len();
+    if n < 2 {
+        return 0.0;
+    }
+    let mean = rewards.iter().map(|&r| r as f64).sum::<f64>() / n as f64;
+    let var = rewards
+        .iter()
+        .map(|&r| (r as f64 - mean).powi(2))
+        .sum::<f64>()
+        / (n - 1) as f64;
+    var.sqrt() as f32
 }
 
 /// Advantages under one mode, `[B, G]` flattened.

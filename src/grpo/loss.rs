@@ -156,6 +156,54 @@ pub mod reference {
         let d = ref_logp - logp;
         (-d, d * d / 2.0, d.exp() - d - 1.0)
     }
+
+    /// One token's `(ratio, loss, kl, flags)` exactly as `tokens` in `shaders/token_loss.wgsl`
+    /// (flags: bit 0 clipped low, bit 1 clipped high).
+    pub fn token_terms(
+        s: &super::LossSettings,
+        logp: f32,
+        old_logp: f32,
+        ref_logp: f32,
+        adv: f32,
+    ) -> (f32, f32, f32, u32) {
+        use crate::config::{KlEstimator, LossMode};
+        let ratio = if s.bug_ratio_quotient {
+            logp / old_logp
+        } else {
+            (logp - old_logp).exp()
+        };
+        let mut loss = match s.mode {
+            LossMode::Naive => -adv * logp,
+            LossMode::Unclipped => -adv * ratio,
+            LossMode::Clipped => clipped_token_loss(ratio, adv, s.epsilon_low, s.epsilon_high),
+        };
+        let (k1, k2, k3) = kl(logp, ref_logp);
+        let kl = match s.kl_estimator {
+            KlEstimator::K1 => k1,
+            KlEstimator::K2 => k2,
+            KlEstimator::K3 => k3,
+        };
+        if s.kl_in_loss && s.beta > 0.0 {
+            loss += s.beta * kl;
+        }
+        let low = (ratio < 1.0 - s.epsilon_low && adv < 0.0) as u32;
+        let high = (ratio > 1.0 + s.epsilon_high && adv > 0.0) as u32;
+        (ratio, loss, kl, low | (high << 1))
+    }
+
+    /// Entropy of `softmax(logits / T)` for one row, as `entropy` in `shaders/token_loss.wgsl`.
+    pub fn entropy_row(logits: &[f32], temperature: f32) -> f32 {
+        let m = logits.iter().fold(f32::MIN, |m, l| m.max(l / temperature));
+        let z: f32 = logits.iter().map(|l| (l / temperature - m).exp()).sum();
+        let log_z = z.ln();
+        -logits
+            .iter()
+            .map(|l| {
+                let lq = l / temperature - m - log_z;
+                lq.exp() * lq
+            })
+            .sum::<f32>()
+    }
 }
 
 #[cfg(test)]

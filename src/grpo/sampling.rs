@@ -13,55 +13,81 @@ pub struct SamplingParams {
     pub top_p: f32,
 }
 
-/// The distribution actually sampled from: `softmax(logits / T)` restricted to the
-/// top-k tokens and then to the smallest top-p nucleus, renormalized. Ties keep the
-/// lower token id first.
-pub fn sampling_probs(logits: &[f32], p: SamplingParams) -> Vec<f32> {
+/// Unnormalised weights of the distribution actually sampled from: `exp(l/T − max)`,
+/// restricted to the top-k tokens and to the top-p nucleus (0 for dropped tokens).
+/// `rank(i)` counts tokens with a larger scaled logit, or an equal one and a lower id;
+/// token `i` is kept when `rank < top_k` and the weight ranked before it is below
+/// `top_p · total` (so the token that crosses `top_p` is kept). The same arithmetic,
+/// in the same order, as `row_weights` in `shaders/sample.wgsl`.
+pub fn token_weights(logits: &[f32], p: SamplingParams) -> Vec<f32> {
     let v = logits.len();
-    let scaled: Vec<f32> = logits.iter().map(|l| l / p.temperature).collect();
-    let max = scaled.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut probs: Vec<f32> = scaled.iter().map(|l| (l - max).exp()).collect();
-    let total: f32 = probs.iter().sum();
-    probs.iter_mut().for_each(|x| *x /= total);
+    // Scale by 1/T with a multiplication (correctly rounded on every GPU, unlike division).
+    let inv_t = 1.0 / p.temperature;
+    let scaled: Vec<f32> = logits.iter().map(|l| l * inv_t).collect();
+    let m = scaled.iter().fold(f32::MIN, |m, &x| m.max(x));
+    let mut w = Vec::with_capacity(v);
+    let mut total = 0.0f32;
+    for &x in &scaled {
+        let e = (x - m).exp();
+        w.push(e);
+        total += e;
+    }
     let filter_k = p.top_k > 0 && p.top_k < v;
     let filter_p = p.top_p < 1.0;
-    if filter_k || filter_p {
-        let mut order: Vec<usize> = (0..v).collect();
-        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
-        let mut keep = if filter_k { p.top_k } else { v };
-        if filter_p {
-            let mut mass = 0.0;
-            for (i, &tok) in order.iter().enumerate().take(keep) {
-                mass += probs[tok];
-                if mass >= p.top_p {
-                    keep = i + 1;
-                    break;
+    if !(filter_k || filter_p) {
+        return w;
+    }
+    let keep: Vec<bool> = (0..v)
+        .map(|i| {
+            let mut rank = 0;
+            let mut before = 0.0f32;
+            for j in 0..v {
+                if scaled[j] > scaled[i] || (scaled[j] == scaled[i] && j < i) {
+                    rank += 1;
+                    before += w[j];
                 }
             }
-        }
-        for &tok in &order[keep..] {
-            probs[tok] = 0.0;
-        }
-        let total: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|x| *x /= total);
-    }
-    probs
+            (!filter_k || rank < p.top_k) && (!filter_p || before < p.top_p * total)
+        })
+        .collect();
+    w.iter()
+        .zip(keep)
+        .map(|(&x, k)| if k { x } else { 0.0 })
+        .collect()
 }
 
-/// Inverse-CDF draw with uniform `u ∈ [0, 1)`; never returns a zero-probability token.
-pub fn draw(probs: &[f32], u: f32) -> u32 {
-    let mut acc = 0.0;
+/// The normalised sampling distribution (for display and tests).
+pub fn sampling_probs(logits: &[f32], p: SamplingParams) -> Vec<f32> {
+    let w = token_weights(logits, p);
+    let total: f32 = w.iter().sum();
+    w.iter().map(|x| x / total).collect()
+}
+
+/// Inverse-CDF draw over unnormalised weights with uniform `u ∈ [0, 1)`; never returns a
+/// zero-weight token. As `draw` in `shaders/sample.wgsl`.
+pub fn draw(weights: &[f32], u: f32) -> u32 {
+    let mut kept = 0.0f32;
+    for &w in weights {
+        kept += w;
+    }
+    let target = u * kept;
+    let mut acc = 0.0f32;
     let mut last = 0;
-    for (i, &q) in probs.iter().enumerate() {
-        if q > 0.0 {
-            acc += q;
+    for (i, &w) in weights.iter().enumerate() {
+        if w > 0.0 {
+            acc += w;
             last = i;
-            if u < acc {
+            if target < acc {
                 return i as u32;
             }
         }
     }
     last as u32
+}
+
+/// The uniform for one sampled token (as in the kernel).
+pub fn token_uniform(seed: u64, iteration: u32, prompt: u32, response: u32, position: u32) -> f32 {
+    unit_f32(counter_u32(seed, &[iteration, prompt, response, position]))
 }
 
 /// Sample `G` responses per prompt for a per-position policy.

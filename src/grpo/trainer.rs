@@ -3,9 +3,11 @@
 //! Nothing here blocks on anything but the device, so the app can drive it from a
 //! thread and a web build from its frame loop; file I/O lives in `train`.
 
+use crate::config::KernelChoice;
 use crate::config::{AdvantageMode, KlPenaltyMode, RunConfig};
 use crate::gpu::Compute;
 use crate::grpo::advantage::{self, GroupStats};
+use crate::grpo::kernels::Kernels;
 use crate::grpo::loss::{self, LossSettings};
 use crate::grpo::sampling::{self, SamplingParams};
 use crate::metrics::{GroupRecord, StepRecord};
@@ -17,6 +19,7 @@ use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 use thiserror::Error;
 
@@ -32,6 +35,12 @@ pub enum TrainError {
         iteration: usize,
         value: f32,
     },
+    #[error(transparent)]
+    Kernel(#[from] crate::grpo::kernels::KernelError),
+    #[error(
+        "run.kernels = gpu needs a wgpu device, but the run is on {0}; use --kernels reference or --device software|gpu"
+    )]
+    KernelsNeedWgpu(String),
     #[error("checkpoint {path}: {reason}")]
     Checkpoint { path: String, reason: String },
 }
@@ -86,6 +95,21 @@ pub struct Trainer {
     global_step: usize,
     rollout: Option<Rollout>,
     last_reward_mean: f32,
+    /// Our WGSL kernels for sampling, verifying and advantages (None: the Rust reference path).
+    kernels: Option<Arc<Kernels>>,
+}
+
+/// What the rollout's sampling, verifying and advantage steps produce, on either path.
+struct Scored {
+    /// `[B, G, n]`
+    tokens: Vec<u32>,
+    /// `[B, G]`
+    rewards: Vec<f32>,
+    /// `[B, G]`: 1 where the response is exactly sorted.
+    exact: Vec<u32>,
+    /// `AdvantageMode::ALL` order, each `[B, G]`; None until computed.
+    advantages: Option<Vec<Vec<f32>>>,
+    zero_std: Option<Vec<bool>>,
 }
 
 impl Trainer {
@@ -102,6 +126,13 @@ impl Trainer {
             &device,
         );
         let reference = policy.snapshot(&device);
+        let kernels = match (config.run.kernels, &compute.gpu) {
+            (KernelChoice::Reference, _) | (KernelChoice::Auto, None) => None,
+            (KernelChoice::Gpu, None) => {
+                return Err(TrainError::KernelsNeedWgpu(compute.label.clone()));
+            }
+            (_, Some(ctx)) => Some(Arc::new(Kernels::new(ctx.clone())?)),
+        };
         let o = &config.optimizer;
         let optim = AdamConfig::new()
             .with_beta_1(o.beta1 as f32)
@@ -122,6 +153,7 @@ impl Trainer {
             global_step: 0,
             rollout: None,
             last_reward_mean: f32::NAN,
+            kernels,
         })
     }
 
@@ -137,6 +169,10 @@ impl Trainer {
     /// True between iterations: the only points where checkpoints are taken.
     pub fn at_iteration_boundary(&self) -> bool {
         self.step_in_iteration == 0 && self.rollout.is_none()
+    }
+    /// Whether sampling, verifying and advantages run in our WGSL kernels.
+    pub fn uses_kernels(&self) -> bool {
+        self.kernels.is_some()
     }
     pub fn policy(&self) -> &LecturePolicy {
         &self.policy
@@ -223,8 +259,104 @@ impl Trainer {
         )
     }
 
+    /// Sample `G` responses per prompt and score them (and, unless the KL goes into the
+    /// reward, compute their advantages), in our kernels or on the Rust reference path.
+    fn sample_and_score(
+        &self,
+        logits: &[f32],
+        batch: &[&Vec<u32>],
+        with_advantages: bool,
+    ) -> Result<Scored, TrainError> {
+        let cfg = &self.config;
+        let (n, vocab, g, b) = (
+            cfg.task.n,
+            cfg.task.vocab,
+            cfg.algorithm.num_generations,
+            batch.len(),
+        );
+        let (seed, iteration) = (cfg.run.seed, self.iteration as u32);
+        if let Some(k) = &self.kernels {
+            let prompts: Vec<u32> = batch.iter().flat_map(|p| p.iter().copied()).collect();
+            let (tokens, score, adv) = k.rollout(
+                logits,
+                &prompts,
+                (b, n, vocab, g, n),
+                self.sampling_params(),
+                seed,
+                iteration,
+                self.reward_fn.kernel_weights(),
+                with_advantages,
+            )?;
+            return Ok(Scored {
+                tokens,
+                exact: score.parts.iter().map(|p| p[3]).collect(),
+                rewards: score.rewards,
+                zero_std: adv
+                    .as_ref()
+                    .map(|a| a.groups.iter().map(|s| s.zero_std).collect()),
+                advantages: adv.map(|a| a.by_mode),
+            });
+        }
+        let tokens = sampling::sample_independent(
+            logits,
+            b,
+            n,
+            vocab,
+            g,
+            self.sampling_params(),
+            seed,
+            iteration,
+        );
+        let responses: Vec<&[u32]> = tokens.chunks(n).collect();
+        let rewards: Vec<f32> = responses
+            .iter()
+            .enumerate()
+            .map(|(i, r)| self.reward_fn.reward(batch[i / g], r))
+            .collect();
+        let exact = responses
+            .iter()
+            .enumerate()
+            .map(|(i, r)| crate::task::reward::exact(batch[i / g], r))
+            .collect();
+        let mut scored = Scored {
+            tokens,
+            rewards,
+            exact,
+            advantages: None,
+            zero_std: None,
+        };
+        if with_advantages {
+            let rewards = scored.rewards.clone();
+            self.fill_advantages(&mut scored, &rewards, g)?;
+        }
+        Ok(scored)
+    }
+
+    fn fill_advantages(
+        &self,
+        scored: &mut Scored,
+        rewards: &[f32],
+        g: usize,
+    ) -> Result<(), TrainError> {
+        if let Some(k) = &self.kernels {
+            let out = k.advantages(rewards, g)?;
+            scored.zero_std = Some(out.groups.iter().map(|s| s.zero_std).collect());
+            scored.advantages = Some(out.by_mode);
+        } else {
+            let all = advantage::all_advantages(rewards, g);
+            scored.zero_std = Some(all.groups.iter().map(|s| s.zero_std).collect());
+            scored.advantages = Some(
+                AdvantageMode::ALL
+                    .iter()
+                    .map(|m| all.by_mode[m.name()].clone())
+                    .collect(),
+            );
+        }
+        Ok(())
+    }
+
     /// Steps 1–5 of GRPO-SPEC §2 for the current iteration.
-    fn roll_out(&mut self) -> Rollout {
+    fn roll_out(&mut self) -> Result<Rollout, TrainError> {
         let started = Instant::now();
         let cfg = &self.config;
         let a = &cfg.algorithm;
@@ -241,16 +373,9 @@ impl Trainer {
         let prompts = self.prompt_tensor(&batch);
         let logits = self.policy.forward(prompts.clone()).detach(); // [B, n, V]
         let logits_host: Vec<f32> = logits.to_data().try_to_vec::<f32>().expect("f32 logits");
-        let tokens = sampling::sample_independent(
-            &logits_host,
-            b,
-            n,
-            vocab,
-            g,
-            self.sampling_params(),
-            cfg.run.seed,
-            iteration as u32,
-        );
+        let kl_in_reward = a.kl_penalty == KlPenaltyMode::Reward && a.beta > 0.0;
+        let mut scored = self.sample_and_score(&logits_host, &batch, !kl_in_reward)?;
+        let tokens = std::mem::take(&mut scored.tokens);
         let responses = Tensor::<3, Int>::from_data(
             TensorData::new(
                 tokens.iter().map(|&x| x as i64).collect::<Vec<_>>(),
@@ -269,37 +394,32 @@ impl Trainer {
             let ref_logits = self.reference.forward(prompts.clone()).detach();
             loss::token_log_probs(ref_logits, responses.clone(), temperature).detach()
         };
-        // 3. Score every response with the verifier.
+        // 3. Scores came with the samples; 4. advantages from them (minus the KL when it goes
+        // into the reward), every mode for the same rewards; one drives the update.
         let responses_host: Vec<Vec<u32>> = tokens.chunks(n).map(|c| c.to_vec()).collect();
-        let scores: Vec<f32> = responses_host
-            .iter()
-            .enumerate()
-            .map(|(i, r)| self.reward_fn.reward(batch[i / g], r))
-            .collect();
-        let exact_match = responses_host
-            .iter()
-            .enumerate()
-            .filter(|(i, r)| crate::task::reward::exact(batch[i / g], r) == 1)
-            .count() as f32
-            / responses_host.len() as f32;
-        // KL in the reward (PPO-RLHF style): r − β·Σ_t KL_t(π_old ‖ π_ref), per response.
-        let rewards_for_advantage = if a.kl_penalty == KlPenaltyMode::Reward && a.beta > 0.0 {
+        let scores = scored.rewards.clone();
+        let exact_match = scored.exact.iter().sum::<u32>() as f32 / scored.exact.len() as f32;
+        if kl_in_reward {
+            // PPO-RLHF style: r − β·Σ_t KL_t(π_old ‖ π_ref), per response.
             let kl = loss::kl_tokens(a.kl_estimator, old_logp.clone(), ref_logp.clone())
                 .sum_dim(2)
                 .into_data()
                 .try_to_vec::<f32>()
                 .expect("f32");
-            scores
+            let penalized: Vec<f32> = scores
                 .iter()
                 .zip(kl)
                 .map(|(r, k)| r - a.beta as f32 * k)
-                .collect()
-        } else {
-            scores.clone()
-        };
-        // 4. Advantages, every mode for the same rewards; one drives the update.
-        let all = advantage::all_advantages(&rewards_for_advantage, g);
-        let driving = &all.by_mode[a.advantage.name()];
+                .collect();
+            self.fill_advantages(&mut scored, &penalized, g)?;
+        }
+        let by_mode = scored.advantages.take().expect("advantages computed");
+        let zero_std = scored.zero_std.take().expect("advantages computed");
+        let mode_index = AdvantageMode::ALL
+            .iter()
+            .position(|m| *m == a.advantage)
+            .expect("known mode");
+        let driving = &by_mode[mode_index];
         let advantages =
             Tensor::<2>::from_data(TensorData::new(driving.clone(), [b, g]), &self.device);
         let mask = Tensor::<3>::ones([b, g, n], &self.device);
@@ -320,7 +440,7 @@ impl Trainer {
             reward_std: batch_stats.std,
             reward_min: batch_stats.min,
             reward_max: batch_stats.max,
-            frac_zero_std: advantage::frac_zero_std(&rewards_for_advantage, g),
+            frac_zero_std: zero_std.iter().filter(|z| **z).count() as f32 / zero_std.len() as f32,
             exact_match,
             advantage_mean_abs: driving.iter().map(|x| x.abs()).sum::<f32>() / driving.len() as f32,
             mean_length: n as f32,
@@ -335,17 +455,17 @@ impl Trainer {
                     prompt: batch[bi].clone(),
                     responses: responses_host[bi * g..(bi + 1) * g].to_vec(),
                     rewards: scores[bi * g..(bi + 1) * g].to_vec(),
-                    advantages: all
-                        .by_mode
+                    advantages: AdvantageMode::ALL
                         .iter()
-                        .map(|(m, v)| (m.to_string(), v[bi * g..(bi + 1) * g].to_vec()))
+                        .zip(&by_mode)
+                        .map(|(m, v)| (m.name().to_string(), v[bi * g..(bi + 1) * g].to_vec()))
                         .collect(),
-                    zero_std: all.groups[bi].zero_std,
+                    zero_std: zero_std[bi],
                 })
                 .collect()
         });
         self.last_reward_mean = stats.reward_mean;
-        Rollout {
+        Ok(Rollout {
             prompts,
             responses,
             advantages,
@@ -355,7 +475,7 @@ impl Trainer {
             stats,
             groups,
             secs: started.elapsed().as_secs_f64(),
-        }
+        })
     }
 
     /// One optimizer step (step 6 of GRPO-SPEC §2), rolling out first when an iteration begins.
@@ -363,7 +483,7 @@ impl Trainer {
         let started = Instant::now();
         let first_of_iteration = self.rollout.is_none();
         if first_of_iteration {
-            let rollout = self.roll_out();
+            let rollout = self.roll_out()?;
             self.rollout = Some(rollout);
         }
         let rollout = self.rollout.as_ref().expect("rollout exists");

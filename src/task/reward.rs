@@ -108,6 +108,20 @@ impl RewardFn {
             .join(" + ")
     }
 
+    /// Weights of `[distance, exact, inclusion_ordering]`, the verifier kernel's order.
+    pub fn kernel_weights(&self) -> [f32; 3] {
+        let mut w = [0.0f32; 3];
+        for (kind, x) in &self.terms {
+            let i = match kind {
+                RewardKind::Distance => 0,
+                RewardKind::Exact => 1,
+                RewardKind::InclusionOrdering => 2,
+            };
+            w[i] += x;
+        }
+        w
+    }
+
     /// The reward only (the trainer's hot path).
     pub fn reward(&self, prompt: &[u32], response: &[u32]) -> f32 {
         self.terms
