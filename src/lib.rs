@@ -5,9 +5,12 @@
 //! 2. [`model`]
 //! 3. [`grpo`]
 //! 4. [`train`], [`report`]
-//! 5. the CLI (`main.rs`)
+//! 5. [`app`] (egui; nothing imports it)
+//! 6. the CLI (`main.rs`)
 
+pub mod app;
 pub mod config;
+pub mod experiment;
 pub mod gpu;
 pub mod grpo;
 pub mod metrics;

@@ -24,8 +24,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Open the desktop app (the default when a display is available).
+    App(AppArgs),
     /// Train a policy with GRPO; writes config, metrics, checkpoints, summary and charts to --out.
     Train(TrainArgs),
+    /// Run a config × seed matrix (or an experiment file) in parallel; write summary.md/csv and overlay charts.
+    Compare(CompareArgs),
     /// Score one response with a verifier: the reward and its parts.
     Score {
         #[arg(long, value_parser = parse_reward)]
@@ -54,6 +58,27 @@ enum Command {
     },
     /// Time the GRPO step of a preset (median ms per optimizer step, its share of rollout included).
     Bench(BenchArgs),
+    /// Time rollout + verify + advantages on random logits: the WGSL kernels against the Rust reference.
+    BenchRollout(BenchRolloutArgs),
+}
+
+#[derive(Args)]
+struct BenchRolloutArgs {
+    #[arg(long, default_value_t = 4096)]
+    prompts: usize,
+    #[arg(long, default_value_t = 16)]
+    generations: usize,
+    #[arg(long, default_value_t = 8)]
+    n: usize,
+    #[arg(long, default_value_t = 16)]
+    vocab: usize,
+    #[arg(long, default_value_t = 7)]
+    repeats: usize,
+    /// gpu or software (the kernels need a wgpu adapter)
+    #[arg(long, value_parser = parse_device, default_value = "auto")]
+    device: DeviceChoice,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -78,6 +103,22 @@ struct ConfigArgs {
 }
 
 #[derive(Args)]
+struct AppArgs {
+    /// Start from this preset instead of the last session's config.
+    #[arg(long)]
+    preset: Option<String>,
+    #[arg(long, value_parser = parse_device)]
+    device: Option<DeviceChoice>,
+    /// Start training at once.
+    #[arg(long)]
+    play: bool,
+    /// Measure the app's own work per frame for SECS seconds while training lecture17 at full
+    /// speed (100k steps), print a JSON report and close.
+    #[arg(long, value_name = "SECS")]
+    measure: Option<f64>,
+}
+
+#[derive(Args)]
 struct TrainArgs {
     #[command(flatten)]
     config: ConfigArgs,
@@ -91,6 +132,37 @@ struct TrainArgs {
     #[arg(long)]
     force: bool,
     /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Args)]
+struct CompareArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// An experiment file from assets/experiments (lecture-table, loss-modes, kl-beta, difficulty-bias, sparse-vs-shaped, entropy-collapse, bug-gallery).
+    #[arg(long)]
+    experiment: Option<String>,
+    /// An axis of the matrix: KEY=V1,V2,... (repeatable: several make a grid).
+    #[arg(long = "vary", value_name = "KEY=V1,V2")]
+    vary: Vec<String>,
+    /// Seeds: A..B or a list (default 0..5, or the experiment's).
+    #[arg(long)]
+    seeds: Option<String>,
+    #[arg(long)]
+    out: PathBuf,
+    /// Parallel runs (default: the number of cores).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Discard finished runs in --out and start over.
+    #[arg(long)]
+    force: bool,
+    /// Override every run's iteration count (a smoke test of the matrix).
+    #[arg(long)]
+    iterations: Option<usize>,
+    /// Reward threshold for "iterations to reach".
+    #[arg(long)]
+    threshold: Option<f64>,
     #[arg(long)]
     quiet: bool,
 }
@@ -476,9 +548,217 @@ fn bench_cmd(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn demo() -> Result<()> {
+fn bench_rollout_cmd(a: BenchRolloutArgs) -> Result<()> {
+    use grpo_lab::grpo::kernels::Kernels;
+    use grpo_lab::grpo::sampling::{self, SamplingParams};
+    let compute = open_device(a.device)?;
+    let Some(ctx) = compute.gpu.clone() else {
+        return Err(user(
+            "bench-rollout needs a wgpu adapter (--device software or gpu)",
+        ));
+    };
+    let kernels = Kernels::new(ctx).map_err(user)?;
+    let (b, g, n, v) = (a.prompts, a.generations, a.n, a.vocab);
+    let mut rng = grpo_lab::rng::SplitMix64::new(0);
+    let logits: Vec<f32> = (0..b * n * v).map(|_| rng.normal() as f32 * 2.0).collect();
+    let prompts: Vec<Vec<u32>> = (0..b)
+        .map(|_| (0..n).map(|_| rng.below(v as u64) as u32).collect())
+        .collect();
+    let flat: Vec<u32> = prompts.iter().flatten().copied().collect();
+    let reward_fn = RewardFn::single(RewardKind::InclusionOrdering);
+    let params = SamplingParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+    };
+    let mut reference_ms = Vec::new();
+    let mut kernel_ms = Vec::new();
+    let mut agree = 0usize;
+    for it in 0..a.repeats as u32 + 1 {
+        let t = std::time::Instant::now();
+        let tokens = sampling::sample_independent(&logits, b, n, v, g, params, 7, it);
+        let rewards: Vec<f32> = tokens
+            .chunks(n)
+            .enumerate()
+            .map(|(i, r)| reward_fn.reward(&prompts[i / g], r))
+            .collect();
+        let adv = advantage::all_advantages(&rewards, g);
+        let r_ms = t.elapsed().as_secs_f64() * 1000.0;
+        let t = std::time::Instant::now();
+        let (k_tokens, k_score, k_adv) = kernels
+            .rollout(
+                &logits,
+                &flat,
+                (b, n, v, g, n),
+                params,
+                7,
+                it,
+                reward_fn.kernel_weights(),
+                true,
+            )
+            .map_err(user)?;
+        let k_ms = t.elapsed().as_secs_f64() * 1000.0;
+        if it > 0 {
+            // the first round compiles and allocates: not timed
+            reference_ms.push(r_ms);
+            kernel_ms.push(k_ms);
+        }
+        agree = k_tokens.iter().zip(&tokens).filter(|(x, y)| x == y).count();
+        let _ = (k_score, k_adv, adv);
+    }
+    let (r, k) = (median(reference_ms.clone()), median(kernel_ms.clone()));
+    let report = serde_json::json!({
+        "device": compute.label,
+        "shape": { "prompts": b, "generations": g, "n": n, "vocab": v },
+        "reference_ms": r, "reference_ms_p10": quantile(reference_ms.clone(), 0.1), "reference_ms_p90": quantile(reference_ms, 0.9),
+        "kernel_ms": k, "kernel_ms_p10": quantile(kernel_ms.clone(), 0.1), "kernel_ms_p90": quantile(kernel_ms, 0.9),
+        "speedup": r / k,
+        "tokens_identical_fraction": agree as f64 / (b * g * n) as f64,
+    });
+    if a.json {
+        println!("{report}");
+    } else {
+        println!(
+            "rollout + verify + advantages, {b} prompts × {g} responses × n = {n}, vocab {v}, on {}",
+            compute.label
+        );
+        println!("  Rust reference: {r:.2} ms (median of {})", a.repeats);
+        println!(
+            "  WGSL kernels:   {k:.2} ms (upload of the logits and read-back of tokens, rewards, advantages included)"
+        );
+        println!(
+            "  ratio reference / kernels: {:.2}×; identical tokens: {:.6}",
+            r / k,
+            agree as f64 / (b * g * n) as f64
+        );
+    }
+    Ok(())
+}
+
+fn app_cmd(a: AppArgs) -> Result<()> {
+    if !grpo_lab::app::display_available() {
+        return Err(user(
+            "no display (neither DISPLAY nor WAYLAND_DISPLAY is set): the app needs one; `grpo-lab train` runs headless",
+        ));
+    }
+    let mut config = match &a.preset {
+        Some(p) => Some(RunConfig::preset(p).map_err(user)?),
+        None => None,
+    };
+    let measuring = a.measure.is_some();
+    if measuring {
+        // lecture17 at full speed on the CPU backend, long enough for 100k points.
+        let mut c = RunConfig::preset("lecture17").expect("preset");
+        c.run.iterations = 10_000;
+        c.run.device = DeviceChoice::Cpu;
+        c.run.log_groups = 3;
+        config = Some(c);
+    }
+    if let (Some(c), Some(d)) = (config.as_mut(), a.device) {
+        c.run.device = d;
+    }
+    grpo_lab::app::run_app(grpo_lab::app::AppOptions {
+        inline_trainer: false,
+        config,
+        autoplay: a.play || measuring,
+        measure_secs: a.measure,
+        fresh: measuring,
+    })
+    .map_err(|e| anyhow::anyhow!("the app could not open a window: {e}"))
+}
+
+fn compare_cmd(a: CompareArgs) -> Result<()> {
+    use grpo_lab::experiment::{Axis, CompareOptions, Matrix, parse_seeds, run_matrix};
+    train::install_interrupt_handler();
+    let mut matrix = match &a.experiment {
+        Some(name) => {
+            let mut m = Matrix::from_experiment(name).map_err(user)?;
+            m.base = m.base.with_overrides(&a.config.sets).map_err(user)?;
+            m
+        }
+        None => {
+            let base = build_config(&a.config)?;
+            Matrix {
+                name: base.run.name.clone(),
+                base,
+                axes: vec![],
+                seeds: parse_seeds("0..5").map_err(user)?,
+                threshold: None,
+                description: String::new(),
+            }
+        }
+    };
+    for v in &a.vary {
+        matrix.axes.push(Axis::parse(v).map_err(user)?);
+    }
+    if let Some(s) = &a.seeds {
+        matrix.seeds = parse_seeds(s).map_err(user)?;
+    }
+    if a.threshold.is_some() {
+        matrix.threshold = a.threshold;
+    }
+    // Every cell is built and validated before any run starts.
+    let cells = matrix.cells().map_err(user)?;
+    let jobs = a.jobs.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    let device = a.config.device.unwrap_or(DeviceChoice::Cpu);
+    eprintln!(
+        "grpo-lab compare: {} cells × {} seeds = {} runs, {jobs} at a time on {} → {}",
+        cells.len(),
+        matrix.seeds.len(),
+        cells.len() * matrix.seeds.len(),
+        device.name(),
+        a.out.display()
+    );
+    let outcome = run_matrix(
+        &matrix,
+        &CompareOptions {
+            out: a.out.clone(),
+            jobs,
+            force: a.force,
+            progress: !a.quiet,
+            iterations: a.iterations,
+            device,
+        },
+    )
+    .map_err(|e| match e {
+        grpo_lab::experiment::ExperimentError::DifferentConfig { .. }
+        | grpo_lab::experiment::ExperimentError::Config(_) => user(e),
+        e => e.into(),
+    })?;
+    println!("{}", std::fs::read_to_string(&outcome.summary_md)?);
     println!(
-        "grpo-lab: no command given; running the lecture17 demo headless (see `grpo-lab --help`)."
+        "ran {} runs, skipped {} already complete",
+        outcome.ran, outcome.skipped
+    );
+    println!("summary: {}", outcome.summary_md.display());
+    for c in outcome
+        .charts
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "png"))
+    {
+        println!("chart:   {}", c.display());
+    }
+    if train::run::interrupted() {
+        println!("interrupted: rerun the same command to finish the matrix");
+    }
+    Ok(())
+}
+
+fn demo() -> Result<()> {
+    if grpo_lab::app::display_available() {
+        return app_cmd(AppArgs {
+            preset: None,
+            device: None,
+            play: false,
+            measure: None,
+        });
+    }
+    println!(
+        "grpo-lab: no display found (DISPLAY / WAYLAND_DISPLAY unset); running the lecture17 demo headless instead."
     );
     train_cmd(TrainArgs {
         config: ConfigArgs {
@@ -519,7 +799,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         None => demo(),
+        Some(Command::App(a)) => app_cmd(a),
         Some(Command::Train(a)) => train_cmd(a),
+        Some(Command::Compare(a)) => compare_cmd(a),
         Some(Command::Score {
             reward,
             prompt,
@@ -529,6 +811,7 @@ fn main() -> ExitCode {
         Some(Command::Advantages { rewards, json }) => advantages_cmd(&rewards, json),
         Some(Command::Devices { json }) => devices_cmd(json),
         Some(Command::Bench(a)) => bench_cmd(a),
+        Some(Command::BenchRollout(a)) => bench_rollout_cmd(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

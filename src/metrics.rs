@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 /// One optimizer step. Rollout-level fields (rewards, lengths, accuracy) belong to the
 /// iteration the step is in and repeat on each of its `μ` steps; `groups` is present on
-/// the first step of each iteration only.
+/// the last step of each iteration only (with the per-token log-probs of that step).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepRecord {
     /// GRPO iteration, from 0.
@@ -84,6 +84,12 @@ pub struct GroupRecord {
     /// Advantages of the same rewards under every mode (`raw`, `centered`, ...).
     pub advantages: BTreeMap<String, Vec<f32>>,
     pub zero_std: bool,
+    /// Per response, per token: `log π_old` (frozen at the rollout).
+    #[serde(default)]
+    pub old_logp: Vec<Vec<f32>>,
+    /// Per response, per token: `log π_θ` at the iteration's last optimizer step (after μ − 1 updates).
+    #[serde(default)]
+    pub logp: Vec<Vec<f32>>,
 }
 
 /// Scalar columns of the CSV sink, in order, with a getter each.

@@ -461,6 +461,8 @@ impl Trainer {
                         .map(|(m, v)| (m.name().to_string(), v[bi * g..(bi + 1) * g].to_vec()))
                         .collect(),
                     zero_std: zero_std[bi],
+                    old_logp: Vec::new(),
+                    logp: Vec::new(),
                 })
                 .collect()
         });
@@ -481,8 +483,7 @@ impl Trainer {
     /// One optimizer step (step 6 of GRPO-SPEC §2), rolling out first when an iteration begins.
     pub fn step(&mut self) -> Result<StepRecord, TrainError> {
         let started = Instant::now();
-        let first_of_iteration = self.rollout.is_none();
-        if first_of_iteration {
+        if self.rollout.is_none() {
             let rollout = self.roll_out()?;
             self.rollout = Some(rollout);
         }
@@ -498,11 +499,36 @@ impl Trainer {
         } else {
             rollout.old_logp.clone()
         };
+        let last_of_iteration = self.step_in_iteration + 1 >= self.config.algorithm.mu;
+        // Per-token log π and log π_old of the logged groups, on the iteration's last step.
+        let logged = rollout.groups.as_ref().map(|g| g.len()).unwrap_or(0);
+        let token_detail = (last_of_iteration && logged > 0).then(|| {
+            let [_, g, t] = logp.dims();
+            let rows = |x: &Tensor<3>| -> Vec<Vec<f32>> {
+                x.clone()
+                    .detach()
+                    .slice([0..logged, 0..g, 0..t])
+                    .into_data()
+                    .try_to_vec::<f32>()
+                    .expect("f32")
+                    .chunks(t)
+                    .map(|c| c.to_vec())
+                    .collect()
+            };
+            (rows(&logp), rows(&rollout.old_logp))
+        });
+        let ref_logp = if self.config.algorithm.bugs.shared_reference {
+            // BUG (gallery): the reference is the policy module itself, so log π_ref = log π_θ,
+            // gradient included: KL ≡ 0 and its gradient ≡ 0; the penalty silently does nothing.
+            logp.clone()
+        } else {
+            rollout.ref_logp.clone()
+        };
         let out = loss::grpo_loss(
             &settings,
             logp,
             old_logp,
-            rollout.ref_logp.clone(),
+            ref_logp,
             rollout.advantages.clone(),
             rollout.mask.clone(),
         );
@@ -555,11 +581,15 @@ impl Trainer {
         self.policy = self.optim.step(lr, self.policy.clone(), grads);
 
         let stats = rollout.stats;
-        let groups = if first_of_iteration {
-            rollout.groups.clone()
-        } else {
-            None
-        };
+        let groups = token_detail.map(|(logp, old_logp)| {
+            let mut groups = rollout.groups.clone().unwrap_or_default();
+            let g = self.config.algorithm.num_generations;
+            for (i, group) in groups.iter_mut().enumerate() {
+                group.logp = logp[i * g..(i + 1) * g].to_vec();
+                group.old_logp = old_logp[i * g..(i + 1) * g].to_vec();
+            }
+            groups
+        });
         let step_time = started.elapsed().as_secs_f64();
         let record = StepRecord {
             iteration: self.iteration,
@@ -592,7 +622,7 @@ impl Trainer {
         let _ = rollout.secs;
         self.global_step = step;
         self.step_in_iteration += 1;
-        if self.step_in_iteration == self.config.algorithm.mu {
+        if self.step_in_iteration >= self.config.algorithm.mu {
             self.step_in_iteration = 0;
             self.iteration += 1;
             self.rollout = None;

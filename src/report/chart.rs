@@ -6,7 +6,8 @@ use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 
 const FONT_NAME: &str = "grpo-lab-sans";
-static FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+/// DejaVu Sans, embedded: charts and the app never need a system font.
+pub static FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
 
 fn ensure_font() {
     static ONCE: std::sync::Once = std::sync::Once::new();
@@ -265,7 +266,7 @@ pub fn run_charts(
     let adv: Vec<Series> = AdvantageMode::ALL
         .iter()
         .map(|m| {
-            let pts = it
+            let pts = records
                 .iter()
                 .filter_map(|r| {
                     let groups = r.groups.as_ref()?;

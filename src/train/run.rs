@@ -94,6 +94,11 @@ pub fn request_interrupt() {
     INTERRUPTS.fetch_add(1, Ordering::SeqCst);
 }
 
+/// Whether Ctrl-C (or `request_interrupt`) has been seen.
+pub fn interrupted() -> bool {
+    INTERRUPTS.load(Ordering::SeqCst) > 0
+}
+
 pub fn clear_interrupts() {
     INTERRUPTS.store(0, Ordering::SeqCst);
 }

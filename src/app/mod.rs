@@ -1,0 +1,513 @@
+//! The egui desktop app: watch GRPO learn, and steer it.
+//!
+//! Data and UI apart (as rerun does): the trainer runs on its own thread and streams
+//! `StepRecord`s; `store` keeps them; the `*_ui` functions only read the store each frame
+//! and send commands back. Persisted UI state is kept apart from live state.
+
+pub mod store;
+pub mod views;
+pub mod worker;
+
+use crate::config::{
+    AdvantageMode, DeviceChoice, KernelChoice, KlEstimator, LossAggMode, LossMode, PRESETS,
+    RewardKind, RunConfig,
+};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use store::RunData;
+use worker::{Command, Event, Worker};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Tab {
+    Plots,
+    Inspector,
+    Playground,
+    Runs,
+}
+
+impl Tab {
+    const ALL: [(Tab, &'static str); 4] = [
+        (Tab::Plots, "Live plots"),
+        (Tab::Inspector, "Group inspector"),
+        (Tab::Playground, "Advantage playground"),
+        (Tab::Runs, "Runs"),
+    ];
+}
+
+/// What survives a restart (eframe persistence).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Persisted {
+    /// The config being edited, as TOML.
+    pub config_toml: String,
+    pub smoothing: f64,
+    pub tab: Tab,
+    pub run_dirs: Vec<PathBuf>,
+    pub playground_rewards: Vec<f32>,
+    pub save_path: String,
+}
+
+impl Default for Persisted {
+    fn default() -> Self {
+        Self {
+            config_toml: RunConfig::preset("lecture17").expect("preset").to_toml(),
+            smoothing: 0.6,
+            tab: Tab::Plots,
+            run_dirs: Vec::new(),
+            playground_rewards: vec![1.0, 2.0, 2.0, 5.0],
+            save_path: "grpo-lab-config.toml".into(),
+        }
+    }
+}
+
+/// Options for starting the app.
+#[derive(Debug, Clone, Default)]
+pub struct AppOptions {
+    /// Run the trainer inline (tests): steps happen inside frames, deterministically.
+    pub inline_trainer: bool,
+    /// Start from this config instead of the persisted one.
+    pub config: Option<RunConfig>,
+    /// Start training at once.
+    pub autoplay: bool,
+    /// Measure frame work for this long, print a report, close.
+    pub measure_secs: Option<f64>,
+    /// Ignore persisted state (tests, measurements).
+    pub fresh: bool,
+}
+
+/// Frame-time measurement (the `--measure` mode).
+#[derive(Debug, Default)]
+struct Measure {
+    until: Option<Instant>,
+    started: Option<Instant>,
+    ui_ms: Vec<f64>,
+    cpu_ms: Vec<f64>,
+    steps_at_start: usize,
+    done: bool,
+}
+
+pub struct GrpoApp {
+    pub persisted: Persisted,
+    /// The config being edited.
+    pub draft: RunConfig,
+    /// Where each invalid field's message goes: (config key, message).
+    pub field_error: Option<(String, String)>,
+    /// The config of the run in progress.
+    pub running: Option<RunConfig>,
+    pub run: RunData,
+    pub overlays: Vec<(RunData, bool)>,
+    pub worker: Worker,
+    pub playing: bool,
+    pub finished: bool,
+    pub device: String,
+    pub train_prompts: Vec<Vec<u32>>,
+    pub status: String,
+    pub error: Option<String>,
+    pub share_string: String,
+    pub inspector_group: usize,
+    pub inspector_iteration: Option<usize>,
+    pub runs_path: String,
+    /// Records per second, from arrival times.
+    rate: (Instant, usize, f64),
+    measure: Measure,
+    inline: bool,
+}
+
+impl GrpoApp {
+    pub fn new(cc: Option<&eframe::CreationContext<'_>>, options: AppOptions) -> Self {
+        let persisted: Persisted = if options.fresh {
+            Persisted::default()
+        } else {
+            cc.and_then(|cc| cc.storage)
+                .and_then(|s| eframe::get_value(s, eframe::APP_KEY))
+                .unwrap_or_default()
+        };
+        let draft = options
+            .config
+            .clone()
+            .or_else(|| RunConfig::from_toml_str(&persisted.config_toml, "saved config").ok())
+            .unwrap_or_else(|| RunConfig::preset("lecture17").expect("preset"));
+        if let Some(cc) = cc {
+            install_fallback_font(&cc.egui_ctx);
+        }
+        let worker = if options.inline_trainer {
+            Worker::inline()
+        } else {
+            Worker::spawn()
+        };
+        let mut overlays = Vec::new();
+        for dir in &persisted.run_dirs {
+            if let Ok(r) = RunData::load(dir) {
+                overlays.push((r, true));
+            }
+        }
+        let mut app = Self {
+            share_string: String::new(),
+            persisted,
+            draft: draft.clone(),
+            field_error: None,
+            running: None,
+            run: RunData::new("current"),
+            overlays,
+            worker,
+            playing: false,
+            finished: false,
+            device: String::new(),
+            train_prompts: Vec::new(),
+            status: "starting…".into(),
+            error: None,
+            inspector_group: 0,
+            inspector_iteration: None,
+            runs_path: "runs".into(),
+            rate: (Instant::now(), 0, 0.0),
+            measure: Measure::default(),
+            inline: options.inline_trainer,
+        };
+        app.reset(draft);
+        if options.autoplay {
+            app.worker.send(Command::Play);
+        }
+        if let Some(secs) = options.measure_secs {
+            app.measure.until = Some(Instant::now() + Duration::from_secs_f64(secs));
+            app.measure.started = Some(Instant::now());
+        }
+        app
+    }
+
+    /// A new run from `config`.
+    pub fn reset(&mut self, config: RunConfig) {
+        self.run = RunData::new("current");
+        self.run.set_smoothing(self.persisted.smoothing);
+        self.finished = false;
+        self.error = None;
+        self.inspector_iteration = None;
+        self.running = Some(config.clone());
+        self.worker.send(Command::Reset(Box::new(config)));
+        self.pump();
+    }
+
+    pub fn send(&mut self, cmd: Command) {
+        self.worker.send(cmd);
+        self.pump();
+    }
+
+    /// Inline mode: let the trainer run its queued work now.
+    pub fn pump(&mut self) {
+        if self.inline {
+            self.worker.pump(100_000);
+            self.drain_events();
+        }
+    }
+
+    /// Read what the trainer sent; never blocks.
+    pub fn drain_events(&mut self) {
+        let mu = self.running.as_ref().map(|c| c.algorithm.mu).unwrap_or(1);
+        while let Ok(ev) = self.worker.events.try_recv() {
+            match ev {
+                Event::Started {
+                    device,
+                    train_prompts,
+                    config,
+                } => {
+                    self.device = device;
+                    self.train_prompts = train_prompts;
+                    self.running = Some(*config);
+                }
+                Event::Record(r) => self.run.push(*r, mu),
+                Event::Playing(p) => self.playing = p,
+                Event::Finished => self.finished = true,
+                Event::Error(e) => self.error = Some(e),
+            }
+        }
+        let (t0, n0, _) = self.rate;
+        let dt = t0.elapsed().as_secs_f64();
+        if dt > 1.0 {
+            self.rate = (
+                Instant::now(),
+                self.run.steps,
+                (self.run.steps - n0) as f64 / dt,
+            );
+        }
+    }
+
+    /// Which config changes need a new run (new model or prompts) rather than a live update.
+    pub fn needs_reset(&self) -> bool {
+        match &self.running {
+            None => true,
+            Some(r) => {
+                r.task != self.draft.task
+                    || r.model != self.draft.model
+                    || r.run.seed != self.draft.run.seed
+                    || r.run.device != self.draft.run.device
+                    || r.run.kernels != self.draft.run.kernels
+            }
+        }
+    }
+
+    fn status_line(&self) -> String {
+        let it = self.run.last.as_ref().map(|r| r.iteration + 1).unwrap_or(0);
+        let total = self.running.as_ref().map(|c| c.run.iterations).unwrap_or(0);
+        let reward = self
+            .run
+            .last
+            .as_ref()
+            .map(|r| format!("{:.3}", r.reward_mean))
+            .unwrap_or_else(|| "–".into());
+        let state = if self.finished {
+            "finished"
+        } else if self.playing {
+            "training"
+        } else {
+            "paused"
+        };
+        let rate = if self.inline {
+            String::new()
+        } else {
+            format!(" · {:.0} steps/s", self.rate.2)
+        };
+        format!(
+            "{state} · iteration {it}/{total} · step {} · reward {reward}{rate} · seed {} · {}",
+            self.run.steps,
+            self.running.as_ref().map(|c| c.run.seed).unwrap_or(0),
+            self.device
+        )
+    }
+
+    fn controls_ui(&mut self, ui: &mut egui::Ui) {
+        ui.horizontal_wrapped(|ui| {
+            if self.playing {
+                if ui
+                    .button("‖ Pause")
+                    .on_hover_text("Stop after the current step")
+                    .clicked()
+                {
+                    self.send(Command::Pause);
+                }
+            } else if ui
+                .add_enabled(!self.finished, egui::Button::new("▶ Play"))
+                .on_hover_text("Train at full speed")
+                .clicked()
+            {
+                self.send(Command::Play);
+            }
+            if ui
+                .add_enabled(
+                    !self.playing && !self.finished,
+                    egui::Button::new("+1 Step"),
+                )
+                .on_hover_text("One optimizer step (rolls out first when an iteration begins)")
+                .clicked()
+            {
+                self.send(Command::Step);
+            }
+            if ui
+                .add_enabled(
+                    !self.playing && !self.finished,
+                    egui::Button::new("+μ Iteration"),
+                )
+                .on_hover_text(
+                    "Run to the end of the current iteration: rollout, then μ optimizer steps",
+                )
+                .clicked()
+            {
+                self.send(Command::Iteration);
+            }
+            if ui
+                .button("⟲ Reset")
+                .on_hover_text("Start a new run from the config on the left")
+                .clicked()
+            {
+                let c = self.draft.clone();
+                self.reset(c);
+            }
+            ui.separator();
+            ui.label(egui::RichText::new(self.status_line()).monospace());
+            if ui
+                .button("Save PNG")
+                .on_hover_text("Save the whole window as grpo-lab-window.png")
+                .clicked()
+            {
+                views::save_screenshot(ui.ctx(), None, PathBuf::from("grpo-lab-window.png"));
+            }
+        });
+        if let Some(e) = &self.error {
+            ui.colored_label(egui::Color32::from_rgb(200, 60, 60), format!("⚠ {e}"));
+        }
+    }
+
+    fn measure_frame(&mut self, ctx: &egui::Context, ui_ms: f64, frame: &eframe::Frame) {
+        let Some(until) = self.measure.until else {
+            return;
+        };
+        if self.measure.done {
+            return;
+        }
+        if self.measure.ui_ms.is_empty() {
+            self.measure.steps_at_start = self.run.steps;
+        }
+        self.measure.ui_ms.push(ui_ms);
+        if let Some(cpu) = frame.info().cpu_usage {
+            self.measure.cpu_ms.push(cpu as f64 * 1000.0);
+        }
+        if Instant::now() >= until {
+            self.measure.done = true;
+            let q = |v: &Vec<f64>, p: f64| {
+                let mut v = v.clone();
+                v.sort_by(|a, b| a.total_cmp(b));
+                if v.is_empty() {
+                    f64::NAN
+                } else {
+                    v[((v.len() - 1) as f64 * p).round() as usize]
+                }
+            };
+            let secs = self
+                .measure
+                .started
+                .map(|s| s.elapsed().as_secs_f64())
+                .unwrap_or(1.0);
+            let report = serde_json::json!({
+                "frames": self.measure.ui_ms.len(),
+                "seconds": secs,
+                "fps": self.measure.ui_ms.len() as f64 / secs,
+                "app_ui_ms_p50": q(&self.measure.ui_ms, 0.5),
+                "app_ui_ms_p95": q(&self.measure.ui_ms, 0.95),
+                "frame_cpu_ms_p50": q(&self.measure.cpu_ms, 0.5),
+                "frame_cpu_ms_p95": q(&self.measure.cpu_ms, 0.95),
+                "points_in_plots": self.run.steps,
+                "trainer_steps_per_sec": (self.run.steps - self.measure.steps_at_start) as f64 / secs,
+                "device": self.device,
+            });
+            println!("{report}");
+            ctx.send_viewport_cmd(egui::ViewportCommand::Close);
+        }
+    }
+
+    /// The whole window; shared by eframe and the tests.
+    pub fn draw(&mut self, ui: &mut egui::Ui) {
+        self.drain_events();
+        egui::Panel::top("controls").show(ui, |ui| {
+            ui.add_space(4.0);
+            self.controls_ui(ui);
+            ui.add_space(2.0);
+        });
+        egui::Panel::left("config")
+            .resizable(true)
+            .default_size(300.0)
+            .show(ui, |ui| {
+                egui::ScrollArea::vertical().show(ui, |ui| views::config_ui(self, ui));
+            });
+        egui::CentralPanel::default().show(ui, |ui| {
+            ui.horizontal(|ui| {
+                for (tab, label) in Tab::ALL {
+                    ui.selectable_value(&mut self.persisted.tab, tab, label);
+                }
+            });
+            ui.separator();
+            match self.persisted.tab {
+                Tab::Plots => views::plots_ui(self, ui),
+                Tab::Inspector => views::inspector_ui(self, ui),
+                Tab::Playground => views::playground_ui(self, ui),
+                Tab::Runs => views::runs_ui(self, ui),
+            }
+        });
+        if self.playing {
+            // Cap repaints while training so the trainer keeps the cores.
+            ui.ctx().request_repaint_after(Duration::from_millis(100));
+        }
+    }
+}
+
+impl eframe::App for GrpoApp {
+    fn ui(&mut self, ui: &mut egui::Ui, frame: &mut eframe::Frame) {
+        let t = Instant::now();
+        self.draw(ui);
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        let ctx = ui.ctx().clone();
+        self.measure_frame(&ctx, ms, frame);
+    }
+
+    fn save(&mut self, storage: &mut dyn eframe::Storage) {
+        self.persisted.config_toml = self.draft.to_toml();
+        self.persisted.run_dirs = self
+            .overlays
+            .iter()
+            .filter_map(|(r, _)| r.dir.clone())
+            .collect();
+        eframe::set_value(storage, eframe::APP_KEY, &self.persisted);
+    }
+}
+
+/// DejaVu Sans (embedded) after egui's own fonts, for the symbols they lack (▶ ‖ ⟲ ✖ ∅ ✂).
+pub fn install_fallback_font(ctx: &egui::Context) {
+    use egui::epaint::text::{FontInsert, FontPriority, InsertFontFamily};
+    ctx.add_font(FontInsert::new(
+        "dejavu-sans",
+        egui::FontData::from_static(crate::report::chart::FONT),
+        vec![
+            InsertFontFamily {
+                family: egui::FontFamily::Proportional,
+                priority: FontPriority::Lowest,
+            },
+            InsertFontFamily {
+                family: egui::FontFamily::Monospace,
+                priority: FontPriority::Lowest,
+            },
+        ],
+    ));
+}
+
+/// Whether a display server is reachable (X11 or Wayland).
+pub fn display_available() -> bool {
+    std::env::var_os("DISPLAY").is_some_and(|d| !d.is_empty())
+        || std::env::var_os("WAYLAND_DISPLAY").is_some_and(|d| !d.is_empty())
+}
+
+/// Open the window. The trainer's own wgpu device is separate from the window's: eframe opens
+/// the surface-capable device it needs (see the note in README).
+pub fn run_app(options: AppOptions) -> Result<(), String> {
+    let native = eframe::NativeOptions {
+        viewport: egui::ViewportBuilder::default()
+            .with_inner_size([1280.0, 800.0])
+            .with_title("grpo-lab — watch GRPO learn"),
+        ..Default::default()
+    };
+    eframe::run_native(
+        "grpo-lab",
+        native,
+        Box::new(move |cc| Ok(Box::new(GrpoApp::new(Some(cc), options)))),
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// Every choice field's allowed values, for the combo boxes.
+pub(crate) fn enum_names<T: Copy>(
+    all: &[T],
+    name: fn(T) -> &'static str,
+) -> Vec<(T, &'static str)> {
+    all.iter().map(|&v| (v, name(v))).collect()
+}
+
+pub(crate) fn presets() -> Vec<&'static str> {
+    PRESETS.iter().map(|(n, _)| *n).collect()
+}
+
+pub(crate) fn choices() -> (
+    Vec<(AdvantageMode, &'static str)>,
+    Vec<(LossMode, &'static str)>,
+    Vec<(KlEstimator, &'static str)>,
+    Vec<(LossAggMode, &'static str)>,
+    Vec<(RewardKind, &'static str)>,
+    Vec<(DeviceChoice, &'static str)>,
+    Vec<(KernelChoice, &'static str)>,
+) {
+    (
+        enum_names(AdvantageMode::ALL, AdvantageMode::name),
+        enum_names(LossMode::ALL, LossMode::name),
+        enum_names(KlEstimator::ALL, KlEstimator::name),
+        enum_names(LossAggMode::ALL, LossAggMode::name),
+        enum_names(&RewardKind::ALL, RewardKind::name),
+        enum_names(DeviceChoice::ALL, DeviceChoice::name),
+        enum_names(KernelChoice::ALL, KernelChoice::name),
+    )
+}

@@ -1,0 +1,822 @@
+//! The panels. Each `*_ui` reads the app's store and draws; nothing here trains.
+
+use super::store::RunData;
+use super::worker::Command;
+use super::{GrpoApp, choices, presets};
+use crate::config::{AdvantageMode, ConfigError, RunConfig};
+use crate::grpo::advantage;
+use crate::task::{RewardFn, SortTokenizer};
+use egui::{Color32, RichText};
+use egui_plot::{Bar, BarChart, Legend, Line, Plot, Points};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+const ERROR: Color32 = Color32::from_rgb(200, 60, 60);
+const PALETTE: [Color32; 8] = [
+    Color32::from_rgb(31, 119, 180),
+    Color32::from_rgb(255, 127, 14),
+    Color32::from_rgb(44, 160, 44),
+    Color32::from_rgb(214, 39, 40),
+    Color32::from_rgb(148, 103, 189),
+    Color32::from_rgb(140, 86, 75),
+    Color32::from_rgb(227, 119, 194),
+    Color32::from_rgb(127, 127, 127),
+];
+
+fn tokenizer() -> &'static SortTokenizer {
+    static T: OnceLock<SortTokenizer> = OnceLock::new();
+    T.get_or_init(|| SortTokenizer::load().expect("compiled-in tokenizer"))
+}
+
+/// Save the window (or one rectangle of it) as a PNG, from the next frame.
+pub fn save_screenshot(ctx: &egui::Context, rect: Option<egui::Rect>, path: PathBuf) {
+    let ppp = ctx.pixels_per_point();
+    ctx.request_screenshot(move |image| {
+        let image = match rect {
+            Some(r) => image.region(&r, Some(ppp)),
+            None => (*image).clone(),
+        };
+        let [w, h] = image.size;
+        let bytes: Vec<u8> = image.pixels.iter().flat_map(|c| c.to_array()).collect();
+        match image::save_buffer(&path, &bytes, w as u32, h as u32, image::ColorType::Rgba8) {
+            Ok(()) => eprintln!("grpo-lab: saved {}", path.display()),
+            Err(e) => eprintln!("grpo-lab: could not save {}: {e}", path.display()),
+        }
+    });
+}
+
+// ---------------------------------------------------------------- config
+
+/// The key a validation error is about.
+fn error_key(e: &ConfigError) -> String {
+    match e {
+        ConfigError::InvalidValue { key, .. } | ConfigError::UnknownKey { key, .. } => key.clone(),
+        _ => String::new(),
+    }
+}
+
+/// One labelled field with a tooltip and, when the draft is invalid there, the reason under it.
+fn field(
+    ui: &mut egui::Ui,
+    app_error: &Option<(String, String)>,
+    key: &str,
+    label: &str,
+    help: &str,
+    add: impl FnOnce(&mut egui::Ui, egui::Id),
+) {
+    ui.horizontal(|ui| {
+        let l = ui.label(label).on_hover_text(format!("{help}\n\n`{key}`"));
+        add(ui, l.id);
+    });
+    if let Some((k, msg)) = app_error
+        && k == key
+    {
+        ui.label(RichText::new(format!("✖ {msg}")).color(ERROR).small());
+    }
+}
+
+fn combo<T: PartialEq + Copy>(
+    ui: &mut egui::Ui,
+    label: egui::Id,
+    id: &str,
+    value: &mut T,
+    options: &[(T, &'static str)],
+) {
+    let current = options
+        .iter()
+        .find(|(v, _)| v == value)
+        .map(|(_, n)| *n)
+        .unwrap_or("?");
+    egui::ComboBox::from_id_salt(id)
+        .selected_text(current)
+        .show_ui(ui, |ui| {
+            for (v, name) in options {
+                ui.selectable_value(value, *v, *name);
+            }
+        })
+        .response
+        .labelled_by(label);
+}
+
+pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
+    let (adv, loss, kl, agg, reward, device, kernels) = choices();
+    let err = app.field_error.clone();
+    let d = &mut app.draft;
+    ui.heading("Config");
+    ui.horizontal(|ui| {
+        ui.label("Preset")
+            .on_hover_text("Start from a preset in assets/experiments");
+        for name in presets() {
+            if ui.small_button(name).clicked()
+                && let Ok(c) = RunConfig::preset(name)
+            {
+                *d = c;
+            }
+        }
+    });
+    ui.collapsing("Run", |ui| {
+        field(ui, &err, "run.seed", "Seed", "The run is a pure function of its config and this seed.", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.run.seed)).labelled_by(l);
+        });
+        field(ui, &err, "run.iterations", "Iterations", "GRPO iterations (the lecture's \"epochs\"): rollout, then μ optimizer steps. Lecture: 100.", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.run.iterations)).labelled_by(l);
+        });
+        field(ui, &err, "run.device", "Device", "auto: a GPU, else lavapipe, else burn's CPU backend. cpu is the fastest choice for these tiny models without a GPU.", |ui, l| combo(ui, l, "device", &mut d.run.device, &device));
+        field(ui, &err, "run.kernels", "Kernels", "Sampling, verifier and advantages in our WGSL kernels (gpu) or plain Rust (reference). Same tokens either way.", |ui, l| combo(ui, l, "kernels", &mut d.run.kernels, &kernels));
+    })
+    .header_response
+    .on_hover_text("Length, seed, device");
+    ui.collapsing("Task", |ui| {
+        field(ui, &err, "task.reward", "Reward", "The verifier. distance: positions equal to sorted(prompt). inclusion_ordering: prompt numbers found + non-decreasing neighbours (can be gamed: [0,0,0] scores high). exact: 1 if sorted, else 0 (the RLVR indicator).", |ui, l| combo(ui, l, "reward", &mut d.task.reward, &reward));
+        field(ui, &err, "task.n", "n (prompt length)", "How many numbers to sort. Lecture: 3.", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.task.n)).labelled_by(l);
+        });
+        field(ui, &err, "task.vocab", "vocab", "Numbers are drawn from 0..vocab. Lecture: 5.", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.task.vocab)).labelled_by(l);
+        });
+        if d.task.prompts.is_empty() {
+            field(ui, &err, "task.train_size", "train prompts", "Random training prompts (disjoint from the held-out ones).", |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.task.train_size)).labelled_by(l);
+            });
+        } else {
+            ui.label(format!("fixed prompts: {}", d.task.prompts.iter().map(|p| format!("[{}]", tokenizer().decode(p))).collect::<Vec<_>>().join(" ")));
+        }
+        field(ui, &err, "task.heldout_size", "held-out prompts", "Prompts never trained on, for greedy held-out accuracy.", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.task.heldout_size)).labelled_by(l);
+        });
+    });
+    ui.collapsing("Model", |ui| {
+        field(ui, &err, "model.d_model", "D", "Embedding width of the lecture's per-position model. Lecture: 10.", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.model.d_model)).labelled_by(l);
+        });
+        field(ui, &err, "model.init_scale", "init scale", "Multiplies the initial weights. 1 = the lecture's init (logits of scale ~5: nearly deterministic from the start). Smaller = closer to uniform, more exploration.", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.model.init_scale).speed(0.01)).labelled_by(l);
+        });
+    });
+    egui::CollapsingHeader::new("Algorithm").default_open(true).show(ui, |ui| {
+        let a = &mut d.algorithm;
+        field(ui, &err, "algorithm.num_generations", "G (group size)", "Responses sampled per prompt; advantages compare within a group. Lecture: 10; usual 4–64 (GRPO, Shao et al. 2024).", |ui, l| {
+            ui.add(egui::DragValue::new(&mut a.num_generations)).labelled_by(l);
+        });
+        field(ui, &err, "algorithm.mu", "μ (steps per iteration)", "Optimizer steps on one batch of rollouts. Lecture: 10; GRPO paper: 1–4. With μ > 1 the naive loss has no off-policy correction.", |ui, l| {
+            ui.add(egui::DragValue::new(&mut a.mu)).labelled_by(l);
+        });
+        field(ui, &err, "algorithm.advantage", "Advantage", "How a group's rewards become advantages. raw: A = r. centered: r − mean. normalized (GRPO): (r − mean)/(std + 1e-5). max: r where r is the group max. rloo: r − mean of the others. batch_normalized: centered / batch std.", |ui, l| combo(ui, l, "advantage", &mut a.advantage, &adv));
+        field(ui, &err, "algorithm.loss", "Loss", "naive: −A·log π (REINFORCE). unclipped: −A·ρ with ρ = π/π_old. clipped: PPO's −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A).", |ui, l| combo(ui, l, "loss", &mut a.loss, &loss));
+        field(ui, &err, "algorithm.epsilon_low", "ε low", "Lower clip range of the ratio. PPO: 0.2; lecture: 0.01. Must be in (0, 1).", |ui, l| {
+            ui.add(egui::DragValue::new(&mut a.epsilon_low).speed(0.005)).labelled_by(l);
+        });
+        field(ui, &err, "algorithm.epsilon_high", "ε high", "Upper clip range. PPO: 0.2; DAPO clip-higher: 0.28 (Yu et al. 2025).", |ui, l| {
+            ui.add(egui::DragValue::new(&mut a.epsilon_high).speed(0.005)).labelled_by(l);
+        });
+        field(ui, &err, "algorithm.beta", "β (KL)", "Weight of the KL to the reference policy. 0 = none; GRPO: 0.04; usual 0.001–0.1.", |ui, l| {
+            ui.add(egui::DragValue::new(&mut a.beta).speed(0.001)).labelled_by(l);
+        });
+        field(ui, &err, "algorithm.kl_estimator", "KL estimator", "With Δ = log π_ref − log π: k1 = −Δ, k2 = Δ²/2, k3 = e^Δ − Δ − 1 (GRPO, Schulman 2020).", |ui, l| combo(ui, l, "kl", &mut a.kl_estimator, &kl));
+        field(ui, &err, "algorithm.ref_period", "ref period", "Copy the policy into the reference every this many iterations. Lecture: 10; 0 = never.", |ui, l| {
+            ui.add(egui::DragValue::new(&mut a.ref_period)).labelled_by(l);
+        });
+        field(ui, &err, "algorithm.loss_agg_mode", "Aggregation", "seq-mean-token-mean (GRPO), token-mean (DAPO), seq-mean-token-sum-norm (Dr. GRPO). Equal for fixed-length responses.", |ui, l| combo(ui, l, "agg", &mut a.loss_agg_mode, &agg));
+        ui.label(RichText::new("Bug gallery (deliberate bugs)").small().strong());
+        ui.checkbox(&mut a.bugs.ratio_as_logprob_quotient, "BUG: ratio = logπ / logπ_old");
+        ui.checkbox(&mut a.bugs.unfrozen_old_policy, "BUG: π_old not frozen");
+        ui.checkbox(&mut a.bugs.shared_reference, "BUG: reference shared, not copied");
+    });
+    ui.collapsing("Optimizer & sampling", |ui| {
+        field(
+            ui,
+            &err,
+            "optimizer.lr",
+            "learning rate",
+            "Adam's step size. Lecture: 1e-3; usual 1e-5–1e-2.",
+            |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.optimizer.lr).speed(1e-4))
+                    .labelled_by(l);
+            },
+        );
+        field(
+            ui,
+            &err,
+            "optimizer.max_grad_norm",
+            "max grad norm",
+            "Clip the global gradient norm (0 = off; TRL: 1.0).",
+            |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.optimizer.max_grad_norm).speed(0.01))
+                    .labelled_by(l);
+            },
+        );
+        field(
+            ui,
+            &err,
+            "sampling.temperature",
+            "temperature",
+            "Softmax temperature for rollouts. 1 = the policy as is.",
+            |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.sampling.temperature).speed(0.01))
+                    .labelled_by(l);
+            },
+        );
+        field(
+            ui,
+            &err,
+            "sampling.top_k",
+            "top-k",
+            "Keep the k most likely tokens (0 = off).",
+            |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.sampling.top_k))
+                    .labelled_by(l);
+            },
+        );
+        field(
+            ui,
+            &err,
+            "sampling.top_p",
+            "top-p",
+            "Nucleus: the smallest set with this much probability (1 = off).",
+            |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.sampling.top_p).speed(0.01))
+                    .labelled_by(l);
+            },
+        );
+    });
+
+    // Validate the draft: a bad value is refused at its field, and the trainer keeps running.
+    app.field_error = app
+        .draft
+        .validate()
+        .err()
+        .map(|e| (error_key(&e), e.to_string()));
+    ui.separator();
+    let valid = app.field_error.is_none();
+    let needs_reset = app.needs_reset();
+    ui.horizontal(|ui| {
+        if ui
+            .add_enabled(valid && !needs_reset, egui::Button::new("Apply"))
+            .on_hover_text("Send algorithm, optimizer and sampling changes to the running trainer")
+            .clicked()
+        {
+            app.running = Some(app.draft.clone());
+            app.send(Command::Update(Box::new(app.draft.clone())));
+        }
+        if ui
+            .add_enabled(valid, egui::Button::new("Reset with this config"))
+            .clicked()
+        {
+            let c = app.draft.clone();
+            app.reset(c);
+        }
+    });
+    if needs_reset {
+        ui.label(RichText::new("Task, model, seed or device changed: needs a reset").italics());
+    }
+    if let Some((_, msg)) = &app.field_error {
+        ui.label(
+            RichText::new(format!("Not applied: {msg}"))
+                .color(ERROR)
+                .small(),
+        );
+    }
+    ui.separator();
+    ui.horizontal(|ui| {
+        let l = ui.label("File");
+        ui.text_edit_singleline(&mut app.persisted.save_path)
+            .labelled_by(l.id);
+        if ui.button("Save TOML").clicked() {
+            let path = PathBuf::from(&app.persisted.save_path);
+            app.error = std::fs::write(&path, app.draft.to_toml())
+                .err()
+                .map(|e| format!("{}: {e}", path.display()));
+        }
+    });
+    ui.horizontal(|ui| {
+        if ui
+            .button("Copy as one line")
+            .on_hover_text("The whole config as one shareable line")
+            .clicked()
+        {
+            app.share_string = share_string(&app.draft);
+            ui.ctx().copy_text(app.share_string.clone());
+        }
+        if ui
+            .button("Load line")
+            .on_hover_text("Paste a shared line into the box, then load it")
+            .clicked()
+        {
+            match parse_share_string(&app.share_string) {
+                Ok(c) => app.draft = c,
+                Err(e) => app.error = Some(e),
+            }
+        }
+    });
+    let l = ui.label("Shared line");
+    ui.add(egui::TextEdit::singleline(&mut app.share_string).hint_text("grpo-lab:{…}"))
+        .labelled_by(l.id);
+}
+
+/// The whole config as one line (TensorFlow Playground style).
+pub fn share_string(c: &RunConfig) -> String {
+    format!(
+        "grpo-lab:{}",
+        serde_json::to_string(c).expect("config serializes")
+    )
+}
+
+pub fn parse_share_string(s: &str) -> Result<RunConfig, String> {
+    let json = s
+        .trim()
+        .strip_prefix("grpo-lab:")
+        .ok_or("a shared config starts with `grpo-lab:`")?;
+    let c: RunConfig = serde_json::from_str(json).map_err(|e| format!("shared config: {e}"))?;
+    c.validate().map_err(|e| e.to_string())?;
+    Ok(c)
+}
+
+// ---------------------------------------------------------------- plots
+
+fn plot<'a>(id: &str, link: egui::Id, width: f32) -> Plot<'a> {
+    Plot::new(id)
+        .height(170.0)
+        .width(width)
+        .link_axis(link, [true, false])
+        .link_cursor(link, [true, false])
+        .legend(Legend::default())
+        .x_axis_label("iteration")
+        .allow_scroll(false)
+}
+
+fn line(name: &str, pts: Vec<[f64; 2]>, color: Color32) -> Line<'static> {
+    Line::new(name.to_string(), pts).color(color)
+}
+
+fn png_button(ui: &mut egui::Ui, rect: egui::Rect, name: &str) {
+    if ui
+        .small_button("PNG")
+        .on_hover_text(format!("Save this plot as grpo-lab-{name}.png"))
+        .clicked()
+    {
+        save_screenshot(
+            ui.ctx(),
+            Some(rect),
+            PathBuf::from(format!("grpo-lab-{name}.png")),
+        );
+    }
+}
+
+fn titled(ui: &mut egui::Ui, title: &str, help: &str) {
+    ui.label(RichText::new(title).strong()).on_hover_text(help);
+}
+
+pub fn plots_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
+    let link = egui::Id::NULL.with("iteration-axis");
+    let max_reward = app
+        .running
+        .as_ref()
+        .map(|c| RewardFn::from_task(&c.task).max_reward(c.task.n) as f64);
+    ui.horizontal(|ui| {
+        ui.label("Smoothing").on_hover_text("Exponential moving average of the mean reward (TensorBoard style); the raw curve stays faint behind.");
+        if ui.add(egui::Slider::new(&mut app.persisted.smoothing, 0.0..=0.99).text("EMA weight")).changed() {
+            app.run.set_smoothing(app.persisted.smoothing);
+        }
+        ui.label(format!("{} steps logged", app.run.steps));
+    });
+    let run = &app.run;
+    let w = ((ui.available_width() - 30.0) / 2.0).max(200.0);
+    egui::ScrollArea::vertical().show(ui, |ui| {
+        egui::Grid::new("plots").num_columns(2).spacing([12.0, 8.0]).show(ui, |ui| {
+            // Mean reward, smoothed over the raw curve.
+            ui.vertical(|ui| {
+                titled(ui, "Mean reward", "Mean verifier reward of each iteration's rollouts. The dashed line is the largest possible reward.");
+                let r = plot("reward", link, w).show(ui, |p| {
+                    p.line(line("raw", run.reward_raw_points(), PALETTE[0].gamma_multiply(0.25)));
+                    p.line(line("smoothed", run.reward_smoothed_points(), PALETTE[0]));
+                    if let (Some(m), Some(last)) = (max_reward, run.series("reward/mean").last) {
+                        p.line(line("max possible", vec![[0.0, m], [last[0].max(1.0), m]], Color32::GRAY).style(egui_plot::LineStyle::dashed_loose()));
+                    }
+                });
+                png_button(ui, r.response.rect, "reward");
+            });
+            // Every response's reward, group by group.
+            ui.vertical(|ui| {
+                titled(ui, "Group rewards", "Every sampled response's reward, one colour per prompt, iteration by iteration: watch groups collapse to one answer.");
+                let r = plot("groups", link, w).show(ui, |p| {
+                    let mut per_prompt: std::collections::BTreeMap<usize, Vec<[f64; 2]>> = Default::default();
+                    let g_max = run.groups.iter().rev().take(1).flat_map(|(_, gs)| gs.iter().map(|g| g.rewards.len())).max().unwrap_or(1);
+                    let stride = (run.groups.len() / 400).max(1);
+                    for (it, groups) in run.groups.iter().step_by(stride) {
+                        for g in groups.iter().take(8) {
+                            let pts = per_prompt.entry(g.prompt_index).or_default();
+                            for (i, r) in g.rewards.iter().enumerate() {
+                                let jitter = (i as f64 / g_max as f64 - 0.5) * 0.4;
+                                pts.push([*it as f64 + jitter, *r as f64]);
+                            }
+                        }
+                    }
+                    for (k, (pi, pts)) in per_prompt.into_iter().enumerate() {
+                        let name = app.train_prompts.get(pi).map(|p| format!("[{}]", tokenizer().decode(p))).unwrap_or_else(|| format!("prompt {pi}"));
+                        p.points(Points::new(name, pts).radius(1.5).color(PALETTE[k % PALETTE.len()]));
+                    }
+                });
+                png_button(ui, r.response.rect, "groups");
+            });
+            ui.end_row();
+            // Advantages of one group under every mode, side by side.
+            ui.vertical(|ui| {
+                titled(ui, "Advantages, every mode, same group", "The latest iteration's first logged group: the same rewards under raw, centered, normalized, max, rloo and batch_normalized. Bars in groups of G, one group per mode.");
+                let r = Plot::new("advantages").height(170.0).width(w).legend(Legend::default()).allow_scroll(false).show(ui, |p| {
+                    if let Some((_, groups)) = run.groups.last()
+                        && let Some(g) = groups.get(app.inspector_group.min(groups.len().saturating_sub(1)))
+                    {
+                        let gn = g.rewards.len();
+                        for (m, mode) in AdvantageMode::ALL.iter().enumerate() {
+                            let values = g.advantages.get(mode.name()).cloned().unwrap_or_default();
+                            let bars: Vec<Bar> = values.iter().enumerate().map(|(i, v)| Bar::new((m * (gn + 2) + i) as f64, *v as f64).width(0.8)).collect();
+                            p.bar_chart(BarChart::new(mode.name(), bars).color(PALETTE[m % PALETTE.len()]));
+                        }
+                    }
+                });
+                png_button(ui, r.response.rect, "advantages");
+            });
+            small_plot(ui, link, w, "length", "Response length", "Mean, min and max response length per iteration (fixed n for the lecture's model).", &[("mean", run.series("completions/mean_length"), PALETTE[0]), ("min", run.series("completions/min_length"), PALETTE[1]), ("max", run.series("completions/max_length"), PALETTE[2])]);
+            ui.end_row();
+            small_plot(ui, link, w, "kl", "KL to the reference", "Mean per-token KL estimate (the configured k1/k2/k3) from the reference policy; drops to 0 when the reference is refreshed.", &[("kl", run.series("kl"), PALETTE[3])]);
+            small_plot(ui, link, w, "entropy", "Entropy", "Mean entropy of the policy per response position (nats). Falling to 0 = entropy collapse: every response identical, all advantages 0.", &[("entropy", run.series("entropy"), PALETTE[4])]);
+            ui.end_row();
+            small_plot(ui, link, w, "clip", "Clip ratio", "Fraction of tokens whose ratio is clipped: low (ρ < 1−ε_low with A < 0) and high (ρ > 1+ε_high with A > 0).", &[("low", run.series("clip_ratio/low"), PALETTE[5]), ("high", run.series("clip_ratio/high"), PALETTE[6])]);
+            small_plot(ui, link, w, "zero-std", "Groups with no learning signal", "Fraction of groups whose rewards are all equal: every centered advantage is 0 there. Also greedy accuracy.", &[("frac_reward_zero_std", run.series("frac_reward_zero_std"), PALETTE[7]), ("accuracy/train", run.series("accuracy/train"), PALETTE[2])]);
+            ui.end_row();
+        });
+    });
+}
+
+fn small_plot(
+    ui: &mut egui::Ui,
+    link: egui::Id,
+    w: f32,
+    id: &str,
+    title: &str,
+    help: &str,
+    series: &[(&str, &super::store::Series, Color32)],
+) {
+    ui.vertical(|ui| {
+        titled(ui, title, help);
+        let r = plot(id, link, w).show(ui, |p| {
+            for (name, s, color) in series {
+                p.line(line(name, s.points(), *color));
+            }
+        });
+        png_button(ui, r.response.rect, id);
+    });
+}
+
+// ---------------------------------------------------------------- inspector
+
+pub fn inspector_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
+    if app.run.groups.is_empty() {
+        ui.label("No groups yet: take a step (the groups of an iteration are logged on its last optimizer step).");
+        return;
+    }
+    let last = app.run.groups.len() - 1;
+    let mut sel = app.inspector_iteration.unwrap_or(last).min(last);
+    ui.horizontal(|ui| {
+        ui.label("Iteration");
+        let iterations: Vec<usize> = app.run.groups.iter().map(|(i, _)| *i).collect();
+        if ui
+            .add(
+                egui::Slider::new(&mut sel, 0..=last)
+                    .text("logged iteration")
+                    .custom_formatter(|v, _| {
+                        iterations
+                            .get(v as usize)
+                            .map(|i| i.to_string())
+                            .unwrap_or_default()
+                    }),
+            )
+            .changed()
+        {
+            app.inspector_iteration = if sel == last { None } else { Some(sel) };
+        }
+        if app.inspector_iteration.is_some() && ui.button("follow latest").clicked() {
+            app.inspector_iteration = None;
+        }
+    });
+    let (iteration, groups) = &app.run.groups[sel];
+    let gi = app.inspector_group.min(groups.len() - 1);
+    ui.horizontal_wrapped(|ui| {
+        ui.label("Prompt");
+        for (i, g) in groups.iter().enumerate() {
+            let label = format!(
+                "[{}]{}",
+                tokenizer().decode(&g.prompt),
+                if g.zero_std { " ∅" } else { "" }
+            );
+            if ui.selectable_label(i == gi, label).clicked() {
+                app.inspector_group = i;
+            }
+        }
+    });
+    let g = &groups[gi];
+    let config = app.running.clone().unwrap_or_default();
+    let reward_fn = RewardFn::from_task(&config.task);
+    ui.label(format!(
+        "iteration {iteration} · prompt [{}] · truth [{}] · driving mode: {}",
+        tokenizer().decode(&g.prompt),
+        tokenizer().decode(&crate::task::sort::sorted(&g.prompt)),
+        config.algorithm.advantage
+    ));
+    if g.zero_std {
+        ui.label(RichText::new("∅ All rewards in this group are equal: no learning signal (every centered advantage is 0).").color(ERROR).strong());
+    }
+    let (eps_low, eps_high) = (
+        config.algorithm.epsilon_low as f32,
+        config.algorithm.epsilon_high as f32,
+    );
+    egui::ScrollArea::both().show(ui, |ui| {
+        egui::Grid::new("inspector")
+            .striped(true)
+            .num_columns(4 + AdvantageMode::ALL.len())
+            .show(ui, |ui| {
+                ui.strong("#");
+                ui.strong("response");
+                ui.strong("reward");
+                ui.strong("parts");
+                for m in AdvantageMode::ALL {
+                    let t = if *m == config.algorithm.advantage {
+                        format!("A {} ◀", m.name())
+                    } else {
+                        format!("A {}", m.name())
+                    };
+                    ui.strong(t);
+                }
+                ui.strong("per token: log π_old → log π (ratio ρ, clipped?)");
+                ui.end_row();
+                for (i, resp) in g.responses.iter().enumerate() {
+                    ui.label(i.to_string());
+                    ui.monospace(tokenizer().decode(resp));
+                    ui.label(format!("{:.2}", g.rewards[i]));
+                    let parts = reward_fn.score(&g.prompt, resp).parts;
+                    ui.label(
+                        parts
+                            .iter()
+                            .map(|(k, v)| format!("{k} {v}"))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    );
+                    for m in AdvantageMode::ALL {
+                        let v = g
+                            .advantages
+                            .get(m.name())
+                            .and_then(|a| a.get(i))
+                            .copied()
+                            .unwrap_or(f32::NAN);
+                        ui.label(format!("{v:+.3}"));
+                    }
+                    let adv = g
+                        .advantages
+                        .get(config.algorithm.advantage.name())
+                        .and_then(|a| a.get(i))
+                        .copied()
+                        .unwrap_or(0.0);
+                    let tokens: Vec<String> = (0..resp.len())
+                        .map(|t| {
+                            let (Some(old), Some(new)) = (
+                                g.old_logp.get(i).and_then(|v| v.get(t)),
+                                g.logp.get(i).and_then(|v| v.get(t)),
+                            ) else {
+                                return "–".into();
+                            };
+                            let ratio = (new - old).exp();
+                            let clipped = (ratio < 1.0 - eps_low && adv < 0.0)
+                                || (ratio > 1.0 + eps_high && adv > 0.0);
+                            format!(
+                                "{old:.2}→{new:.2} ({ratio:.3}{})",
+                                if clipped { " ✂" } else { "" }
+                            )
+                        })
+                        .collect();
+                    ui.monospace(tokens.join("  "));
+                    ui.end_row();
+                }
+            });
+    });
+}
+
+// ---------------------------------------------------------------- playground
+
+pub fn playground_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
+    ui.label(
+        "Drag the rewards of one group; every advantage mode updates live. No training needed.",
+    );
+    let rewards = &mut app.persisted.playground_rewards;
+    let mut g = rewards.len();
+    ui.horizontal(|ui| {
+        ui.label("G");
+        if ui
+            .add(egui::Slider::new(&mut g, 1..=16).text("responses"))
+            .changed()
+        {
+            rewards.resize(g, 0.0);
+        }
+        if ui
+            .button("all equal")
+            .on_hover_text("A group with zero variance: no learning signal")
+            .clicked()
+        {
+            rewards.iter_mut().for_each(|r| *r = 1.0);
+        }
+        if ui
+            .button("one success")
+            .on_hover_text("Sparse reward: one 1 among 0s")
+            .clicked()
+        {
+            rewards
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, r)| *r = if i == 0 { 1.0 } else { 0.0 });
+        }
+    });
+    ui.horizontal_wrapped(|ui| {
+        for (i, r) in rewards.iter_mut().enumerate() {
+            let l = ui.label(format!("r{i}"));
+            ui.add(egui::DragValue::new(r).speed(0.05))
+                .labelled_by(l.id);
+        }
+    });
+    let all = advantage::all_advantages(rewards, rewards.len());
+    let s = all.groups[0];
+    ui.label(format!(
+        "mean {:.4} · unbiased std {:.4} · max {}{}",
+        s.mean,
+        s.std,
+        s.max,
+        if s.zero_std {
+            " · all equal: every centered mode gives 0"
+        } else {
+            ""
+        }
+    ));
+    let formulas = [
+        ("raw", "A = r"),
+        ("centered", "A = r − mean(r)"),
+        (
+            "normalized",
+            "A = (r − mean) / (std + 1e-5), std unbiased (GRPO)",
+        ),
+        ("max", "A = r where r = max(r), else 0"),
+        ("rloo", "A_i = r_i − mean_{j≠i} r_j"),
+        ("batch_normalized", "A = (r − mean) / (batch std + 1e-5)"),
+    ];
+    egui::Grid::new("playground").striped(true).show(ui, |ui| {
+        ui.strong("mode");
+        ui.strong("formula");
+        ui.strong("advantages");
+        ui.end_row();
+        for (name, formula) in formulas {
+            ui.label(name);
+            ui.label(formula);
+            let v: Vec<String> = all.by_mode[name]
+                .iter()
+                .map(|x| format!("{x:+.4}"))
+                .collect();
+            ui.monospace(v.join("  "));
+            ui.end_row();
+        }
+    });
+    Plot::new("playground-bars")
+        .height(200.0)
+        .legend(Legend::default())
+        .allow_scroll(false)
+        .show(ui, |p| {
+            let gn = rewards.len();
+            for (m, (name, _)) in formulas.iter().enumerate() {
+                let bars: Vec<Bar> = all.by_mode[*name]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| Bar::new((m * (gn + 2) + i) as f64, *v as f64).width(0.8))
+                    .collect();
+                p.bar_chart(BarChart::new(*name, bars).color(PALETTE[m % PALETTE.len()]));
+            }
+        });
+}
+
+// ---------------------------------------------------------------- runs
+
+pub fn runs_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
+    ui.horizontal(|ui| {
+        let l = ui.label("Run directory");
+        ui.text_edit_singleline(&mut app.runs_path)
+            .labelled_by(l.id);
+        if ui
+            .button("Add")
+            .on_hover_text("A directory written by `grpo-lab train`")
+            .clicked()
+        {
+            add_runs(app, false);
+        }
+        if ui
+            .button("Add all inside")
+            .on_hover_text("Every run directory inside (a compare directory's runs too)")
+            .clicked()
+        {
+            add_runs(app, true);
+        }
+    });
+    let mut remove = None;
+    for (i, (r, on)) in app.overlays.iter_mut().enumerate() {
+        ui.horizontal(|ui| {
+            ui.checkbox(on, &r.name);
+            if let Some(c) = &r.config {
+                ui.label(
+                    RichText::new(format!(
+                        "{} · {} · seed {} · {} steps",
+                        c.algorithm.advantage, c.algorithm.loss, c.run.seed, r.steps
+                    ))
+                    .small(),
+                );
+            }
+            if ui.small_button("✖").clicked() {
+                remove = Some(i);
+            }
+        });
+    }
+    if let Some(i) = remove {
+        app.overlays.remove(i);
+    }
+    let link = egui::Id::NULL.with("runs-axis");
+    let smoothing = app.persisted.smoothing;
+    for r in app.overlays.iter_mut().map(|(r, _)| r) {
+        r.set_smoothing(smoothing);
+    }
+    let shown: Vec<&RunData> = std::iter::once(&app.run)
+        .filter(|r| r.steps > 0)
+        .chain(app.overlays.iter().filter(|(_, on)| *on).map(|(r, _)| r))
+        .collect();
+    titled(
+        ui,
+        "Mean reward (smoothed)",
+        "Every shown run on the same axes",
+    );
+    plot("runs-reward", link, ui.available_width()).show(ui, |p| {
+        for (k, r) in shown.iter().enumerate() {
+            p.line(line(
+                &r.name,
+                r.reward_smoothed_points(),
+                PALETTE[k % PALETTE.len()],
+            ));
+        }
+    });
+    titled(ui, "Entropy", "");
+    plot("runs-entropy", link, ui.available_width()).show(ui, |p| {
+        for (k, r) in shown.iter().enumerate() {
+            p.line(line(
+                &r.name,
+                r.series("entropy").points(),
+                PALETTE[k % PALETTE.len()],
+            ));
+        }
+    });
+    titled(ui, "KL", "");
+    plot("runs-kl", link, ui.available_width()).show(ui, |p| {
+        for (k, r) in shown.iter().enumerate() {
+            p.line(line(
+                &r.name,
+                r.series("kl").points(),
+                PALETTE[k % PALETTE.len()],
+            ));
+        }
+    });
+}
+
+fn add_runs(app: &mut GrpoApp, inside: bool) {
+    let root = PathBuf::from(&app.runs_path);
+    let dirs: Vec<PathBuf> = if inside {
+        // A compare directory keeps its runs under `runs/`.
+        let scan = if root.join("runs").is_dir() {
+            root.join("runs")
+        } else {
+            root.clone()
+        };
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&scan)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.join("metrics.jsonl").exists())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    } else {
+        vec![root.clone()]
+    };
+    if dirs.is_empty() {
+        app.error = Some(format!("no run directories in {}", root.display()));
+    }
+    for d in dirs {
+        if app.overlays.iter().any(|(r, _)| r.dir.as_ref() == Some(&d)) {
+            continue;
+        }
+        match RunData::load(&d) {
+            Ok(r) => app.overlays.push((r, true)),
+            Err(e) => app.error = Some(e),
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! The trainer behind the app: on its own thread (the window never blocks on it), or
+//! inline (tests drive it step by step). Commands go in; records and status come out.
+
+use crate::config::RunConfig;
+use crate::gpu::Compute;
+use crate::grpo::Trainer;
+use crate::metrics::StepRecord;
+use std::sync::mpsc::{Receiver, Sender, TryRecvError, channel};
+use std::thread::JoinHandle;
+
+#[derive(Debug, Clone)]
+pub enum Command {
+    Play,
+    Pause,
+    /// One optimizer step.
+    Step,
+    /// Up to the end of the current iteration.
+    Iteration,
+    /// A new run from this config.
+    Reset(Box<RunConfig>),
+    /// Change knobs that need no new model (algorithm, optimizer, sampling); takes effect at
+    /// the next iteration's rollout for the rollout knobs, at the next step for the rest.
+    Update(Box<RunConfig>),
+    Shutdown,
+}
+
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// A new run started: its device and prompt sets.
+    Started {
+        device: String,
+        train_prompts: Vec<Vec<u32>>,
+        config: Box<RunConfig>,
+    },
+    Record(Box<StepRecord>),
+    Playing(bool),
+    Finished,
+    Error(String),
+}
+
+/// The trainer state machine shared by both modes.
+struct Core {
+    trainer: Option<Trainer>,
+    playing: bool,
+    /// Steps left to run for `Iteration` while paused.
+    pending_steps: usize,
+}
+
+impl Core {
+    fn new() -> Self {
+        Self {
+            trainer: None,
+            playing: false,
+            pending_steps: 0,
+        }
+    }
+
+    fn handle(&mut self, cmd: Command, tx: &Sender<Event>) -> bool {
+        match cmd {
+            Command::Play => {
+                self.playing = self.trainer.as_ref().is_some_and(|t| !t.is_done());
+                let _ = tx.send(Event::Playing(self.playing));
+            }
+            Command::Pause => {
+                self.playing = false;
+                self.pending_steps = 0;
+                let _ = tx.send(Event::Playing(false));
+            }
+            Command::Step => self.pending_steps = self.pending_steps.max(1),
+            Command::Iteration => {
+                if let Some(t) = &self.trainer {
+                    let mu = t.config.algorithm.mu;
+                    let into = t.global_step() % mu;
+                    self.pending_steps = mu - into;
+                }
+            }
+            Command::Reset(config) => {
+                self.playing = false;
+                self.pending_steps = 0;
+                let _ = tx.send(Event::Playing(false));
+                match Compute::select(config.run.device)
+                    .map_err(|e| e.to_string())
+                    .and_then(|c| Trainer::new(*config.clone(), c).map_err(|e| e.to_string()))
+                {
+                    Ok(t) => {
+                        let _ = tx.send(Event::Started {
+                            device: t.compute.label.clone(),
+                            train_prompts: t.prompts.train.clone(),
+                            config,
+                        });
+                        self.trainer = Some(t);
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Event::Error(e));
+                    }
+                }
+            }
+            Command::Update(config) => {
+                if let Some(t) = &mut self.trainer {
+                    let mut c = t.config.clone();
+                    c.algorithm = config.algorithm.clone();
+                    c.optimizer = config.optimizer.clone();
+                    c.sampling = config.sampling.clone();
+                    c.run.iterations = config.run.iterations;
+                    t.config = c;
+                }
+            }
+            Command::Shutdown => return false,
+        }
+        true
+    }
+
+    fn wants_step(&self) -> bool {
+        (self.playing || self.pending_steps > 0)
+            && self.trainer.as_ref().is_some_and(|t| !t.is_done())
+    }
+
+    fn do_step(&mut self, tx: &Sender<Event>) {
+        let Some(t) = &mut self.trainer else { return };
+        match t.step() {
+            Ok(r) => {
+                let _ = tx.send(Event::Record(Box::new(r)));
+            }
+            Err(e) => {
+                self.playing = false;
+                let _ = tx.send(Event::Error(e.to_string()));
+                let _ = tx.send(Event::Playing(false));
+            }
+        }
+        self.pending_steps = self.pending_steps.saturating_sub(1);
+        if t.is_done() {
+            self.playing = false;
+            self.pending_steps = 0;
+            let _ = tx.send(Event::Finished);
+            let _ = tx.send(Event::Playing(false));
+        }
+    }
+}
+
+/// A handle to the trainer.
+pub struct Worker {
+    tx: Sender<Command>,
+    pub events: Receiver<Event>,
+    thread: Option<JoinHandle<()>>,
+    /// Inline mode: the trainer runs inside `pump`, on the caller's thread.
+    inline: Option<(Core, Receiver<Command>, Sender<Event>)>,
+}
+
+impl Worker {
+    /// The trainer on its own thread.
+    pub fn spawn() -> Self {
+        let (tx, rx) = channel::<Command>();
+        let (etx, erx) = channel::<Event>();
+        let thread = std::thread::Builder::new()
+            .name("grpo-trainer".into())
+            .spawn(move || {
+                let mut core = Core::new();
+                loop {
+                    // Drain commands without blocking while there is work, block otherwise.
+                    let cmd = if core.wants_step() {
+                        match rx.try_recv() {
+                            Ok(c) => Some(c),
+                            Err(TryRecvError::Empty) => None,
+                            Err(TryRecvError::Disconnected) => return,
+                        }
+                    } else {
+                        match rx.recv() {
+                            Ok(c) => Some(c),
+                            Err(_) => return,
+                        }
+                    };
+                    if let Some(c) = cmd {
+                        if !core.handle(c, &etx) {
+                            return;
+                        }
+                        continue;
+                    }
+                    core.do_step(&etx);
+                }
+            })
+            .expect("spawn trainer thread");
+        Self {
+            tx,
+            events: erx,
+            thread: Some(thread),
+            inline: None,
+        }
+    }
+
+    /// The trainer inline: commands run when `pump` is called (deterministic, for tests).
+    pub fn inline() -> Self {
+        let (tx, rx) = channel::<Command>();
+        let (etx, erx) = channel::<Event>();
+        Self {
+            tx,
+            events: erx,
+            thread: None,
+            inline: Some((Core::new(), rx, etx)),
+        }
+    }
+
+    pub fn send(&self, cmd: Command) {
+        let _ = self.tx.send(cmd);
+    }
+
+    /// Inline mode: handle queued commands and run the requested steps (at most `max_steps`).
+    pub fn pump(&mut self, max_steps: usize) {
+        if let Some((core, rx, etx)) = &mut self.inline {
+            while let Ok(c) = rx.try_recv() {
+                core.handle(c, etx);
+            }
+            let mut n = 0;
+            while core.wants_step() && n < max_steps {
+                core.do_step(etx);
+                n += 1;
+            }
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Command::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,731 @@
+//! Comparison experiments: a base config × `--vary` axes × seeds, run in parallel,
+//! resumable, summarised in `summary.csv` / `summary.md` with overlay charts (mean ± std
+//! over seeds). Experiment files (`assets/experiments/*.toml` with an `[experiment]`
+//! table) describe one matrix each.
+
+use crate::config::{ConfigError, DeviceChoice, RunConfig};
+use crate::gpu::Compute;
+use crate::metrics::StepRecord;
+use crate::report::{Series, line_chart};
+use crate::train::{self, RunOptions};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ExperimentError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("--vary `{0}`: expected KEY=V1,V2,... (e.g. algorithm.advantage=raw,centered)")]
+    BadVary(String),
+    #[error("--seeds `{0}`: expected A..B (e.g. 0..20) or a list (e.g. 1,5,9)")]
+    BadSeeds(String),
+    #[error("unknown experiment `{name}`; available: {available}")]
+    UnknownExperiment { name: String, available: String },
+    #[error("experiment file {path}: {reason}")]
+    BadFile { path: String, reason: String },
+    #[error(
+        "{dir} holds a run of a different config than cell `{cell}` (it differs in {diff}); use another --out, or --force to start over"
+    )]
+    DifferentConfig {
+        dir: String,
+        cell: String,
+        diff: String,
+    },
+    #[error("run {dir}: {reason}")]
+    Run { dir: String, reason: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ExperimentError + '_ {
+    move |source| ExperimentError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// One axis of the matrix: a config key and its values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Axis {
+    pub key: String,
+    pub values: Vec<String>,
+}
+
+impl Axis {
+    pub fn parse(s: &str) -> Result<Self, ExperimentError> {
+        let (key, values) = s
+            .split_once('=')
+            .ok_or_else(|| ExperimentError::BadVary(s.into()))?;
+        let values: Vec<String> = split_values(values);
+        if key.trim().is_empty() || values.is_empty() {
+            return Err(ExperimentError::BadVary(s.into()));
+        }
+        Ok(Self {
+            key: key.trim().into(),
+            values,
+        })
+    }
+}
+
+/// Split `a,b,{x=1,y=2}` on top-level commas (inline tables and arrays stay whole).
+fn split_values(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut depth = 0i32;
+    let mut cur = String::new();
+    for ch in s.chars() {
+        match ch {
+            '{' | '[' => depth += 1,
+            '}' | ']' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(cur.trim().to_string());
+                cur.clear();
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(ch);
+    }
+    if !cur.trim().is_empty() {
+        out.push(cur.trim().to_string());
+    }
+    out.retain(|v| !v.is_empty());
+    out
+}
+
+pub fn parse_seeds(s: &str) -> Result<Vec<u64>, ExperimentError> {
+    let bad = || ExperimentError::BadSeeds(s.into());
+    if let Some((a, b)) = s.split_once("..") {
+        let a: u64 = a.trim().parse().map_err(|_| bad())?;
+        let b: u64 = b.trim().parse().map_err(|_| bad())?;
+        if b <= a {
+            return Err(bad());
+        }
+        return Ok((a..b).collect());
+    }
+    s.split(',')
+        .map(|x| x.trim().parse().map_err(|_| bad()))
+        .collect()
+}
+
+/// One cell of the matrix (one combination of axis values), over every seed.
+#[derive(Debug, Clone)]
+pub struct Cell {
+    /// `algorithm.advantage=raw,algorithm.loss=naive`
+    pub label: String,
+    /// A file-system-safe name.
+    pub slug: String,
+    pub sets: Vec<String>,
+    pub config: RunConfig,
+}
+
+/// The whole matrix.
+#[derive(Debug, Clone)]
+pub struct Matrix {
+    pub name: String,
+    pub base: RunConfig,
+    pub axes: Vec<Axis>,
+    pub seeds: Vec<u64>,
+    /// Reward threshold for "iterations to reach".
+    pub threshold: Option<f64>,
+    pub description: String,
+}
+
+impl Matrix {
+    /// Every cell, each validated: a bad key or value fails here, before any run starts.
+    pub fn cells(&self) -> Result<Vec<Cell>, ExperimentError> {
+        let mut combos: Vec<Vec<(String, String)>> = vec![vec![]];
+        for axis in &self.axes {
+            let mut next = Vec::new();
+            for c in &combos {
+                for v in &axis.values {
+                    let mut c = c.clone();
+                    c.push((axis.key.clone(), v.clone()));
+                    next.push(c);
+                }
+            }
+            combos = next;
+        }
+        combos
+            .into_iter()
+            .map(|combo| {
+                let sets: Vec<String> = combo.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let config = self.base.with_overrides(&sets)?;
+                let label = if sets.is_empty() {
+                    "base".to_string()
+                } else {
+                    combo
+                        .iter()
+                        .map(|(k, v)| format!("{}={v}", k.rsplit('.').next().unwrap_or(k)))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                };
+                let slug: String = label
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                            c
+                        } else {
+                            '_'
+                        }
+                    })
+                    .collect();
+                Ok(Cell {
+                    label,
+                    slug,
+                    sets,
+                    config,
+                })
+            })
+            .collect()
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExperimentFile {
+    experiment: ExperimentSection,
+    #[serde(flatten)]
+    _rest: BTreeMap<String, toml::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExperimentSection {
+    name: String,
+    #[serde(default)]
+    description: String,
+    preset: String,
+    seeds: String,
+    #[serde(default)]
+    vary: Vec<String>,
+    #[serde(default)]
+    set: Vec<String>,
+    threshold: Option<f64>,
+}
+
+/// The compiled-in experiment files.
+pub const EXPERIMENTS: &[(&str, &str)] = &[
+    (
+        "lecture-table",
+        include_str!("../assets/experiments/lecture-table.toml"),
+    ),
+    (
+        "loss-modes",
+        include_str!("../assets/experiments/loss-modes.toml"),
+    ),
+    (
+        "kl-beta",
+        include_str!("../assets/experiments/kl-beta.toml"),
+    ),
+    (
+        "difficulty-bias",
+        include_str!("../assets/experiments/difficulty-bias.toml"),
+    ),
+    (
+        "sparse-vs-shaped",
+        include_str!("../assets/experiments/sparse-vs-shaped.toml"),
+    ),
+    (
+        "entropy-collapse",
+        include_str!("../assets/experiments/entropy-collapse.toml"),
+    ),
+    (
+        "bug-gallery",
+        include_str!("../assets/experiments/bug-gallery.toml"),
+    ),
+];
+
+impl Matrix {
+    pub fn from_experiment(name: &str) -> Result<Self, ExperimentError> {
+        let text = EXPERIMENTS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, t)| *t)
+            .ok_or_else(|| ExperimentError::UnknownExperiment {
+                name: name.into(),
+                available: EXPERIMENTS
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        Self::from_experiment_str(text, name)
+    }
+
+    pub fn from_experiment_str(text: &str, origin: &str) -> Result<Self, ExperimentError> {
+        let file: ExperimentFile = toml::from_str(text).map_err(|e| ExperimentError::BadFile {
+            path: origin.into(),
+            reason: e.message().to_string(),
+        })?;
+        let e = file.experiment;
+        let base = RunConfig::preset(&e.preset)?.with_overrides(&e.set)?;
+        Ok(Self {
+            name: e.name,
+            base,
+            axes: e
+                .vary
+                .iter()
+                .map(|v| Axis::parse(v))
+                .collect::<Result<_, _>>()?,
+            seeds: parse_seeds(&e.seeds)?,
+            threshold: e.threshold,
+            description: e.description,
+        })
+    }
+}
+
+/// Per-cell results over seeds.
+#[derive(Debug, Clone)]
+pub struct CellSummary {
+    pub label: String,
+    pub seeds: usize,
+    pub final_reward: (f64, f64),
+    pub ci95: (f64, f64),
+    pub reached: usize,
+    pub iterations_to_threshold: Option<f64>,
+    pub final_entropy: f64,
+    pub frac_zero_std: f64,
+    pub final_accuracy: f64,
+    pub wall_secs: f64,
+}
+
+fn mean_std(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let m = v.iter().sum::<f64>() / n;
+    let s = if v.len() > 1 {
+        (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+    } else {
+        0.0
+    };
+    (m, s)
+}
+
+/// Two-sided 97.5 % quantile of Student's t with `df` degrees of freedom.
+fn t975(df: usize) -> f64 {
+    const T: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
+    ];
+    if df == 0 {
+        f64::NAN
+    } else if df <= 30 {
+        T[df - 1]
+    } else {
+        1.96
+    }
+}
+
+/// Options for running a matrix.
+pub struct CompareOptions {
+    pub out: PathBuf,
+    pub jobs: usize,
+    pub force: bool,
+    pub progress: bool,
+    /// Override every cell's iteration count (CI smoke runs).
+    pub iterations: Option<usize>,
+    pub device: DeviceChoice,
+}
+
+/// What a finished matrix left behind.
+pub struct CompareOutcome {
+    pub cells: Vec<CellSummary>,
+    pub summary_md: PathBuf,
+    pub charts: Vec<PathBuf>,
+    pub skipped: usize,
+    pub ran: usize,
+}
+
+fn run_dir(out: &Path, cell: &Cell, seed: u64) -> PathBuf {
+    out.join("runs").join(format!("{}__seed{seed}", cell.slug))
+}
+
+/// Run every (cell, seed), skipping those already complete, then summarise.
+pub fn run_matrix(
+    matrix: &Matrix,
+    opts: &CompareOptions,
+) -> Result<CompareOutcome, ExperimentError> {
+    let mut cells = matrix.cells()?;
+    for c in &mut cells {
+        if let Some(it) = opts.iterations {
+            c.config.run.iterations = it;
+        }
+        c.config.run.device = opts.device;
+        c.config.run.log_groups = c.config.run.log_groups.min(4);
+    }
+    if opts.force {
+        let _ = std::fs::remove_dir_all(opts.out.join("runs"));
+    }
+    // Plan: which runs are done, which need running; refuse mixed configs up front.
+    let mut todo = Vec::new();
+    let mut skipped = 0;
+    for cell in &cells {
+        for &seed in &matrix.seeds {
+            let mut config = cell.config.clone();
+            config.run.seed = seed;
+            config.run.name = format!("{} seed {seed}", cell.label);
+            let dir = run_dir(&opts.out, cell, seed);
+            let stored = dir.join("config.toml");
+            if stored.exists() {
+                let prev = RunConfig::from_file(&stored)?;
+                if prev != config {
+                    let (a, b) = (
+                        toml::Table::try_from(&prev).expect("ser"),
+                        toml::Table::try_from(&config).expect("ser"),
+                    );
+                    let diff = a
+                        .keys()
+                        .filter(|k| a.get(*k) != b.get(*k))
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    return Err(ExperimentError::DifferentConfig {
+                        dir: dir.display().to_string(),
+                        cell: cell.label.clone(),
+                        diff,
+                    });
+                }
+                let done = std::fs::read_to_string(dir.join("summary.json"))
+                    .ok()
+                    .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+                    .is_some_and(|v| v["status"] == "completed");
+                if done {
+                    skipped += 1;
+                    continue;
+                }
+                todo.push((config, dir, true));
+            } else {
+                todo.push((config, dir, false));
+            }
+        }
+    }
+    std::fs::create_dir_all(opts.out.join("runs")).map_err(io(&opts.out))?;
+    let compute = Compute::select(opts.device).map_err(|e| ExperimentError::Run {
+        dir: opts.out.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    let total_steps: u64 = todo.iter().map(|(c, _, _)| c.total_steps() as u64).sum();
+    let bar = if opts.progress {
+        let b = indicatif::ProgressBar::new(todo.len() as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} runs (eta {eta}) {msg}",
+            )
+            .expect("template"),
+        );
+        b.set_message(format!("{total_steps} steps, {skipped} runs already done"));
+        b
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let next = AtomicUsize::new(0);
+    let errors: Mutex<Vec<ExperimentError>> = Mutex::new(Vec::new());
+    let jobs = opts.jobs.max(1).min(todo.len().max(1));
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some((config, dir, resume)) = todo.get(i) else {
+                        break;
+                    };
+                    if train::run::interrupted() {
+                        break;
+                    }
+                    let result = train::run(
+                        config.clone(),
+                        compute.clone(),
+                        RunOptions {
+                            out: dir.clone(),
+                            resume: *resume,
+                            force: false,
+                            progress: false,
+                            sender: None,
+                            charts: false,
+                        },
+                    );
+                    match result {
+                        Ok(_) => bar.inc(1),
+                        Err(e)
+                            if matches!(
+                                e,
+                                train::RunError::Train(crate::grpo::TrainError::NonFinite { .. })
+                            ) =>
+                        {
+                            bar.inc(1)
+                        } // a diverged run is a result
+                        Err(e) => errors.lock().unwrap_or_else(|e| e.into_inner()).push(
+                            ExperimentError::Run {
+                                dir: dir.display().to_string(),
+                                reason: e.to_string(),
+                            },
+                        ),
+                    }
+                }
+            });
+        }
+    });
+    bar.finish_and_clear();
+    if let Some(e) = errors
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .into_iter()
+        .next()
+    {
+        return Err(e);
+    }
+    let ran = todo.len();
+    summarise(matrix, &cells, opts).map(|(cells, summary_md, charts)| CompareOutcome {
+        cells,
+        summary_md,
+        charts,
+        skipped,
+        ran,
+    })
+}
+
+fn summarise(
+    matrix: &Matrix,
+    cells: &[Cell],
+    opts: &CompareOptions,
+) -> Result<(Vec<CellSummary>, PathBuf, Vec<PathBuf>), ExperimentError> {
+    let mut summaries = Vec::new();
+    let mut overlays: BTreeMap<&str, Vec<Series>> = BTreeMap::new();
+    for cell in cells {
+        let mut finals = Vec::new();
+        let mut entropies = Vec::new();
+        let mut zero = Vec::new();
+        let mut accs = Vec::new();
+        let mut walls = Vec::new();
+        let mut reach = Vec::new();
+        let mut per_iter: BTreeMap<&str, BTreeMap<usize, Vec<f64>>> = BTreeMap::new();
+        for &seed in &matrix.seeds {
+            let dir = run_dir(&opts.out, cell, seed);
+            let Ok(records) = train::read_metrics(&dir.join("metrics.jsonl")) else {
+                continue;
+            };
+            let summary: Option<serde_json::Value> =
+                std::fs::read_to_string(dir.join("summary.json"))
+                    .ok()
+                    .and_then(|s| serde_json::from_str(&s).ok());
+            let Some(summary) = summary else { continue };
+            let firsts: Vec<&StepRecord> = records
+                .iter()
+                .filter(|r| r.step_in_iteration == 0)
+                .collect();
+            finals.push(summary["final_reward_mean"].as_f64().unwrap_or(f64::NAN));
+            entropies.push(summary["final_entropy"].as_f64().unwrap_or(f64::NAN));
+            accs.push(summary["final_accuracy"].as_f64().unwrap_or(f64::NAN));
+            walls.push(summary["wall_time_secs"].as_f64().unwrap_or(f64::NAN));
+            zero.push(
+                firsts
+                    .iter()
+                    .map(|r| r.frac_reward_zero_std as f64)
+                    .sum::<f64>()
+                    / firsts.len().max(1) as f64,
+            );
+            if let Some(th) = matrix.threshold
+                && let Some(r) = firsts.iter().find(|r| r.reward_mean as f64 >= th)
+            {
+                reach.push(r.iteration as f64);
+            }
+            for r in &firsts {
+                for (name, v) in [
+                    ("reward/mean", r.reward_mean),
+                    ("kl", r.kl),
+                    ("entropy", r.entropy),
+                    ("completions/mean_length", r.mean_length),
+                ] {
+                    per_iter
+                        .entry(name)
+                        .or_default()
+                        .entry(r.iteration)
+                        .or_default()
+                        .push(v as f64);
+                }
+            }
+        }
+        let fr = mean_std(&finals);
+        let half = t975(finals.len().saturating_sub(1)) * fr.1 / (finals.len() as f64).sqrt();
+        summaries.push(CellSummary {
+            label: cell.label.clone(),
+            seeds: finals.len(),
+            final_reward: fr,
+            ci95: (fr.0 - half, fr.0 + half),
+            reached: reach.len(),
+            iterations_to_threshold: (!reach.is_empty()).then(|| mean_std(&reach).0),
+            final_entropy: mean_std(&entropies).0,
+            frac_zero_std: mean_std(&zero).0,
+            final_accuracy: mean_std(&accs).0,
+            wall_secs: mean_std(&walls).0,
+        });
+        for (name, by_iter) in per_iter {
+            let pts: Vec<(f64, f64, f64)> = by_iter
+                .iter()
+                .map(|(it, v)| {
+                    let (m, s) = mean_std(v);
+                    (*it as f64, m, s)
+                })
+                .collect();
+            let mut series =
+                Series::line(cell.label.clone(), pts.iter().map(|p| (p.0, p.1)).collect());
+            series.band = Some(pts.iter().map(|p| (p.0, p.1 - p.2, p.1 + p.2)).collect());
+            overlays.entry(name).or_default().push(series);
+        }
+    }
+    let out = &opts.out;
+    let mut csv = String::from(
+        "cell,seeds,final_reward_mean,final_reward_std,ci95_low,ci95_high,reached_threshold,iterations_to_threshold,final_entropy,frac_reward_zero_std,final_accuracy,wall_secs\n",
+    );
+    for s in &summaries {
+        csv.push_str(&format!(
+            "\"{}\",{},{:.4},{:.4},{:.4},{:.4},{},{},{:.4},{:.4},{:.4},{:.3}\n",
+            s.label,
+            s.seeds,
+            s.final_reward.0,
+            s.final_reward.1,
+            s.ci95.0,
+            s.ci95.1,
+            s.reached,
+            s.iterations_to_threshold
+                .map(|x| format!("{x:.1}"))
+                .unwrap_or_default(),
+            s.final_entropy,
+            s.frac_zero_std,
+            s.final_accuracy,
+            s.wall_secs
+        ));
+    }
+    let csv_path = out.join("summary.csv");
+    std::fs::write(&csv_path, csv).map_err(io(&csv_path))?;
+    let mut md = format!("# {}\n\n", matrix.name);
+    if !matrix.description.is_empty() {
+        md.push_str(&format!("{}\n\n", matrix.description.trim()));
+    }
+    md.push_str(&format!(
+        "Base preset with {} · seeds {} · final reward = mean reward of the last iteration's rollouts (max {}).\n\n",
+        if matrix.axes.is_empty() { "no axes".to_string() } else { matrix.axes.iter().map(|a| format!("`{}` ∈ {{{}}}", a.key, a.values.join(", "))).collect::<Vec<_>>().join(" × ") },
+        if matrix.seeds.len() > 3 { format!("{}–{} ({} seeds)", matrix.seeds[0], matrix.seeds[matrix.seeds.len() - 1], matrix.seeds.len()) } else { format!("{:?}", matrix.seeds) },
+        crate::task::RewardFn::from_task(&matrix.base.task).max_reward(matrix.base.task.n)
+    ));
+    let th = matrix
+        .threshold
+        .map(|t| format!("iterations to reward ≥ {t} (runs that got there)"))
+        .unwrap_or_else(|| "iterations to threshold".into());
+    md.push_str(&format!("| cell | final reward (mean ± std) | 95 % interval | {th} | final entropy | zero-std groups | greedy train accuracy | wall time |\n|---|---|---|---|---|---|---|---|\n"));
+    for s in &summaries {
+        md.push_str(&format!(
+            "| {} | {:.3} ± {:.3} | [{:.3}, {:.3}] | {} | {:.3} | {:.1} % | {:.3} | {:.2} s |\n",
+            s.label,
+            s.final_reward.0,
+            s.final_reward.1,
+            s.ci95.0,
+            s.ci95.1,
+            match (matrix.threshold, s.iterations_to_threshold) {
+                (None, _) => "–".to_string(),
+                (Some(_), Some(x)) => format!("{x:.1} ({}/{})", s.reached, s.seeds),
+                (Some(_), None) => format!("never (0/{})", s.seeds),
+            },
+            s.final_entropy,
+            100.0 * s.frac_zero_std,
+            s.final_accuracy,
+            s.wall_secs
+        ));
+    }
+    let md_path = out.join("summary.md");
+    std::fs::write(&md_path, md).map_err(io(&md_path))?;
+    let chart_dir = out.join("charts");
+    let mut charts = Vec::new();
+    for (name, series) in &overlays {
+        let stem = name.replace('/', "_");
+        charts.extend(
+            line_chart(
+                &chart_dir,
+                &stem,
+                &format!("{}: {name} (mean ± std over seeds)", matrix.name),
+                "iteration",
+                name,
+                series,
+            )
+            .map_err(io(&chart_dir))?,
+        );
+    }
+    Ok((summaries, md_path, charts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn axes_and_seeds_parse() {
+        let a = Axis::parse("algorithm.advantage=raw,centered").unwrap();
+        assert_eq!(a.values, vec!["raw", "centered"]);
+        let a = Axis::parse("task.reward_weights={exact=1.0,distance=0.2},{exact=1.0}").unwrap();
+        assert_eq!(a.values.len(), 2);
+        assert_eq!(parse_seeds("0..20").unwrap().len(), 20);
+        assert_eq!(parse_seeds("1,5").unwrap(), vec![1, 5]);
+        assert!(parse_seeds("5..1").is_err());
+        assert!(Axis::parse("nokey").is_err());
+    }
+
+    #[test]
+    fn bad_keys_and_values_fail_before_running() {
+        let base = RunConfig::preset("lecture17").unwrap();
+        let m = Matrix {
+            name: "t".into(),
+            base: base.clone(),
+            axes: vec![Axis::parse("algorithm.advantag=raw").unwrap()],
+            seeds: vec![0],
+            threshold: None,
+            description: String::new(),
+        };
+        let e = m.cells().unwrap_err().to_string();
+        assert!(e.contains("algorithm.advantag"), "{e}");
+        let m = Matrix {
+            axes: vec![Axis::parse("algorithm.epsilon_low=0.2,1.5").unwrap()],
+            ..m
+        };
+        let e = m.cells().unwrap_err().to_string();
+        assert!(e.contains("algorithm.epsilon_low"), "{e}");
+    }
+
+    #[test]
+    fn every_experiment_file_parses_into_valid_cells() {
+        for (name, _) in EXPERIMENTS {
+            let m = Matrix::from_experiment(name).unwrap();
+            assert!(!m.cells().unwrap().is_empty(), "{name}");
+        }
+    }
+
+    #[test]
+    fn grid_is_a_product() {
+        let m = Matrix {
+            name: "t".into(),
+            base: RunConfig::preset("lecture17").unwrap(),
+            axes: vec![
+                Axis::parse("algorithm.advantage=raw,centered").unwrap(),
+                Axis::parse("algorithm.loss=naive,clipped,unclipped").unwrap(),
+            ],
+            seeds: vec![0, 1],
+            threshold: None,
+            description: String::new(),
+        };
+        let cells = m.cells().unwrap();
+        assert_eq!(cells.len(), 6);
+        assert_eq!(
+            cells[5].config.algorithm.loss,
+            crate::config::LossMode::Unclipped
+        );
+    }
+}

@@ -1,0 +1,162 @@
+//! The app, driven like a user would, rendered with wgpu (lavapipe in CI): a snapshot of
+//! each panel after a short deterministic run, and interaction tests.
+
+use egui_kittest::Harness;
+use egui_kittest::kittest::Queryable;
+use grpo_lab::app::{AppOptions, GrpoApp, Tab};
+use grpo_lab::config::{AdvantageMode, DeviceChoice, RunConfig};
+
+fn short_config() -> RunConfig {
+    let mut c = RunConfig::preset("lecture17").unwrap();
+    c.run.iterations = 4;
+    c.run.device = DeviceChoice::Cpu;
+    c
+}
+
+fn harness(config: RunConfig) -> Harness<'static, GrpoApp> {
+    Harness::builder()
+        .with_size([1280.0, 800.0])
+        .wgpu()
+        .build_eframe(move |cc| {
+            GrpoApp::new(
+                Some(cc),
+                AppOptions {
+                    inline_trainer: true,
+                    config: Some(config),
+                    fresh: true,
+                    ..Default::default()
+                },
+            )
+        })
+}
+
+#[test]
+fn step_iteration_play_and_reset_do_what_they_say() {
+    let mut h = harness(short_config());
+    h.run();
+    assert_eq!(h.state().run.steps, 0);
+    h.get_by_label("+1 Step").click();
+    h.run();
+    assert_eq!(h.state().run.steps, 1, "Step = one optimizer step");
+    h.get_by_label("+μ Iteration").click();
+    h.run();
+    assert_eq!(
+        h.state().run.steps,
+        10,
+        "Iteration = to the end of the iteration (μ = 10)"
+    );
+    h.get_by_label("▶ Play").click();
+    h.run();
+    assert_eq!(h.state().run.steps, 40, "Play = to the end of the run");
+    assert!(h.state().finished);
+    h.get_by_label("⟲ Reset").click();
+    h.run();
+    assert_eq!(h.state().run.steps, 0, "Reset = a new run");
+    assert!(!h.state().finished);
+}
+
+#[test]
+fn changing_the_advantage_mode_changes_the_next_records() {
+    let mut h = harness(short_config());
+    h.run();
+    h.get_by_label("+μ Iteration").click();
+    h.run();
+    // Switch the driving mode to raw and apply it live (no reset needed).
+    h.state_mut().draft.algorithm.advantage = AdvantageMode::Raw;
+    h.run();
+    assert!(!h.state().needs_reset());
+    h.get_by_label("Apply").click();
+    h.run();
+    h.get_by_label("+μ Iteration").click();
+    h.run();
+    let (_, groups) = h.state().run.groups.last().unwrap().clone();
+    let raw: Vec<f32> = groups
+        .iter()
+        .flat_map(|g| g.advantages["raw"].clone())
+        .collect();
+    let centered: Vec<f32> = groups
+        .iter()
+        .flat_map(|g| g.advantages["normalized"].clone())
+        .collect();
+    let mean_abs = |v: &[f32]| v.iter().map(|x| x.abs()).sum::<f32>() / v.len() as f32;
+    let last = h.state().run.last.clone().unwrap();
+    assert_eq!(last.iteration, 1);
+    assert!(
+        (last.advantage_mean_abs - mean_abs(&raw)).abs() < 1e-5,
+        "the new records carry the raw advantages"
+    );
+    assert!((last.advantage_mean_abs - mean_abs(&centered)).abs() > 1e-3);
+    // A bad value is refused at its field, with the reason, and the trainer is untouched.
+    h.state_mut().draft.algorithm.num_generations = 0;
+    h.run();
+    let err = h.state().field_error.clone().unwrap();
+    assert_eq!(err.0, "algorithm.num_generations");
+    assert!(
+        h.query_by_label_contains("✖ invalid value for `algorithm.num_generations`")
+            .is_some()
+    );
+    h.state_mut().draft.algorithm.num_generations = 10;
+    h.state_mut().draft.algorithm.epsilon_low = 1.5;
+    h.run();
+    assert_eq!(
+        h.state().field_error.clone().unwrap().0,
+        "algorithm.epsilon_low"
+    );
+    assert_eq!(
+        h.state().running.as_ref().unwrap().algorithm.epsilon_low,
+        0.01
+    );
+}
+
+#[test]
+fn playground_matches_the_advantages_command() {
+    let mut h = harness(short_config());
+    h.state_mut().persisted.tab = Tab::Playground;
+    h.state_mut().persisted.playground_rewards = vec![1.0, 2.0, 2.0, 5.0];
+    h.run();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
+        .args(["advantages", "--rewards", "1,2,2,5", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for mode in [
+        "raw",
+        "centered",
+        "normalized",
+        "max",
+        "rloo",
+        "batch_normalized",
+    ] {
+        let shown: Vec<String> = v[mode]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| format!("{:+.4}", x.as_f64().unwrap()))
+            .collect();
+        let row = shown.join("  ");
+        assert!(
+            h.query_all_by_label(&row).count() >= 1,
+            "{mode}: the playground should show {row}"
+        );
+    }
+}
+
+#[test]
+fn panel_snapshots_after_a_short_run() {
+    let mut h = harness(short_config());
+    h.run();
+    h.get_by_label("+μ Iteration").click();
+    h.run();
+    h.get_by_label("+μ Iteration").click();
+    h.run();
+    for (tab, name) in [
+        (Tab::Plots, "plots"),
+        (Tab::Inspector, "inspector"),
+        (Tab::Playground, "playground"),
+        (Tab::Runs, "runs"),
+    ] {
+        h.state_mut().persisted.tab = tab;
+        h.run();
+        h.snapshot(name);
+    }
+}
