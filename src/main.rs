@@ -657,6 +657,12 @@ fn app_cmd(a: AppArgs) -> Result<()> {
     if let (Some(c), Some(d)) = (config.as_mut(), a.device) {
         c.run.device = d;
     }
+    if std::env::var_os("LP_NUM_THREADS").is_none() {
+        // On Mesa's software rasterizer, draw the window with one thread: the trainer keeps
+        // the other core. (No effect on hardware GPUs.)
+        // SAFETY: no other thread exists yet.
+        unsafe { std::env::set_var("LP_NUM_THREADS", "1") };
+    }
     grpo_lab::app::run_app(grpo_lab::app::AppOptions {
         inline_trainer: false,
         config,

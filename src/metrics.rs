@@ -2,8 +2,36 @@
 //! the JSON Lines / CSV sinks, the charts and the app all share. Metric names are
 //! those TRL / verl users know (`reward/mean`, `frac_reward_zero_std`, `clip_ratio/low`).
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
+
+// JSON has no NaN or infinity: serde_json writes them as `null`. Reading back, `null` is NaN,
+// so a run whose KL overflowed (k3 is unbounded) still loads.
+fn nan(x: Option<f32>) -> f32 {
+    x.unwrap_or(f32::NAN)
+}
+fn f32_or_nan<'de, D: Deserializer<'de>>(d: D) -> Result<f32, D::Error> {
+    Option::<f32>::deserialize(d).map(nan)
+}
+fn vec_f32_or_nan<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f32>, D::Error> {
+    Vec::<Option<f32>>::deserialize(d).map(|v| v.into_iter().map(nan).collect())
+}
+fn vec_vec_f32_or_nan<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Vec<f32>>, D::Error> {
+    Vec::<Vec<Option<f32>>>::deserialize(d).map(|v| {
+        v.into_iter()
+            .map(|r| r.into_iter().map(nan).collect())
+            .collect()
+    })
+}
+fn map_vec_f32_or_nan<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, Vec<f32>>, D::Error> {
+    BTreeMap::<String, Vec<Option<f32>>>::deserialize(d).map(|m| {
+        m.into_iter()
+            .map(|(k, v)| (k, v.into_iter().map(nan).collect()))
+            .collect()
+    })
+}
 
 /// One optimizer step. Rollout-level fields (rewards, lengths, accuracy) belong to the
 /// iteration the step is in and repeat on each of its `μ` steps; `groups` is present on
@@ -18,54 +46,75 @@ pub struct StepRecord {
     pub step_in_iteration: usize,
 
     #[serde(rename = "reward/mean")]
+    #[serde(deserialize_with = "f32_or_nan")]
     pub reward_mean: f32,
     #[serde(rename = "reward/std")]
+    #[serde(deserialize_with = "f32_or_nan")]
     pub reward_std: f32,
     #[serde(rename = "reward/min")]
+    #[serde(deserialize_with = "f32_or_nan")]
     pub reward_min: f32,
     #[serde(rename = "reward/max")]
+    #[serde(deserialize_with = "f32_or_nan")]
     pub reward_max: f32,
     /// Fraction of groups whose rewards are all equal (no learning signal).
+    #[serde(deserialize_with = "f32_or_nan")]
     pub frac_reward_zero_std: f32,
     /// Fraction of responses that are exactly sorted.
     #[serde(rename = "reward/exact_match")]
+    #[serde(deserialize_with = "f32_or_nan")]
     pub exact_match: f32,
     /// Mean |advantage| under the mode driving the update.
     #[serde(rename = "advantage/mean_abs")]
+    #[serde(deserialize_with = "f32_or_nan")]
     pub advantage_mean_abs: f32,
 
     #[serde(rename = "completions/mean_length")]
+    #[serde(deserialize_with = "f32_or_nan")]
     pub mean_length: f32,
     #[serde(rename = "completions/min_length")]
+    #[serde(deserialize_with = "f32_or_nan")]
     pub min_length: f32,
     #[serde(rename = "completions/max_length")]
+    #[serde(deserialize_with = "f32_or_nan")]
     pub max_length: f32,
 
+    #[serde(deserialize_with = "f32_or_nan")]
     pub loss: f32,
     /// Mean per-token KL estimate (the configured estimator) to the reference policy.
+    #[serde(deserialize_with = "f32_or_nan")]
     pub kl: f32,
     /// Mean entropy of the policy per response position (nats).
+    #[serde(deserialize_with = "f32_or_nan")]
     pub entropy: f32,
     #[serde(rename = "clip_ratio/low")]
+    #[serde(deserialize_with = "f32_or_nan")]
     pub clip_ratio_low: f32,
     #[serde(rename = "clip_ratio/high")]
+    #[serde(deserialize_with = "f32_or_nan")]
     pub clip_ratio_high: f32,
     /// Mean importance ratio `π_θ / π_old` over tokens (1 on the first step of an iteration).
     #[serde(rename = "ratio/mean")]
+    #[serde(deserialize_with = "f32_or_nan")]
     pub ratio_mean: f32,
     /// Global L2 norm of the gradient before clipping.
+    #[serde(deserialize_with = "f32_or_nan")]
     pub grad_norm: f32,
+    #[serde(deserialize_with = "f32_or_nan")]
     pub lr: f32,
 
     /// Greedy exact-match accuracy on this iteration's training prompts, at its start.
     #[serde(rename = "accuracy/train")]
+    #[serde(deserialize_with = "f32_or_nan")]
     pub accuracy_train: f32,
     /// Same on the held-out prompts (none when the task has no held-out split).
     #[serde(rename = "accuracy/heldout")]
     pub accuracy_heldout: Option<f32>,
 
+    #[serde(deserialize_with = "f32_or_nan")]
     pub step_time_secs: f32,
     /// Response tokens this step trained on, per second of its wall time.
+    #[serde(deserialize_with = "f32_or_nan")]
     pub tokens_per_second: f32,
 
     /// The iteration's groups, in full (first `run.log_groups` of them).
@@ -80,15 +129,17 @@ pub struct GroupRecord {
     pub prompt_index: usize,
     pub prompt: Vec<u32>,
     pub responses: Vec<Vec<u32>>,
+    #[serde(deserialize_with = "vec_f32_or_nan")]
     pub rewards: Vec<f32>,
     /// Advantages of the same rewards under every mode (`raw`, `centered`, ...).
+    #[serde(deserialize_with = "map_vec_f32_or_nan")]
     pub advantages: BTreeMap<String, Vec<f32>>,
     pub zero_std: bool,
     /// Per response, per token: `log π_old` (frozen at the rollout).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "vec_vec_f32_or_nan")]
     pub old_logp: Vec<Vec<f32>>,
     /// Per response, per token: `log π_θ` at the iteration's last optimizer step (after μ − 1 updates).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "vec_vec_f32_or_nan")]
     pub logp: Vec<Vec<f32>>,
 }
 
@@ -119,6 +170,17 @@ pub const CSV_COLUMNS: &[(&str, fn(&StepRecord) -> Option<f32>)] = &[
     ("step_time_secs", |r| Some(r.step_time_secs)),
     ("tokens_per_second", |r| Some(r.tokens_per_second)),
 ];
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn non_finite_values_survive_a_round_trip_as_nan() {
+        let line = r#"{"iteration":0,"step":1,"step_in_iteration":0,"reward/mean":1.0,"reward/std":0.0,"reward/min":1.0,"reward/max":1.0,"frac_reward_zero_std":1.0,"reward/exact_match":0.0,"advantage/mean_abs":0.0,"completions/mean_length":3.0,"completions/min_length":3.0,"completions/max_length":3.0,"loss":0.0,"kl":null,"entropy":0.1,"clip_ratio/low":0.0,"clip_ratio/high":0.0,"ratio/mean":1.0,"grad_norm":0.0,"lr":0.001,"accuracy/train":0.0,"accuracy/heldout":null,"step_time_secs":0.1,"tokens_per_second":1.0}"#;
+        let r: super::StepRecord = serde_json::from_str(line).unwrap();
+        assert!(r.kl.is_nan());
+        assert_eq!(r.accuracy_heldout, None);
+    }
+}
 
 impl StepRecord {
     pub fn csv_header() -> String {
@@ -155,12 +217,17 @@ pub struct RunSummary {
     pub iterations: usize,
     pub steps: usize,
     /// Mean reward of the last iteration's rollouts.
+    #[serde(deserialize_with = "f32_or_nan")]
     pub final_reward_mean: f32,
     /// Greedy exact-match accuracy on the training prompts after the last step.
+    #[serde(deserialize_with = "f32_or_nan")]
     pub final_accuracy: f32,
     pub final_heldout_accuracy: Option<f32>,
+    #[serde(deserialize_with = "f32_or_nan")]
     pub final_entropy: f32,
+    #[serde(deserialize_with = "f32_or_nan")]
     pub final_kl: f32,
+    #[serde(deserialize_with = "f32_or_nan")]
     pub max_reward: f32,
     pub wall_time_secs: f64,
     pub ms_per_step: f64,

@@ -84,6 +84,8 @@ struct Measure {
     ui_ms: Vec<f64>,
     cpu_ms: Vec<f64>,
     steps_at_start: usize,
+    /// When the trainer finished (its speed is measured up to then).
+    trainer_done_at: Option<Instant>,
     done: bool,
 }
 
@@ -261,7 +263,7 @@ impl GrpoApp {
         } else {
             "paused"
         };
-        let rate = if self.inline {
+        let rate = if self.inline || !self.playing {
             String::new()
         } else {
             format!(" · {:.0} steps/s", self.rate.2)
@@ -347,6 +349,9 @@ impl GrpoApp {
             self.measure.steps_at_start = self.run.steps;
         }
         self.measure.ui_ms.push(ui_ms);
+        if self.finished && self.measure.trainer_done_at.is_none() {
+            self.measure.trainer_done_at = Some(Instant::now());
+        }
         if let Some(cpu) = frame.info().cpu_usage {
             self.measure.cpu_ms.push(cpu as f64 * 1000.0);
         }
@@ -375,7 +380,8 @@ impl GrpoApp {
                 "frame_cpu_ms_p50": q(&self.measure.cpu_ms, 0.5),
                 "frame_cpu_ms_p95": q(&self.measure.cpu_ms, 0.95),
                 "points_in_plots": self.run.steps,
-                "trainer_steps_per_sec": (self.run.steps - self.measure.steps_at_start) as f64 / secs,
+                "trainer_steps_per_sec": (self.run.steps - self.measure.steps_at_start) as f64
+                    / self.measure.trainer_done_at.zip(self.measure.started).map(|(d, s)| d.duration_since(s).as_secs_f64()).unwrap_or(secs),
                 "device": self.device,
             });
             println!("{report}");
@@ -425,6 +431,10 @@ impl eframe::App for GrpoApp {
         let ms = t.elapsed().as_secs_f64() * 1000.0;
         let ctx = ui.ctx().clone();
         self.measure_frame(&ctx, ms, frame);
+        if self.measure.until.is_some() && !self.measure.done {
+            // Keep frames coming (at the training cap) even after the trainer finishes.
+            ctx.request_repaint_after(Duration::from_millis(100));
+        }
     }
 
     fn save(&mut self, storage: &mut dyn eframe::Storage) {

@@ -18,7 +18,8 @@ pub struct Series {
     pub last: Option<[f64; 2]>,
 }
 
-const MAX_BUCKETS: usize = 1500;
+/// A plot is a few hundred pixels wide: 600 min/max buckets is more than it can show.
+const MAX_BUCKETS: usize = 600;
 
 impl Series {
     pub fn push(&mut self, x: f64, y: f64) {
@@ -178,11 +179,11 @@ impl RunData {
 
     /// The raw reward curve, decimated for drawing.
     pub fn reward_raw_points(&self) -> Vec<[f64; 2]> {
-        decimate(&self.reward_raw, 3000)
+        decimate(&self.reward_raw, 1200)
     }
 
     pub fn reward_smoothed_points(&self) -> Vec<[f64; 2]> {
-        decimate(&self.reward_smoothed, 3000)
+        decimate(&self.reward_smoothed, 1200)
     }
 
     /// Load a run directory written by `grpo-lab train`.

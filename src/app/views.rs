@@ -401,7 +401,8 @@ pub fn plots_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                 let r = plot("groups", link, w).show(ui, |p| {
                     let mut per_prompt: std::collections::BTreeMap<usize, Vec<[f64; 2]>> = Default::default();
                     let g_max = run.groups.iter().rev().take(1).flat_map(|(_, gs)| gs.iter().map(|g| g.rewards.len())).max().unwrap_or(1);
-                    let stride = (run.groups.len() / 400).max(1);
+                    // At most ~80 iterations of points: thousands of circles cost more to tessellate than to read.
+                    let stride = (run.groups.len() / 80).max(1);
                     for (it, groups) in run.groups.iter().step_by(stride) {
                         for g in groups.iter().take(8) {
                             let pts = per_prompt.entry(g.prompt_index).or_default();
@@ -413,7 +414,7 @@ pub fn plots_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                     }
                     for (k, (pi, pts)) in per_prompt.into_iter().enumerate() {
                         let name = app.train_prompts.get(pi).map(|p| format!("[{}]", tokenizer().decode(p))).unwrap_or_else(|| format!("prompt {pi}"));
-                        p.points(Points::new(name, pts).radius(1.5).color(PALETTE[k % PALETTE.len()]));
+                        p.points(Points::new(name, pts).radius(1.2).color(PALETTE[k % PALETTE.len()]));
                     }
                 });
                 png_button(ui, r.response.rect, "groups");
@@ -421,7 +422,8 @@ pub fn plots_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
             ui.end_row();
             // Advantages of one group under every mode, side by side.
             ui.vertical(|ui| {
-                titled(ui, "Advantages, every mode, same group", "The latest iteration's first logged group: the same rewards under raw, centered, normalized, max, rloo and batch_normalized. Bars in groups of G, one group per mode.");
+                let which = run.groups.last().and_then(|(it, gs)| gs.get(app.inspector_group.min(gs.len().saturating_sub(1))).map(|g| format!(" — [{}], iteration {it}", tokenizer().decode(&g.prompt)))).unwrap_or_default();
+                titled(ui, &format!("Advantages, every mode, same group{which}"), "The latest iteration's group chosen in the inspector: the same rewards under raw, centered, normalized, max, rloo and batch_normalized. Bars in groups of G, one group per mode.");
                 let r = Plot::new("advantages").height(170.0).width(w).legend(Legend::default()).allow_scroll(false).show(ui, |p| {
                     if let Some((_, groups)) = run.groups.last()
                         && let Some(g) = groups.get(app.inspector_group.min(groups.len().saturating_sub(1)))
@@ -459,7 +461,11 @@ fn small_plot(
 ) {
     ui.vertical(|ui| {
         titled(ui, title, help);
-        let r = plot(id, link, w).show(ui, |p| {
+        let mut pl = plot(id, link, w);
+        if id == "length" {
+            pl = pl.include_y(0.0);
+        }
+        let r = pl.show(ui, |p| {
             for (name, s, color) in series {
                 p.line(line(name, s.points(), *color));
             }

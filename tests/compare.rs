@@ -1,0 +1,115 @@
+//! `grpo-lab compare`: every experiment file as a smoke run at a tiny budget, resuming an
+//! interrupted matrix, and refusing to mix configs.
+
+mod common;
+
+use common::temp_dir;
+use std::process::Command;
+
+fn grpo_lab(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn every_experiment_file_runs_at_a_tiny_budget() {
+    for (name, _) in grpo_lab::experiment::EXPERIMENTS {
+        let out = temp_dir(&format!("exp-{name}"));
+        let o = grpo_lab(&[
+            "compare",
+            "--experiment",
+            name,
+            "--seeds",
+            "0",
+            "--iterations",
+            "1",
+            "--quiet",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(
+            o.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
+        assert!(md.contains("| cell |"), "{name}: {md}");
+        assert!(
+            out.join("summary.csv").exists()
+                && out.join("charts/reward_mean.png").exists()
+                && out.join("charts/reward_mean.svg").exists()
+        );
+    }
+}
+
+#[test]
+fn a_matrix_resumes_without_redoing_cells_and_never_mixes_configs() {
+    let out = temp_dir("cmp-resume");
+    let dir = out.to_str().unwrap();
+    let args = [
+        "compare",
+        "--preset",
+        "lecture17",
+        "--set",
+        "run.iterations=2",
+        "--vary",
+        "algorithm.advantage=raw,centered",
+        "--seeds",
+        "0..2",
+        "--quiet",
+        "--out",
+        dir,
+    ];
+    let o = grpo_lab(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("ran 4 runs, skipped 0"));
+    // An interrupted matrix: one run lost its summary (as if stopped mid-way).
+    std::fs::remove_file(out.join("runs/advantage_raw__seed1/summary.json")).unwrap();
+    let o = grpo_lab(&args);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("ran 1 runs, skipped 3"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    // The same directory with another config is refused before anything runs.
+    let mut other = args.to_vec();
+    other[4] = "run.iterations=3";
+    let o = grpo_lab(&other);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("different config"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn bad_vary_keys_and_values_are_refused_before_any_run() {
+    let out = temp_dir("cmp-bad");
+    let dir = out.to_str().unwrap();
+    for (vary, needle) in [
+        ("algorithm.advantag=raw", "algorithm.advantage"),
+        ("algorithm.epsilon_low=0.2,1.5", "algorithm.epsilon_low"),
+        ("algorithm.advantage=best", "rloo"),
+    ] {
+        let o = grpo_lab(&[
+            "compare",
+            "--preset",
+            "lecture17",
+            "--vary",
+            vary,
+            "--out",
+            dir,
+            "--quiet",
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{vary}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(needle),
+            "{vary}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(!out.join("runs").exists(), "{vary}: nothing may run");
+    }
+}
