@@ -473,15 +473,31 @@ pub fn display_available() -> bool {
         || std::env::var_os("WAYLAND_DISPLAY").is_some_and(|d| !d.is_empty())
 }
 
-/// Open the window. The trainer's own wgpu device is separate from the window's: eframe opens
-/// the surface-capable device it needs (see the note in README).
+/// Open the window. When the trainer's device is a wgpu adapter, the window renders on that
+/// same device (one instance, adapter, device and queue for burn, our kernels and egui).
 pub fn run_app(options: AppOptions) -> Result<(), String> {
-    let native = eframe::NativeOptions {
+    let mut native = eframe::NativeOptions {
         viewport: egui::ViewportBuilder::default()
             .with_inner_size([1280.0, 800.0])
             .with_title("grpo-lab — watch GRPO learn"),
         ..Default::default()
     };
+    let device = options
+        .config
+        .as_ref()
+        .map(|c| c.run.device)
+        .unwrap_or(DeviceChoice::Auto);
+    if let Ok(compute) = crate::gpu::Compute::select(device)
+        && let Some(gpu) = compute.gpu
+    {
+        native.wgpu_options.wgpu_setup =
+            eframe::egui_wgpu::WgpuSetup::Existing(eframe::egui_wgpu::WgpuSetupExisting {
+                instance: gpu.instance.clone(),
+                adapter: gpu.adapter.clone(),
+                device: gpu.device.clone(),
+                queue: gpu.queue.clone(),
+            });
+    }
     eframe::run_native(
         "grpo-lab",
         native,
