@@ -307,3 +307,25 @@ fn bench_json_reports_ms_per_step() {
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert!(v["ms_per_step"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn no_adapter_falls_back_to_the_cpu_backend_with_one_line() {
+    // WGPU_BACKEND=dx12 on Linux: wgpu sees no adapter at all.
+    let out = temp_dir("cli-noadapter");
+    let o = Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
+        .env("WGPU_BACKEND", "dx12")
+        .args(["train", "--preset", "lecture17", "--set", "run.iterations=1", "--device", "auto", "--quiet", "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert_eq!(err.matches("falling back to burn's CPU backend").count(), 1, "{err}");
+    assert!(err.contains("mesa-vulkan-drivers"), "{err}");
+    let o = Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
+        .env("WGPU_BACKEND", "dx12")
+        .args(["train", "--preset", "lecture17", "--device", "software", "--out", out.to_str().unwrap(), "--force"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("lavapipe") && !stderr(&o).contains("panicked"), "{}", stderr(&o));
+}
