@@ -314,18 +314,46 @@ fn no_adapter_falls_back_to_the_cpu_backend_with_one_line() {
     let out = temp_dir("cli-noadapter");
     let o = Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
         .env("WGPU_BACKEND", "dx12")
-        .args(["train", "--preset", "lecture17", "--set", "run.iterations=1", "--device", "auto", "--quiet", "--out", out.to_str().unwrap()])
+        .args([
+            "train",
+            "--preset",
+            "lecture17",
+            "--set",
+            "run.iterations=1",
+            "--device",
+            "auto",
+            "--quiet",
+            "--out",
+            out.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let err = stderr(&o);
-    assert_eq!(err.matches("falling back to burn's CPU backend").count(), 1, "{err}");
+    assert_eq!(
+        err.matches("falling back to burn's CPU backend").count(),
+        1,
+        "{err}"
+    );
     assert!(err.contains("mesa-vulkan-drivers"), "{err}");
     let o = Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
         .env("WGPU_BACKEND", "dx12")
-        .args(["train", "--preset", "lecture17", "--device", "software", "--out", out.to_str().unwrap(), "--force"])
+        .args([
+            "train",
+            "--preset",
+            "lecture17",
+            "--device",
+            "software",
+            "--out",
+            out.to_str().unwrap(),
+            "--force",
+        ])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("lavapipe") && !stderr(&o).contains("panicked"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("lavapipe") && !stderr(&o).contains("panicked"),
+        "{}",
+        stderr(&o)
+    );
 }
