@@ -246,8 +246,9 @@ fn build_config(args: &ConfigArgs) -> Result<RunConfig> {
         }
     };
     if let Some(path) = &args.config {
-        let file = RunConfig::from_file(path).map_err(user)?;
-        // The file's own keys over the preset: re-parse it as overrides of the preset.
+        // The file alone must be a valid config (errors name the file and the key) ...
+        RunConfig::from_file(path).map_err(user)?;
+        // ... then its own keys go over the preset's, section by section.
         let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
         let table: toml::Table = toml::from_str(&text).map_err(user)?;
         let mut merged = toml::Table::try_from(&config).expect("serializes");
@@ -260,7 +261,6 @@ fn build_config(args: &ConfigArgs) -> Result<RunConfig> {
             }
         }
         config = RunConfig::from_table(merged).map_err(user)?;
-        let _ = file;
     }
     config = config.with_overrides(&args.sets).map_err(user)?;
     if let Some(seed) = args.seed {
@@ -486,7 +486,7 @@ fn bench_cmd(args: BenchArgs) -> Result<()> {
     let mu = config.algorithm.mu;
     let mut trainer = Trainer::new(config.clone(), compute.clone()).map_err(user)?;
     let t0 = std::time::Instant::now();
-    let first = trainer.step().map_err(user)?;
+    trainer.step().map_err(user)?;
     let first_step_ms = t0.elapsed().as_secs_f64() * 1000.0;
     while !trainer.at_iteration_boundary() {
         trainer.step().map_err(user)?;
@@ -506,7 +506,6 @@ fn bench_cmd(args: BenchArgs) -> Result<()> {
         }
         per_step.push(t.elapsed().as_secs_f64() * 1000.0 / mu as f64);
     }
-    let _ = first;
     let ms = median(per_step.clone());
     let report = serde_json::json!({
         "preset": args.config.preset,

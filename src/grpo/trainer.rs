@@ -61,7 +61,6 @@ struct Rollout {
     mask: Tensor<3>,
     stats: RolloutStats,
     groups: Option<Vec<GroupRecord>>,
-    secs: f64,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -357,7 +356,6 @@ impl Trainer {
 
     /// Steps 1–5 of GRPO-SPEC §2 for the current iteration.
     fn roll_out(&mut self) -> Result<Rollout, TrainError> {
-        let started = Instant::now();
         let cfg = &self.config;
         let a = &cfg.algorithm;
         let (n, vocab, g) = (cfg.task.n, cfg.task.vocab, a.num_generations);
@@ -476,7 +474,6 @@ impl Trainer {
             mask,
             stats,
             groups,
-            secs: started.elapsed().as_secs_f64(),
         })
     }
 
@@ -619,7 +616,6 @@ impl Trainer {
             tokens_per_second: (stats.tokens as f64 / step_time.max(1e-9)) as f32,
             groups,
         };
-        let _ = rollout.secs;
         self.global_step = step;
         self.step_in_iteration += 1;
         if self.step_in_iteration >= self.config.algorithm.mu {
