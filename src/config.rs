@@ -30,7 +30,7 @@ pub enum ConfigError {
 }
 
 /// The whole run: what to learn, with what model, by which algorithm.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunConfig {
     pub task: TaskConfig,
@@ -573,19 +573,6 @@ impl RunConfig {
     }
 }
 
-impl Default for RunConfig {
-    fn default() -> Self {
-        Self {
-            task: TaskConfig::default(),
-            model: ModelConfig::default(),
-            algorithm: AlgorithmConfig::default(),
-            optimizer: OptimizerConfig::default(),
-            sampling: SamplingConfig::default(),
-            run: RunSettings::default(),
-        }
-    }
-}
-
 fn parse_value(raw: &str) -> toml::Value {
     // A TOML literal if it parses as one (numbers, booleans, arrays, inline tables), else a string.
     let doc = format!("v = {raw}");
@@ -686,10 +673,10 @@ fn set_path(
             let mut value = value;
             // Keep the value's type where TOML would read a bare word differently
             // (e.g. `run.name=123` stays a string).
-            if let Some(toml::Value::String(_)) = cur_ref.get(*part) {
-                if !value.is_str() {
-                    value = toml::Value::String(value.to_string());
-                }
+            if let Some(toml::Value::String(_)) = cur_ref.get(*part)
+                && !value.is_str()
+            {
+                value = toml::Value::String(value.to_string());
             }
             if let (Some(toml::Value::Float(_)), toml::Value::Integer(i)) =
                 (cur_ref.get(*part), &value)

@@ -57,7 +57,7 @@ impl AdapterSummary {
             driver: format!("{} {}", info.driver, info.driver_info)
                 .trim()
                 .to_string(),
-            max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size as u64,
+            max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
             max_buffer_size: limits.max_buffer_size,
             max_compute_workgroup_size_x: limits.max_compute_workgroup_size_x,
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,

@@ -62,7 +62,10 @@ pub fn batch_std(rewards: &[f32]) -> f32 {
 
 /// Advantages under one mode, `[B, G]` flattened.
 pub fn advantages(mode: AdvantageMode, rewards: &[f32], g: usize) -> Vec<f32> {
-    assert!(g > 0 && rewards.len() % g == 0, "rewards must be [B, G]");
+    assert!(
+        g > 0 && rewards.len().is_multiple_of(g),
+        "rewards must be [B, G]"
+    );
     let bstd = if mode == AdvantageMode::BatchNormalized {
         batch_std(rewards)
     } else {

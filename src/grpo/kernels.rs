@@ -166,7 +166,7 @@ fn words(ws: &[Word]) -> Vec<u8> {
             Word::F(f) => f.to_le_bytes(),
         })
         .collect();
-    while out.len() % 16 != 0 {
+    while !out.len().is_multiple_of(16) {
         out.push(0);
     }
     out
@@ -274,7 +274,7 @@ impl Kernels {
 
     fn check_size(&self, name: &str, bytes: u64) -> Result<(), KernelError> {
         let limits = self.ctx.device.limits();
-        let binding = limits.max_storage_buffer_binding_size as u64;
+        let binding = limits.max_storage_buffer_binding_size;
         if bytes > binding {
             return Err(KernelError::TooLarge {
                 buffer: name.into(),
@@ -675,7 +675,7 @@ impl Kernels {
     /// Every advantage mode, group statistics and batch statistics for `[B, G]` rewards.
     pub fn advantages(&self, rewards: &[f32], g: usize) -> Result<AdvantageOutput, KernelError> {
         let _busy = self.lock();
-        if g == 0 || rewards.is_empty() || rewards.len() % g != 0 {
+        if g == 0 || rewards.is_empty() || !rewards.len().is_multiple_of(g) {
             return Err(KernelError::Input {
                 what: "rewards",
                 reason: format!(

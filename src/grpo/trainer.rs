@@ -361,7 +361,7 @@ impl Trainer {
         let (n, vocab, g) = (cfg.task.n, cfg.task.vocab, a.num_generations);
         let iteration = self.iteration;
         // 1. Reference ← a real copy of the policy, every `ref_period` iterations.
-        if iteration > 0 && a.ref_period > 0 && iteration % a.ref_period == 0 {
+        if iteration > 0 && a.ref_period > 0 && iteration.is_multiple_of(a.ref_period) {
             self.reference = self.policy.snapshot(&self.device);
         }
         // 2. Sample G responses per prompt from π_old.
