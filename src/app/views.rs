@@ -386,19 +386,19 @@ pub fn plots_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
             // Mean reward, smoothed over the raw curve.
             ui.vertical(|ui| {
                 titled(ui, "Mean reward", "Mean verifier reward of each iteration's rollouts. The dashed line is the largest possible reward.");
-                let r = plot("reward", link, w).show(ui, |p| {
+                plot("reward", link, w).show(ui, |p| {
                     p.line(line("raw", run.reward_raw_points(), PALETTE[0].gamma_multiply(0.25)));
                     p.line(line("smoothed", run.reward_smoothed_points(), PALETTE[0]));
                     if let (Some(m), Some(last)) = (max_reward, run.series("reward/mean").last) {
                         p.line(line("max possible", vec![[0.0, m], [last[0].max(1.0), m]], Color32::GRAY).style(egui_plot::LineStyle::dashed_loose()));
                     }
                 });
-                png_button(ui, r.response.rect, "reward");
+                png_button(ui, ui.min_rect(), "reward");
             });
             // Every response's reward, group by group.
             ui.vertical(|ui| {
                 titled(ui, "Group rewards", "Every sampled response's reward, one colour per prompt, iteration by iteration: watch groups collapse to one answer.");
-                let r = plot("groups", link, w).show(ui, |p| {
+                plot("groups", link, w).show(ui, |p| {
                     let mut per_prompt: std::collections::BTreeMap<usize, Vec<[f64; 2]>> = Default::default();
                     let g_max = run.groups.iter().rev().take(1).flat_map(|(_, gs)| gs.iter().map(|g| g.rewards.len())).max().unwrap_or(1);
                     // At most ~80 iterations of points: thousands of circles cost more to tessellate than to read.
@@ -417,14 +417,14 @@ pub fn plots_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                         p.points(Points::new(name, pts).radius(1.2).color(PALETTE[k % PALETTE.len()]));
                     }
                 });
-                png_button(ui, r.response.rect, "groups");
+                png_button(ui, ui.min_rect(), "groups");
             });
             ui.end_row();
             // Advantages of one group under every mode, side by side.
             ui.vertical(|ui| {
                 let which = run.groups.last().and_then(|(it, gs)| gs.get(app.inspector_group.min(gs.len().saturating_sub(1))).map(|g| format!(" — [{}], iteration {it}", tokenizer().decode(&g.prompt)))).unwrap_or_default();
                 titled(ui, &format!("Advantages, every mode, same group{which}"), "The latest iteration's group chosen in the inspector: the same rewards under raw, centered, normalized, max, rloo and batch_normalized. Bars in groups of G, one group per mode.");
-                let r = Plot::new("advantages").height(170.0).width(w).legend(Legend::default()).allow_scroll(false).show(ui, |p| {
+                Plot::new("advantages").height(170.0).width(w).legend(Legend::default()).allow_scroll(false).show(ui, |p| {
                     if let Some((_, groups)) = run.groups.last()
                         && let Some(g) = groups.get(app.inspector_group.min(groups.len().saturating_sub(1)))
                     {
@@ -436,7 +436,7 @@ pub fn plots_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                         }
                     }
                 });
-                png_button(ui, r.response.rect, "advantages");
+                png_button(ui, ui.min_rect(), "advantages");
             });
             small_plot(ui, link, w, "length", "Response length", "Mean, min and max response length per iteration (fixed n for the lecture's model).", &[("mean", run.series("completions/mean_length"), PALETTE[0]), ("min", run.series("completions/min_length"), PALETTE[1]), ("max", run.series("completions/max_length"), PALETTE[2])]);
             ui.end_row();
@@ -465,12 +465,12 @@ fn small_plot(
         if id == "length" {
             pl = pl.include_y(0.0);
         }
-        let r = pl.show(ui, |p| {
+        pl.show(ui, |p| {
             for (name, s, color) in series {
                 p.line(line(name, s.points(), *color));
             }
         });
-        png_button(ui, r.response.rect, id);
+        png_button(ui, ui.min_rect(), id);
     });
 }
 
