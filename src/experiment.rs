@@ -439,7 +439,7 @@ pub fn run_matrix(
                     let Some((config, dir, resume)) = todo.get(i) else {
                         break;
                     };
-                    if train::run::interrupted() {
+                    if train::interrupted() {
                         break;
                     }
                     let result = train::run(

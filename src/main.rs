@@ -747,7 +747,7 @@ fn compare_cmd(a: CompareArgs) -> Result<()> {
     {
         println!("chart:   {}", c.display());
     }
-    if train::run::interrupted() {
+    if train::interrupted() {
         println!("interrupted: rerun the same command to finish the matrix");
     }
     Ok(())

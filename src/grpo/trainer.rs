@@ -169,10 +169,6 @@ impl Trainer {
     pub fn at_iteration_boundary(&self) -> bool {
         self.step_in_iteration == 0 && self.rollout.is_none()
     }
-    /// Whether sampling, verifying and advantages run in our WGSL kernels.
-    pub fn uses_kernels(&self) -> bool {
-        self.kernels.is_some()
-    }
     pub fn policy(&self) -> &LecturePolicy {
         &self.policy
     }
@@ -695,15 +691,5 @@ impl Trainer {
         self.step_in_iteration = 0;
         self.rollout = None;
         Ok(())
-    }
-
-    /// The policy's weights without autodiff (for export and the app).
-    pub fn policy_valid(&self) -> LecturePolicy {
-        self.policy.valid()
-    }
-
-    /// Which advantage mode drives the update.
-    pub fn advantage_mode(&self) -> AdvantageMode {
-        self.config.algorithm.advantage
     }
 }

@@ -99,16 +99,6 @@ impl LecturePolicy {
         Self::from_weights(&self.weights(), vocab, n, d, device).no_grad()
     }
 
-    pub fn vocab(&self) -> usize {
-        self.embedding.val().dims()[0]
-    }
-
-    pub fn num_params(&self) -> usize {
-        let [v, d] = self.embedding.val().dims();
-        let [n, _, _] = self.encode.val().dims();
-        v * d + 2 * n * d * d
-    }
-
     /// `Σ ‖∇‖²` over every parameter, as a one-element tensor (no read-back).
     pub fn grad_norm_sq(&self, grads: &burn::optim::GradientsParams) -> Tensor<1> {
         let sq2 = |id| grads.get::<2>(id).map(|g| g.powi_scalar(2).sum());

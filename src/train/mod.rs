@@ -3,6 +3,5 @@
 pub mod run;
 
 pub use run::{
-    RunError, RunOptions, RunOutcome, clear_interrupts, install_interrupt_handler, read_metrics,
-    request_interrupt, run,
+    RunError, RunOptions, RunOutcome, install_interrupt_handler, interrupted, read_metrics, run,
 };

@@ -89,18 +89,9 @@ pub fn install_interrupt_handler() {
     });
 }
 
-/// Ask a running `run` to stop as if Ctrl-C was pressed (tests, the app).
-pub fn request_interrupt() {
-    INTERRUPTS.fetch_add(1, Ordering::SeqCst);
-}
-
-/// Whether Ctrl-C (or `request_interrupt`) has been seen.
+/// Whether Ctrl-C has been seen.
 pub fn interrupted() -> bool {
     INTERRUPTS.load(Ordering::SeqCst) > 0
-}
-
-pub fn clear_interrupts() {
-    INTERRUPTS.store(0, Ordering::SeqCst);
 }
 
 struct Sinks {
