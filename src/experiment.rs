@@ -6,6 +6,7 @@
 use crate::config::{ConfigError, DeviceChoice, RunConfig};
 use crate::gpu::Compute;
 use crate::metrics::StepRecord;
+use crate::report::stats::mean_std;
 use crate::report::{Series, line_chart};
 use crate::train::{self, RunOptions};
 use serde::Deserialize;
@@ -294,20 +295,6 @@ pub struct CellSummary {
     pub frac_zero_std: f64,
     pub final_accuracy: f64,
     pub wall_secs: f64,
-}
-
-fn mean_std(v: &[f64]) -> (f64, f64) {
-    let n = v.len() as f64;
-    if v.is_empty() {
-        return (f64::NAN, f64::NAN);
-    }
-    let m = v.iter().sum::<f64>() / n;
-    let s = if v.len() > 1 {
-        (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
-    } else {
-        0.0
-    };
-    (m, s)
 }
 
 /// Two-sided 97.5 % quantile of Student's t with `df` degrees of freedom.

@@ -6,6 +6,7 @@ use clap::{Args, Parser, Subcommand};
 use grpo_lab::config::{AdvantageMode, DeviceChoice, KernelChoice, RewardKind, RunConfig};
 use grpo_lab::gpu::Compute;
 use grpo_lab::grpo::{Trainer, advantage};
+use grpo_lab::report::stats::{median, quantile};
 use grpo_lab::task::{RewardFn, SortTokenizer};
 use grpo_lab::train::{self, RunOptions};
 use std::path::PathBuf;
@@ -460,24 +461,6 @@ fn devices_cmd(json: bool) -> Result<()> {
     Ok(())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        v[v.len() / 2]
-    }
-}
-
-fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        v[((v.len() - 1) as f64 * q).round() as usize]
-    }
-}
-
 fn bench_cmd(args: BenchArgs) -> Result<()> {
     let mut config = build_config(&args.config)?;
     config.run.iterations = args.iterations + 1;
@@ -506,7 +489,7 @@ fn bench_cmd(args: BenchArgs) -> Result<()> {
         }
         per_step.push(t.elapsed().as_secs_f64() * 1000.0 / mu as f64);
     }
-    let ms = median(per_step.clone());
+    let ms = median(&per_step);
     let report = serde_json::json!({
         "preset": args.config.preset,
         "device": compute.label,
@@ -517,11 +500,11 @@ fn bench_cmd(args: BenchArgs) -> Result<()> {
         },
         "iterations_timed": args.iterations,
         "ms_per_step": ms,
-        "ms_per_step_p10": quantile(per_step.clone(), 0.1),
-        "ms_per_step_p90": quantile(per_step, 0.9),
+        "ms_per_step_p10": quantile(&per_step, 0.1),
+        "ms_per_step_p90": quantile(&per_step, 0.9),
         "first_step_ms": first_step_ms,
-        "rollout_step_ms": median(rollout_steps),
-        "optimizer_step_ms": median(plain_steps),
+        "rollout_step_ms": median(&rollout_steps),
+        "optimizer_step_ms": median(&plain_steps),
     });
     if args.json {
         println!("{report}");
@@ -605,12 +588,12 @@ fn bench_rollout_cmd(a: BenchRolloutArgs) -> Result<()> {
         agree = k_tokens.iter().zip(&tokens).filter(|(x, y)| x == y).count();
         let _ = (k_score, k_adv, adv);
     }
-    let (r, k) = (median(reference_ms.clone()), median(kernel_ms.clone()));
+    let (r, k) = (median(&reference_ms), median(&kernel_ms));
     let report = serde_json::json!({
         "device": compute.label,
         "shape": { "prompts": b, "generations": g, "n": n, "vocab": v },
-        "reference_ms": r, "reference_ms_p10": quantile(reference_ms.clone(), 0.1), "reference_ms_p90": quantile(reference_ms, 0.9),
-        "kernel_ms": k, "kernel_ms_p10": quantile(kernel_ms.clone(), 0.1), "kernel_ms_p90": quantile(kernel_ms, 0.9),
+        "reference_ms": r, "reference_ms_p10": quantile(&reference_ms, 0.1), "reference_ms_p90": quantile(&reference_ms, 0.9),
+        "kernel_ms": k, "kernel_ms_p10": quantile(&kernel_ms, 0.1), "kernel_ms_p90": quantile(&kernel_ms, 0.9),
         "speedup": r / k,
         "tokens_identical_fraction": agree as f64 / (b * g * n) as f64,
     });

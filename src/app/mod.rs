@@ -357,15 +357,7 @@ impl GrpoApp {
         }
         if Instant::now() >= until {
             self.measure.done = true;
-            let q = |v: &Vec<f64>, p: f64| {
-                let mut v = v.clone();
-                v.sort_by(|a, b| a.total_cmp(b));
-                if v.is_empty() {
-                    f64::NAN
-                } else {
-                    v[((v.len() - 1) as f64 * p).round() as usize]
-                }
-            };
+            let q = |v: &Vec<f64>, p: f64| crate::report::stats::quantile(v, p);
             let secs = self
                 .measure
                 .started
