@@ -16,11 +16,16 @@ pub fn token_log_probs(
 ) -> Tensor<3> {
     let [b, g, t] = responses.dims();
     let [_, _, v] = logits.dims();
-    let logp = log_softmax(logits.div_scalar(temperature), 2); // [B, T, V]
-    logp.unsqueeze_dim::<4>(1)
-        .expand([b, g, t, v])
-        .gather(3, responses.unsqueeze_dim::<4>(3))
-        .squeeze_dim::<3>(3)
+    let device = logits.device();
+    let logp = log_softmax(logits.div_scalar(temperature), 2).reshape([b, t * v]); // [B, T·V]
+    // Flat index of (position, token) in a row of T·V: t·V + token. Gathering B·G·T values
+    // directly is far cheaper than expanding the log-probs to [B, G, T, V] first.
+    let offsets = Tensor::<1, Int>::arange(0..t as i64, &device)
+        .mul_scalar(v as i64)
+        .reshape([1, 1, t])
+        .expand([b, g, t]);
+    let index = responses.add(offsets).reshape([b, g * t]); // [B, G·T]
+    logp.gather(1, index).reshape([b, g, t])
 }
 
 /// Mean entropy of the policy per response position: `logits [B, T, V]` → scalar.
