@@ -313,6 +313,70 @@ fn t975(df: usize) -> f64 {
     }
 }
 
+/// The metrics drawn as bands over seeds (compare charts and the app).
+pub const BAND_METRICS: [&str; 4] = ["reward/mean", "kl", "entropy", "completions/mean_length"];
+
+/// Per metric, per iteration: (iteration, mean, std) over the runs (seeds) of one cell,
+/// from the first record of each iteration.
+pub fn seed_bands(runs: &[Vec<StepRecord>]) -> BTreeMap<&'static str, Vec<(f64, f64, f64)>> {
+    let mut per_iter: BTreeMap<&'static str, BTreeMap<usize, Vec<f64>>> = BTreeMap::new();
+    for r in runs.iter().flatten().filter(|r| r.step_in_iteration == 0) {
+        for name in BAND_METRICS {
+            if let Some(v) = r.scalar(name) {
+                per_iter
+                    .entry(name)
+                    .or_default()
+                    .entry(r.iteration)
+                    .or_default()
+                    .push(v as f64);
+            }
+        }
+    }
+    per_iter
+        .into_iter()
+        .map(|(name, by_iter)| {
+            let pts = by_iter
+                .iter()
+                .map(|(it, v)| {
+                    let (m, s) = mean_std(v);
+                    (*it as f64, m, s)
+                })
+                .collect();
+            (name, pts)
+        })
+        .collect()
+}
+
+/// A compare directory read back: each cell's runs, grouped by the run directories' names
+/// (`{cell}__seed{S}`), as bands over seeds.
+pub fn load_compare_dir(
+    dir: &Path,
+) -> Result<Vec<(String, BTreeMap<&'static str, Vec<(f64, f64, f64)>>)>, ExperimentError> {
+    let runs_dir = if dir.join("runs").is_dir() {
+        dir.join("runs")
+    } else {
+        dir.to_path_buf()
+    };
+    let mut cells: BTreeMap<String, Vec<Vec<StepRecord>>> = BTreeMap::new();
+    for entry in std::fs::read_dir(&runs_dir).map_err(io(&runs_dir))? {
+        let path = entry.map_err(io(&runs_dir))?.path();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        let Some((cell, _seed)) = name.rsplit_once("__seed") else {
+            continue;
+        };
+        if let Ok(records) = train::read_metrics(&path.join("metrics.jsonl")) {
+            cells.entry(cell.to_string()).or_default().push(records);
+        }
+    }
+    Ok(cells
+        .into_iter()
+        .map(|(cell, runs)| (cell, seed_bands(&runs)))
+        .collect())
+}
+
 /// Options for running a matrix.
 pub struct CompareOptions {
     pub out: PathBuf,
@@ -495,7 +559,7 @@ fn summarise(
         let mut accs = Vec::new();
         let mut walls = Vec::new();
         let mut reach = Vec::new();
-        let mut per_iter: BTreeMap<&str, BTreeMap<usize, Vec<f64>>> = BTreeMap::new();
+        let mut seed_records: Vec<Vec<StepRecord>> = Vec::new();
         for &seed in &matrix.seeds {
             let dir = run_dir(&opts.out, cell, seed);
             let Ok(records) = train::read_metrics(&dir.join("metrics.jsonl")) else {
@@ -526,21 +590,7 @@ fn summarise(
             {
                 reach.push(r.iteration as f64);
             }
-            for r in &firsts {
-                for (name, v) in [
-                    ("reward/mean", r.reward_mean),
-                    ("kl", r.kl),
-                    ("entropy", r.entropy),
-                    ("completions/mean_length", r.mean_length),
-                ] {
-                    per_iter
-                        .entry(name)
-                        .or_default()
-                        .entry(r.iteration)
-                        .or_default()
-                        .push(v as f64);
-                }
-            }
+            seed_records.push(records);
         }
         let fr = mean_std(&finals);
         let half = t975(finals.len().saturating_sub(1)) * fr.1 / (finals.len() as f64).sqrt();
@@ -556,14 +606,7 @@ fn summarise(
             final_accuracy: mean_std(&accs).0,
             wall_secs: mean_std(&walls).0,
         });
-        for (name, by_iter) in per_iter {
-            let pts: Vec<(f64, f64, f64)> = by_iter
-                .iter()
-                .map(|(it, v)| {
-                    let (m, s) = mean_std(v);
-                    (*it as f64, m, s)
-                })
-                .collect();
+        for (name, pts) in seed_bands(&seed_records) {
             let mut series =
                 Series::line(cell.label.clone(), pts.iter().map(|p| (p.0, p.1)).collect());
             series.band = Some(pts.iter().map(|p| (p.0, p.1 - p.2, p.1 + p.2)).collect());

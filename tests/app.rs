@@ -160,3 +160,42 @@ fn panel_snapshots_after_a_short_run() {
         h.snapshot(name);
     }
 }
+
+#[test]
+fn opens_a_compare_directory_with_bands() {
+    // A fixed path: it shows in the snapshot.
+    let out = std::env::temp_dir().join("grpo-lab-test-app-compare");
+    let _ = std::fs::remove_dir_all(&out);
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
+        .args([
+            "compare",
+            "--preset",
+            "lecture17",
+            "--set",
+            "run.iterations=5",
+            "--vary",
+            "algorithm.advantage=raw,centered",
+            "--seeds",
+            "0..3",
+            "--quiet",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut h = harness(short_config());
+    h.state_mut().persisted.tab = Tab::Runs;
+    h.state_mut().runs_path = out.display().to_string();
+    h.run();
+    h.get_by_label("Open compare dir").click();
+    h.run();
+    let cells: Vec<String> = h.state().compare.iter().map(|(c, _)| c.clone()).collect();
+    assert_eq!(cells, vec!["advantage_centered", "advantage_raw"]);
+    assert_eq!(
+        h.state().compare[0].1["reward/mean"].len(),
+        5,
+        "one point per iteration, averaged over 3 seeds"
+    );
+    h.snapshot("compare");
+}

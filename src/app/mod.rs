@@ -99,6 +99,11 @@ pub struct GrpoApp {
     pub running: Option<RunConfig>,
     pub run: RunData,
     pub overlays: Vec<(RunData, bool)>,
+    /// A compare directory read back: per cell, bands over seeds.
+    pub compare: Vec<(
+        String,
+        std::collections::BTreeMap<&'static str, Vec<(f64, f64, f64)>>,
+    )>,
     pub worker: Worker,
     pub playing: bool,
     pub finished: bool,
@@ -152,6 +157,7 @@ impl GrpoApp {
             running: None,
             run: RunData::new("current"),
             overlays,
+            compare: Vec::new(),
             worker,
             playing: false,
             finished: false,

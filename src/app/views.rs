@@ -725,7 +725,24 @@ pub fn runs_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
         {
             add_runs(app, true);
         }
+        if ui
+            .button("Open compare dir")
+            .on_hover_text(
+                "A directory written by `grpo-lab compare`: each cell as mean ± std over its seeds",
+            )
+            .clicked()
+        {
+            match crate::experiment::load_compare_dir(std::path::Path::new(&app.runs_path)) {
+                Ok(c) if !c.is_empty() => app.compare = c,
+                Ok(_) => app.error = Some(format!("no compare runs in {}", app.runs_path)),
+                Err(e) => app.error = Some(e.to_string()),
+            }
+        }
     });
+    if !app.compare.is_empty() {
+        compare_ui(app, ui);
+        return;
+    }
     let mut remove = None;
     for (i, (r, on)) in app.overlays.iter_mut().enumerate() {
         ui.horizontal(|ui| {
@@ -788,6 +805,40 @@ pub fn runs_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                 r.series("kl").points(),
                 PALETTE[k % PALETTE.len()],
             ));
+        }
+    });
+}
+
+/// A compare directory: every cell's mean over seeds with a ±std band, on linked axes.
+fn compare_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
+    ui.horizontal(|ui| {
+        ui.label(
+            RichText::new(format!(
+                "{} cells, mean ± std over seeds",
+                app.compare.len()
+            ))
+            .strong(),
+        );
+        if ui.button("Close compare view").clicked() {
+            app.compare.clear();
+        }
+    });
+    let link = egui::Id::NULL.with("compare-axis");
+    let w = ui.available_width();
+    egui::ScrollArea::vertical().show(ui, |ui| {
+        for metric in crate::experiment::BAND_METRICS {
+            titled(ui, metric, "Per iteration: the mean over the cell's seeds; the band is ± one standard deviation");
+            plot(&format!("compare-{metric}"), link, w).show(ui, |p| {
+                for (k, (cell, bands)) in app.compare.iter().enumerate() {
+                    let Some(pts) = bands.get(metric) else { continue };
+                    let color = PALETTE[k % PALETTE.len()];
+                    let xs: Vec<f64> = pts.iter().map(|p| p.0).collect();
+                    let lo: Vec<f64> = pts.iter().map(|p| p.1 - p.2).collect();
+                    let hi: Vec<f64> = pts.iter().map(|p| p.1 + p.2).collect();
+                    p.add(egui_plot::FilledArea::new(format!("{cell} ± std"), &xs, &lo, &hi).fill_color(color.gamma_multiply(0.15)));
+                    p.line(line(cell, pts.iter().map(|p| [p.0, p.1]).collect(), color));
+                }
+            });
         }
     });
 }
