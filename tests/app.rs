@@ -199,3 +199,30 @@ fn opens_a_compare_directory_with_bands() {
     );
     h.snapshot("compare");
 }
+
+#[test]
+fn runs_started_in_the_app_can_be_overlaid() {
+    let mut h = harness(short_config());
+    h.state_mut().persisted.tab = Tab::Runs;
+    h.run();
+    h.get_by_label("+μ Iteration").click();
+    h.run();
+    h.get_by_label("Keep the current run").click();
+    h.run();
+    h.state_mut().draft.algorithm.advantage = AdvantageMode::Raw;
+    h.get_by_label("⟲ Reset").click();
+    h.run();
+    h.get_by_label("+μ Iteration").click();
+    h.run();
+    assert_eq!(h.state().overlays.len(), 1);
+    assert_eq!(h.state().overlays[0].0.steps, 10);
+    assert_eq!(
+        h.state().running.as_ref().unwrap().algorithm.advantage,
+        AdvantageMode::Raw
+    );
+    assert!(
+        h.query_all_by_label_contains("normalized · naive · seed 5")
+            .count()
+            >= 1
+    );
+}

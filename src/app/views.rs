@@ -743,6 +743,18 @@ pub fn runs_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
         compare_ui(app, ui);
         return;
     }
+    if ui
+        .add_enabled(app.run.steps > 0, egui::Button::new("Keep the current run"))
+        .on_hover_text("Add the run in progress to the overlays, then reset with another config to compare them side by side")
+        .clicked()
+    {
+        let mut kept = app.run.clone();
+        if let Some(c) = &app.running {
+            kept.name = format!("{} · {} · {} · seed {} ({} steps)", c.run.name, c.algorithm.advantage, c.algorithm.loss, c.run.seed, kept.steps);
+            kept.config = Some(c.clone());
+        }
+        app.overlays.push((kept, true));
+    }
     let mut remove = None;
     for (i, (r, on)) in app.overlays.iter_mut().enumerate() {
         ui.horizontal(|ui| {
