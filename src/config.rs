@@ -331,21 +331,22 @@ pub const PRESETS: &[(&str, &str)] = &[
     ),
 ];
 
+/// The text of a compiled-in asset by name, or the list of available names (for the error).
+pub fn named_asset(table: &[(&str, &'static str)], name: &str) -> Result<&'static str, String> {
+    table
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, t)| *t)
+        .ok_or_else(|| table.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "))
+}
+
 impl RunConfig {
     /// A preset by name.
     pub fn preset(name: &str) -> Result<Self, ConfigError> {
-        let text = PRESETS
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, t)| *t)
-            .ok_or_else(|| ConfigError::UnknownPreset {
-                name: name.into(),
-                available: PRESETS
-                    .iter()
-                    .map(|(n, _)| *n)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })?;
+        let text = named_asset(PRESETS, name).map_err(|available| ConfigError::UnknownPreset {
+            name: name.into(),
+            available,
+        })?;
         Self::from_toml_str(text, &format!("preset {name}"))
     }
 

@@ -245,18 +245,12 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
 
 impl Matrix {
     pub fn from_experiment(name: &str) -> Result<Self, ExperimentError> {
-        let text = EXPERIMENTS
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, t)| *t)
-            .ok_or_else(|| ExperimentError::UnknownExperiment {
+        let text = crate::config::named_asset(EXPERIMENTS, name).map_err(|available| {
+            ExperimentError::UnknownExperiment {
                 name: name.into(),
-                available: EXPERIMENTS
-                    .iter()
-                    .map(|(n, _)| *n)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })?;
+                available,
+            }
+        })?;
         Self::from_experiment_str(text, name)
     }
 
