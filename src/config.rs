@@ -38,7 +38,34 @@ pub struct RunConfig {
     pub algorithm: AlgorithmConfig,
     pub optimizer: OptimizerConfig,
     pub sampling: SamplingConfig,
+    pub sft: SftConfig,
     pub run: RunSettings,
+}
+
+/// Optional supervised cold start before RL (DeepSeek-R1's recipe): a few steps of
+/// cross-entropy on correct (prompt, sorted) pairs. `steps = 0` is pure RL ("R1-Zero").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SftConfig {
+    /// Supervised steps before the first GRPO iteration (0 = none).
+    pub steps: usize,
+    /// Distinct training prompts used as (prompt, sorted) examples.
+    pub examples: usize,
+    /// Examples per supervised step.
+    pub batch_size: usize,
+    /// Adam learning rate of the cold start.
+    pub lr: f64,
+}
+
+impl Default for SftConfig {
+    fn default() -> Self {
+        Self {
+            steps: 0,
+            examples: 256,
+            batch_size: 64,
+            lr: 1e-3,
+        }
+    }
 }
 
 /// The sorting task (spec §1).
@@ -61,6 +88,16 @@ pub struct TaskConfig {
     pub reward: RewardKind,
     /// Optional weighted sum of verifiers, e.g. `{ exact = 1.0, distance = 0.2 }`; overrides `reward`.
     pub reward_weights: std::collections::BTreeMap<String, f64>,
+    /// Longest response in tokens, `<eos>` included (transformer only; 0 = n + 1; ≥ n).
+    pub max_len: usize,
+    /// Format reward: added when the response closes with `<eos>` within `max_len` (transformer; 0 = off).
+    pub format_reward: f64,
+    /// Length reward: none, kimi (Kimi k1.5, group-relative) or overlong (DAPO soft overlong punishment).
+    pub length_reward: LengthReward,
+    /// Weight of the length reward (Kimi k1.5 and DAPO: 1.0).
+    pub length_reward_weight: f64,
+    /// DAPO's `L_cache`: the last this-many tokens before `max_len` are penalised linearly.
+    pub overlong_buffer: usize,
 }
 
 impl Default for TaskConfig {
@@ -74,6 +111,11 @@ impl Default for TaskConfig {
             allow_repeats: true,
             reward: RewardKind::InclusionOrdering,
             reward_weights: Default::default(),
+            max_len: 0,
+            format_reward: 0.0,
+            length_reward: LengthReward::None,
+            length_reward_weight: 1.0,
+            overlong_buffer: 4,
         }
     }
 }
@@ -105,12 +147,23 @@ impl RewardKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// Which policy: `lecture` (per-position model of the lecture, spec §6).
+    /// Which policy: `lecture` (per-position model of the lecture, spec §6) or `transformer`
+    /// (a small causal transformer answering token by token until `<eos>`).
     pub kind: ModelKind,
-    /// Embedding width `D` (lecture: 10; 4..=256).
+    /// Embedding width `D` (lecture: 10; transformer: 32..=256, a multiple of `heads`).
     pub d_model: usize,
-    /// Multiplies the initial weights (1.0 = the lecture's init; smaller = closer to uniform).
+    /// Multiplies the initial weights (1.0 = the lecture's init / GPT-2's; smaller = closer to uniform).
     pub init_scale: f64,
+    /// Transformer blocks (1..=12).
+    pub layers: usize,
+    /// Attention heads per block (`d_model` must be a multiple).
+    pub heads: usize,
+    /// MLP width (0 = 4·d_model).
+    pub d_ff: usize,
+    /// Longest sequence the transformer reads: must hold `task.n + task.max_len − 1`.
+    pub context: usize,
+    /// Token ids the transformer embeds (0 = from the task: `task.vocab` numbers + `<eos>`).
+    pub vocab: usize,
 }
 
 impl Default for ModelConfig {
@@ -119,6 +172,11 @@ impl Default for ModelConfig {
             kind: ModelKind::Lecture,
             d_model: 10,
             init_scale: 1.0,
+            layers: 2,
+            heads: 4,
+            d_ff: 0,
+            context: 32,
+            vocab: 0,
         }
     }
 }
@@ -127,6 +185,7 @@ impl Default for ModelConfig {
 #[serde(rename_all = "snake_case")]
 pub enum ModelKind {
     Lecture,
+    Transformer,
 }
 
 /// GRPO itself (spec §2–§4).
@@ -157,6 +216,15 @@ pub struct AlgorithmConfig {
     pub ref_period: usize,
     /// Token aggregation: seq-mean-token-mean (GRPO), token-mean (DAPO), seq-mean-token-sum-norm (Dr. GRPO).
     pub loss_agg_mode: LossAggMode,
+    /// Entropy bonus: `− coef · H` is added to the loss (0 = off; usual 0.001..=0.01).
+    pub entropy_coef: f64,
+    /// DAPO dynamic sampling: replace groups whose rewards are all equal by fresh ones.
+    pub dynamic_sampling: bool,
+    /// Bound on dynamic-sampling rounds per iteration (groups still flat after it are kept).
+    pub max_resample_rounds: usize,
+    /// Which training prompts an iteration uses: uniform, prioritized (by 1 − success rate,
+    /// Kimi k1.5) or curriculum (easy to hard by inversions). Needs prompts_per_iteration > 0.
+    pub prompt_sampling: PromptSampling,
     /// Deliberate bugs for the bug gallery (spec §5); all off by default.
     pub bugs: BugSwitches,
 }
@@ -176,6 +244,10 @@ impl Default for AlgorithmConfig {
             kl_penalty: KlPenaltyMode::Loss,
             ref_period: 10,
             loss_agg_mode: LossAggMode::SeqMeanTokenMean,
+            entropy_coef: 0.0,
+            dynamic_sampling: false,
+            max_resample_rounds: 3,
+            prompt_sampling: PromptSampling::Uniform,
             bugs: BugSwitches::default(),
         }
     }
@@ -229,6 +301,12 @@ named_enum!(LossAggMode {
     SeqMeanTokenMean => "seq-mean-token-mean",
     TokenMean => "token-mean",
     SeqMeanTokenSumNorm => "seq-mean-token-sum-norm",
+});
+named_enum!(LengthReward { None => "none", Kimi => "kimi", Overlong => "overlong" });
+named_enum!(PromptSampling {
+    Uniform => "uniform",
+    Prioritized => "prioritized",
+    Curriculum => "curriculum",
 });
 named_enum!(DeviceChoice { Auto => "auto", Gpu => "gpu", Software => "software", Cpu => "cpu" });
 named_enum!(KernelChoice { Auto => "auto", Gpu => "gpu", Reference => "reference" });
@@ -328,6 +406,18 @@ pub const PRESETS: &[(&str, &str)] = &[
     (
         "random-sort",
         include_str!("../assets/experiments/random-sort.toml"),
+    ),
+    (
+        "transformer-sort",
+        include_str!("../assets/experiments/transformer-sort.toml"),
+    ),
+    (
+        "length-bias",
+        include_str!("../assets/experiments/length-bias.toml"),
+    ),
+    (
+        "r1-vs-r1-zero",
+        include_str!("../assets/experiments/r1-vs-r1-zero.toml"),
     ),
 ];
 
@@ -557,7 +647,162 @@ impl RunConfig {
         if self.run.iterations == 0 {
             return bad("run.iterations", "must be ≥ 1".into());
         }
+        self.validate_model()?;
+        if !(a.entropy_coef >= 0.0 && a.entropy_coef.is_finite()) {
+            return bad(
+                "algorithm.entropy_coef",
+                format!("{} must be ≥ 0", a.entropy_coef),
+            );
+        }
+        if a.max_resample_rounds > 64 {
+            return bad(
+                "algorithm.max_resample_rounds",
+                format!("{} is out of range; allowed 0..=64", a.max_resample_rounds),
+            );
+        }
+        if a.prompt_sampling != PromptSampling::Uniform && a.prompts_per_iteration == 0 {
+            return bad(
+                "algorithm.prompt_sampling",
+                format!(
+                    "`{}` chooses among the training prompts, so it needs algorithm.prompts_per_iteration > 0 (0 uses every prompt every iteration)",
+                    a.prompt_sampling
+                ),
+            );
+        }
+        let f = &self.sft;
+        if f.steps > 0 {
+            if f.examples == 0 || f.batch_size == 0 {
+                return bad(
+                    if f.examples == 0 {
+                        "sft.examples"
+                    } else {
+                        "sft.batch_size"
+                    },
+                    "must be ≥ 1 when sft.steps > 0".into(),
+                );
+            }
+            if !(f.lr > 0.0 && f.lr < 10.0) {
+                return bad(
+                    "sft.lr",
+                    format!("{} is out of range; allowed (0, 10)", f.lr),
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// Checks of the policy's shape against the task (names both numbers when they disagree).
+    fn validate_model(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, reason: String| {
+            Err(ConfigError::InvalidValue {
+                key: key.into(),
+                reason,
+            })
+        };
+        let (t, m) = (&self.task, &self.model);
+        if m.kind == ModelKind::Lecture {
+            if t.max_len != 0 && t.max_len != t.n {
+                return bad(
+                    "task.max_len",
+                    format!(
+                        "{} ≠ task.n = {}: the lecture model always answers exactly n tokens; use model.kind = transformer for variable lengths",
+                        t.max_len, t.n
+                    ),
+                );
+            }
+            for (key, on) in [
+                ("task.format_reward", t.format_reward != 0.0),
+                ("task.length_reward", t.length_reward != LengthReward::None),
+            ] {
+                if on {
+                    return bad(
+                        key,
+                        "needs model.kind = transformer: the lecture model has no <eos> and a fixed length".into(),
+                    );
+                }
+            }
+            return Ok(());
+        }
+        let max_len = self.max_len();
+        if max_len < t.n {
+            return bad(
+                "task.max_len",
+                format!(
+                    "{max_len} is below task.n = {}: a sorted answer needs n tokens (n + 1 with <eos>)",
+                    t.n
+                ),
+            );
+        }
+        let need = t.n + max_len - 1;
+        if m.context < need {
+            return bad(
+                "model.context",
+                format!(
+                    "{} is shorter than the sequences it must read: task.n + task.max_len − 1 = {} + {} − 1 = {need}",
+                    m.context, t.n, max_len
+                ),
+            );
+        }
+        if m.context > 4096 {
+            return bad(
+                "model.context",
+                format!("{} is out of range; allowed ..=4096", m.context),
+            );
+        }
+        let tokens = t.vocab + 1;
+        if m.vocab != 0 && m.vocab != tokens {
+            return bad(
+                "model.vocab",
+                format!(
+                    "{} does not match the task's tokenizer, which has {tokens} tokens (task.vocab = {} numbers + <eos>); set model.vocab = {tokens} or 0",
+                    m.vocab, t.vocab
+                ),
+            );
+        }
+        if !(1..=64).contains(&m.heads) || !m.d_model.is_multiple_of(m.heads) {
+            return bad(
+                "model.heads",
+                format!(
+                    "{} must be in 1..=64 and divide model.d_model = {}",
+                    m.heads, m.d_model
+                ),
+            );
+        }
+        if !(1..=12).contains(&m.layers) {
+            return bad(
+                "model.layers",
+                format!("{} is out of range; allowed 1..=12", m.layers),
+            );
+        }
+        if t.length_reward == LengthReward::Overlong && !(1..=max_len).contains(&t.overlong_buffer)
+        {
+            return bad(
+                "task.overlong_buffer",
+                format!(
+                    "{} must be in 1..=task.max_len ({max_len})",
+                    t.overlong_buffer
+                ),
+            );
+        }
+        for (key, w) in [
+            ("task.format_reward", t.format_reward),
+            ("task.length_reward_weight", t.length_reward_weight),
+        ] {
+            if !w.is_finite() {
+                return bad(key, "must be finite".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// The longest response in tokens: `n` for the lecture model, `task.max_len` (0 = n + 1)
+    /// for the transformer.
+    pub fn max_len(&self) -> usize {
+        match (self.model.kind, self.task.max_len) {
+            (ModelKind::Lecture, _) => self.task.n,
+            (_, 0) => self.task.n + 1,
+            (_, l) => l,
+        }
     }
 
     /// The prompts drawn per iteration.

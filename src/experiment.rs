@@ -147,7 +147,24 @@ impl Matrix {
             for c in &combos {
                 for v in &axis.values {
                     let mut c = c.clone();
-                    c.push((axis.key.clone(), v.clone()));
+                    // Linked keys move together: `a&b=x&y,z&w` is two cells, not four.
+                    let keys: Vec<&str> = axis.key.split('&').map(str::trim).collect();
+                    let vals: Vec<&str> = if keys.len() > 1 {
+                        v.split('&').map(str::trim).collect()
+                    } else {
+                        vec![v.as_str()]
+                    };
+                    if keys.len() != vals.len() {
+                        return Err(ExperimentError::BadVary(format!(
+                            "{}={v}: {} linked keys but {} values",
+                            axis.key,
+                            keys.len(),
+                            vals.len()
+                        )));
+                    }
+                    for (k, x) in keys.iter().zip(vals) {
+                        c.push((k.to_string(), x.to_string()));
+                    }
                     next.push(c);
                 }
             }
@@ -241,6 +258,18 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
         "bug-gallery",
         include_str!("../assets/experiments/bug-gallery.toml"),
     ),
+    (
+        "length-bias",
+        include_str!("../assets/experiments/length-bias-matrix.toml"),
+    ),
+    (
+        "r1-vs-r1-zero",
+        include_str!("../assets/experiments/r1-vs-r1-zero-matrix.toml"),
+    ),
+    (
+        "dynamic-sampling",
+        include_str!("../assets/experiments/dynamic-sampling.toml"),
+    ),
 ];
 
 impl Matrix {
@@ -288,6 +317,9 @@ pub struct CellSummary {
     pub final_entropy: f64,
     pub frac_zero_std: f64,
     pub final_accuracy: f64,
+    pub heldout_accuracy: f64,
+    /// Mean response length over the last 10 iterations: all, correct, wrong.
+    pub final_length: (f64, f64, f64),
     pub wall_secs: f64,
 }
 
@@ -308,7 +340,14 @@ fn t975(df: usize) -> f64 {
 }
 
 /// The metrics drawn as bands over seeds (compare charts and the app).
-pub const BAND_METRICS: [&str; 4] = ["reward/mean", "kl", "entropy", "completions/mean_length"];
+pub const BAND_METRICS: [&str; 6] = [
+    "reward/mean",
+    "kl",
+    "entropy",
+    "completions/mean_length",
+    "completions/mean_length_wrong",
+    "accuracy/heldout",
+];
 
 /// Per metric, per iteration: (iteration, mean, std) over the runs (seeds) of one cell,
 /// from the first record of each iteration.
@@ -316,7 +355,7 @@ pub fn seed_bands(runs: &[Vec<StepRecord>]) -> BTreeMap<&'static str, Vec<(f64, 
     let mut per_iter: BTreeMap<&'static str, BTreeMap<usize, Vec<f64>>> = BTreeMap::new();
     for r in runs.iter().flatten().filter(|r| r.step_in_iteration == 0) {
         for name in BAND_METRICS {
-            if let Some(v) = r.scalar(name) {
+            if let Some(v) = r.scalar(name).filter(|v| v.is_finite()) {
                 per_iter
                     .entry(name)
                     .or_default()
@@ -552,6 +591,8 @@ fn summarise(
         let mut zero = Vec::new();
         let mut accs = Vec::new();
         let mut walls = Vec::new();
+        let mut heldout = Vec::new();
+        let mut lengths: [Vec<f64>; 3] = Default::default();
         let mut reach = Vec::new();
         let mut seed_records: Vec<Vec<StepRecord>> = Vec::new();
         for &seed in &matrix.seeds {
@@ -572,6 +613,27 @@ fn summarise(
             entropies.push(summary["final_entropy"].as_f64().unwrap_or(f64::NAN));
             accs.push(summary["final_accuracy"].as_f64().unwrap_or(f64::NAN));
             walls.push(summary["wall_time_secs"].as_f64().unwrap_or(f64::NAN));
+            heldout.push(
+                summary["final_heldout_accuracy"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN),
+            );
+            let tail = &firsts[firsts.len().saturating_sub(10)..];
+            let getters: [fn(&StepRecord) -> f32; 3] = [
+                |r| r.mean_length,
+                |r| r.mean_length_correct,
+                |r| r.mean_length_wrong,
+            ];
+            for (acc, get) in lengths.iter_mut().zip(getters) {
+                let v: Vec<f64> = tail
+                    .iter()
+                    .map(|r| get(r) as f64)
+                    .filter(|x| x.is_finite())
+                    .collect();
+                if !v.is_empty() {
+                    acc.push(v.iter().sum::<f64>() / v.len() as f64);
+                }
+            }
             zero.push(
                 firsts
                     .iter()
@@ -598,6 +660,12 @@ fn summarise(
             final_entropy: mean_std(&entropies).0,
             frac_zero_std: mean_std(&zero).0,
             final_accuracy: mean_std(&accs).0,
+            heldout_accuracy: mean_std(&heldout).0,
+            final_length: (
+                mean_std(&lengths[0]).0,
+                mean_std(&lengths[1]).0,
+                mean_std(&lengths[2]).0,
+            ),
             wall_secs: mean_std(&walls).0,
         });
         for (name, pts) in seed_bands(&seed_records) {
@@ -609,11 +677,11 @@ fn summarise(
     }
     let out = &opts.out;
     let mut csv = String::from(
-        "cell,seeds,final_reward_mean,final_reward_std,ci95_low,ci95_high,reached_threshold,iterations_to_threshold,final_entropy,frac_reward_zero_std,final_accuracy,wall_secs\n",
+        "cell,seeds,final_reward_mean,final_reward_std,ci95_low,ci95_high,reached_threshold,iterations_to_threshold,final_entropy,frac_reward_zero_std,final_accuracy,heldout_accuracy,mean_length,mean_length_correct,mean_length_wrong,wall_secs\n",
     );
     for s in &summaries {
         csv.push_str(&format!(
-            "\"{}\",{},{:.4},{:.4},{:.4},{:.4},{},{},{:.4},{:.4},{:.4},{:.3}\n",
+            "\"{}\",{},{:.4},{:.4},{:.4},{:.4},{},{},{:.4},{:.4},{:.4},{:.4},{:.3},{:.3},{:.3},{:.3}\n",
             s.label,
             s.seeds,
             s.final_reward.0,
@@ -627,6 +695,10 @@ fn summarise(
             s.final_entropy,
             s.frac_zero_std,
             s.final_accuracy,
+            s.heldout_accuracy,
+            s.final_length.0,
+            s.final_length.1,
+            s.final_length.2,
             s.wall_secs
         ));
     }
@@ -640,16 +712,30 @@ fn summarise(
         "Base preset with {} · seeds {} · final reward = mean reward of the last iteration's rollouts (max {}).\n\n",
         if matrix.axes.is_empty() { "no axes".to_string() } else { matrix.axes.iter().map(|a| format!("`{}` ∈ {{{}}}", a.key, a.values.join(", "))).collect::<Vec<_>>().join(" × ") },
         if matrix.seeds.len() > 3 { format!("{}–{} ({} seeds)", matrix.seeds[0], matrix.seeds[matrix.seeds.len() - 1], matrix.seeds.len()) } else { format!("{:?}", matrix.seeds) },
-        crate::task::RewardFn::from_task(&matrix.base.task).max_reward(matrix.base.task.n)
+        crate::task::reward::max_reward_of(&matrix.base)
     ));
     let th = matrix
         .threshold
         .map(|t| format!("iterations to reward ≥ {t} (runs that got there)"))
         .unwrap_or_else(|| "iterations to threshold".into());
-    md.push_str(&format!("| cell | final reward (mean ± std) | 95 % interval | {th} | final entropy | zero-std groups | greedy train accuracy | wall time |\n|---|---|---|---|---|---|---|---|\n"));
+    // Variable-length policies get their length columns (the length story).
+    let lengths = matrix.base.model.kind == crate::config::ModelKind::Transformer;
+    md.push_str(&format!(
+        "| cell | final reward (mean ± std) | 95 % interval | {th} | final entropy | zero-std groups | greedy train accuracy |{} wall time |\n|---|---|---|---|---|---|---|{}---|\n",
+        if lengths { " held-out accuracy | length, last 10 it. (all / correct / wrong) |" } else { "" },
+        if lengths { "---|---|" } else { "" },
+    ));
     for s in &summaries {
+        let extra = if lengths {
+            format!(
+                " {:.3} | {:.2} / {:.2} / {:.2} |",
+                s.heldout_accuracy, s.final_length.0, s.final_length.1, s.final_length.2
+            )
+        } else {
+            String::new()
+        };
         md.push_str(&format!(
-            "| {} | {:.3} ± {:.3} | [{:.3}, {:.3}] | {} | {:.3} | {:.1} % | {:.3} | {:.2} s |\n",
+            "| {} | {:.3} ± {:.3} | [{:.3}, {:.3}] | {} | {:.3} | {:.1} % | {:.3} |{extra} {:.2} s |\n",
             s.label,
             s.final_reward.0,
             s.final_reward.1,

@@ -84,7 +84,7 @@ struct BenchRolloutArgs {
 
 #[derive(Args)]
 struct ConfigArgs {
-    /// A preset from assets/experiments (lecture17, scaled, random-sort).
+    /// A preset from assets/experiments (lecture17, scaled, random-sort, transformer-sort, length-bias, r1-vs-r1-zero).
     #[arg(long)]
     preset: Option<String>,
     /// A TOML config file (applied over the preset, if both are given).
@@ -141,7 +141,7 @@ struct TrainArgs {
 struct CompareArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// An experiment file from assets/experiments (lecture-table, loss-modes, kl-beta, difficulty-bias, sparse-vs-shaped, entropy-collapse, bug-gallery).
+    /// An experiment file from assets/experiments (lecture-table, loss-modes, kl-beta, difficulty-bias, sparse-vs-shaped, entropy-collapse, bug-gallery, length-bias, r1-vs-r1-zero, dynamic-sampling).
     #[arg(long)]
     experiment: Option<String>,
     /// An axis of the matrix: KEY=V1,V2,... (repeatable: several make a grid).
@@ -177,6 +177,13 @@ struct BenchArgs {
     iterations: usize,
     #[arg(long)]
     json: bool,
+    /// Also time the vectorized PyTorch reference (bench/reference, `pip install ./bench/reference`)
+    /// with this Python, on the same weights and prompts, and report the ratio.
+    #[arg(long, value_name = "PYTHON")]
+    pytorch: Option<String>,
+    /// Threads for PyTorch (the baseline is 1).
+    #[arg(long, default_value_t = 1)]
+    pytorch_threads: usize,
 }
 
 fn parse_list(s: &str) -> Result<Vec<u32>, String> {
@@ -242,7 +249,7 @@ fn build_config(args: &ConfigArgs) -> Result<RunConfig> {
         (None, Some(_)) => RunConfig::default(),
         (None, None) => {
             return Err(user(
-                "give --preset NAME or --config FILE (presets: lecture17, scaled, random-sort)",
+                "give --preset NAME or --config FILE (presets: lecture17, scaled, random-sort, transformer-sort, length-bias, r1-vs-r1-zero)",
             ));
         }
     };
@@ -477,7 +484,9 @@ fn bench_cmd(args: BenchArgs) -> Result<()> {
     let mut per_step = Vec::new();
     let mut rollout_steps = Vec::new();
     let mut plain_steps = Vec::new();
+    let mut parts: Vec<grpo_lab::grpo::Timings> = Vec::new();
     for _ in 0..args.iterations {
+        trainer.reset_timings();
         let t = std::time::Instant::now();
         for _ in 0..mu {
             let r = trainer.step().map_err(user)?;
@@ -488,8 +497,31 @@ fn bench_cmd(args: BenchArgs) -> Result<()> {
             }
         }
         per_step.push(t.elapsed().as_secs_f64() * 1000.0 / mu as f64);
+        parts.push(trainer.timings());
     }
     let ms = median(&per_step);
+    // Each part's share of one optimizer step (ms), median over the timed iterations.
+    let part = |get: fn(&grpo_lab::grpo::Timings) -> f64| {
+        median(
+            &parts
+                .iter()
+                .map(|p| get(p) * 1000.0 / mu as f64)
+                .collect::<Vec<_>>(),
+        )
+    };
+    let parts_json = serde_json::json!({
+        "rollout": part(|p| p.rollout),
+        "advantages": part(|p| p.advantages),
+        "old_ref_logp": part(|p| p.old_ref_logp),
+        "evaluation": part(|p| p.evaluation),
+        "forward_backward": part(|p| p.forward_backward),
+        "optimizer": part(|p| p.optimizer),
+    });
+    let memory_mib = peak_rss_mib();
+    let pytorch = match &args.pytorch {
+        Some(python) => Some(pytorch_reference(python, &config, &trainer, &args)?),
+        None => None,
+    };
     let report = serde_json::json!({
         "preset": args.config.preset,
         "device": compute.label,
@@ -505,6 +537,10 @@ fn bench_cmd(args: BenchArgs) -> Result<()> {
         "first_step_ms": first_step_ms,
         "rollout_step_ms": median(&rollout_steps),
         "optimizer_step_ms": median(&plain_steps),
+        "parts_ms_per_step": parts_json,
+        "peak_rss_mib": memory_mib,
+        "pytorch": pytorch,
+        "ratio_vs_pytorch": pytorch.as_ref().map(|p| ms / p["ms_per_step"].as_f64().unwrap_or(f64::NAN)),
     });
     if args.json {
         println!("{report}");
@@ -526,8 +562,125 @@ fn bench_cmd(args: BenchArgs) -> Result<()> {
             report["rollout_step_ms"].as_f64().unwrap_or(f64::NAN),
             report["optimizer_step_ms"].as_f64().unwrap_or(f64::NAN)
         );
+        println!(
+            "  parts per step (ms, median): rollout {:.3} · advantages {:.3} · log π_old/π_ref {:.3} · evaluation {:.3} · forward+backward {:.3} · optimizer {:.3}",
+            parts_json["rollout"].as_f64().unwrap_or(f64::NAN),
+            parts_json["advantages"].as_f64().unwrap_or(f64::NAN),
+            parts_json["old_ref_logp"].as_f64().unwrap_or(f64::NAN),
+            parts_json["evaluation"].as_f64().unwrap_or(f64::NAN),
+            parts_json["forward_backward"].as_f64().unwrap_or(f64::NAN),
+            parts_json["optimizer"].as_f64().unwrap_or(f64::NAN),
+        );
+        if let Some(m) = memory_mib {
+            println!("  peak resident memory: {m:.0} MiB");
+        }
+        if let Some(p) = &report["pytorch"].as_object() {
+            println!(
+                "  vectorized PyTorch {} ({} thread): {:.3} ms/step [p10 {:.3}, p90 {:.3}], first step {:.1} ms; greedy rewards at init agree",
+                p["torch"].as_str().unwrap_or("?"),
+                p["threads"],
+                p["ms_per_step"].as_f64().unwrap_or(f64::NAN),
+                p["ms_per_step_p10"].as_f64().unwrap_or(f64::NAN),
+                p["ms_per_step_p90"].as_f64().unwrap_or(f64::NAN),
+                p["first_step_ms"].as_f64().unwrap_or(f64::NAN),
+            );
+            println!(
+                "  ratio grpo-lab / PyTorch: {:.2}× (< 1 is faster)",
+                report["ratio_vs_pytorch"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
     }
     Ok(())
+}
+
+/// Peak resident memory of this process (Linux), in MiB.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+/// Run `bench/reference/grpo_ref.py` on the trainer's initial weights and prompts; refuse to
+/// report a ratio unless both implementations give the same greedy responses and rewards at init.
+fn pytorch_reference(
+    python: &str,
+    config: &RunConfig,
+    trainer: &Trainer,
+    args: &BenchArgs,
+) -> Result<serde_json::Value> {
+    use grpo_lab::model::lecture::{LecturePolicy, LectureWeights};
+    if config.model.kind != grpo_lab::config::ModelKind::Lecture {
+        return Err(user(
+            "--pytorch compares the lecture model only (model.kind = lecture)",
+        ));
+    }
+    let (t, m) = (&config.task, &config.model);
+    let w = LectureWeights::init(t.vocab, t.n, m.d_model, m.init_scale, config.run.seed);
+    let prompts = &trainer.prompts.train;
+    let spec = serde_json::json!({
+        "seed": config.run.seed,
+        "shape": {
+            "vocab": t.vocab, "n": t.n, "d_model": m.d_model,
+            "num_generations": config.algorithm.num_generations, "mu": config.algorithm.mu,
+            "prompts_per_iteration": config.batch_prompts(prompts.len()),
+        },
+        "lr": config.optimizer.lr,
+        "weights": { "embedding": w.embedding, "encode": w.encode, "decode": w.decode },
+        "prompts": prompts,
+        "iterations": args.iterations,
+        "warmup": 2,
+    });
+    let dir = std::env::temp_dir().join(format!("grpo-lab-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let spec_path = dir.join("spec.json");
+    std::fs::write(&spec_path, spec.to_string())?;
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/reference/grpo_ref.py");
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .arg(&spec_path)
+        .arg("--threads")
+        .arg(args.pytorch_threads.to_string())
+        .output()
+        .map_err(|e| user(format!("cannot run {python}: {e}")))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    if !out.status.success() {
+        return Err(user(format!(
+            "the PyTorch reference failed (is it installed? `{python} -m pip install ./bench/reference`):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    // The same weights must give the same greedy answers and rewards in both implementations.
+    let device = burn::tensor::Device::flex();
+    let model = LecturePolicy::from_weights(&w, t.vocab, t.n, m.d_model, &device);
+    let flat: Vec<i64> = prompts.iter().flatten().map(|&x| x as i64).collect();
+    let logits = model.forward(burn::tensor::Tensor::from_data(
+        burn::tensor::TensorData::new(flat, [prompts.len(), t.n]),
+        &device,
+    ));
+    let logits: Vec<f32> = logits.into_data().try_to_vec::<f32>().expect("f32");
+    let greedy = grpo_lab::grpo::sampling::argmax_rows(&logits, t.vocab);
+    let reward_fn = RewardFn::from_task(t);
+    let theirs = report["greedy_rewards"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut disagree = 0;
+    for (i, (p, resp)) in prompts.iter().zip(greedy.chunks(t.n)).enumerate() {
+        let ours = reward_fn.reward(p, resp) as f64;
+        if theirs.get(i).and_then(|x| x.as_f64()) != Some(ours) {
+            disagree += 1;
+        }
+    }
+    if disagree > 0 || theirs.len() != prompts.len() {
+        return Err(user(format!(
+            "the PyTorch reference disagrees with grpo-lab on {disagree} of {} greedy rewards at init: not comparing times",
+            prompts.len()
+        )));
+    }
+    Ok(report)
 }
 
 fn bench_rollout_cmd(a: BenchRolloutArgs) -> Result<()> {

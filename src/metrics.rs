@@ -13,6 +13,9 @@ fn nan(x: Option<f32>) -> f32 {
 fn f32_or_nan<'de, D: Deserializer<'de>>(d: D) -> Result<f32, D::Error> {
     Option::<f32>::deserialize(d).map(nan)
 }
+fn nan_default() -> f32 {
+    f32::NAN
+}
 fn vec_f32_or_nan<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f32>, D::Error> {
     Vec::<Option<f32>>::deserialize(d).map(|v| v.into_iter().map(nan).collect())
 }
@@ -78,6 +81,31 @@ pub struct StepRecord {
     #[serde(rename = "completions/max_length")]
     #[serde(deserialize_with = "f32_or_nan")]
     pub max_length: f32,
+
+    /// Mean length of exactly-correct responses (NaN when none).
+    #[serde(rename = "completions/mean_length_correct")]
+    #[serde(default = "nan_default", deserialize_with = "f32_or_nan")]
+    pub mean_length_correct: f32,
+    /// Mean length of wrong responses (NaN when none).
+    #[serde(rename = "completions/mean_length_wrong")]
+    #[serde(default = "nan_default", deserialize_with = "f32_or_nan")]
+    pub mean_length_wrong: f32,
+    /// Fraction of responses truncated at `max_len` without `<eos>`.
+    #[serde(rename = "completions/clipped_ratio")]
+    #[serde(default = "nan_default", deserialize_with = "f32_or_nan")]
+    pub clipped_ratio: f32,
+    /// Dynamic sampling: groups replaced because their rewards were all equal.
+    #[serde(rename = "sampling/resampled_groups")]
+    #[serde(default)]
+    pub resampled_groups: usize,
+    /// Dynamic sampling: rounds of resampling this iteration (bounded by max_resample_rounds).
+    #[serde(rename = "sampling/resample_rounds")]
+    #[serde(default)]
+    pub resample_rounds: usize,
+    /// Fraction of zero-std groups in the first draw, before any resampling.
+    #[serde(rename = "sampling/zero_std_first_draw")]
+    #[serde(default = "nan_default", deserialize_with = "f32_or_nan")]
+    pub zero_std_first_draw: f32,
 
     #[serde(deserialize_with = "f32_or_nan")]
     pub loss: f32,
@@ -157,6 +185,22 @@ pub const CSV_COLUMNS: &[(&str, fn(&StepRecord) -> Option<f32>)] = &[
     ("completions/mean_length", |r| Some(r.mean_length)),
     ("completions/min_length", |r| Some(r.min_length)),
     ("completions/max_length", |r| Some(r.max_length)),
+    ("completions/mean_length_correct", |r| {
+        Some(r.mean_length_correct)
+    }),
+    ("completions/mean_length_wrong", |r| {
+        Some(r.mean_length_wrong)
+    }),
+    ("completions/clipped_ratio", |r| Some(r.clipped_ratio)),
+    ("sampling/resampled_groups", |r| {
+        Some(r.resampled_groups as f32)
+    }),
+    ("sampling/resample_rounds", |r| {
+        Some(r.resample_rounds as f32)
+    }),
+    ("sampling/zero_std_first_draw", |r| {
+        Some(r.zero_std_first_draw)
+    }),
     ("loss", |r| Some(r.loss)),
     ("kl", |r| Some(r.kl)),
     ("entropy", |r| Some(r.entropy)),
@@ -223,6 +267,9 @@ pub struct RunSummary {
     #[serde(deserialize_with = "f32_or_nan")]
     pub final_accuracy: f32,
     pub final_heldout_accuracy: Option<f32>,
+    /// Held-out greedy accuracy right after the supervised cold start (None without one).
+    #[serde(default)]
+    pub sft_heldout_accuracy: Option<f32>,
     #[serde(deserialize_with = "f32_or_nan")]
     pub final_entropy: f32,
     #[serde(deserialize_with = "f32_or_nan")]

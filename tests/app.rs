@@ -226,3 +226,36 @@ fn runs_started_in_the_app_can_be_overlaid() {
             >= 1
     );
 }
+
+/// The transformer policy in the app: an iteration runs, the inspector shows its
+/// variable-length responses with `<eos>` and one log-prob per token.
+#[test]
+fn transformer_runs_in_the_app_and_the_inspector_shows_eos() {
+    let mut c = RunConfig::preset("transformer-sort").unwrap();
+    c.task.train_size = 256;
+    c.task.heldout_size = 32;
+    c.model.d_model = 32;
+    c.sft.steps = 20;
+    c.run.iterations = 2;
+    c.run.device = DeviceChoice::Cpu;
+    let mut h = harness(c);
+    h.run();
+    h.get_by_label("+μ Iteration").click();
+    h.run();
+    assert_eq!(h.state().run.steps, 2);
+    let (_, groups) = h.state().run.groups.last().unwrap().clone();
+    let eos = grpo_lab::task::tokenizer::EOS_ID;
+    assert!(
+        groups
+            .iter()
+            .any(|g| g.responses.iter().any(|r| r.last() == Some(&eos)))
+    );
+    for g in &groups {
+        for (r, lp) in g.responses.iter().zip(&g.logp) {
+            assert_eq!(r.len(), lp.len());
+        }
+    }
+    h.state_mut().persisted.tab = Tab::Inspector;
+    h.run();
+    h.snapshot("inspector-transformer");
+}

@@ -88,6 +88,9 @@ pub const SERIES: &[&str] = &[
     "completions/mean_length",
     "completions/min_length",
     "completions/max_length",
+    "completions/mean_length_correct",
+    "completions/mean_length_wrong",
+    "completions/clipped_ratio",
     "loss",
     "grad_norm",
     "accuracy/train",
@@ -140,7 +143,7 @@ impl RunData {
     pub fn push(&mut self, mut r: StepRecord, mu: usize) {
         let x = Self::x(&r, mu);
         for (i, name) in SERIES.iter().enumerate() {
-            if let Some(v) = r.scalar(name) {
+            if let Some(v) = r.scalar(name).filter(|v| v.is_finite()) {
                 self.series[i].push(x, v as f64);
             }
         }

@@ -3,7 +3,9 @@
 use super::store::RunData;
 use super::worker::Command;
 use super::{GrpoApp, choices, presets};
-use crate::config::{AdvantageMode, ConfigError, RunConfig};
+use crate::config::{
+    AdvantageMode, ConfigError, LengthReward, ModelKind, PromptSampling, RunConfig,
+};
 use crate::grpo::advantage;
 use crate::task::{RewardFn, SortTokenizer};
 use egui::{Color32, RichText};
@@ -103,7 +105,7 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     let err = app.field_error.clone();
     let d = &mut app.draft;
     ui.heading("Config");
-    ui.horizontal(|ui| {
+    ui.horizontal_wrapped(|ui| {
         ui.label("Preset")
             .on_hover_text("Start from a preset in assets/experiments");
         for name in presets() {
@@ -145,10 +147,41 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
             ui.add(egui::DragValue::new(&mut d.task.heldout_size)).labelled_by(l);
         });
     });
+    if d.model.kind == ModelKind::Transformer {
+        ui.collapsing("Lengths & shaping", |ui| {
+            field(ui, &err, "task.max_len", "max_len", "Longest response in tokens, <eos> included (0 = n + 1). Responses that reach it without <eos> are truncated.", |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.task.max_len)).labelled_by(l);
+            });
+            field(ui, &err, "task.format_reward", "format reward", "Added when the answer closes with <eos> within max_len (0 = off).", |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.task.format_reward).speed(0.01)).labelled_by(l);
+            });
+            let lr = [(LengthReward::None, "none"), (LengthReward::Kimi, "kimi"), (LengthReward::Overlong, "overlong")];
+            field(ui, &err, "task.length_reward", "length reward", "kimi: Kimi k1.5's group-relative length reward (short correct answers win). overlong: DAPO's soft overlong punishment near max_len.", |ui, l| combo(ui, l, "length-reward", &mut d.task.length_reward, &lr));
+            field(ui, &err, "task.length_reward_weight", "length weight", "Weight of the length reward (Kimi, DAPO: 1).", |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.task.length_reward_weight).speed(0.01)).labelled_by(l);
+            });
+            field(ui, &err, "task.overlong_buffer", "overlong buffer", "DAPO's L_cache: the last tokens before max_len are penalised linearly.", |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.task.overlong_buffer)).labelled_by(l);
+            });
+        });
+    }
     ui.collapsing("Model", |ui| {
-        field(ui, &err, "model.d_model", "D", "Embedding width of the lecture's per-position model. Lecture: 10.", |ui, l| {
+        let kinds = [(ModelKind::Lecture, "lecture"), (ModelKind::Transformer, "transformer")];
+        field(ui, &err, "model.kind", "policy", "lecture: the lecture's per-position model (fixed length n). transformer: a small causal transformer that answers token by token until <eos>.", |ui, l| combo(ui, l, "model-kind", &mut d.model.kind, &kinds));
+        field(ui, &err, "model.d_model", "D", "Embedding width. Lecture: 10; transformer: a multiple of heads.", |ui, l| {
             ui.add(egui::DragValue::new(&mut d.model.d_model)).labelled_by(l);
         });
+        if d.model.kind == ModelKind::Transformer {
+            field(ui, &err, "model.layers", "layers", "Transformer blocks (1–12).", |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.model.layers)).labelled_by(l);
+            });
+            field(ui, &err, "model.heads", "heads", "Attention heads per block; must divide D.", |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.model.heads)).labelled_by(l);
+            });
+            field(ui, &err, "model.context", "context", "Longest sequence the model reads: at least n + max_len − 1.", |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.model.context)).labelled_by(l);
+            });
+        }
         field(ui, &err, "model.init_scale", "init scale", "Multiplies the initial weights. 1 = the lecture's init (logits of scale ~5: nearly deterministic from the start). Smaller = closer to uniform, more exploration.", |ui, l| {
             ui.add(egui::DragValue::new(&mut d.model.init_scale).speed(0.01)).labelled_by(l);
         });
@@ -177,10 +210,33 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
             ui.add(egui::DragValue::new(&mut a.ref_period)).labelled_by(l);
         });
         field(ui, &err, "algorithm.loss_agg_mode", "Aggregation", "seq-mean-token-mean (GRPO), token-mean (DAPO), seq-mean-token-sum-norm (Dr. GRPO). Equal for fixed-length responses.", |ui, l| combo(ui, l, "agg", &mut a.loss_agg_mode, &agg));
+        field(ui, &err, "algorithm.entropy_coef", "entropy bonus", "Adds −c·H to the loss to keep exploring (0 = off; usual 0.001–0.01).", |ui, l| {
+            ui.add(egui::DragValue::new(&mut a.entropy_coef).speed(0.001)).labelled_by(l);
+        });
+        field(ui, &err, "algorithm.dynamic_sampling", "dynamic sampling", "DAPO: replace groups whose rewards are all equal (no signal) by fresh ones, at most max rounds per iteration.", |ui, l| {
+            ui.checkbox(&mut a.dynamic_sampling, "").labelled_by(l);
+            ui.add(egui::DragValue::new(&mut a.max_resample_rounds).prefix("max rounds "));
+        });
+        field(ui, &err, "algorithm.prompts_per_iteration", "prompts / iteration", "B prompts per iteration (0 = every training prompt).", |ui, l| {
+            ui.add(egui::DragValue::new(&mut a.prompts_per_iteration)).labelled_by(l);
+        });
+        let ps = [(PromptSampling::Uniform, "uniform"), (PromptSampling::Prioritized, "prioritized"), (PromptSampling::Curriculum, "curriculum")];
+        field(ui, &err, "algorithm.prompt_sampling", "prompt sampling", "uniform; prioritized by 1 − success rate; curriculum from easy to hard (Kimi k1.5). Needs prompts / iteration > 0.", |ui, l| combo(ui, l, "prompt-sampling", &mut a.prompt_sampling, &ps));
         ui.label(RichText::new("Bug gallery (deliberate bugs)").small().strong());
         ui.checkbox(&mut a.bugs.ratio_as_logprob_quotient, "BUG: ratio = logπ / logπ_old");
         ui.checkbox(&mut a.bugs.unfrozen_old_policy, "BUG: π_old not frozen");
         ui.checkbox(&mut a.bugs.shared_reference, "BUG: reference shared, not copied");
+    });
+    ui.collapsing("Cold start (SFT)", |ui| {
+        field(ui, &err, "sft.steps", "SFT steps", "Supervised steps on (prompt, sorted) pairs before RL (DeepSeek-R1). 0 = pure RL (R1-Zero).", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.sft.steps)).labelled_by(l);
+        });
+        field(ui, &err, "sft.examples", "examples", "Distinct training prompts used as examples.", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.sft.examples)).labelled_by(l);
+        });
+        field(ui, &err, "sft.lr", "SFT lr", "Adam's step size for the cold start.", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.sft.lr).speed(1e-4)).labelled_by(l);
+        });
     });
     ui.collapsing("Optimizer & sampling", |ui| {
         field(
@@ -371,7 +427,7 @@ pub fn plots_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     let max_reward = app
         .running
         .as_ref()
-        .map(|c| RewardFn::from_task(&c.task).max_reward(c.task.n) as f64);
+        .map(|c| crate::task::reward::max_reward_of(c) as f64);
     ui.horizontal(|ui| {
         ui.label("Smoothing").on_hover_text("Exponential moving average of the mean reward (TensorBoard style); the raw curve stays faint behind.");
         if ui.add(egui::Slider::new(&mut app.persisted.smoothing, 0.0..=0.99).text("EMA weight")).changed() {
@@ -438,7 +494,7 @@ pub fn plots_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                 });
                 png_button(ui, ui.min_rect(), "advantages");
             });
-            small_plot(ui, link, w, "length", "Response length", "Mean, min and max response length per iteration (fixed n for the lecture's model).", &[("mean", run.series("completions/mean_length"), PALETTE[0]), ("min", run.series("completions/min_length"), PALETTE[1]), ("max", run.series("completions/max_length"), PALETTE[2])]);
+            small_plot(ui, link, w, "length", "Response length", "Mean, min and max response length per iteration, and the mean length of correct and of wrong responses (fixed n for the lecture's model; the transformer's grow or shrink: the length story).", &[("mean", run.series("completions/mean_length"), PALETTE[0]), ("min", run.series("completions/min_length"), PALETTE[1]), ("max", run.series("completions/max_length"), PALETTE[2]), ("correct", run.series("completions/mean_length_correct"), PALETTE[3]), ("wrong", run.series("completions/mean_length_wrong"), PALETTE[4])]);
             ui.end_row();
             small_plot(ui, link, w, "kl", "KL to the reference", "Mean per-token KL estimate (the configured k1/k2/k3) from the reference policy; drops to 0 when the reference is refreshed.", &[("kl", run.series("kl"), PALETTE[3])]);
             small_plot(ui, link, w, "entropy", "Entropy", "Mean entropy of the policy per response position (nats). Falling to 0 = entropy collapse: every response identical, all advantages 0.", &[("entropy", run.series("entropy"), PALETTE[4])]);
@@ -559,7 +615,7 @@ pub fn inspector_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                     ui.label(i.to_string());
                     ui.monospace(tokenizer().decode(resp));
                     ui.label(format!("{:.2}", g.rewards[i]));
-                    let parts = reward_fn.score(&g.prompt, resp).parts;
+                    let parts = reward_fn.score_logged(&config, &g.prompt, resp).parts;
                     ui.label(
                         parts
                             .iter()

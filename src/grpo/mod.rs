@@ -8,4 +8,4 @@ pub mod sampling;
 pub mod trainer;
 
 pub use advantage::{AllAdvantages, GroupStats, advantages, all_advantages};
-pub use trainer::{TrainError, Trainer};
+pub use trainer::{Timings, TrainError, Trainer};

@@ -3,17 +3,20 @@
 //! Nothing here blocks on anything but the device, so the app can drive it from a
 //! thread and a web build from its frame loop; file I/O lives in `train`.
 
-use crate::config::KernelChoice;
-use crate::config::{AdvantageMode, KlPenaltyMode, RunConfig};
+use crate::config::{
+    AdvantageMode, KernelChoice, KlPenaltyMode, LengthReward, PromptSampling, RunConfig,
+};
 use crate::gpu::Compute;
 use crate::grpo::advantage::{self, GroupStats};
 use crate::grpo::kernels::Kernels;
 use crate::grpo::loss::{self, LossSettings};
 use crate::grpo::sampling::{self, SamplingParams};
 use crate::metrics::{GroupRecord, StepRecord};
-use crate::model::LecturePolicy;
-use crate::rng::SplitMix64;
+use crate::model::Policy;
+use crate::rng::{SplitMix64, counter_u32};
+use crate::task::reward::{ArResponse, kimi_length_rewards, overlong_penalty};
 use crate::task::sort::TaskError;
+use crate::task::tokenizer::EOS_ID;
 use crate::task::{PromptSet, RewardFn};
 use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
@@ -49,7 +52,7 @@ pub enum TrainError {
 struct Rollout {
     /// `[B, n]`
     prompts: Tensor<2, Int>,
-    /// `[B, G, T]`
+    /// `[B, G, T]`, `<eos>`-padded after each response's end.
     responses: Tensor<3, Int>,
     /// `[B, G]`, under the mode that drives the update.
     advantages: Tensor<2>,
@@ -59,6 +62,8 @@ struct Rollout {
     ref_logp: Tensor<3>,
     /// 1 for real tokens, 0 for padding: `[B, G, T]`.
     mask: Tensor<3>,
+    /// Tokens of each response (`[B·G]`), for trimming the logged per-token rows.
+    lengths: Vec<usize>,
     stats: RolloutStats,
     groups: Option<Vec<GroupRecord>>,
 }
@@ -73,9 +78,37 @@ struct RolloutStats {
     exact_match: f32,
     advantage_mean_abs: f32,
     mean_length: f32,
+    min_length: f32,
+    max_length: f32,
+    mean_length_correct: f32,
+    mean_length_wrong: f32,
+    clipped_ratio: f32,
+    resampled_groups: usize,
+    resample_rounds: usize,
+    zero_std_first_draw: f32,
     accuracy_train: f32,
     accuracy_heldout: Option<f32>,
     tokens: usize,
+}
+
+/// Wall time spent in each part of the loop since the last reset (for `grpo-lab bench`).
+/// On a wgpu device work is asynchronous: a part's time includes waiting for earlier work
+/// at its first read-back.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Timings {
+    /// Rollout: the policy's forward for sampling, sampling, verifying (and, when fused in
+    /// the kernels, advantages), dynamic-sampling rounds included.
+    pub rollout: f64,
+    /// Advantages computed after the rollout (when not fused into it).
+    pub advantages: f64,
+    /// `log π_old` and `log π_ref` of the sampled tokens.
+    pub old_ref_logp: f64,
+    /// Greedy accuracy on the batch and the held-out prompts (metrics).
+    pub evaluation: f64,
+    /// Forward, loss, backward and the step's scalar read-back.
+    pub forward_backward: f64,
+    /// Gradient clipping and the Adam update.
+    pub optimizer: f64,
 }
 
 /// A GRPO run in progress.
@@ -85,8 +118,8 @@ pub struct Trainer {
     pub prompts: PromptSet,
     pub reward_fn: RewardFn,
     device: Device,
-    policy: LecturePolicy,
-    reference: LecturePolicy,
+    policy: Policy,
+    reference: Policy,
     optim: ModuleOptimizer,
     /// The iteration in progress (or next to start).
     iteration: usize,
@@ -96,34 +129,47 @@ pub struct Trainer {
     last_reward_mean: f32,
     /// Our WGSL kernels for sampling, verifying and advantages (None: the Rust reference path).
     kernels: Option<Arc<Kernels>>,
+    /// Per training prompt: exact-match rate of its last group (prioritized sampling).
+    success: Vec<f32>,
+    /// Training prompt indices from easy to hard (curriculum).
+    by_difficulty: Vec<usize>,
+    /// The supervised cold start has run (or there is none).
+    sft_done: bool,
+    sft_heldout_accuracy: Option<f32>,
+    timings: Timings,
 }
 
-/// What the rollout's sampling, verifying and advantage steps produce, on either path.
+/// Sampled and scored responses of some prompts, `G` per prompt, on either path.
 struct Scored {
-    /// `[B, G, n]`
-    tokens: Vec<u32>,
+    /// Each response's tokens (`n` for the lecture model; up to `max_len`, `<eos>` included,
+    /// for the transformer).
+    rows: Vec<Vec<u32>>,
+    /// Closed with `<eos>` (always true for the lecture model, which has a fixed length).
+    closed: Vec<bool>,
     /// `[B, G]`
     rewards: Vec<f32>,
-    /// `[B, G]`: 1 where the response is exactly sorted.
+    /// `[B, G]`: 1 where the response is exactly sorted (and closed).
     exact: Vec<u32>,
     /// `AdvantageMode::ALL` order, each `[B, G]`; None until computed.
     advantages: Option<Vec<Vec<f32>>>,
     zero_std: Option<Vec<bool>>,
+    /// The lecture model's logits `[B, n, V]` (greedy accuracy comes free from them).
+    lecture_logits: Vec<f32>,
+}
+
+/// Number of inversions of a prompt: 0 for a sorted one (the curriculum's difficulty).
+fn inversions(p: &[u32]) -> usize {
+    (0..p.len())
+        .flat_map(|i| (i + 1..p.len()).map(move |j| (i, j)))
+        .filter(|&(i, j)| p[i] > p[j])
+        .count()
 }
 
 impl Trainer {
     pub fn new(config: RunConfig, compute: Compute) -> Result<Self, TrainError> {
         let prompts = PromptSet::build(&config.task, config.run.seed)?;
         let device = compute.device.clone().autodiff();
-        let t = &config.task;
-        let policy = LecturePolicy::new(
-            t.vocab,
-            t.n,
-            config.model.d_model,
-            config.model.init_scale,
-            config.run.seed,
-            &device,
-        );
+        let policy = Policy::new(&config, &device);
         let reference = policy.snapshot(&device);
         let kernels = match (config.run.kernels, &compute.gpu) {
             (KernelChoice::Reference, _) | (KernelChoice::Auto, None) => None,
@@ -132,14 +178,16 @@ impl Trainer {
             }
             (_, Some(ctx)) => Some(Arc::new(Kernels::new(ctx.clone())?)),
         };
-        let o = &config.optimizer;
-        let optim = AdamConfig::new()
-            .with_beta_1(o.beta1 as f32)
-            .with_beta_2(o.beta2 as f32)
-            .with_epsilon(o.eps as f32)
-            .init();
+        let optim = Self::adam(&config.optimizer);
+        let mut by_difficulty: Vec<usize> = (0..prompts.train.len()).collect();
+        by_difficulty.sort_by_key(|&i| (inversions(&prompts.train[i]), i));
         Ok(Self {
             reward_fn: RewardFn::from_task(&config.task),
+            success: vec![0.0; prompts.train.len()],
+            by_difficulty,
+            sft_done: config.sft.steps == 0,
+            sft_heldout_accuracy: None,
+            timings: Timings::default(),
             config,
             compute,
             prompts,
@@ -156,6 +204,14 @@ impl Trainer {
         })
     }
 
+    fn adam(o: &crate::config::OptimizerConfig) -> ModuleOptimizer {
+        AdamConfig::new()
+            .with_beta_1(o.beta1 as f32)
+            .with_beta_2(o.beta2 as f32)
+            .with_epsilon(o.eps as f32)
+            .init()
+    }
+
     pub fn iteration(&self) -> usize {
         self.iteration
     }
@@ -169,12 +225,27 @@ impl Trainer {
     pub fn at_iteration_boundary(&self) -> bool {
         self.step_in_iteration == 0 && self.rollout.is_none()
     }
-    pub fn policy(&self) -> &LecturePolicy {
+    pub fn policy(&self) -> &Policy {
         &self.policy
     }
     /// Mean reward of the most recent rollouts.
     pub fn last_reward_mean(&self) -> f32 {
         self.last_reward_mean
+    }
+    /// Seconds spent in each part of the loop since `reset_timings`.
+    pub fn timings(&self) -> Timings {
+        self.timings
+    }
+    pub fn reset_timings(&mut self) {
+        self.timings = Timings::default();
+    }
+    /// Held-out greedy accuracy right after the supervised cold start, if there was one.
+    pub fn sft_heldout_accuracy(&self) -> Option<f32> {
+        self.sft_heldout_accuracy
+    }
+    /// `<eos>` of the transformer's vocabulary (one past the numbers).
+    fn eos(&self) -> u32 {
+        self.config.task.vocab as u32
     }
 
     fn loss_settings(&self) -> LossSettings {
@@ -200,6 +271,12 @@ impl Trainer {
         }
     }
 
+    /// The policy on the inner backend, without autodiff: for rollouts and evaluation, which
+    /// never backpropagate (a forward pass on tracked parameters would keep its graph alive).
+    fn frozen(&self) -> Policy {
+        self.policy.valid()
+    }
+
     fn prompt_tensor(&self, prompts: &[&Vec<u32>]) -> Tensor<2, Int> {
         let n = self.config.task.n;
         let flat: Vec<i64> = prompts
@@ -209,21 +286,69 @@ impl Trainer {
         Tensor::from_data(TensorData::new(flat, [prompts.len(), n]), &self.device)
     }
 
-    /// Which training prompts this iteration uses: all of them, or `B` drawn without
-    /// replacement, as a function of (seed, iteration) alone.
+    /// `[X, G, T]` token ids, rows padded with `<eos>` to `T`, and the matching mask.
+    fn response_tensors(&self, rows: &[Vec<u32>], g: usize) -> (Tensor<3, Int>, Tensor<3>, usize) {
+        let t = rows.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
+        let x = rows.len() / g;
+        let pad = self.eos() as i64;
+        let mut ids = Vec::with_capacity(rows.len() * t);
+        let mut mask = Vec::with_capacity(rows.len() * t);
+        for r in rows {
+            for i in 0..t {
+                ids.push(r.get(i).map(|&v| v as i64).unwrap_or(pad));
+                mask.push(if i < r.len() { 1.0f32 } else { 0.0 });
+            }
+        }
+        (
+            Tensor::from_data(TensorData::new(ids, [x, g, t]), &self.device),
+            Tensor::from_data(TensorData::new(mask, [x, g, t]), &self.device),
+            t,
+        )
+    }
+
+    /// Which training prompts this iteration uses, as a function of (seed, iteration) and,
+    /// for prioritized sampling, of the success rates so far (kept in checkpoints).
     fn batch_indices(&self, iteration: usize) -> Vec<usize> {
         let train = self.prompts.train.len();
         let b = self.config.batch_prompts(train);
         let mut idx: Vec<usize> = (0..train).collect();
-        if b < train {
-            let mut rng = SplitMix64::for_stream(
-                self.config.run.seed ^ (iteration as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
-                "batch",
-            );
-            rng.shuffle(&mut idx);
-            idx.truncate(b);
+        if b >= train {
+            return idx;
         }
-        idx
+        let mut rng = SplitMix64::for_stream(
+            self.config.run.seed ^ (iteration as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            "batch",
+        );
+        match self.config.algorithm.prompt_sampling {
+            PromptSampling::Uniform => {
+                rng.shuffle(&mut idx);
+                idx.truncate(b);
+                idx
+            }
+            PromptSampling::Prioritized => {
+                // Weighted sampling without replacement (Efraimidis–Spirakis): key u^(1/w),
+                // w = 1 − success + 0.05 so solved prompts still come back now and then.
+                let mut keyed: Vec<(f64, usize)> = idx
+                    .iter()
+                    .map(|&i| {
+                        let w = (1.0 - self.success[i] as f64).max(0.0) + 0.05;
+                        (rng.next_f64().max(1e-300).ln() / w, i)
+                    })
+                    .collect();
+                keyed.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                keyed.into_iter().take(b).map(|(_, i)| i).collect()
+            }
+            PromptSampling::Curriculum => {
+                // The easiest quarter first, growing linearly to every prompt at mid-run.
+                let half = (self.config.run.iterations / 2).max(1) as f64;
+                let frac = (0.25 + 0.75 * iteration as f64 / half).min(1.0);
+                let pool = ((train as f64 * frac).ceil() as usize).clamp(b, train);
+                let mut pool: Vec<usize> = self.by_difficulty[..pool].to_vec();
+                rng.shuffle(&mut pool);
+                pool.truncate(b);
+                pool
+            }
+        }
     }
 
     /// Greedy exact-match accuracy of the current policy on a prompt list.
@@ -232,15 +357,32 @@ impl Trainer {
             return None;
         }
         let refs: Vec<&Vec<u32>> = prompts.iter().collect();
+        let n = self.config.task.n;
         let mut correct = 0;
+        let frozen = self.frozen();
+        let inner = &self.compute.device;
         // Chunks keep the device buffers small for large held-out sets.
-        for chunk in refs.chunks(4096) {
-            let logits = self.policy.forward(self.prompt_tensor(chunk)).detach();
-            let greedy: Vec<i64> = logits.argmax(2).into_data().iter::<i64>().collect();
-            let n = self.config.task.n;
-            for (p, resp) in chunk.iter().zip(greedy.chunks(n)) {
-                let resp: Vec<u32> = resp.iter().map(|&x| x as u32).collect();
-                correct += crate::task::reward::exact(p, &resp);
+        for chunk in refs.chunks(1024) {
+            match &frozen {
+                Policy::Lecture(m) => {
+                    let logits = m.forward(self.prompt_tensor(chunk).without_autodiff());
+                    let greedy: Vec<i64> = logits.argmax(2).into_data().iter::<i64>().collect();
+                    for (p, resp) in chunk.iter().zip(greedy.chunks(n)) {
+                        let resp: Vec<u32> = resp.iter().map(|&x| x as u32).collect();
+                        correct += crate::task::reward::exact(p, &resp);
+                    }
+                }
+                Policy::Transformer(_) => {
+                    let v = self.config.task.vocab + 1;
+                    let generated = frozen
+                        .generate(chunk, 1, self.config.max_len(), inner, |l, _| {
+                            Ok::<_, TrainError>(sampling::argmax_rows(l, v))
+                        })
+                        .expect("argmax cannot fail");
+                    for (p, row) in chunk.iter().zip(&generated.rows) {
+                        correct += ArResponse::parse(row, self.eos()).exact(p) as u32;
+                    }
+                }
             }
         }
         Some(correct as f32 / prompts.len() as f32)
@@ -254,12 +396,123 @@ impl Trainer {
         )
     }
 
-    /// Sample `G` responses per prompt and score them (and, unless the KL goes into the
-    /// reward, compute their advantages), in our kernels or on the Rust reference path.
+    /// Sample `G` responses per prompt and score them (and, if asked, compute their
+    /// advantages), in our kernels or on the Rust reference path. `stream` keys the
+    /// random numbers: the iteration for the first draw, a hash of it for resampling.
     fn sample_and_score(
         &self,
-        logits: &[f32],
         batch: &[&Vec<u32>],
+        stream: u32,
+        with_advantages: bool,
+    ) -> Result<Scored, TrainError> {
+        let cfg = &self.config;
+        let (n, g, b) = (cfg.task.n, cfg.algorithm.num_generations, batch.len());
+        let seed = cfg.run.seed;
+        let frozen = self.frozen();
+        let mut scored = match &frozen {
+            Policy::Lecture(m) => {
+                let logits = m.forward(self.prompt_tensor(batch).without_autodiff()); // [B, n, V]
+                let logits: Vec<f32> = logits.to_data().try_to_vec::<f32>().expect("f32 logits");
+                self.sample_lecture(logits, batch, stream, with_advantages)?
+            }
+            Policy::Transformer(_) => {
+                let params = self.sampling_params();
+                let v = cfg.task.vocab + 1;
+                let rows_n = b * g;
+                let kernels = self.kernels.clone();
+                let generated = frozen.generate(
+                    batch,
+                    g,
+                    cfg.max_len(),
+                    &self.compute.device,
+                    |logits, t| -> Result<Vec<u32>, TrainError> {
+                        // One draw per row: (row, 0, 0) coordinates under a per-position stream,
+                        // so the kernel and the Rust path pick the same tokens.
+                        let step_stream = counter_u32(seed, &[stream, t as u32, 0xA7]);
+                        Ok(match &kernels {
+                            Some(k) => {
+                                k.sample(logits, rows_n, 1, v, 1, params, seed, step_stream)?
+                            }
+                            None => sampling::sample_independent(
+                                logits,
+                                rows_n,
+                                1,
+                                v,
+                                1,
+                                params,
+                                seed,
+                                step_stream,
+                            ),
+                        })
+                    },
+                )?;
+                let eos = self.eos();
+                let t = &cfg.task;
+                let max_len = cfg.max_len();
+                let parsed: Vec<ArResponse> = generated
+                    .rows
+                    .iter()
+                    .map(|r| ArResponse::parse(r, eos))
+                    .collect();
+                let exact: Vec<u32> = parsed
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| r.exact(batch[i / g]) as u32)
+                    .collect();
+                let mut rewards: Vec<f32> = parsed
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| {
+                        let mut x = self.reward_fn.reward_ar(batch[i / g], r);
+                        if r.closed {
+                            x += t.format_reward as f32;
+                        }
+                        if t.length_reward == LengthReward::Overlong {
+                            x += t.length_reward_weight as f32
+                                * overlong_penalty(r.length, max_len, t.overlong_buffer, !r.closed);
+                        }
+                        x
+                    })
+                    .collect();
+                if t.length_reward == LengthReward::Kimi {
+                    for gi in 0..b {
+                        let span = gi * g..(gi + 1) * g;
+                        let lens: Vec<usize> =
+                            parsed[span.clone()].iter().map(|r| r.length).collect();
+                        let ok: Vec<bool> = exact[span.clone()].iter().map(|&e| e == 1).collect();
+                        for (x, l) in rewards[span]
+                            .iter_mut()
+                            .zip(kimi_length_rewards(&lens, &ok))
+                        {
+                            *x += t.length_reward_weight as f32 * l;
+                        }
+                    }
+                }
+                Scored {
+                    closed: generated.closed,
+                    rows: generated.rows,
+                    rewards,
+                    exact,
+                    advantages: None,
+                    zero_std: None,
+                    lecture_logits: Vec::new(),
+                }
+            }
+        };
+        if with_advantages && scored.advantages.is_none() {
+            let rewards = scored.rewards.clone();
+            self.fill_advantages(&mut scored, &rewards, g)?;
+        }
+        let _ = n;
+        Ok(scored)
+    }
+
+    /// The lecture model's rollout: all positions sampled at once from `logits [B, n, V]`.
+    fn sample_lecture(
+        &self,
+        logits: Vec<f32>,
+        batch: &[&Vec<u32>],
+        stream: u32,
         with_advantages: bool,
     ) -> Result<Scored, TrainError> {
         let cfg = &self.config;
@@ -269,62 +522,62 @@ impl Trainer {
             cfg.algorithm.num_generations,
             batch.len(),
         );
-        let (seed, iteration) = (cfg.run.seed, self.iteration as u32);
+        let seed = cfg.run.seed;
         if let Some(k) = &self.kernels {
             let prompts: Vec<u32> = batch.iter().flat_map(|p| p.iter().copied()).collect();
             let (tokens, score, adv) = k.rollout(
-                logits,
+                &logits,
                 &prompts,
                 (b, n, vocab, g, n),
                 self.sampling_params(),
                 seed,
-                iteration,
+                stream,
                 self.reward_fn.kernel_weights(),
                 with_advantages,
             )?;
             return Ok(Scored {
-                tokens,
+                rows: tokens.chunks(n).map(|c| c.to_vec()).collect(),
+                closed: vec![true; b * g],
                 exact: score.parts.iter().map(|p| p[3]).collect(),
                 rewards: score.rewards,
                 zero_std: adv
                     .as_ref()
                     .map(|a| a.groups.iter().map(|s| s.zero_std).collect()),
                 advantages: adv.map(|a| a.by_mode),
+                lecture_logits: logits,
             });
         }
         let tokens = sampling::sample_independent(
-            logits,
+            &logits,
             b,
             n,
             vocab,
             g,
             self.sampling_params(),
             seed,
-            iteration,
+            stream,
         );
-        let responses: Vec<&[u32]> = tokens.chunks(n).collect();
-        let rewards: Vec<f32> = responses
+        let rows: Vec<Vec<u32>> = tokens.chunks(n).map(|c| c.to_vec()).collect();
+        let rewards = rows
             .iter()
             .enumerate()
             .map(|(i, r)| self.reward_fn.reward(batch[i / g], r))
             .collect();
-        let exact = responses
+        let exact = rows
             .iter()
             .enumerate()
             .map(|(i, r)| crate::task::reward::exact(batch[i / g], r))
             .collect();
-        let mut scored = Scored {
-            tokens,
+        let _ = with_advantages; // advantages are filled by the caller on this path
+        Ok(Scored {
+            closed: vec![true; b * g],
+            rows,
             rewards,
             exact,
             advantages: None,
             zero_std: None,
-        };
-        if with_advantages {
-            let rewards = scored.rewards.clone();
-            self.fill_advantages(&mut scored, &rewards, g)?;
-        }
-        Ok(scored)
+            lecture_logits: logits,
+        })
     }
 
     fn fill_advantages(
@@ -350,52 +603,165 @@ impl Trainer {
         Ok(())
     }
 
+    /// The supervised cold start (DeepSeek-R1's recipe): `sft.steps` Adam steps of
+    /// cross-entropy on (prompt, sorted) pairs from the training prompts, `<eos>` included for
+    /// the transformer. The reference then starts from the fine-tuned policy, as in R1.
+    pub fn cold_start(&mut self) -> Result<(), TrainError> {
+        if self.sft_done {
+            return Ok(());
+        }
+        let s = self.config.sft.clone();
+        let mut order: Vec<usize> = (0..self.prompts.train.len()).collect();
+        SplitMix64::for_stream(self.config.run.seed, "sft").shuffle(&mut order);
+        order.truncate(s.examples.max(1));
+        let mut optim = Self::adam(&self.config.optimizer);
+        let eos = self.eos();
+        let ar = self.policy.is_autoregressive();
+        let mut last_loss = 0.0f32;
+        for step in 0..s.steps {
+            let batch: Vec<&Vec<u32>> = (0..s.batch_size)
+                .map(|j| &self.prompts.train[order[(step * s.batch_size + j) % order.len()]])
+                .collect();
+            let targets: Vec<Vec<u32>> = batch
+                .iter()
+                .map(|p| {
+                    let mut t = crate::task::sort::sorted(p);
+                    if ar {
+                        t.push(eos);
+                    }
+                    t
+                })
+                .collect();
+            let (responses, _, _) = self.response_tensors(&targets, 1);
+            let (logp, _) = self
+                .policy
+                .score(self.prompt_tensor(&batch), responses, 1.0);
+            let loss = logp.mean().neg();
+            if step + 1 == s.steps {
+                last_loss = loss.clone().into_data().try_to_vec::<f32>().expect("f32")[0];
+            }
+            let grads = GradientsParams::from_grads(loss.backward(), &self.policy);
+            self.policy = optim.step(s.lr, self.policy.clone(), grads);
+        }
+        if !last_loss.is_finite() {
+            return Err(TrainError::NonFinite {
+                step: 0,
+                iteration: 0,
+                value: last_loss,
+            });
+        }
+        self.reference = self.policy.snapshot(&self.device);
+        self.sft_heldout_accuracy = self.greedy_accuracy(&self.prompts.heldout);
+        self.sft_done = true;
+        log::info!(
+            "cold start: {} supervised steps, final loss {last_loss:.4}, held-out accuracy {:?}",
+            s.steps,
+            self.sft_heldout_accuracy
+        );
+        Ok(())
+    }
+
     /// Steps 1–5 of GRPO-SPEC §2 for the current iteration.
     fn roll_out(&mut self) -> Result<Rollout, TrainError> {
-        let cfg = &self.config;
+        self.cold_start()?;
+        let cfg = self.config.clone();
         let a = &cfg.algorithm;
-        let (n, vocab, g) = (cfg.task.n, cfg.task.vocab, a.num_generations);
+        let g = a.num_generations;
         let iteration = self.iteration;
         // 1. Reference ← a real copy of the policy, every `ref_period` iterations.
         if iteration > 0 && a.ref_period > 0 && iteration.is_multiple_of(a.ref_period) {
             self.reference = self.policy.snapshot(&self.device);
         }
-        // 2. Sample G responses per prompt from π_old.
-        let indices = self.batch_indices(iteration);
+        // 2. Sample G responses per prompt from π_old; 3. score them.
+        let mut clock = Instant::now();
+        let mut lap = |slot: &mut f64| {
+            *slot += clock.elapsed().as_secs_f64();
+            clock = Instant::now();
+        };
+        let mut indices = self.batch_indices(iteration);
+        let kl_in_reward = a.kl_penalty == KlPenaltyMode::Reward && a.beta > 0.0;
+        let fused_advantages = !kl_in_reward && !a.dynamic_sampling;
+        let mut scored = {
+            let batch: Vec<&Vec<u32>> = indices.iter().map(|&i| &self.prompts.train[i]).collect();
+            self.sample_and_score(&batch, iteration as u32, fused_advantages)?
+        };
+        let flat_groups = |rewards: &[f32]| -> Vec<usize> {
+            (0..rewards.len() / g)
+                .filter(|&i| GroupStats::of(&rewards[i * g..(i + 1) * g]).zero_std)
+                .collect()
+        };
+        let first_flat = flat_groups(&scored.rewards);
+        let zero_std_first_draw = first_flat.len() as f32 / indices.len() as f32;
+        // Dynamic sampling (DAPO): replace groups with no learning signal by fresh ones —
+        // unused prompts first, else new responses to the same prompt — at most
+        // `max_resample_rounds` times; groups still flat after that stay (their advantage is 0).
+        let (mut resampled_groups, mut resample_rounds) = (0, 0);
+        if a.dynamic_sampling {
+            let mut flat = first_flat;
+            let mut spare: Vec<usize> = (0..self.prompts.train.len())
+                .filter(|i| !indices.contains(i))
+                .collect();
+            SplitMix64::for_stream(cfg.run.seed ^ iteration as u64, "resample").shuffle(&mut spare);
+            while !flat.is_empty() && resample_rounds < a.max_resample_rounds {
+                resample_rounds += 1;
+                let fresh: Vec<usize> = flat
+                    .iter()
+                    .map(|&gi| spare.pop().unwrap_or(indices[gi]))
+                    .collect();
+                let batch: Vec<&Vec<u32>> = fresh.iter().map(|&i| &self.prompts.train[i]).collect();
+                let stream = counter_u32(
+                    cfg.run.seed,
+                    &[iteration as u32, resample_rounds as u32, 0xD5],
+                );
+                let more = self.sample_and_score(&batch, stream, false)?;
+                for (k, &gi) in flat.iter().enumerate() {
+                    indices[gi] = fresh[k];
+                    for j in 0..g {
+                        let (dst, src) = (gi * g + j, k * g + j);
+                        scored.rows[dst] = more.rows[src].clone();
+                        scored.closed[dst] = more.closed[src];
+                        scored.rewards[dst] = more.rewards[src];
+                        scored.exact[dst] = more.exact[src];
+                    }
+                }
+                resampled_groups += flat.len();
+                flat = flat_groups(&scored.rewards);
+            }
+            scored.advantages = None;
+        }
+        lap(&mut self.timings.rollout);
         let batch: Vec<&Vec<u32>> = indices.iter().map(|&i| &self.prompts.train[i]).collect();
         let b = batch.len();
         let prompts = self.prompt_tensor(&batch);
-        let logits = self.policy.forward(prompts.clone()).detach(); // [B, n, V]
-        let logits_host: Vec<f32> = logits.to_data().try_to_vec::<f32>().expect("f32 logits");
-        let kl_in_reward = a.kl_penalty == KlPenaltyMode::Reward && a.beta > 0.0;
-        let mut scored = self.sample_and_score(&logits_host, &batch, !kl_in_reward)?;
-        let tokens = std::mem::take(&mut scored.tokens);
-        let responses = Tensor::<3, Int>::from_data(
-            TensorData::new(
-                tokens.iter().map(|&x| x as i64).collect::<Vec<_>>(),
-                [b, g, n],
-            ),
-            &self.device,
-        );
+        let (responses, mask, _t) = self.response_tensors(&scored.rows, g);
         // 5. log π_old and log π_ref of every sampled token, frozen.
         let temperature = cfg.sampling.temperature as f32;
-        let old_logp =
-            loss::token_log_probs(logits.clone(), responses.clone(), temperature).detach();
+        let frozen_logp = |p: &Policy| {
+            p.valid()
+                .score(
+                    prompts.clone().without_autodiff(),
+                    responses.clone().without_autodiff(),
+                    temperature,
+                )
+                .0
+                .autodiff()
+        };
+        let old_logp = frozen_logp(&self.policy);
         let ref_logp = if a.bugs.shared_reference {
             // BUG (gallery): the "reference" is the policy itself, so it moves every iteration.
             old_logp.clone()
         } else {
-            let ref_logits = self.reference.forward(prompts.clone()).detach();
-            loss::token_log_probs(ref_logits, responses.clone(), temperature).detach()
+            frozen_logp(&self.reference)
         };
-        // 3. Scores came with the samples; 4. advantages from them (minus the KL when it goes
-        // into the reward), every mode for the same rewards; one drives the update.
-        let responses_host: Vec<Vec<u32>> = tokens.chunks(n).map(|c| c.to_vec()).collect();
+        let _ = old_logp.clone().slice([0..1, 0..1, 0..1]).into_data(); // wait for it
+        lap(&mut self.timings.old_ref_logp);
+        // 4. Advantages from the scores (minus the KL when it goes into the reward), every
+        // mode for the same rewards; one drives the update.
         let scores = scored.rewards.clone();
-        let exact_match = scored.exact.iter().sum::<u32>() as f32 / scored.exact.len() as f32;
         if kl_in_reward {
-            // PPO-RLHF style: r − β·Σ_t KL_t(π_old ‖ π_ref), per response.
+            // PPO-RLHF style: r − β·Σ_t KL_t(π_old ‖ π_ref), per response, over real tokens.
             let kl = loss::kl_tokens(a.kl_estimator, old_logp.clone(), ref_logp.clone())
+                .mul(mask.clone())
                 .sum_dim(2)
                 .into_data()
                 .try_to_vec::<f32>()
@@ -406,6 +772,8 @@ impl Trainer {
                 .map(|(r, k)| r - a.beta as f32 * k)
                 .collect();
             self.fill_advantages(&mut scored, &penalized, g)?;
+        } else if scored.advantages.is_none() {
+            self.fill_advantages(&mut scored, &scores, g)?;
         }
         let by_mode = scored.advantages.take().expect("advantages computed");
         let zero_std = scored.zero_std.take().expect("advantages computed");
@@ -416,19 +784,44 @@ impl Trainer {
         let driving = &by_mode[mode_index];
         let advantages =
             Tensor::<2>::from_data(TensorData::new(driving.clone(), [b, g]), &self.device);
-        let mask = Tensor::<3>::ones([b, g, n], &self.device);
+        lap(&mut self.timings.advantages);
 
+        // Prioritized sampling remembers each prompt's success rate.
+        for (k, &pi) in indices.iter().enumerate() {
+            let hits: u32 = scored.exact[k * g..(k + 1) * g].iter().sum();
+            self.success[pi] = hits as f32 / g as f32;
+        }
         let batch_stats = GroupStats::of(&scores);
-        // Greedy accuracy on this iteration's training prompts, from the rollout's own logits;
-        // the held-out split is scored in full.
-        let greedy = sampling::argmax_rows(&logits_host, vocab);
-        let accuracy_train = batch
-            .iter()
-            .zip(greedy.chunks(n))
-            .filter(|(p, r)| crate::task::reward::exact(p, r) == 1)
-            .count() as f32
-            / b as f32;
+        let exact_match = scored.exact.iter().sum::<u32>() as f32 / scored.exact.len() as f32;
+        let lengths: Vec<usize> = scored.rows.iter().map(|r| r.len()).collect();
+        let mean_of = |sel: &dyn Fn(usize) -> bool| -> f32 {
+            let v: Vec<f32> = (0..lengths.len())
+                .filter(|&i| sel(i))
+                .map(|i| lengths[i] as f32)
+                .collect();
+            if v.is_empty() {
+                f32::NAN
+            } else {
+                v.iter().sum::<f32>() / v.len() as f32
+            }
+        };
+        // Greedy accuracy on this iteration's training prompts (from the rollout's own logits
+        // for the lecture model); the held-out split is scored in full.
+        let accuracy_train = if scored.lecture_logits.is_empty() || a.dynamic_sampling {
+            self.greedy_accuracy(&batch.iter().map(|p| (*p).clone()).collect::<Vec<_>>())
+                .unwrap_or(0.0)
+        } else {
+            let (n, vocab) = (cfg.task.n, cfg.task.vocab);
+            let greedy = sampling::argmax_rows(&scored.lecture_logits, vocab);
+            batch
+                .iter()
+                .zip(greedy.chunks(n))
+                .filter(|(p, r)| crate::task::reward::exact(p, r) == 1)
+                .count() as f32
+                / b as f32
+        };
         let accuracy_heldout = self.greedy_accuracy(&self.prompts.heldout);
+        lap(&mut self.timings.evaluation);
         let stats = RolloutStats {
             reward_mean: batch_stats.mean,
             reward_std: batch_stats.std,
@@ -437,17 +830,42 @@ impl Trainer {
             frac_zero_std: zero_std.iter().filter(|z| **z).count() as f32 / zero_std.len() as f32,
             exact_match,
             advantage_mean_abs: driving.iter().map(|x| x.abs()).sum::<f32>() / driving.len() as f32,
-            mean_length: n as f32,
+            mean_length: mean_of(&|_| true),
+            min_length: lengths.iter().copied().min().unwrap_or(0) as f32,
+            max_length: lengths.iter().copied().max().unwrap_or(0) as f32,
+            mean_length_correct: mean_of(&|i| scored.exact[i] == 1),
+            mean_length_wrong: mean_of(&|i| scored.exact[i] == 0),
+            clipped_ratio: scored.closed.iter().filter(|c| !**c).count() as f32
+                / scored.closed.len() as f32,
+            resampled_groups,
+            resample_rounds,
+            zero_std_first_draw,
             accuracy_train,
             accuracy_heldout,
-            tokens: b * g * n,
+            tokens: lengths.iter().sum(),
+        };
+        // Logged responses show `<eos>` as the tokenizer's id, so they decode as `<eos>`.
+        let eos = self.eos();
+        let shown = |r: &Vec<u32>| -> Vec<u32> {
+            r.iter()
+                .map(|&x| {
+                    if x == eos && self.policy.is_autoregressive() {
+                        EOS_ID
+                    } else {
+                        x
+                    }
+                })
+                .collect()
         };
         let groups = (cfg.run.log_groups > 0).then(|| {
             (0..b.min(cfg.run.log_groups))
                 .map(|bi| GroupRecord {
                     prompt_index: indices[bi],
                     prompt: batch[bi].clone(),
-                    responses: responses_host[bi * g..(bi + 1) * g].to_vec(),
+                    responses: scored.rows[bi * g..(bi + 1) * g]
+                        .iter()
+                        .map(shown)
+                        .collect(),
                     rewards: scores[bi * g..(bi + 1) * g].to_vec(),
                     advantages: AdvantageMode::ALL
                         .iter()
@@ -468,6 +886,7 @@ impl Trainer {
             old_logp,
             ref_logp,
             mask,
+            lengths,
             stats,
             groups,
         })
@@ -480,12 +899,16 @@ impl Trainer {
             let rollout = self.roll_out()?;
             self.rollout = Some(rollout);
         }
+        let fb_started = Instant::now();
         let rollout = self.rollout.as_ref().expect("rollout exists");
         let settings = self.loss_settings();
         let temperature = self.config.sampling.temperature as f32;
 
-        let logits = self.policy.forward(rollout.prompts.clone()); // [B, n, V], with gradient
-        let logp = loss::token_log_probs(logits.clone(), rollout.responses.clone(), temperature);
+        let (logp, token_entropy) = self.policy.score(
+            rollout.prompts.clone(),
+            rollout.responses.clone(),
+            temperature,
+        ); // [B, G, T], with gradient
         let old_logp = if self.config.algorithm.bugs.unfrozen_old_policy {
             // BUG (gallery): π_old recomputed with gradient, so ρ ≡ 1 and its gradient vanishes.
             logp.clone()
@@ -505,7 +928,8 @@ impl Trainer {
                     .try_to_vec::<f32>()
                     .expect("f32")
                     .chunks(t)
-                    .map(|c| c.to_vec())
+                    .zip(&rollout.lengths)
+                    .map(|(c, &len)| c[..len.min(t)].to_vec())
                     .collect()
             };
             (rows(&logp), rows(&rollout.old_logp))
@@ -525,13 +949,25 @@ impl Trainer {
             rollout.advantages.clone(),
             rollout.mask.clone(),
         );
-        let entropy = loss::mean_entropy(logits.detach(), temperature);
-        let mut grads = GradientsParams::from_grads(out.loss.clone().backward(), &self.policy);
-        let grad_sq = self.policy.grad_norm_sq(&grads);
+        let entropy_coef = self.config.algorithm.entropy_coef as f32;
+        let loss_t = if entropy_coef > 0.0 {
+            // Entropy bonus: − c·H, aggregated like the loss.
+            let bonus = loss::aggregate(settings.agg, token_entropy.clone(), rollout.mask.clone());
+            out.loss.clone().sub(bonus.mul_scalar(entropy_coef))
+        } else {
+            out.loss.clone()
+        };
+        let entropy = loss::aggregate(
+            crate::config::LossAggMode::TokenMean,
+            token_entropy.detach(),
+            rollout.mask.clone(),
+        );
+        let mut grads = GradientsParams::from_grads(loss_t.clone().backward(), &self.policy);
+        let grad_sq = self.policy.grad_norm_sq(&grads, &self.device);
         // One read-back for every scalar of the step.
         let scalars: Vec<f32> = Tensor::cat(
             vec![
-                out.loss.detach(),
+                loss_t.detach(),
                 out.kl,
                 out.clip_low,
                 out.clip_high,
@@ -566,12 +1002,15 @@ impl Trainer {
                 },
             });
         }
+        self.timings.forward_backward += fb_started.elapsed().as_secs_f64();
+        let opt_started = Instant::now();
         let max_norm = self.config.optimizer.max_grad_norm as f32;
         if max_norm > 0.0 && grad_norm > max_norm {
             grads = self.policy.scale_grads(grads, max_norm / grad_norm);
         }
         let lr = self.config.optimizer.lr;
         self.policy = self.optim.step(lr, self.policy.clone(), grads);
+        self.timings.optimizer += opt_started.elapsed().as_secs_f64();
 
         let stats = rollout.stats;
         let groups = token_detail.map(|(logp, old_logp)| {
@@ -596,8 +1035,14 @@ impl Trainer {
             exact_match: stats.exact_match,
             advantage_mean_abs: stats.advantage_mean_abs,
             mean_length: stats.mean_length,
-            min_length: stats.mean_length,
-            max_length: stats.mean_length,
+            min_length: stats.min_length,
+            max_length: stats.max_length,
+            mean_length_correct: stats.mean_length_correct,
+            mean_length_wrong: stats.mean_length_wrong,
+            clipped_ratio: stats.clipped_ratio,
+            resampled_groups: stats.resampled_groups,
+            resample_rounds: stats.resample_rounds,
+            zero_std_first_draw: stats.zero_std_first_draw,
             loss: loss_v,
             kl,
             entropy,
@@ -649,6 +1094,8 @@ impl Trainer {
             "iteration": self.iteration,
             "global_step": self.global_step,
             "last_reward_mean": self.last_reward_mean,
+            "success": self.success,
+            "sft_heldout_accuracy": self.sft_heldout_accuracy,
         });
         std::fs::write(dir.join("state.json"), state.to_string())
             .map_err(|e| err(e.to_string()))?;
@@ -688,6 +1135,15 @@ impl Trainer {
             .as_u64()
             .ok_or_else(|| err("no global_step".into()))? as usize;
         self.last_reward_mean = state["last_reward_mean"].as_f64().unwrap_or(f64::NAN) as f32;
+        if let Some(success) = state["success"].as_array() {
+            self.success = success
+                .iter()
+                .map(|x| x.as_f64().unwrap_or(0.0) as f32)
+                .collect();
+        }
+        self.sft_heldout_accuracy = state["sft_heldout_accuracy"].as_f64().map(|x| x as f32);
+        // A checkpoint is taken after the cold start, which is in its weights.
+        self.sft_done = true;
         self.step_in_iteration = 0;
         self.rollout = None;
         Ok(())

@@ -240,8 +240,7 @@ pub fn run_charts(
             })
             .collect(),
     );
-    let max_reward =
-        crate::task::RewardFn::from_task(&config.task).max_reward(config.task.n) as f64;
+    let max_reward = crate::task::reward::max_reward_of(config) as f64;
     let n_iter = it.last().map(|r| x(r)).unwrap_or(1.0);
     let mut best = Series::line(
         "max possible",
@@ -341,6 +340,20 @@ pub fn run_charts(
                 it.iter().map(|r| (x(r), r.max_length as f64)).collect(),
             )
         },
+        Series::line(
+            "correct",
+            it.iter()
+                .filter(|r| r.mean_length_correct.is_finite())
+                .map(|r| (x(r), r.mean_length_correct as f64))
+                .collect(),
+        ),
+        Series::line(
+            "wrong",
+            it.iter()
+                .filter(|r| r.mean_length_wrong.is_finite())
+                .map(|r| (x(r), r.mean_length_wrong as f64))
+                .collect(),
+        ),
     ];
     out.extend(line_chart(
         dir,

@@ -152,6 +152,143 @@ impl RewardFn {
     }
 }
 
+/// Largest possible reward of a run: the verifiers' maximum for `n`, plus the format reward
+/// and Kimi's best length reward (+0.5) where they apply.
+pub fn max_reward_of(c: &crate::config::RunConfig) -> f32 {
+    let t = &c.task;
+    let mut m = RewardFn::from_task(t).max_reward(t.n);
+    if c.model.kind == crate::config::ModelKind::Transformer {
+        m += t.format_reward.max(0.0) as f32;
+        if t.length_reward == crate::config::LengthReward::Kimi {
+            m += 0.5 * t.length_reward_weight.max(0.0) as f32;
+        }
+    }
+    m
+}
+
+/// A variable-length response of the autoregressive policy, as the verifiers see it.
+#[derive(Debug, Clone, Copy)]
+pub struct ArResponse<'a> {
+    /// The answer: the tokens before `<eos>` (all of them when truncated).
+    pub content: &'a [u32],
+    /// Closed with `<eos>` within `max_len`.
+    pub closed: bool,
+    /// Generated tokens, `<eos>` included.
+    pub length: usize,
+}
+
+impl<'a> ArResponse<'a> {
+    /// Split generated tokens at the first `<eos>`.
+    pub fn parse(tokens: &'a [u32], eos: u32) -> Self {
+        match tokens.iter().position(|&t| t == eos) {
+            Some(i) => Self {
+                content: &tokens[..i],
+                closed: true,
+                length: i + 1,
+            },
+            None => Self {
+                content: tokens,
+                closed: false,
+                length: tokens.len(),
+            },
+        }
+    }
+
+    /// `exact` for an autoregressive answer: sorted, of the exact length, and closed.
+    pub fn exact(&self, prompt: &[u32]) -> bool {
+        self.closed && exact(prompt, self.content) == 1
+    }
+}
+
+/// Kimi k1.5's length reward for one group: `λ = 0.5 − (len − min)/(max − min)`; correct
+/// answers get `λ`, wrong ones `min(0, λ)`; all lengths equal → 0.
+pub fn kimi_length_rewards(lengths: &[usize], correct: &[bool]) -> Vec<f32> {
+    let min = lengths.iter().copied().min().unwrap_or(0);
+    let max = lengths.iter().copied().max().unwrap_or(0);
+    lengths
+        .iter()
+        .zip(correct)
+        .map(|(&len, &ok)| {
+            if max == min {
+                return 0.0;
+            }
+            let lambda = 0.5 - (len - min) as f32 / (max - min) as f32;
+            if ok { lambda } else { lambda.min(0.0) }
+        })
+        .collect()
+}
+
+/// DAPO's soft overlong punishment with `L_max = max_len`, `L_cache = buffer`: 0 up to
+/// `L_max − L_cache` tokens, then linearly down to −1 at `L_max`; −1 beyond (truncated).
+pub fn overlong_penalty(length: usize, max_len: usize, buffer: usize, truncated: bool) -> f32 {
+    let start = max_len.saturating_sub(buffer);
+    if truncated || length > max_len {
+        -1.0
+    } else if length <= start {
+        0.0
+    } else {
+        (start as f32 - length as f32) / buffer as f32
+    }
+}
+
+impl RewardFn {
+    /// The parts of a logged response (`<eos>` as the tokenizer's id) under a run's config:
+    /// for the transformer, the verifiers on the answer, `exact` only when closed, and the
+    /// format and overlong terms. (Kimi's length reward depends on the whole group: not here.)
+    pub fn score_logged(
+        &self,
+        c: &crate::config::RunConfig,
+        prompt: &[u32],
+        tokens: &[u32],
+    ) -> Reward {
+        if c.model.kind != crate::config::ModelKind::Transformer {
+            return self.score(prompt, tokens);
+        }
+        let r = ArResponse::parse(tokens, super::tokenizer::EOS_ID);
+        let mut out = self.score(prompt, r.content);
+        if let Some(e) = out.parts.get_mut("exact") {
+            *e = r.exact(prompt) as u32 as f32;
+        }
+        if let Some(e) = out.parts.get_mut("exact/exact") {
+            *e = r.exact(prompt) as u32 as f32;
+        }
+        if c.task.format_reward != 0.0 {
+            out.parts.insert(
+                "format".into(),
+                if r.closed {
+                    c.task.format_reward as f32
+                } else {
+                    0.0
+                },
+            );
+        }
+        if c.task.length_reward == crate::config::LengthReward::Overlong {
+            out.parts.insert(
+                "overlong".into(),
+                c.task.length_reward_weight as f32
+                    * overlong_penalty(r.length, c.max_len(), c.task.overlong_buffer, !r.closed),
+            );
+        }
+        out.parts.insert("length".into(), r.length as f32);
+        out
+    }
+
+    /// The verifiers on an autoregressive answer: distance and inclusion_ordering on its
+    /// content (missing or extra positions are wrong), `exact` only when closed.
+    pub fn reward_ar(&self, prompt: &[u32], r: &ArResponse) -> f32 {
+        self.terms
+            .iter()
+            .map(|(kind, w)| {
+                let v = match kind {
+                    RewardKind::Exact => r.exact(prompt) as u32 as f32,
+                    k => score(*k, prompt, r.content).reward,
+                };
+                w * v
+            })
+            .sum()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,5 +377,45 @@ mod tests {
         assert_eq!(f.reward(&[3, 1, 0, 2], &[0, 3, 1, 2]), 0.5);
         assert_eq!(r.parts["exact"], 1.0);
         assert_eq!(f.max_reward(4), 4.0);
+    }
+
+    #[test]
+    fn eos_and_truncation() {
+        let eos = 10;
+        let p = [3, 1, 2];
+        let closed = ArResponse::parse(&[1, 2, 3, 10, 10], eos);
+        assert_eq!(
+            (closed.content, closed.closed, closed.length),
+            (&[1, 2, 3][..], true, 4)
+        );
+        assert!(closed.exact(&p));
+        let trunc = ArResponse::parse(&[1, 2, 3], eos);
+        assert!(!trunc.closed && !trunc.exact(&p));
+        let long = ArResponse::parse(&[1, 2, 3, 3, 10], eos);
+        assert!(!long.exact(&p));
+        let short = ArResponse::parse(&[1, 2, 10], eos);
+        assert!(!short.exact(&p));
+        let f = RewardFn::single(RewardKind::Distance);
+        assert_eq!(f.reward_ar(&p, &long), 3.0);
+        assert_eq!(f.reward_ar(&p, &short), 2.0);
+        let e = RewardFn::single(RewardKind::Exact);
+        assert_eq!(e.reward_ar(&p, &closed), 1.0);
+        assert_eq!(e.reward_ar(&p, &trunc), 0.0);
+        let empty = ArResponse::parse(&[10], eos);
+        assert_eq!((empty.content.len(), empty.length), (0, 1));
+        assert_eq!(f.reward_ar(&p, &empty), 0.0);
+    }
+
+    #[test]
+    fn length_rewards_worked_values() {
+        // lengths 2..6: λ = 0.5, 0.25, 0, −0.25, −0.5
+        let r = kimi_length_rewards(&[2, 3, 4, 5, 6], &[true, false, true, false, true]);
+        assert_eq!(r, vec![0.5, 0.0, 0.0, -0.25, -0.5]);
+        assert_eq!(kimi_length_rewards(&[4, 4], &[true, false]), vec![0.0, 0.0]);
+        // L_max = 10, L_cache = 4: free up to 6, then −1/4 per token.
+        assert_eq!(overlong_penalty(6, 10, 4, false), 0.0);
+        assert_eq!(overlong_penalty(7, 10, 4, false), -0.25);
+        assert_eq!(overlong_penalty(10, 10, 4, false), -1.0);
+        assert_eq!(overlong_penalty(10, 10, 4, true), -1.0);
     }
 }

@@ -308,9 +308,10 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
         final_reward_mean: last.as_ref().map(|r| r.reward_mean).unwrap_or(f32::NAN),
         final_accuracy,
         final_heldout_accuracy,
+        sft_heldout_accuracy: trainer.sft_heldout_accuracy(),
         final_entropy: last.as_ref().map(|r| r.entropy).unwrap_or(f32::NAN),
         final_kl: last.as_ref().map(|r| r.kl).unwrap_or(f32::NAN),
-        max_reward: trainer.reward_fn.max_reward(config.task.n),
+        max_reward: crate::task::reward::max_reward_of(&config),
         wall_time_secs: wall,
         ms_per_step: if steps_done > 0 {
             wall * 1000.0 / steps_done as f64

@@ -1,0 +1,338 @@
+//! The autoregressive policy: masks, aggregations on ragged batches, autoregressive =
+//! teacher-forced log-probs, dynamic sampling's bound, length metrics, bad shapes.
+
+mod common;
+
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use common::*;
+use grpo_lab::config::{KlEstimator, LossAggMode, LossMode, ModelKind, RunConfig};
+use grpo_lab::gpu::Compute;
+use grpo_lab::grpo::Trainer;
+use grpo_lab::grpo::loss::{self, LossSettings};
+use grpo_lab::grpo::sampling;
+use grpo_lab::model::Policy;
+use grpo_lab::rng::SplitMix64;
+
+/// A tiny transformer sorting task (fast enough for debug builds).
+fn tiny() -> RunConfig {
+    let mut c = RunConfig::preset("transformer-sort").unwrap();
+    c.task.n = 3;
+    c.task.vocab = 5;
+    c.task.train_size = 64;
+    c.task.heldout_size = 16;
+    c.task.max_len = 6;
+    c.model.d_model = 16;
+    c.model.heads = 2;
+    c.model.context = 8;
+    c.algorithm.num_generations = 4;
+    c.algorithm.prompts_per_iteration = 4;
+    c.sft.steps = 0;
+    c.run.iterations = 2;
+    c.run.log_groups = 2;
+    c.validate().unwrap();
+    c
+}
+
+fn ints3(v: &[i64], s: [usize; 3], d: &Device) -> Tensor<3, Int> {
+    Tensor::from_data(TensorData::new(v.to_vec(), s), d)
+}
+fn floats3(v: &[f32], s: [usize; 3], d: &Device) -> Tensor<3> {
+    Tensor::from_data(TensorData::new(v.to_vec(), s), d)
+}
+fn scalar(t: Tensor<1>) -> f32 {
+    t.into_data().try_to_vec::<f32>().unwrap()[0]
+}
+
+/// The three aggregations against hand values on a ragged batch; padding holds junk.
+#[test]
+fn aggregations_hand_values_on_ragged_batch() {
+    let d = Device::flex();
+    // B = 1, G = 2, T = 3: response 0 has 3 tokens (1, 2, 3), response 1 has 1 token (4).
+    let x = floats3(&[1.0, 2.0, 3.0, 4.0, 100.0, -7.0], [1, 2, 3], &d);
+    let mask = floats3(&[1.0, 1.0, 1.0, 1.0, 0.0, 0.0], [1, 2, 3], &d);
+    let agg = |m| scalar(loss::aggregate(m, x.clone(), mask.clone()));
+    // GRPO: mean over each response, then over responses: (2 + 4) / 2.
+    assert!((agg(LossAggMode::SeqMeanTokenMean) - 3.0).abs() < 1e-6);
+    // DAPO: every real token weighs the same: 10 / 4.
+    assert!((agg(LossAggMode::TokenMean) - 2.5).abs() < 1e-6);
+    // Dr. GRPO: a constant normaliser, responses × max length: 10 / (2 · 3).
+    assert!((agg(LossAggMode::SeqMeanTokenSumNorm) - 10.0 / 6.0).abs() < 1e-6);
+}
+
+/// Padding never reaches the loss, the KL, the clip fractions or the entropy: changing
+/// everything at padded positions (tokens, log π_old, log π_ref) changes nothing.
+#[test]
+fn padding_never_contributes() {
+    let c = tiny();
+    let d = Device::flex().autodiff();
+    let policy = Policy::new(&c, &d);
+    let prompts = Tensor::<2, Int>::from_data(TensorData::new(vec![2i64, 0, 1], [1, 3]), &d);
+    let lengths = [2usize, 4, 1, 3];
+    let (g, t) = (4, 4);
+    let mut rng = SplitMix64::new(3);
+    let mask: Vec<f32> = (0..g * t)
+        .map(|i| (i % t < lengths[i / t]) as u32 as f32)
+        .collect();
+    let mask_t = floats3(&mask, [1, g, t], &d);
+    let tokens_a: Vec<i64> = (0..g * t).map(|_| rng.below(6) as i64).collect();
+    let junk = |v: &[f32], rng: &mut SplitMix64| -> Vec<f32> {
+        v.iter()
+            .zip(&mask)
+            .map(|(x, m)| {
+                if *m == 1.0 {
+                    *x
+                } else {
+                    (rng.next_f64() * 20.0 - 10.0) as f32
+                }
+            })
+            .collect()
+    };
+    let old: Vec<f32> = (0..g * t).map(|_| -(rng.next_f64() as f32) * 2.0).collect();
+    let refp: Vec<f32> = (0..g * t).map(|_| -(rng.next_f64() as f32) * 2.0).collect();
+    let tokens_b: Vec<i64> = tokens_a
+        .iter()
+        .zip(&mask)
+        .map(|(x, m)| if *m == 1.0 { *x } else { (x + 1) % 6 })
+        .collect();
+    let (old_b, ref_b) = (junk(&old, &mut rng), junk(&refp, &mut rng));
+    for agg in LossAggMode::ALL {
+        let s = LossSettings {
+            mode: LossMode::Clipped,
+            epsilon_low: 0.2,
+            epsilon_high: 0.28,
+            beta: 0.1,
+            kl_in_loss: true,
+            kl_estimator: KlEstimator::K3,
+            agg: *agg,
+            bug_ratio_quotient: false,
+        };
+        let run = |tokens: &[i64], old: &[f32], refp: &[f32]| -> Vec<f32> {
+            let (logp, ent) = policy.score(prompts.clone(), ints3(tokens, [1, g, t], &d), 1.0);
+            let adv =
+                Tensor::<2>::from_data(TensorData::new(vec![1.0f32, -0.5, 0.3, -0.8], [1, g]), &d);
+            let out = loss::grpo_loss(
+                &s,
+                logp,
+                floats3(old, [1, g, t], &d),
+                floats3(refp, [1, g, t], &d),
+                adv,
+                mask_t.clone(),
+            );
+            let h = loss::aggregate(LossAggMode::TokenMean, ent, mask_t.clone());
+            [
+                out.loss,
+                out.kl,
+                out.clip_low,
+                out.clip_high,
+                out.ratio_mean,
+                h,
+            ]
+            .into_iter()
+            .map(scalar)
+            .collect()
+        };
+        let a = run(&tokens_a, &old, &refp);
+        let b = run(&tokens_b, &old_b, &ref_b);
+        for (x, y) in a.iter().zip(&b) {
+            assert!(
+                (x - y).abs() <= 1e-5 * (1.0 + x.abs()),
+                "{agg}: {a:?} vs {b:?}"
+            );
+        }
+    }
+}
+
+/// The log-probs seen while sampling token by token equal the teacher-forced ones that
+/// the loss uses, for the same tokens, at T = 1 and T = 0.7.
+#[test]
+fn autoregressive_logprobs_equal_teacher_forced() {
+    let mut c = tiny();
+    c.model.init_scale = 20.0; // far from uniform, so a mismatch would show
+    let d = Device::flex();
+    let policy = Policy::new(&c, &d);
+    let prompts: Vec<Vec<u32>> = vec![vec![3, 1, 4], vec![0, 0, 2]];
+    let refs: Vec<&Vec<u32>> = prompts.iter().collect();
+    let (g, v) = (3, c.task.vocab + 1);
+    for temperature in [1.0f32, 0.7] {
+        let params = sampling::SamplingParams {
+            temperature,
+            top_k: 0,
+            top_p: 1.0,
+        };
+        let mut seen: Vec<Vec<f32>> = vec![Vec::new(); prompts.len() * g];
+        let mut done = vec![false; prompts.len() * g];
+        let generated = policy
+            .generate(&refs, g, c.max_len(), &d, |logits, t| {
+                let rows = logits.len() / v;
+                let toks = sampling::sample_independent(logits, rows, 1, v, 1, params, 9, t as u32);
+                for r in 0..rows {
+                    if done[r] {
+                        continue;
+                    }
+                    let row: Vec<f32> = logits[r * v..(r + 1) * v]
+                        .iter()
+                        .map(|x| x / temperature)
+                        .collect();
+                    let m = row.iter().fold(f32::MIN, |a, &b| a.max(b));
+                    let lse = m + row.iter().map(|x| (x - m).exp()).sum::<f32>().ln();
+                    seen[r].push(row[toks[r] as usize] - lse);
+                    done[r] = toks[r] as usize == v - 1;
+                }
+                Ok::<_, ()>(toks)
+            })
+            .unwrap();
+        let t = generated.rows.iter().map(|r| r.len()).max().unwrap();
+        let mut ids = Vec::new();
+        for r in &generated.rows {
+            for i in 0..t {
+                ids.push(*r.get(i).unwrap_or(&(v as u32 - 1)) as i64);
+            }
+        }
+        let pt =
+            Tensor::<2, Int>::from_data(TensorData::new(vec![3i64, 1, 4, 0, 0, 2], [2, 3]), &d);
+        let (logp, _) = policy.score(pt, ints3(&ids, [2, g, t], &d), temperature);
+        let logp = logp.into_data().try_to_vec::<f32>().unwrap();
+        for (r, row) in generated.rows.iter().enumerate() {
+            assert_eq!(seen[r].len(), row.len());
+            for (i, want) in seen[r].iter().enumerate() {
+                let got = logp[r * t + i];
+                assert!(
+                    (got - want).abs() < 1e-4,
+                    "row {r} token {i}: {got} vs {want}"
+                );
+            }
+        }
+        // Closed rows end with <eos>; the others are truncated at max_len.
+        for (row, closed) in generated.rows.iter().zip(&generated.closed) {
+            assert_eq!(*closed, row.last() == Some(&(v as u32 - 1)));
+            assert!(row.len() <= c.max_len());
+            if !closed {
+                assert_eq!(row.len(), c.max_len());
+            }
+        }
+    }
+    // A log-softmax sanity check of the reference computation itself.
+    let l = log_softmax(Tensor::<1>::from_floats([0.0, 0.0], &d), 0);
+    assert!((scalar(l.narrow(0, 0, 1)) + std::f32::consts::LN_2).abs() < 1e-6);
+}
+
+/// Dynamic sampling with a reward that is flat for every group stops after its bound
+/// and counts what it did.
+#[test]
+fn dynamic_sampling_is_bounded() {
+    let mut c = short_lecture(2);
+    c.task.reward = grpo_lab::config::RewardKind::Exact;
+    c.task.reward_weights.clear();
+    c.model.init_scale = 0.01; // near-uniform: exact matches are rare but possible
+    c.task.prompts = vec![vec![4, 3, 2]];
+    c.algorithm.num_generations = 2;
+    c.algorithm.dynamic_sampling = true;
+    c.algorithm.max_resample_rounds = 3;
+    let mut trainer = Trainer::new(c, Compute::cpu()).unwrap();
+    let r = trainer.step().unwrap();
+    assert!(r.resample_rounds <= 3, "{}", r.resample_rounds);
+    assert_eq!(
+        r.resampled_groups, r.resample_rounds,
+        "one group, resampled each round"
+    );
+    if r.frac_reward_zero_std == 1.0 {
+        assert_eq!(
+            r.resample_rounds, 3,
+            "flat after the bound: all rounds were used"
+        );
+    }
+    assert_eq!(r.zero_std_first_draw, 1.0);
+}
+
+/// A short transformer run: lengths and truncation are logged, the run is a function of its
+/// seed, and groups carry one log-prob per real token.
+#[test]
+fn transformer_run_is_deterministic_and_logs_lengths() {
+    let c = tiny();
+    let (a, b) = (temp_dir("tf-a"), temp_dir("tf-b"));
+    for dir in [&a, &b] {
+        grpo_lab::train::run(
+            c.clone(),
+            Compute::cpu(),
+            grpo_lab::train::RunOptions {
+                out: dir.to_path_buf(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    }
+    let ma = metrics_without_timing(&a.join("metrics.jsonl"));
+    assert_eq!(ma, metrics_without_timing(&b.join("metrics.jsonl")));
+    let records = grpo_lab::train::read_metrics(&a.join("metrics.jsonl")).unwrap();
+    for r in &records {
+        assert!(r.min_length >= 1.0 && r.max_length <= c.max_len() as f32);
+        assert!(r.min_length <= r.mean_length && r.mean_length <= r.max_length);
+        assert!((0.0..=1.0).contains(&r.clipped_ratio));
+        if let Some(groups) = &r.groups {
+            for gr in groups {
+                for (resp, lp) in gr.responses.iter().zip(&gr.logp) {
+                    assert_eq!(resp.len(), lp.len());
+                    let closed = resp.last() == Some(&grpo_lab::task::tokenizer::EOS_ID);
+                    assert!(closed || resp.len() == c.max_len());
+                }
+            }
+        }
+    }
+    assert!(records.iter().any(|r| r.groups.is_some()));
+}
+
+/// The kernel path samples the same tokens as the Rust path for the transformer too.
+#[test]
+fn transformer_kernel_and_reference_paths_agree() {
+    let Some(wgpu) = wgpu_compute() else { return };
+    let mut runs = Vec::new();
+    for kernels in [
+        grpo_lab::config::KernelChoice::Gpu,
+        grpo_lab::config::KernelChoice::Reference,
+    ] {
+        let mut c = tiny();
+        c.run.kernels = kernels;
+        let mut t = Trainer::new(c, wgpu.clone()).unwrap();
+        runs.push((0..2).map(|_| t.step().unwrap()).collect::<Vec<_>>());
+    }
+    for (a, b) in runs[0].iter().zip(&runs[1]) {
+        assert_eq!(a.reward_mean, b.reward_mean);
+        assert_eq!(a.groups, b.groups);
+    }
+}
+
+#[test]
+fn bad_shapes_name_both_numbers() {
+    let c = tiny();
+    let err = |sets: &[&str]| {
+        c.with_overrides(&sets.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err(&["task.max_len=2"]);
+    assert!(
+        e.contains("task.max_len") && e.contains('2') && e.contains("task.n = 3"),
+        "{e}"
+    );
+    let e = err(&["model.context=6"]);
+    assert!(
+        e.contains("model.context") && e.contains('6') && e.contains("= 8"),
+        "{e}"
+    );
+    let e = err(&["model.vocab=12"]);
+    assert!(
+        e.contains("model.vocab") && e.contains("12") && e.contains("6 tokens"),
+        "{e}"
+    );
+    let e = err(&["model.heads=3"]);
+    assert!(e.contains("model.heads") && e.contains("16"), "{e}");
+    let mut lecture = short_lecture(1);
+    lecture.task.format_reward = 1.0;
+    let e = lecture.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("task.format_reward") && e.contains("transformer"),
+        "{e}"
+    );
+    assert_eq!(c.model.kind, ModelKind::Transformer);
+}
