@@ -184,6 +184,10 @@ struct BenchArgs {
     /// Threads for PyTorch (the baseline is 1).
     #[arg(long, default_value_t = 1)]
     pytorch_threads: usize,
+    /// Scaling curves instead: step time as B×G, n and D grow around the preset, a log-log
+    /// chart and a table written to this directory.
+    #[arg(long, value_name = "DIR")]
+    scaling: Option<std::path::PathBuf>,
 }
 
 fn parse_list(s: &str) -> Result<Vec<u32>, String> {
@@ -468,7 +472,99 @@ fn devices_cmd(json: bool) -> Result<()> {
     Ok(())
 }
 
+/// Median ms per optimizer step (rollout share included) over `iterations` iterations after
+/// one warm-up iteration.
+fn time_config(mut config: RunConfig, compute: &Compute, iterations: usize) -> Result<f64> {
+    config.run.iterations = iterations + 1;
+    config.run.log_groups = 0;
+    let mu = config.algorithm.mu;
+    let mut trainer = Trainer::new(config, compute.clone()).map_err(user)?;
+    for _ in 0..mu {
+        trainer.step().map_err(user)?;
+    }
+    let mut per_step = Vec::new();
+    for _ in 0..iterations {
+        let t = std::time::Instant::now();
+        for _ in 0..mu {
+            trainer.step().map_err(user)?;
+        }
+        per_step.push(t.elapsed().as_secs_f64() * 1000.0 / mu as f64);
+    }
+    Ok(median(&per_step))
+}
+
+/// Step time as one dimension grows at a time around the preset; the local log-log slope
+/// tells overhead-bound (≈ 0) from compute-bound (≈ 1 for B×G and n, ≈ 2 for D).
+fn bench_scaling(args: &BenchArgs, out: &std::path::Path) -> Result<()> {
+    let base = build_config(&args.config)?;
+    let compute = open_device(base.run.device)?;
+    let axes: [(&str, &str, Vec<usize>); 3] = [
+        (
+            "B·G",
+            "algorithm.prompts_per_iteration",
+            vec![1, 4, 16, 64, 256, 1024],
+        ),
+        ("n", "task.n", vec![4, 8, 16, 32]),
+        ("D", "model.d_model", vec![8, 16, 32, 64, 128, 256]),
+    ];
+    let g = base.algorithm.num_generations;
+    let mut series = Vec::new();
+    let mut table = String::from("axis,value,size,ms_per_step,slope\n");
+    println!(
+        "scaling around {} on {} ({} iterations per point):",
+        args.config.preset.as_deref().unwrap_or("config"),
+        compute.label,
+        args.iterations
+    );
+    for (name, key, values) in axes {
+        let mut pts: Vec<(f64, f64)> = Vec::new();
+        for v in values {
+            let mut sets = vec![format!("{key}={v}")];
+            if key == "algorithm.prompts_per_iteration" {
+                sets.push(format!(
+                    "task.train_size={}",
+                    (v * 2).max(base.task.train_size)
+                ));
+            }
+            let config = base.with_overrides(&sets).map_err(user)?;
+            let ms = time_config(config, &compute, args.iterations)?;
+            let size = if key == "algorithm.prompts_per_iteration" {
+                v * g
+            } else {
+                v
+            };
+            let slope = pts
+                .last()
+                .map(|&(x0, y0)| (ms.log10() - y0) / ((size as f64).log10() - x0))
+                .unwrap_or(f64::NAN);
+            println!("  {name:>4} = {size:>6}: {ms:>9.3} ms/step   local slope {slope:>5.2}");
+            table.push_str(&format!("{name},{v},{size},{ms:.4},{slope:.3}\n"));
+            pts.push(((size as f64).log10(), ms.log10()));
+        }
+        series.push(grpo_lab::report::Series::line(
+            format!("{name} (others at the preset)"),
+            pts,
+        ));
+    }
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join("scaling.csv"), table)?;
+    let charts = grpo_lab::report::line_chart(
+        out,
+        "scaling",
+        &format!("step time vs size on {} (log10–log10)", compute.label),
+        "log10(size: B·G responses, n, or D)",
+        "log10(ms per optimizer step)",
+        &series,
+    )?;
+    println!("table: {}", out.join("scaling.csv").display());
+    println!("chart: {}", charts[0].display());
+    Ok(())
+}
+
 fn bench_cmd(args: BenchArgs) -> Result<()> {
+    if let Some(out) = &args.scaling {
+        return bench_scaling(&args, out);
+    }
     let mut config = build_config(&args.config)?;
     config.run.iterations = args.iterations + 1;
     config.run.log_groups = 0;

@@ -336,3 +336,39 @@ fn bad_shapes_name_both_numbers() {
     );
     assert_eq!(c.model.kind, ModelKind::Transformer);
 }
+
+/// The curriculum starts from the easiest quarter of the training prompts (fewest inversions).
+#[test]
+fn curriculum_starts_easy() {
+    let mut c = RunConfig::preset("random-sort").unwrap();
+    c.algorithm.prompt_sampling = grpo_lab::config::PromptSampling::Curriculum;
+    c.algorithm.prompts_per_iteration = 32;
+    c.run.iterations = 8;
+    c.run.log_groups = 32;
+    let mut t = Trainer::new(c.clone(), Compute::cpu()).unwrap();
+    let inv = |p: &[u32]| {
+        (0..p.len())
+            .flat_map(|i| (i + 1..p.len()).map(move |j| (i, j)))
+            .filter(|&(i, j)| p[i] > p[j])
+            .count()
+    };
+    let mut all: Vec<usize> = t.prompts.train.iter().map(|p| inv(p)).collect();
+    all.sort();
+    let quarter = all[all.len() / 4];
+    let mut first = None;
+    while first.is_none() {
+        first = t.step().unwrap().groups;
+    }
+    for g in first.unwrap() {
+        assert!(
+            inv(&g.prompt) <= quarter,
+            "{:?} is not among the easiest quarter",
+            g.prompt
+        );
+    }
+    let e = c
+        .with_overrides(&["algorithm.prompts_per_iteration=0".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("algorithm.prompt_sampling"), "{e}");
+}

@@ -157,6 +157,22 @@ struct Scored {
     lecture_logits: Vec<f32>,
 }
 
+/// `b` of the training prompts, without replacement, each with weight `1 − success + 0.05`
+/// (Kimi k1.5's prioritized sampling; the floor keeps solved prompts coming back now and then),
+/// by Efraimidis–Spirakis keys `ln(u)/w`.
+pub fn prioritized_indices(success: &[f32], b: usize, rng: &mut SplitMix64) -> Vec<usize> {
+    let mut keyed: Vec<(f64, usize)> = success
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| {
+            let w = (1.0 - s as f64).max(0.0) + 0.05;
+            (rng.next_f64().max(1e-300).ln() / w, i)
+        })
+        .collect();
+    keyed.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    keyed.into_iter().take(b).map(|(_, i)| i).collect()
+}
+
 /// Number of inversions of a prompt: 0 for a sorted one (the curriculum's difficulty).
 fn inversions(p: &[u32]) -> usize {
     (0..p.len())
@@ -325,19 +341,7 @@ impl Trainer {
                 idx.truncate(b);
                 idx
             }
-            PromptSampling::Prioritized => {
-                // Weighted sampling without replacement (Efraimidis–Spirakis): key u^(1/w),
-                // w = 1 − success + 0.05 so solved prompts still come back now and then.
-                let mut keyed: Vec<(f64, usize)> = idx
-                    .iter()
-                    .map(|&i| {
-                        let w = (1.0 - self.success[i] as f64).max(0.0) + 0.05;
-                        (rng.next_f64().max(1e-300).ln() / w, i)
-                    })
-                    .collect();
-                keyed.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-                keyed.into_iter().take(b).map(|(_, i)| i).collect()
-            }
+            PromptSampling::Prioritized => prioritized_indices(&self.success, b, &mut rng),
             PromptSampling::Curriculum => {
                 // The easiest quarter first, growing linearly to every prompt at mid-run.
                 let half = (self.config.run.iterations / 2).max(1) as f64;
@@ -406,7 +410,7 @@ impl Trainer {
         with_advantages: bool,
     ) -> Result<Scored, TrainError> {
         let cfg = &self.config;
-        let (n, g, b) = (cfg.task.n, cfg.algorithm.num_generations, batch.len());
+        let (g, b) = (cfg.algorithm.num_generations, batch.len());
         let seed = cfg.run.seed;
         let frozen = self.frozen();
         let mut scored = match &frozen {
@@ -503,7 +507,6 @@ impl Trainer {
             let rewards = scored.rewards.clone();
             self.fill_advantages(&mut scored, &rewards, g)?;
         }
-        let _ = n;
         Ok(scored)
     }
 
@@ -568,7 +571,6 @@ impl Trainer {
             .enumerate()
             .map(|(i, r)| crate::task::reward::exact(batch[i / g], r))
             .collect();
-        let _ = with_advantages; // advantages are filled by the caller on this path
         Ok(Scored {
             closed: vec![true; b * g],
             rows,
@@ -1147,5 +1149,36 @@ impl Trainer {
         self.step_in_iteration = 0;
         self.rollout = None;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prioritized_sampling_prefers_unsolved_prompts() {
+        // Prompts 0..50 always solved, 50..100 never.
+        let success: Vec<f32> = (0..100).map(|i| if i < 50 { 1.0 } else { 0.0 }).collect();
+        let mut rng = SplitMix64::new(1);
+        let (mut unsolved, mut total) = (0, 0);
+        for _ in 0..200 {
+            let pick = prioritized_indices(&success, 10, &mut rng);
+            let mut sorted = pick.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(sorted.len(), 10, "without replacement");
+            unsolved += pick.iter().filter(|&&i| i >= 50).count();
+            total += pick.len();
+        }
+        // Weights 1.05 vs 0.05: about 95 % of the draws go to unsolved prompts.
+        assert!(unsolved as f64 / total as f64 > 0.9, "{unsolved}/{total}");
+    }
+
+    #[test]
+    fn inversions_count() {
+        assert_eq!(inversions(&[0, 1, 2]), 0);
+        assert_eq!(inversions(&[2, 1, 0]), 3);
+        assert_eq!(inversions(&[1, 0, 1]), 1);
     }
 }
