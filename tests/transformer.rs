@@ -372,3 +372,57 @@ fn curriculum_starts_easy() {
         .to_string();
     assert!(e.contains("algorithm.prompt_sampling"), "{e}");
 }
+
+/// The entropy bonus is wired into the loss: the same first step with `entropy_coef = c`
+/// logs `loss − c·H` (token-mean aggregation, so H is the logged entropy).
+#[test]
+fn entropy_bonus_enters_the_loss() {
+    let mut c = tiny();
+    c.algorithm.loss_agg_mode = LossAggMode::TokenMean;
+    let first = |coef: f64| {
+        let mut c = c.clone();
+        c.algorithm.entropy_coef = coef;
+        Trainer::new(c, Compute::cpu()).unwrap().step().unwrap()
+    };
+    let (a, b) = (first(0.0), first(0.05));
+    assert_eq!(a.entropy, b.entropy);
+    let want = a.loss - 0.05 * a.entropy;
+    assert!((b.loss - want).abs() < 1e-5, "{} vs {want}", b.loss);
+}
+
+/// Logged rewards of a transformer run equal the verifier on the answer plus the format and
+/// DAPO overlong terms, recomputed from the logged responses.
+#[test]
+fn autoregressive_rewards_add_format_and_overlong_terms() {
+    use grpo_lab::task::reward::{ArResponse, overlong_penalty};
+    let mut c = tiny();
+    c.task.format_reward = 0.5;
+    c.task.length_reward = grpo_lab::config::LengthReward::Overlong;
+    c.task.overlong_buffer = 3;
+    c.task.reward_weights.clear();
+    c.task.reward = grpo_lab::config::RewardKind::Distance;
+    c.run.log_groups = 4;
+    let mut t = Trainer::new(c.clone(), Compute::cpu()).unwrap();
+    let f = grpo_lab::task::RewardFn::from_task(&c.task);
+    let mut checked = 0;
+    for _ in 0..2 {
+        let r = t.step().unwrap();
+        for g in r.groups.iter().flatten() {
+            for (resp, got) in g.responses.iter().zip(&g.rewards) {
+                let a = ArResponse::parse(resp, grpo_lab::task::tokenizer::EOS_ID);
+                let want = f.reward_ar(&g.prompt, &a)
+                    + if a.closed { 0.5 } else { 0.0 }
+                    + overlong_penalty(a.length, c.max_len(), 3, !a.closed);
+                assert!((got - want).abs() < 1e-6, "{resp:?}: {got} vs {want}");
+                let parts = f.score_logged(&c, &g.prompt, resp).parts;
+                let sum: f32 = ["matching_positions", "format", "overlong"]
+                    .iter()
+                    .filter_map(|k| parts.get(*k))
+                    .sum();
+                assert!((got - sum).abs() < 1e-6, "parts {parts:?} vs {got}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 0);
+}
