@@ -790,6 +790,27 @@ mod tests {
     }
 
     #[test]
+    fn linked_keys_move_together() {
+        let m = Matrix::from_experiment("length-bias").unwrap();
+        let cells = m.cells().unwrap();
+        assert_eq!(cells.len(), 2, "two arms, not a 2×2 grid");
+        assert_eq!(cells[0].config.algorithm.advantage, crate::config::AdvantageMode::Normalized);
+        assert_eq!(
+            cells[0].config.algorithm.loss_agg_mode,
+            crate::config::LossAggMode::SeqMeanTokenMean
+        );
+        assert_eq!(cells[1].config.algorithm.advantage, crate::config::AdvantageMode::Centered);
+        assert_eq!(
+            cells[1].config.algorithm.loss_agg_mode,
+            crate::config::LossAggMode::SeqMeanTokenSumNorm
+        );
+        let mut bad = m.clone();
+        bad.axes = vec![Axis::parse("algorithm.advantage&algorithm.mu=raw&2,centered").unwrap()];
+        let e = bad.cells().unwrap_err().to_string();
+        assert!(e.contains("2 linked keys but 1 values"), "{e}");
+    }
+
+    #[test]
     fn bad_keys_and_values_fail_before_running() {
         let base = RunConfig::preset("lecture17").unwrap();
         let m = Matrix {

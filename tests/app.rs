@@ -258,4 +258,7 @@ fn transformer_runs_in_the_app_and_the_inspector_shows_eos() {
     h.state_mut().persisted.tab = Tab::Inspector;
     h.run();
     h.snapshot("inspector-transformer");
+    h.state_mut().persisted.tab = Tab::Plots;
+    h.run();
+    h.snapshot("plots-transformer");
 }
