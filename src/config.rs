@@ -310,6 +310,7 @@ named_enum!(PromptSampling {
 });
 named_enum!(DeviceChoice { Auto => "auto", Gpu => "gpu", Software => "software", Cpu => "cpu" });
 named_enum!(KernelChoice { Auto => "auto", Gpu => "gpu", Reference => "reference" });
+named_enum!(FusedChoice { Auto => "auto", Off => "off" });
 
 /// Adam (the lecture's optimizer).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -380,6 +381,10 @@ pub struct RunSettings {
     /// Sampling, verifying and advantages: `gpu` (our WGSL kernels), `reference` (the plain-Rust
     /// path), `auto` (the kernels whenever the device is a wgpu adapter).
     pub kernels: KernelChoice,
+    /// The lecture model's fused CPU optimizer step (forward, backward and Adam by hand, held
+    /// equal to burn's by tests): `auto` uses it on the CPU backend when the config allows,
+    /// `off` always takes burn's autodiff path.
+    pub fused_step: FusedChoice,
 }
 
 impl Default for RunSettings {
@@ -392,6 +397,7 @@ impl Default for RunSettings {
             log_groups: 16,
             device: DeviceChoice::Auto,
             kernels: KernelChoice::Auto,
+            fused_step: FusedChoice::Auto,
         }
     }
 }

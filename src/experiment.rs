@@ -794,12 +794,18 @@ mod tests {
         let m = Matrix::from_experiment("length-bias").unwrap();
         let cells = m.cells().unwrap();
         assert_eq!(cells.len(), 2, "two arms, not a 2×2 grid");
-        assert_eq!(cells[0].config.algorithm.advantage, crate::config::AdvantageMode::Normalized);
+        assert_eq!(
+            cells[0].config.algorithm.advantage,
+            crate::config::AdvantageMode::Normalized
+        );
         assert_eq!(
             cells[0].config.algorithm.loss_agg_mode,
             crate::config::LossAggMode::SeqMeanTokenMean
         );
-        assert_eq!(cells[1].config.algorithm.advantage, crate::config::AdvantageMode::Centered);
+        assert_eq!(
+            cells[1].config.algorithm.advantage,
+            crate::config::AdvantageMode::Centered
+        );
         assert_eq!(
             cells[1].config.algorithm.loss_agg_mode,
             crate::config::LossAggMode::SeqMeanTokenSumNorm

@@ -55,7 +55,9 @@ fn same_seed_same_metrics_on_cpu_and_wgpu() {
 #[test]
 fn wgpu_and_cpu_agree() {
     let Some(wgpu) = wgpu_compute() else { return };
-    let config = short_lecture(3);
+    let mut config = short_lecture(3);
+    // burn's autodiff on both backends (the fused CPU step has its own test, tests/fused.rs).
+    config.run.fused_step = grpo_lab::config::FusedChoice::Off;
     let (a, b) = (temp_dir("agree-cpu"), temp_dir("agree-wgpu"));
     run_to(config.clone(), Compute::cpu(), &a);
     run_to(config, wgpu, &b);
@@ -113,6 +115,13 @@ fn resume_continues_bit_identically() {
     let mut short = config.clone();
     short.run.iterations = 3;
     run_to(short, Compute::cpu(), &part);
+    // On the CPU backend lecture17 takes the fused step, whose Adam state is checkpointed too.
+    assert!(
+        std::fs::read_dir(part.join("checkpoints"))
+            .unwrap()
+            .flatten()
+            .any(|e| e.path().join("fused_adam.bin").exists())
+    );
     std::fs::write(part.join("config.toml"), config.to_toml()).unwrap();
     train::run(
         config,

@@ -2,6 +2,7 @@
 //! log-probs, μ optimizer steps on the per-token loss.
 
 pub mod advantage;
+pub mod fused;
 pub mod kernels;
 pub mod loss;
 pub mod sampling;

@@ -4,10 +4,12 @@
 //! thread and a web build from its frame loop; file I/O lives in `train`.
 
 use crate::config::{
-    AdvantageMode, KernelChoice, KlPenaltyMode, LengthReward, PromptSampling, RunConfig,
+    AdvantageMode, FusedChoice, KernelChoice, KlPenaltyMode, LengthReward, PromptSampling,
+    RunConfig,
 };
 use crate::gpu::Compute;
 use crate::grpo::advantage::{self, GroupStats};
+use crate::grpo::fused::{FusedLecture, FusedScalars};
 use crate::grpo::kernels::Kernels;
 use crate::grpo::loss::{self, LossSettings};
 use crate::grpo::sampling::{self, SamplingParams};
@@ -64,8 +66,21 @@ struct Rollout {
     mask: Tensor<3>,
     /// Tokens of each response (`[B·G]`), for trimming the logged per-token rows.
     lengths: Vec<usize>,
+    /// Host copies for the fused step: prompts, responses, advantages, log π_old, log π_ref.
+    host: Option<HostRollout>,
     stats: RolloutStats,
     groups: Option<Vec<GroupRecord>>,
+}
+
+/// Per-token log π and log π_old of the logged groups (last step of an iteration).
+type TokenDetail = Option<(Vec<Vec<f32>>, Vec<Vec<f32>>)>;
+
+struct HostRollout {
+    prompts: Vec<u32>,
+    responses: Vec<u32>,
+    advantages: Vec<f32>,
+    old_logp: Vec<f32>,
+    ref_logp: Vec<f32>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -137,6 +152,8 @@ pub struct Trainer {
     sft_done: bool,
     sft_heldout_accuracy: Option<f32>,
     timings: Timings,
+    /// The lecture model's fused CPU step, when the config and device allow it.
+    fused: Option<FusedLecture>,
 }
 
 /// Sampled and scored responses of some prompts, `G` per prompt, on either path.
@@ -195,6 +212,20 @@ impl Trainer {
             (_, Some(ctx)) => Some(Arc::new(Kernels::new(ctx.clone())?)),
         };
         let optim = Self::adam(&config.optimizer);
+        let fused = (config.run.fused_step == FusedChoice::Auto
+            && compute.gpu.is_none()
+            && FusedLecture::supports(&config))
+        .then(|| match &policy {
+            Policy::Lecture(m) => Some(FusedLecture::new(
+                &m.weights(),
+                config.task.vocab,
+                config.task.n,
+                config.model.d_model,
+                &config,
+            )),
+            Policy::Transformer(_) => None,
+        })
+        .flatten();
         let mut by_difficulty: Vec<usize> = (0..prompts.train.len()).collect();
         by_difficulty.sort_by_key(|&i| (inversions(&prompts.train[i]), i));
         Ok(Self {
@@ -204,6 +235,7 @@ impl Trainer {
             sft_done: config.sft.steps == 0,
             sft_heldout_accuracy: None,
             timings: Timings::default(),
+            fused,
             config,
             compute,
             prompts,
@@ -738,6 +770,23 @@ impl Trainer {
         let (responses, mask, _t) = self.response_tensors(&scored.rows, g);
         // 5. log π_old and log π_ref of every sampled token, frozen.
         let temperature = cfg.sampling.temperature as f32;
+        // On the fused path log π_old and log π_ref come from the same arithmetic as the step.
+        let fused_logp = self.fused.as_ref().map(|f| {
+            let prompts_host: Vec<u32> = batch.iter().flat_map(|p| p.iter().copied()).collect();
+            let responses_host: Vec<u32> = scored.rows.iter().flatten().copied().collect();
+            let old = f.token_logp(&prompts_host, &responses_host, temperature);
+            let reference = match &self.reference {
+                Policy::Lecture(m) => {
+                    FusedLecture::new(&m.weights(), f.vocab, f.n, f.d, &self.config).token_logp(
+                        &prompts_host,
+                        &responses_host,
+                        temperature,
+                    )
+                }
+                Policy::Transformer(_) => unreachable!("the fused path is the lecture model's"),
+            };
+            (old, reference)
+        });
         let frozen_logp = |p: &Policy| {
             p.valid()
                 .score(
@@ -748,12 +797,21 @@ impl Trainer {
                 .0
                 .autodiff()
         };
-        let old_logp = frozen_logp(&self.policy);
+        let to_tensor = |v: &Vec<f32>| {
+            Tensor::<3>::from_data(TensorData::new(v.clone(), [b, g, _t]), &self.device)
+        };
+        let old_logp = match &fused_logp {
+            Some((old, _)) => to_tensor(old),
+            None => frozen_logp(&self.policy),
+        };
         let ref_logp = if a.bugs.shared_reference {
             // BUG (gallery): the "reference" is the policy itself, so it moves every iteration.
             old_logp.clone()
         } else {
-            frozen_logp(&self.reference)
+            match &fused_logp {
+                Some((_, reference)) => to_tensor(reference),
+                None => frozen_logp(&self.reference),
+            }
         };
         let _ = old_logp.clone().slice([0..1, 0..1, 0..1]).into_data(); // wait for it
         lap(&mut self.timings.old_ref_logp);
@@ -881,6 +939,13 @@ impl Trainer {
                 .collect()
         });
         self.last_reward_mean = stats.reward_mean;
+        let host = fused_logp.map(|(old, reference)| HostRollout {
+            prompts: batch.iter().flat_map(|p| p.iter().copied()).collect(),
+            responses: scored.rows.iter().flatten().copied().collect(),
+            advantages: driving.clone(),
+            old_logp: old,
+            ref_logp: reference,
+        });
         Ok(Rollout {
             prompts,
             responses,
@@ -889,6 +954,7 @@ impl Trainer {
             ref_logp,
             mask,
             lengths,
+            host,
             stats,
             groups,
         })
@@ -901,6 +967,100 @@ impl Trainer {
             let rollout = self.roll_out()?;
             self.rollout = Some(rollout);
         }
+        let last_of_iteration = self.step_in_iteration + 1 >= self.config.algorithm.mu;
+        let fused = self.fused.is_some() && self.rollout.as_ref().is_some_and(|r| r.host.is_some());
+        let (sc, token_detail) = if fused {
+            self.fused_step(last_of_iteration)?
+        } else {
+            self.burn_step(last_of_iteration)?
+        };
+        let FusedScalars {
+            loss: loss_v,
+            kl,
+            clip_low,
+            clip_high,
+            ratio_mean,
+            entropy,
+            grad_norm,
+        } = sc;
+        let step = self.global_step + 1;
+        let lr = self.config.optimizer.lr;
+        let rollout = self.rollout.as_ref().expect("rollout exists");
+        let stats = rollout.stats;
+        let groups = token_detail.map(|(logp, old_logp)| {
+            let mut groups = rollout.groups.clone().unwrap_or_default();
+            let g = self.config.algorithm.num_generations;
+            for (i, group) in groups.iter_mut().enumerate() {
+                group.logp = logp[i * g..(i + 1) * g].to_vec();
+                group.old_logp = old_logp[i * g..(i + 1) * g].to_vec();
+            }
+            groups
+        });
+        let step_time = started.elapsed().as_secs_f64();
+        let record = StepRecord {
+            iteration: self.iteration,
+            step,
+            step_in_iteration: self.step_in_iteration,
+            reward_mean: stats.reward_mean,
+            reward_std: stats.reward_std,
+            reward_min: stats.reward_min,
+            reward_max: stats.reward_max,
+            frac_reward_zero_std: stats.frac_zero_std,
+            exact_match: stats.exact_match,
+            advantage_mean_abs: stats.advantage_mean_abs,
+            mean_length: stats.mean_length,
+            min_length: stats.min_length,
+            max_length: stats.max_length,
+            mean_length_correct: stats.mean_length_correct,
+            mean_length_wrong: stats.mean_length_wrong,
+            clipped_ratio: stats.clipped_ratio,
+            resampled_groups: stats.resampled_groups,
+            resample_rounds: stats.resample_rounds,
+            zero_std_first_draw: stats.zero_std_first_draw,
+            loss: loss_v,
+            kl,
+            entropy,
+            clip_ratio_low: clip_low,
+            clip_ratio_high: clip_high,
+            ratio_mean,
+            grad_norm,
+            lr: lr as f32,
+            accuracy_train: stats.accuracy_train,
+            accuracy_heldout: stats.accuracy_heldout,
+            step_time_secs: step_time as f32,
+            tokens_per_second: (stats.tokens as f64 / step_time.max(1e-9)) as f32,
+            groups,
+        };
+        self.global_step = step;
+        self.step_in_iteration += 1;
+        if self.step_in_iteration >= self.config.algorithm.mu {
+            self.step_in_iteration = 0;
+            self.iteration += 1;
+            self.rollout = None;
+            self.sync_fused_weights();
+        }
+        Ok(record)
+    }
+
+    /// The burn policy takes the fused path's weights (between iterations: rollouts,
+    /// evaluation and checkpoints read the burn policy).
+    fn sync_fused_weights(&mut self) {
+        if let Some(f) = &self.fused {
+            self.policy = Policy::Lecture(crate::model::LecturePolicy::from_weights(
+                &f.weights(),
+                f.vocab,
+                f.n,
+                f.d,
+                &self.device,
+            ));
+        }
+    }
+
+    /// The optimizer step through burn's autodiff (any policy, any config).
+    fn burn_step(
+        &mut self,
+        last_of_iteration: bool,
+    ) -> Result<(FusedScalars, TokenDetail), TrainError> {
         let fb_started = Instant::now();
         let rollout = self.rollout.as_ref().expect("rollout exists");
         let settings = self.loss_settings();
@@ -917,7 +1077,6 @@ impl Trainer {
         } else {
             rollout.old_logp.clone()
         };
-        let last_of_iteration = self.step_in_iteration + 1 >= self.config.algorithm.mu;
         // Per-token log π and log π_old of the logged groups, on the iteration's last step.
         let logged = rollout.groups.as_ref().map(|g| g.len()).unwrap_or(0);
         let token_detail = (last_of_iteration && logged > 0).then(|| {
@@ -1013,60 +1172,67 @@ impl Trainer {
         let lr = self.config.optimizer.lr;
         self.policy = self.optim.step(lr, self.policy.clone(), grads);
         self.timings.optimizer += opt_started.elapsed().as_secs_f64();
+        Ok((
+            FusedScalars {
+                loss: loss_v,
+                kl,
+                clip_low,
+                clip_high,
+                ratio_mean,
+                entropy,
+                grad_norm,
+            },
+            token_detail,
+        ))
+    }
 
-        let stats = rollout.stats;
-        let groups = token_detail.map(|(logp, old_logp)| {
-            let mut groups = rollout.groups.clone().unwrap_or_default();
-            let g = self.config.algorithm.num_generations;
-            for (i, group) in groups.iter_mut().enumerate() {
-                group.logp = logp[i * g..(i + 1) * g].to_vec();
-                group.old_logp = old_logp[i * g..(i + 1) * g].to_vec();
-            }
-            groups
+    /// The optimizer step on the fused CPU path (lecture model; see `grpo::fused`).
+    fn fused_step(
+        &mut self,
+        last_of_iteration: bool,
+    ) -> Result<(FusedScalars, TokenDetail), TrainError> {
+        let started = Instant::now();
+        let settings = self.loss_settings();
+        let temperature = self.config.sampling.temperature as f32;
+        let (lr, max_norm) = (
+            self.config.optimizer.lr,
+            self.config.optimizer.max_grad_norm as f32,
+        );
+        let (g, n) = (self.config.algorithm.num_generations, self.config.task.n);
+        let rollout = self.rollout.as_ref().expect("rollout exists");
+        let h = rollout.host.as_ref().expect("host rollout");
+        let fused = self.fused.as_mut().expect("fused path");
+        let (sc, logp) = fused.step(
+            &h.prompts,
+            &h.responses,
+            &h.advantages,
+            &h.old_logp,
+            &h.ref_logp,
+            &settings,
+            temperature,
+            lr,
+            max_norm,
+        );
+        let logged = rollout.groups.as_ref().map(|g| g.len()).unwrap_or(0);
+        let detail = (last_of_iteration && logged > 0).then(|| {
+            let rows = |x: &[f32]| -> Vec<Vec<f32>> {
+                x[..logged * g * n].chunks(n).map(|c| c.to_vec()).collect()
+            };
+            (rows(&logp), rows(&h.old_logp))
         });
-        let step_time = started.elapsed().as_secs_f64();
-        let record = StepRecord {
-            iteration: self.iteration,
-            step,
-            step_in_iteration: self.step_in_iteration,
-            reward_mean: stats.reward_mean,
-            reward_std: stats.reward_std,
-            reward_min: stats.reward_min,
-            reward_max: stats.reward_max,
-            frac_reward_zero_std: stats.frac_zero_std,
-            exact_match: stats.exact_match,
-            advantage_mean_abs: stats.advantage_mean_abs,
-            mean_length: stats.mean_length,
-            min_length: stats.min_length,
-            max_length: stats.max_length,
-            mean_length_correct: stats.mean_length_correct,
-            mean_length_wrong: stats.mean_length_wrong,
-            clipped_ratio: stats.clipped_ratio,
-            resampled_groups: stats.resampled_groups,
-            resample_rounds: stats.resample_rounds,
-            zero_std_first_draw: stats.zero_std_first_draw,
-            loss: loss_v,
-            kl,
-            entropy,
-            clip_ratio_low: clip_low,
-            clip_ratio_high: clip_high,
-            ratio_mean,
-            grad_norm,
-            lr: lr as f32,
-            accuracy_train: stats.accuracy_train,
-            accuracy_heldout: stats.accuracy_heldout,
-            step_time_secs: step_time as f32,
-            tokens_per_second: (stats.tokens as f64 / step_time.max(1e-9)) as f32,
-            groups,
-        };
-        self.global_step = step;
-        self.step_in_iteration += 1;
-        if self.step_in_iteration >= self.config.algorithm.mu {
-            self.step_in_iteration = 0;
-            self.iteration += 1;
-            self.rollout = None;
+        self.timings.forward_backward += started.elapsed().as_secs_f64();
+        if !sc.loss.is_finite() || !sc.grad_norm.is_finite() {
+            return Err(TrainError::NonFinite {
+                step: self.global_step + 1,
+                iteration: self.iteration,
+                value: if sc.loss.is_finite() {
+                    sc.grad_norm
+                } else {
+                    sc.loss
+                },
+            });
         }
-        Ok(record)
+        Ok((sc, detail))
     }
 
     /// Write policy, reference and optimizer state (burnpack) and the counters.
@@ -1092,6 +1258,10 @@ impl Trainer {
         self.optim
             .save(dir.join("optimizer.bpk"))
             .map_err(|e| err(e.to_string()))?;
+        if let Some(f) = &self.fused {
+            std::fs::write(dir.join("fused_adam.bin"), f.adam_bytes())
+                .map_err(|e| err(e.to_string()))?;
+        }
         let state = serde_json::json!({
             "iteration": self.iteration,
             "global_step": self.global_step,
@@ -1146,6 +1316,17 @@ impl Trainer {
         self.sft_heldout_accuracy = state["sft_heldout_accuracy"].as_f64().map(|x| x as f32);
         // A checkpoint is taken after the cold start, which is in its weights.
         self.sft_done = true;
+        // The fused path continues from its own Adam state; a checkpoint written by burn's
+        // path has none, so such a run continues on burn's path (with burn's state).
+        if let (Some(f), Policy::Lecture(m)) = (&mut self.fused, &self.policy) {
+            match std::fs::read(dir.join("fused_adam.bin")) {
+                Ok(bytes) => {
+                    f.set_weights(&m.weights());
+                    f.load_adam_bytes(&bytes).map_err(err)?;
+                }
+                Err(_) => self.fused = None,
+            }
+        }
         self.step_in_iteration = 0;
         self.rollout = None;
         Ok(())
