@@ -60,11 +60,25 @@ fn matmul(
     }
 }
 
-/// `log Σ exp(x/T)` of one row, max-shifted.
-fn log_z(row: &[f32], inv_t: f32) -> f32 {
+/// `exp(x)` for a max-shifted logit (`x ≤ 0`); below −80 it is 0 to f32 precision anyway,
+/// and skipping the call avoids libm's slow underflow path.
+#[inline]
+fn exp_shifted(x: f32) -> f32 {
+    if x < -80.0 { 0.0 } else { x.exp() }
+}
+
+/// `(log Σ exp(x/T), Σ exp(x/T − max))` of one row; the shifted weights go to `out` if given.
+fn log_z(row: &[f32], inv_t: f32, mut out: Option<&mut [f32]>) -> (f32, f32) {
     let m = row.iter().fold(f32::MIN, |a, &x| a.max(x * inv_t));
-    let sum: f32 = row.iter().map(|&x| (x * inv_t - m).exp()).sum();
-    m + sum.ln()
+    let mut sum = 0.0f32;
+    for (i, &x) in row.iter().enumerate() {
+        let e = exp_shifted(x * inv_t - m);
+        if let Some(o) = out.as_deref_mut() {
+            o[i] = e;
+        }
+        sum += e;
+    }
+    (m + sum.ln(), sum)
 }
 
 /// The scalars of one step, as the burn path reports them.
@@ -267,7 +281,11 @@ impl FusedLecture {
         let g = responses.len() / (b * n);
         let f = self.forward(prompts);
         let inv_t = 1.0 / temperature;
-        let logz: Vec<f32> = f.logits.chunks(v).map(|row| log_z(row, inv_t)).collect();
+        let logz: Vec<f32> = f
+            .logits
+            .chunks(v)
+            .map(|row| log_z(row, inv_t, None).0)
+            .collect();
         let mut out = vec![0.0f32; responses.len()];
         for bi in 0..b {
             for gi in 0..g {
@@ -313,14 +331,15 @@ impl FusedLecture {
         let inv_t = 1.0 / temperature;
         for r in 0..rows {
             let row = &f.logits[r * v..(r + 1) * v];
-            let lz = log_z(row, inv_t);
+            let prow = &mut probs[r * v..(r + 1) * v];
+            let (lz, total) = log_z(row, inv_t, Some(prow));
             logz[r] = lz;
             let mut h = 0.0f32;
-            for (i, &x) in row.iter().enumerate() {
-                let lp = x * inv_t - lz;
-                let p = lp.exp();
-                probs[r * v + i] = p;
-                h -= p * lp;
+            for (p, &x) in prow.iter_mut().zip(row) {
+                *p /= total;
+                if *p > 0.0 {
+                    h -= *p * (x * inv_t - lz);
+                }
             }
             entropy += h as f64;
         }

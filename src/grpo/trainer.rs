@@ -154,6 +154,8 @@ pub struct Trainer {
     timings: Timings,
     /// The lecture model's fused CPU step, when the config and device allow it.
     fused: Option<FusedLecture>,
+    /// The reference's weights for the fused path's log π_ref (rebuilt when the reference is).
+    fused_reference: Option<FusedLecture>,
 }
 
 /// Sampled and scored responses of some prompts, `G` per prompt, on either path.
@@ -235,6 +237,7 @@ impl Trainer {
             sft_done: config.sft.steps == 0,
             sft_heldout_accuracy: None,
             timings: Timings::default(),
+            fused_reference: fused.clone(),
             fused,
             config,
             compute,
@@ -401,11 +404,26 @@ impl Trainer {
         for chunk in refs.chunks(1024) {
             match &frozen {
                 Policy::Lecture(m) => {
-                    let logits = m.forward(self.prompt_tensor(chunk).without_autodiff());
-                    let greedy: Vec<i64> = logits.argmax(2).into_data().iter::<i64>().collect();
+                    let greedy: Vec<u32> = match &self.fused {
+                        Some(f) => sampling::argmax_rows(
+                            &f.logits(
+                                &chunk
+                                    .iter()
+                                    .flat_map(|p| p.iter().copied())
+                                    .collect::<Vec<_>>(),
+                            ),
+                            self.config.task.vocab,
+                        ),
+                        None => m
+                            .forward(self.prompt_tensor(chunk).without_autodiff())
+                            .argmax(2)
+                            .into_data()
+                            .iter::<i64>()
+                            .map(|x| x as u32)
+                            .collect(),
+                    };
                     for (p, resp) in chunk.iter().zip(greedy.chunks(n)) {
-                        let resp: Vec<u32> = resp.iter().map(|&x| x as u32).collect();
-                        correct += crate::task::reward::exact(p, &resp);
+                        correct += crate::task::reward::exact(p, resp);
                     }
                 }
                 Policy::Transformer(_) => {
@@ -447,8 +465,19 @@ impl Trainer {
         let frozen = self.frozen();
         let mut scored = match &frozen {
             Policy::Lecture(m) => {
-                let logits = m.forward(self.prompt_tensor(batch).without_autodiff()); // [B, n, V]
-                let logits: Vec<f32> = logits.to_data().try_to_vec::<f32>().expect("f32 logits");
+                let logits: Vec<f32> = match &self.fused {
+                    Some(f) => f.logits(
+                        &batch
+                            .iter()
+                            .flat_map(|p| p.iter().copied())
+                            .collect::<Vec<_>>(),
+                    ),
+                    None => m
+                        .forward(self.prompt_tensor(batch).without_autodiff()) // [B, n, V]
+                        .to_data()
+                        .try_to_vec::<f32>()
+                        .expect("f32 logits"),
+                };
                 self.sample_lecture(logits, batch, stream, with_advantages)?
             }
             Policy::Transformer(_) => {
@@ -684,7 +713,7 @@ impl Trainer {
                 value: last_loss,
             });
         }
-        self.reference = self.policy.snapshot(&self.device);
+        self.refresh_reference();
         self.sft_heldout_accuracy = self.greedy_accuracy(&self.prompts.heldout);
         self.sft_done = true;
         log::info!(
@@ -704,7 +733,7 @@ impl Trainer {
         let iteration = self.iteration;
         // 1. Reference ← a real copy of the policy, every `ref_period` iterations.
         if iteration > 0 && a.ref_period > 0 && iteration.is_multiple_of(a.ref_period) {
-            self.reference = self.policy.snapshot(&self.device);
+            self.refresh_reference();
         }
         // 2. Sample G responses per prompt from π_old; 3. score them.
         let mut clock = Instant::now();
@@ -775,16 +804,11 @@ impl Trainer {
             let prompts_host: Vec<u32> = batch.iter().flat_map(|p| p.iter().copied()).collect();
             let responses_host: Vec<u32> = scored.rows.iter().flatten().copied().collect();
             let old = f.token_logp(&prompts_host, &responses_host, temperature);
-            let reference = match &self.reference {
-                Policy::Lecture(m) => {
-                    FusedLecture::new(&m.weights(), f.vocab, f.n, f.d, &self.config).token_logp(
-                        &prompts_host,
-                        &responses_host,
-                        temperature,
-                    )
-                }
-                Policy::Transformer(_) => unreachable!("the fused path is the lecture model's"),
-            };
+            let reference = self
+                .fused_reference
+                .as_ref()
+                .expect("set with the fused path")
+                .token_logp(&prompts_host, &responses_host, temperature);
             (old, reference)
         });
         let frozen_logp = |p: &Policy| {
@@ -1040,6 +1064,16 @@ impl Trainer {
             self.sync_fused_weights();
         }
         Ok(record)
+    }
+
+    /// A real copy of the policy becomes the reference (and the fused path's copy of it).
+    fn refresh_reference(&mut self) {
+        self.reference = self.policy.snapshot(&self.device);
+        if let (Some(f), Policy::Lecture(m)) = (&mut self.fused, &self.policy) {
+            // The cold start trains the burn policy: the fused weights follow it.
+            f.set_weights(&m.weights());
+            self.fused_reference = Some(f.clone());
+        }
     }
 
     /// The burn policy takes the fused path's weights (between iterations: rollouts,
@@ -1323,6 +1357,11 @@ impl Trainer {
                 Ok(bytes) => {
                     f.set_weights(&m.weights());
                     f.load_adam_bytes(&bytes).map_err(err)?;
+                    if let Policy::Lecture(r) = &self.reference {
+                        let mut fr = f.clone();
+                        fr.set_weights(&r.weights());
+                        self.fused_reference = Some(fr);
+                    }
                 }
                 Err(_) => self.fused = None,
             }
