@@ -118,3 +118,28 @@ fn fused_step_equals_burn_on_random_prompts() {
     c.algorithm.prompts_per_iteration = 32;
     compare(c, 2, TOL);
 }
+
+/// A config changed mid-run to something the fused path does not cover (the app's Apply)
+/// continues on burn's path from the fused path's weights.
+#[test]
+fn switching_to_an_uncovered_config_mid_run_continues_on_burn() {
+    let mut t = Trainer::new(short_lecture(3), Compute::cpu()).unwrap();
+    for _ in 0..15 {
+        t.step().unwrap();
+    }
+    let before = t.step().unwrap();
+    t.config.algorithm.entropy_coef = 0.01;
+    let after = t.step().unwrap();
+    assert!(after.loss.is_finite() && after.grad_norm > 0.0);
+    // The burn path picked up the trained weights, not the initial ones: its entropy continues
+    // from where the fused path left it.
+    assert!(
+        (after.entropy - before.entropy).abs() < 0.05,
+        "{} vs {}",
+        after.entropy,
+        before.entropy
+    );
+    while !t.is_done() {
+        t.step().unwrap();
+    }
+}

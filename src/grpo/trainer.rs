@@ -991,6 +991,13 @@ impl Trainer {
             let rollout = self.roll_out()?;
             self.rollout = Some(rollout);
         }
+        // A config changed live (the app's Apply) to something the fused path does not cover
+        // (a bug switch, the entropy bonus) moves the run to burn's path for good.
+        if self.fused.is_some() && !FusedLecture::supports(&self.config) {
+            self.sync_fused_weights();
+            self.fused = None;
+            self.fused_reference = None;
+        }
         let last_of_iteration = self.step_in_iteration + 1 >= self.config.algorithm.mu;
         let fused = self.fused.is_some() && self.rollout.as_ref().is_some_and(|r| r.host.is_some());
         let (sc, token_detail) = if fused {
