@@ -521,12 +521,6 @@ impl RunConfig {
 
     /// Semantic checks serde cannot make. Each error names the field and the allowed range.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |key: &str, reason: String| {
-            Err(ConfigError::InvalidValue {
-                key: key.into(),
-                reason,
-            })
-        };
         let t = &self.task;
         if !(1..=64).contains(&t.n) {
             return bad("task.n", format!("{} is out of range; allowed 1..=64", t.n));
@@ -699,12 +693,6 @@ impl RunConfig {
 
     /// Checks of the policy's shape against the task (names both numbers when they disagree).
     fn validate_model(&self) -> Result<(), ConfigError> {
-        let bad = |key: &str, reason: String| {
-            Err(ConfigError::InvalidValue {
-                key: key.into(),
-                reason,
-            })
-        };
         let (t, m) = (&self.task, &self.model);
         if m.kind == ModelKind::Lecture {
             if t.max_len != 0 && t.max_len != t.n {
@@ -823,6 +811,14 @@ impl RunConfig {
     pub fn total_steps(&self) -> usize {
         self.run.iterations * self.algorithm.mu
     }
+}
+
+/// The error of a field with a value it does not allow.
+fn bad(key: &str, reason: String) -> Result<(), ConfigError> {
+    Err(ConfigError::InvalidValue {
+        key: key.into(),
+        reason,
+    })
 }
 
 fn parse_value(raw: &str) -> toml::Value {

@@ -11,18 +11,16 @@ use crate::config::{KlEstimator, LossMode, ModelKind, RunConfig};
 use crate::grpo::loss::LossSettings;
 use crate::model::lecture::LectureWeights;
 
-/// `C[m, n] = A · B` (row-major), `A` or `B` read transposed when asked.
-#[allow(clippy::too_many_arguments)]
-fn matmul(
-    c: &mut [f32],
+/// `A · B` (row-major, `[m, k] · [k, n]` → `[m, n]`), `A` or `B` read transposed when asked.
+fn product(
     a: &[f32],
     b: &[f32],
     (m, k, n): (usize, usize, usize),
     a_transposed: bool,
     b_transposed: bool,
-    accumulate: bool,
-) {
-    debug_assert!(c.len() >= m * n && a.len() >= m * k && b.len() >= k * n);
+) -> Vec<f32> {
+    assert!(a.len() >= m * k && b.len() >= k * n);
+    let mut c = vec![0.0f32; m * n];
     let (a_cs, a_rs) = if a_transposed {
         (m as isize, 1)
     } else {
@@ -33,8 +31,8 @@ fn matmul(
     } else {
         (1, n as isize)
     };
-    // SAFETY: the slices hold at least m·k, k·n and m·n values (checked above in debug
-    // builds, guaranteed by the callers' shapes), and the strides describe those layouts.
+    // SAFETY: `a` and `b` hold at least m·k and k·n values (asserted above), `c` holds m·n,
+    // and the strides describe those row-major layouts.
     unsafe {
         gemm::gemm(
             m,
@@ -43,7 +41,7 @@ fn matmul(
             c.as_mut_ptr(),
             1,
             n as isize,
-            accumulate,
+            false,
             a.as_ptr(),
             a_cs,
             a_rs,
@@ -58,6 +56,7 @@ fn matmul(
             gemm::Parallelism::None,
         );
     }
+    c
 }
 
 /// `exp(x)` for a max-shifted logit (`x ≤ 0`); below −80 it is 0 to f32 precision anyway,
@@ -81,9 +80,9 @@ fn log_z(row: &[f32], inv_t: f32, mut out: Option<&mut [f32]>) -> (f32, f32) {
     (m + sum.ln(), sum)
 }
 
-/// The scalars of one step, as the burn path reports them.
+/// The scalars one optimizer step reports (on either path).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct FusedScalars {
+pub struct StepScalars {
     pub loss: f32,
     pub kl: f32,
     pub clip_low: f32,
@@ -203,36 +202,9 @@ impl FusedLecture {
             let t = tok as usize;
             e[i * d..(i + 1) * d].copy_from_slice(&self.embedding[t * d..(t + 1) * d]);
         }
-        let mut enc = vec![0.0f32; b * d];
-        matmul(
-            &mut enc,
-            &e,
-            &self.encode,
-            (b, n * d, d),
-            false,
-            false,
-            false,
-        );
-        let mut dec = vec![0.0f32; b * n * d];
-        matmul(
-            &mut dec,
-            &enc,
-            &self.decode_t,
-            (b, d, n * d),
-            false,
-            false,
-            false,
-        );
-        let mut logits = vec![0.0f32; b * n * v];
-        matmul(
-            &mut logits,
-            &dec,
-            &self.embedding,
-            (b * n, d, v),
-            false,
-            true,
-            false,
-        );
+        let enc = product(&e, &self.encode, (b, n * d, d), false, false);
+        let dec = product(&enc, &self.decode_t, (b, d, n * d), false, false);
+        let logits = product(&dec, &self.embedding, (b * n, d, v), false, true);
         Forward {
             e,
             enc,
@@ -318,7 +290,7 @@ impl FusedLecture {
         temperature: f32,
         lr: f64,
         max_grad_norm: f32,
-    ) -> (FusedScalars, Vec<f32>) {
+    ) -> (StepScalars, Vec<f32>) {
         let (n, d, v) = (self.n, self.d, self.vocab);
         let b = prompts.len() / n;
         let g = advantages.len() / b;
@@ -410,66 +382,12 @@ impl FusedLecture {
             }
         }
         // Backward through the three products.
-        let mut d_emb = vec![0.0f32; v * d];
-        matmul(
-            &mut d_emb,
-            &dlogits,
-            &f.dec,
-            (v, rows, d),
-            true,
-            false,
-            false,
-        );
-        let mut d_dec = vec![0.0f32; rows * d];
-        matmul(
-            &mut d_dec,
-            &dlogits,
-            &self.embedding,
-            (rows, v, d),
-            false,
-            false,
-            false,
-        );
-        let mut d_decode_t = vec![0.0f32; d * n * d];
-        matmul(
-            &mut d_decode_t,
-            &f.enc,
-            &d_dec,
-            (d, b, n * d),
-            true,
-            false,
-            false,
-        );
-        let mut d_enc = vec![0.0f32; b * d];
-        matmul(
-            &mut d_enc,
-            &d_dec,
-            &self.decode_t,
-            (b, n * d, d),
-            false,
-            true,
-            false,
-        );
-        let mut d_encode = vec![0.0f32; n * d * d];
-        matmul(
-            &mut d_encode,
-            &f.e,
-            &d_enc,
-            (n * d, b, d),
-            true,
-            false,
-            false,
-        );
-        let mut d_e = vec![0.0f32; b * n * d];
-        matmul(
-            &mut d_e,
-            &d_enc,
-            &self.encode,
-            (b, d, n * d),
-            false,
-            true,
-            false,
-        );
+        let mut d_emb = product(&dlogits, &f.dec, (v, rows, d), true, false);
+        let d_dec = product(&dlogits, &self.embedding, (rows, v, d), false, false);
+        let d_decode_t = product(&f.enc, &d_dec, (d, b, n * d), true, false);
+        let d_enc = product(&d_dec, &self.decode_t, (b, n * d, d), false, true);
+        let d_encode = product(&f.e, &d_enc, (n * d, b, d), true, false);
+        let d_e = product(&d_enc, &self.encode, (b, d, n * d), false, true);
         for (i, &tok) in prompts.iter().enumerate() {
             let t = tok as usize;
             for k in 0..d {
@@ -508,7 +426,7 @@ impl FusedLecture {
                 param[i] -= update * lr;
             }
         }
-        let scalars = FusedScalars {
+        let scalars = StepScalars {
             loss: loss as f32,
             kl: (kl_sum / tokens as f64) as f32,
             clip_low: low as f32 / tokens as f32,

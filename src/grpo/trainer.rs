@@ -9,7 +9,7 @@ use crate::config::{
 };
 use crate::gpu::Compute;
 use crate::grpo::advantage::{self, GroupStats};
-use crate::grpo::fused::{FusedLecture, FusedScalars};
+use crate::grpo::fused::{FusedLecture, StepScalars};
 use crate::grpo::kernels::Kernels;
 use crate::grpo::loss::{self, LossSettings};
 use crate::grpo::sampling::{self, SamplingParams};
@@ -120,7 +120,8 @@ pub struct Timings {
     pub old_ref_logp: f64,
     /// Greedy accuracy on the batch and the held-out prompts (metrics).
     pub evaluation: f64,
-    /// Forward, loss, backward and the step's scalar read-back.
+    /// Forward, loss, backward and the step's scalar read-back (on the fused path, the whole
+    /// step: its Adam update is part of the same pass).
     pub forward_backward: f64,
     /// Gradient clipping and the Adam update.
     pub optimizer: f64,
@@ -801,15 +802,21 @@ impl Trainer {
         let temperature = cfg.sampling.temperature as f32;
         // On the fused path log π_old and log π_ref come from the same arithmetic as the step.
         let fused_logp = self.fused.as_ref().map(|f| {
-            let prompts_host: Vec<u32> = batch.iter().flat_map(|p| p.iter().copied()).collect();
-            let responses_host: Vec<u32> = scored.rows.iter().flatten().copied().collect();
-            let old = f.token_logp(&prompts_host, &responses_host, temperature);
-            let reference = self
+            let prompts: Vec<u32> = batch.iter().flat_map(|p| p.iter().copied()).collect();
+            let responses: Vec<u32> = scored.rows.iter().flatten().copied().collect();
+            let old_logp = f.token_logp(&prompts, &responses, temperature);
+            let ref_logp = self
                 .fused_reference
                 .as_ref()
                 .expect("set with the fused path")
-                .token_logp(&prompts_host, &responses_host, temperature);
-            (old, reference)
+                .token_logp(&prompts, &responses, temperature);
+            HostRollout {
+                prompts,
+                responses,
+                advantages: Vec::new(), // filled once the advantages are known
+                old_logp,
+                ref_logp,
+            }
         });
         let frozen_logp = |p: &Policy| {
             p.valid()
@@ -825,7 +832,7 @@ impl Trainer {
             Tensor::<3>::from_data(TensorData::new(v.clone(), [b, g, _t]), &self.device)
         };
         let old_logp = match &fused_logp {
-            Some((old, _)) => to_tensor(old),
+            Some(h) => to_tensor(&h.old_logp),
             None => frozen_logp(&self.policy),
         };
         let ref_logp = if a.bugs.shared_reference {
@@ -833,7 +840,7 @@ impl Trainer {
             old_logp.clone()
         } else {
             match &fused_logp {
-                Some((_, reference)) => to_tensor(reference),
+                Some(h) => to_tensor(&h.ref_logp),
                 None => frozen_logp(&self.reference),
             }
         };
@@ -963,12 +970,9 @@ impl Trainer {
                 .collect()
         });
         self.last_reward_mean = stats.reward_mean;
-        let host = fused_logp.map(|(old, reference)| HostRollout {
-            prompts: batch.iter().flat_map(|p| p.iter().copied()).collect(),
-            responses: scored.rows.iter().flatten().copied().collect(),
+        let host = fused_logp.map(|h| HostRollout {
             advantages: driving.clone(),
-            old_logp: old,
-            ref_logp: reference,
+            ..h
         });
         Ok(Rollout {
             prompts,
@@ -1005,15 +1009,6 @@ impl Trainer {
         } else {
             self.burn_step(last_of_iteration)?
         };
-        let FusedScalars {
-            loss: loss_v,
-            kl,
-            clip_low,
-            clip_high,
-            ratio_mean,
-            entropy,
-            grad_norm,
-        } = sc;
         let step = self.global_step + 1;
         let lr = self.config.optimizer.lr;
         let rollout = self.rollout.as_ref().expect("rollout exists");
@@ -1048,13 +1043,13 @@ impl Trainer {
             resampled_groups: stats.resampled_groups,
             resample_rounds: stats.resample_rounds,
             zero_std_first_draw: stats.zero_std_first_draw,
-            loss: loss_v,
-            kl,
-            entropy,
-            clip_ratio_low: clip_low,
-            clip_ratio_high: clip_high,
-            ratio_mean,
-            grad_norm,
+            loss: sc.loss,
+            kl: sc.kl,
+            entropy: sc.entropy,
+            clip_ratio_low: sc.clip_low,
+            clip_ratio_high: sc.clip_high,
+            ratio_mean: sc.ratio_mean,
+            grad_norm: sc.grad_norm,
             lr: lr as f32,
             accuracy_train: stats.accuracy_train,
             accuracy_heldout: stats.accuracy_heldout,
@@ -1101,7 +1096,7 @@ impl Trainer {
     fn burn_step(
         &mut self,
         last_of_iteration: bool,
-    ) -> Result<(FusedScalars, TokenDetail), TrainError> {
+    ) -> Result<(StepScalars, TokenDetail), TrainError> {
         let fb_started = Instant::now();
         let rollout = self.rollout.as_ref().expect("rollout exists");
         let settings = self.loss_settings();
@@ -1214,7 +1209,7 @@ impl Trainer {
         self.policy = self.optim.step(lr, self.policy.clone(), grads);
         self.timings.optimizer += opt_started.elapsed().as_secs_f64();
         Ok((
-            FusedScalars {
+            StepScalars {
                 loss: loss_v,
                 kl,
                 clip_low,
@@ -1231,7 +1226,7 @@ impl Trainer {
     fn fused_step(
         &mut self,
         last_of_iteration: bool,
-    ) -> Result<(FusedScalars, TokenDetail), TrainError> {
+    ) -> Result<(StepScalars, TokenDetail), TrainError> {
         let started = Instant::now();
         let settings = self.loss_settings();
         let temperature = self.config.sampling.temperature as f32;
