@@ -637,6 +637,14 @@ fn bench_cmd(args: BenchArgs) -> Result<()> {
         "peak_rss_mib": memory_mib,
         "pytorch": pytorch,
         "ratio_vs_pytorch": pytorch.as_ref().map(|p| ms / p["ms_per_step"].as_f64().unwrap_or(f64::NAN)),
+        // The spread: our fast tail against PyTorch's slow one, and the other way round.
+        "ratio_range": pytorch.as_ref().map(|p| {
+            let theirs = |k: &str| p[k].as_f64().unwrap_or(f64::NAN);
+            [
+                quantile(&per_step, 0.1) / theirs("ms_per_step_p90"),
+                quantile(&per_step, 0.9) / theirs("ms_per_step_p10"),
+            ]
+        }),
     });
     if args.json {
         println!("{report}");
@@ -680,9 +688,12 @@ fn bench_cmd(args: BenchArgs) -> Result<()> {
                 p["ms_per_step_p90"].as_f64().unwrap_or(f64::NAN),
                 p["first_step_ms"].as_f64().unwrap_or(f64::NAN),
             );
+            let range = |i: usize| report["ratio_range"][i].as_f64().unwrap_or(f64::NAN);
             println!(
-                "  ratio grpo-lab / PyTorch: {:.2}× (< 1 is faster)",
-                report["ratio_vs_pytorch"].as_f64().unwrap_or(f64::NAN)
+                "  ratio grpo-lab / PyTorch: {:.2}× [{:.2}, {:.2}] (medians; p10/p90 against p90/p10; < 1 is faster)",
+                report["ratio_vs_pytorch"].as_f64().unwrap_or(f64::NAN),
+                range(0),
+                range(1)
             );
         }
     }

@@ -11,28 +11,56 @@ use crate::config::{KlEstimator, LossMode, ModelKind, RunConfig};
 use crate::grpo::loss::LossSettings;
 use crate::model::lecture::LectureWeights;
 
-/// `A · B` (row-major, `[m, k] · [k, n]` → `[m, n]`), `A` or `B` read transposed when asked.
-fn product(
-    a: &[f32],
-    b: &[f32],
+/// A read-only strided matrix: element `(i, j)` at `data[i·rs + j·cs]`.
+#[derive(Clone, Copy)]
+struct View<'a> {
+    data: &'a [f32],
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a> View<'a> {
+    /// Row-major with `cols` columns.
+    fn rows(data: &'a [f32], cols: usize) -> Self {
+        Self {
+            data,
+            rs: cols,
+            cs: 1,
+        }
+    }
+    /// The transpose (no copy).
+    fn t(self) -> Self {
+        Self {
+            rs: self.cs,
+            cs: self.rs,
+            ..self
+        }
+    }
+    /// The same strides from element `offset` on (a block of a larger matrix).
+    fn at(self, offset: usize) -> Self {
+        Self {
+            data: &self.data[offset..],
+            ..self
+        }
+    }
+    fn holds(&self, rows: usize, cols: usize) -> bool {
+        rows == 0 || cols == 0 || (rows - 1) * self.rs + (cols - 1) * self.cs < self.data.len()
+    }
+}
+
+/// `C ← A · B` (or `C += A · B` when `accumulate`): `A` is `[m, k]`, `B` `[k, n]`, `C` row-major
+/// `[m, n]` with row stride `c_rs` (a block of a wider matrix when `c_rs > n`).
+fn product_into(
+    c: &mut [f32],
+    c_rs: usize,
+    a: View,
+    b: View,
     (m, k, n): (usize, usize, usize),
-    a_transposed: bool,
-    b_transposed: bool,
-) -> Vec<f32> {
-    assert!(a.len() >= m * k && b.len() >= k * n);
-    let mut c = vec![0.0f32; m * n];
-    let (a_cs, a_rs) = if a_transposed {
-        (m as isize, 1)
-    } else {
-        (1, k as isize)
-    };
-    let (b_cs, b_rs) = if b_transposed {
-        (k as isize, 1)
-    } else {
-        (1, n as isize)
-    };
-    // SAFETY: `a` and `b` hold at least m·k and k·n values (asserted above), `c` holds m·n,
-    // and the strides describe those row-major layouts.
+    accumulate: bool,
+) {
+    assert!(a.holds(m, k) && b.holds(k, n));
+    assert!(m == 0 || n == 0 || (m - 1) * c_rs + n <= c.len());
+    // SAFETY: the asserts above keep every element gemm reads or writes inside the slices.
     unsafe {
         gemm::gemm(
             m,
@@ -40,14 +68,14 @@ fn product(
             k,
             c.as_mut_ptr(),
             1,
-            n as isize,
-            false,
-            a.as_ptr(),
-            a_cs,
-            a_rs,
-            b.as_ptr(),
-            b_cs,
-            b_rs,
+            c_rs as isize,
+            accumulate,
+            a.data.as_ptr(),
+            a.cs as isize,
+            a.rs as isize,
+            b.data.as_ptr(),
+            b.cs as isize,
+            b.rs as isize,
             1.0f32,
             1.0f32,
             false,
@@ -56,28 +84,133 @@ fn product(
             gemm::Parallelism::None,
         );
     }
-    c
 }
 
-/// `exp(x)` for a max-shifted logit (`x ≤ 0`); below −80 it is 0 to f32 precision anyway,
-/// and skipping the call avoids libm's slow underflow path.
-#[inline]
-fn exp_shifted(x: f32) -> f32 {
-    if x < -80.0 { 0.0 } else { x.exp() }
+/// `eˣ` with no branches or calls, so loops over it vectorize: Cody–Waite reduction to
+/// `r ∈ [−ln2/2, ln2/2]`, a degree-7 Taylor polynomial and `2ᵏ` from exponent bits: within
+/// 1.0e-7 relative of f64's `exp` on [−87, 88] (about one ulp; tested).
+/// 0 below −87.3 (where `eˣ` would be subnormal); inputs above 88 give `e⁸⁸`.
+#[inline(always)]
+pub fn exp_fast(x: f32) -> f32 {
+    const LOG2_E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // 1.5·2²³: adding it rounds to an integer, which then sits in the low mantissa bits.
+    const ROUND: f32 = 12_582_912.0;
+    let xc = x.clamp(-87.3, 88.0);
+    let big = xc * LOG2_E + ROUND;
+    let k = big - ROUND;
+    let r = xc - k * LN2_HI - k * LN2_LO;
+    let poly = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0
+                    + r * (1.0 / 24.0
+                        + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    // big's bits are 0x4B40_0000 + k; 2ᵏ has exponent bits k + 127.
+    let scale = f32::from_bits(big.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
+    if x < -87.3 { 0.0 } else { poly * scale }
 }
 
-/// `(log Σ exp(x/T), Σ exp(x/T − max))` of one row; the shifted weights go to `out` if given.
-fn log_z(row: &[f32], inv_t: f32, mut out: Option<&mut [f32]>) -> (f32, f32) {
-    let m = row.iter().fold(f32::MIN, |a, &x| a.max(x * inv_t));
-    let mut sum = 0.0f32;
-    for (i, &x) in row.iter().enumerate() {
-        let e = exp_shifted(x * inv_t - m);
-        if let Some(o) = out.as_deref_mut() {
-            o[i] = e;
-        }
-        sum += e;
+/// Softmax statistics of `[rows, V]` logits at temperature `1/inv_t`: `z = x·inv_t` and
+/// `log Σ exp z` per row, and (when `probs` is given) the probabilities and the summed
+/// entropy of the rows. `step` and `token_logp` share it, so log π_old at the first step of
+/// an iteration equals the step's log π bit for bit.
+fn softmax_rows(
+    logits: &[f32],
+    v: usize,
+    inv_t: f32,
+    z: &mut Vec<f32>,
+    logz: &mut Vec<f32>,
+    mut probs: Option<&mut Vec<f32>>,
+) -> f64 {
+    z.clear();
+    z.extend(logits.iter().map(|&x| x * inv_t));
+    let rows = logits.len() / v;
+    logz.clear();
+    logz.resize(rows, 0.0);
+    if let Some(pr) = probs.as_deref_mut() {
+        pr.clear();
+        pr.resize(logits.len(), 0.0);
     }
-    (m + sum.ln(), sum)
+    let mut entropy = 0.0f64;
+    let mut e = vec![0.0f32; v];
+    for r in 0..rows {
+        let zr = &z[r * v..(r + 1) * v];
+        let m = zr.iter().fold(f32::MIN, |a, &x| a.max(x));
+        for (ei, &x) in e.iter_mut().zip(zr) {
+            *ei = exp_fast(x - m);
+        }
+        let total: f32 = e.iter().sum();
+        let lz = m + total.ln();
+        logz[r] = lz;
+        if let Some(pr) = probs.as_deref_mut() {
+            let inv = 1.0 / total;
+            let mut h = 0.0f32;
+            for ((p, &ei), &x) in pr[r * v..(r + 1) * v].iter_mut().zip(&e).zip(zr) {
+                *p = ei * inv;
+                h -= if ei > 0.0 { *p * (x - lz) } else { 0.0 };
+            }
+            entropy += h as f64;
+        }
+    }
+    entropy
+}
+
+/// `Σ x` in f64 over eight independent lanes (vectorizes; no long dependency chain).
+fn sum_f64(x: &[f32]) -> f64 {
+    let mut lanes = [0.0f64; 8];
+    let chunks = x.chunks_exact(8);
+    let rest: f64 = chunks.remainder().iter().map(|&v| v as f64).sum();
+    for c in chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l += v as f64;
+        }
+    }
+    lanes.iter().sum::<f64>() + rest
+}
+
+/// `Σ x²` over sixteen independent f32 lanes.
+fn sum_sq(x: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    let chunks = x.chunks_exact(16);
+    let rest: f32 = chunks.remainder().iter().map(|&v| v * v).sum();
+    for c in chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l += v * v;
+        }
+    }
+    lanes.iter().sum::<f32>() + rest
+}
+
+/// `(a[i], b[i]) = f(x[i], y[i])`: one monomorphic loop per closure, so it vectorizes.
+#[inline(always)]
+fn map2(x: &[f32], y: &[f32], a: &mut [f32], b: &mut [f32], f: impl Fn(f32, f32) -> (f32, f32)) {
+    for (((a, b), &x), &y) in a.iter_mut().zip(b.iter_mut()).zip(x).zip(y) {
+        (*a, *b) = f(x, y);
+    }
+}
+
+/// `(a[i], b[i]) = f(x[i], y[i], z[i])`, as `map2`.
+#[inline(always)]
+fn map3(
+    x: &[f32],
+    y: &[f32],
+    z: &[f32],
+    a: &mut [f32],
+    b: &mut [f32],
+    f: impl Fn(f32, f32, f32) -> (f32, f32),
+) {
+    for ((((a, b), &x), &y), &z) in a.iter_mut().zip(b.iter_mut()).zip(x).zip(y).zip(z) {
+        (*a, *b) = f(x, y, z);
+    }
+}
+
+/// `buf` as `len` zeros, reusing its allocation.
+fn zeroed(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    buf.clear();
+    buf.resize(len, 0.0);
+    buf
 }
 
 /// The scalars one optimizer step reports (on either path).
@@ -117,18 +250,60 @@ pub struct FusedLecture {
     beta1: f32,
     beta2: f32,
     eps: f32,
+    scratch: Scratch,
 }
 
 /// Forward activations of a batch.
+///
+/// The lecture's model is `logits[b, p] = (Σ_q E[x_bq] · encode_q) · decode_p · Eᵀ`. With a
+/// vocabulary much smaller than the batch the products are taken in the cheaper order: the
+/// per-position tables `T_q = E · encode_q` (`[V, D]` each) and `M_p = decode_p · Eᵀ`
+/// (`[D, V]` each) first, then `enc[b] = Σ_q T_q[x_bq]` (a gather) and `logits = enc · M`.
+/// Same function, `n·V·D²` instead of `B·n·D²` multiply-adds for each of the two big
+/// products (forward and backward alike).
+#[derive(Debug, Clone, Default)]
 struct Forward {
-    /// `[B, n·D]`
-    e: Vec<f32>,
+    /// `[V, n·D]`: `T_p` side by side.
+    t: Vec<f32>,
     /// `[B, D]`
     enc: Vec<f32>,
-    /// `[B, n·D]` = `[B·n, D]`
-    dec: Vec<f32>,
-    /// `[B·n, V]`
+    /// `[D, n·V]`: `M_p` side by side.
+    m: Vec<f32>,
+    /// `[B, n·V]` = `[B·n, V]`
     logits: Vec<f32>,
+}
+
+/// Gradients of the three weight arrays (layouts as the fused path stores them).
+#[derive(Debug, Clone, Default)]
+struct Grads {
+    embedding: Vec<f32>,
+    encode: Vec<f32>,
+    decode_t: Vec<f32>,
+}
+
+/// Buffers a step reuses (sized on first use; no allocation or page faults afterwards).
+#[derive(Debug, Clone, Default)]
+struct Scratch {
+    f: Forward,
+    z: Vec<f32>,
+    logz: Vec<f32>,
+    probs: Vec<f32>,
+    dlogits: Vec<f32>,
+    row_coef: Vec<f32>,
+    // per token
+    logp: Vec<f32>,
+    ratio: Vec<f32>,
+    adv: Vec<f32>,
+    term: Vec<f32>,
+    dterm: Vec<f32>,
+    kl: Vec<f32>,
+    dkl: Vec<f32>,
+    coef: Vec<f32>,
+    // backward
+    dm: Vec<f32>,
+    d_enc: Vec<f32>,
+    dt: Vec<f32>,
+    g: Grads,
 }
 
 impl FusedLecture {
@@ -152,6 +327,7 @@ impl FusedLecture {
             beta1: o.beta1 as f32,
             beta2: o.beta2 as f32,
             eps: o.eps as f32,
+            scratch: Scratch::default(),
         };
         s.set_weights(w);
         s.adam = [s.embedding.len(), s.encode.len(), s.decode_t.len()].map(|len| AdamMoments {
@@ -194,22 +370,97 @@ impl FusedLecture {
         }
     }
 
-    fn forward(&self, prompts: &[u32]) -> Forward {
+    /// The logits of a batch into `f` (see `Forward` for the order of the products).
+    fn forward_into(&self, prompts: &[u32], f: &mut Forward) {
         let (n, d, v) = (self.n, self.d, self.vocab);
         let b = prompts.len() / n;
-        let mut e = vec![0.0f32; b * n * d];
-        for (i, &tok) in prompts.iter().enumerate() {
-            let t = tok as usize;
-            e[i * d..(i + 1) * d].copy_from_slice(&self.embedding[t * d..(t + 1) * d]);
+        let emb = View::rows(&self.embedding, d);
+        let t = zeroed(&mut f.t, v * n * d);
+        let m = zeroed(&mut f.m, d * n * v);
+        for p in 0..n {
+            let encode_p = View::rows(&self.encode, d).at(p * d * d);
+            product_into(&mut t[p * d..], n * d, emb, encode_p, (v, d, d), false);
+            let decode_p = View::rows(&self.decode_t, n * d).at(p * d);
+            product_into(&mut m[p * v..], n * v, decode_p, emb.t(), (d, d, v), false);
         }
-        let enc = product(&e, &self.encode, (b, n * d, d), false, false);
-        let dec = product(&enc, &self.decode_t, (b, d, n * d), false, false);
-        let logits = product(&dec, &self.embedding, (b * n, d, v), false, true);
-        Forward {
-            e,
-            enc,
-            dec,
-            logits,
+        let enc = zeroed(&mut f.enc, b * d);
+        for (i, row) in enc.chunks_exact_mut(d).enumerate() {
+            for (p, &tok) in prompts[i * n..(i + 1) * n].iter().enumerate() {
+                let from = tok as usize * n * d + p * d;
+                for (e, &x) in row.iter_mut().zip(&f.t[from..from + d]) {
+                    *e += x;
+                }
+            }
+        }
+        let logits = zeroed(&mut f.logits, b * n * v);
+        let (enc, m) = (View::rows(&f.enc, d), View::rows(&f.m, n * v));
+        product_into(logits, n * v, enc, m, (b, d, n * v), false);
+    }
+
+    fn forward(&self, prompts: &[u32]) -> Forward {
+        let mut f = Forward::default();
+        self.forward_into(prompts, &mut f);
+        f
+    }
+
+    /// Gradients of the weights from `dlogits [B, n·V]` through `forward`'s products, into
+    /// `s.g` (`s.dm`, `s.d_enc`, `s.dt` are its intermediates).
+    fn backward(&self, prompts: &[u32], s: &mut Scratch) {
+        let (n, d, v) = (self.n, self.d, self.vocab);
+        let b = prompts.len() / n;
+        let emb = View::rows(&self.embedding, d);
+        let dl = View::rows(&s.dlogits, n * v);
+        // logits = enc · M
+        let dm = zeroed(&mut s.dm, d * n * v);
+        product_into(
+            dm,
+            n * v,
+            View::rows(&s.f.enc, d).t(),
+            dl,
+            (d, b, n * v),
+            false,
+        );
+        let d_enc = zeroed(&mut s.d_enc, b * d);
+        product_into(
+            d_enc,
+            d,
+            dl,
+            View::rows(&s.f.m, n * v).t(),
+            (b, n * v, d),
+            false,
+        );
+        // enc[b] = Σ_p T_p[x_bp]: scatter the rows back to the tables.
+        let dt = zeroed(&mut s.dt, v * n * d);
+        for (i, row) in s.d_enc.chunks_exact(d).enumerate() {
+            for (p, &tok) in prompts[i * n..(i + 1) * n].iter().enumerate() {
+                let to = tok as usize * n * d + p * d;
+                for (g, &x) in dt[to..to + d].iter_mut().zip(row) {
+                    *g += x;
+                }
+            }
+        }
+        let g = &mut s.g;
+        zeroed(&mut g.embedding, v * d);
+        zeroed(&mut g.encode, n * d * d);
+        zeroed(&mut g.decode_t, d * n * d);
+        for p in 0..n {
+            // M_p = decode_p · Eᵀ
+            let dm_p = View::rows(&s.dm, n * v).at(p * v);
+            let decode_p = View::rows(&self.decode_t, n * d).at(p * d);
+            product_into(&mut g.decode_t[p * d..], n * d, dm_p, emb, (d, v, d), false);
+            product_into(&mut g.embedding, d, dm_p.t(), decode_p, (v, d, d), true);
+            // T_p = E · encode_p
+            let dt_p = View::rows(&s.dt, n * d).at(p * d);
+            let encode_p = View::rows(&self.encode, d).at(p * d * d);
+            product_into(
+                &mut g.encode[p * d * d..],
+                d,
+                emb.t(),
+                dt_p,
+                (d, v, d),
+                false,
+            );
+            product_into(&mut g.embedding, d, dt_p, encode_p.t(), (v, d, d), true);
         }
     }
 
@@ -248,27 +499,47 @@ impl FusedLecture {
     /// `log π` at `temperature` of every response token: `prompts [B·n]`, `responses
     /// [B·G·n]` → `[B·G·n]`, computed exactly as `step` computes it.
     pub fn token_logp(&self, prompts: &[u32], responses: &[u32], temperature: f32) -> Vec<f32> {
-        let (n, v) = (self.n, self.vocab);
-        let b = prompts.len() / n;
-        let g = responses.len() / (b * n);
         let f = self.forward(prompts);
-        let inv_t = 1.0 / temperature;
-        let logz: Vec<f32> = f
-            .logits
-            .chunks(v)
-            .map(|row| log_z(row, inv_t, None).0)
-            .collect();
-        let mut out = vec![0.0f32; responses.len()];
+        let (mut z, mut logz, mut out) = (Vec::new(), Vec::new(), Vec::new());
+        softmax_rows(
+            &f.logits,
+            self.vocab,
+            1.0 / temperature,
+            &mut z,
+            &mut logz,
+            None,
+        );
+        self.gather_logp(prompts.len(), responses, &z, &logz, &mut out);
+        out
+    }
+
+    /// `out[t] = z[row(t), x_t] − log Z[row(t)]` for responses `[B·G·n]`.
+    fn gather_logp(
+        &self,
+        prompt_tokens: usize,
+        responses: &[u32],
+        z: &[f32],
+        logz: &[f32],
+        out: &mut Vec<f32>,
+    ) {
+        let (n, v) = (self.n, self.vocab);
+        let b = prompt_tokens / n;
+        let g = responses.len() / prompt_tokens.max(1);
+        out.clear();
+        out.resize(responses.len(), 0.0);
         for bi in 0..b {
             for gi in 0..g {
-                for p in 0..n {
-                    let t = (bi * g + gi) * n + p;
+                let span = (bi * g + gi) * n..(bi * g + gi + 1) * n;
+                for (p, (o, &tok)) in out[span.clone()]
+                    .iter_mut()
+                    .zip(&responses[span])
+                    .enumerate()
+                {
                     let r = bi * n + p;
-                    out[t] = f.logits[r * v + responses[t] as usize] * inv_t - logz[r];
+                    *o = z[r * v + tok as usize] - logz[r];
                 }
             }
         }
-        out
     }
 
     /// `logits [B, n, V]` of the current weights (for rollouts and evaluation).
@@ -278,6 +549,7 @@ impl FusedLecture {
 
     /// One optimizer step of the GRPO loss on a fixed-length batch.
     /// `prompts [B·n]`, `responses [B·G·n]`, `advantages [B·G]`, `old_logp`/`ref_logp [B·G·n]`.
+    /// Returns the step's scalars and `log π` of every token (before the update).
     #[allow(clippy::too_many_arguments)]
     pub fn step(
         &mut self,
@@ -291,114 +563,113 @@ impl FusedLecture {
         lr: f64,
         max_grad_norm: f32,
     ) -> (StepScalars, Vec<f32>) {
-        let (n, d, v) = (self.n, self.d, self.vocab);
+        let (n, v) = (self.n, self.vocab);
         let b = prompts.len() / n;
         let g = advantages.len() / b;
-        let f = self.forward(prompts);
+        let mut sc = std::mem::take(&mut self.scratch);
+        self.forward_into(prompts, &mut sc.f);
         // Softmax of each (prompt, position) row at the temperature; entropy per row.
         let rows = b * n;
-        let mut probs = vec![0.0f32; rows * v];
-        let mut logz = vec![0.0f32; rows];
-        let mut entropy = 0.0f64;
         let inv_t = 1.0 / temperature;
-        for r in 0..rows {
-            let row = &f.logits[r * v..(r + 1) * v];
-            let prow = &mut probs[r * v..(r + 1) * v];
-            let (lz, total) = log_z(row, inv_t, Some(prow));
-            logz[r] = lz;
-            let mut h = 0.0f32;
-            for (p, &x) in prow.iter_mut().zip(row) {
-                *p /= total;
-                if *p > 0.0 {
-                    h -= *p * (x * inv_t - lz);
-                }
-            }
-            entropy += h as f64;
-        }
-        // Per-token loss terms and dL/dlogp; every aggregation is the mean over B·G·n tokens
-        // when all responses have n tokens.
+        let entropy = softmax_rows(
+            &sc.f.logits,
+            v,
+            inv_t,
+            &mut sc.z,
+            &mut sc.logz,
+            Some(&mut sc.probs),
+        );
+        self.gather_logp(prompts.len(), responses, &sc.z, &sc.logz, &mut sc.logp);
+        // Per-token loss terms and dL/dlogp, in passes over plain arrays that vectorize.
+        // Every aggregation is the mean over B·G·n tokens when all responses have n tokens.
         let tokens = b * g * n;
         let w = 1.0 / tokens as f32;
-        let mut dlogits = vec![0.0f32; rows * v];
-        let mut token_logp = vec![0.0f32; tokens];
-        let mut row_coef = vec![0.0f32; rows];
-        let (mut loss, mut kl_sum, mut low, mut high, mut ratio_sum) =
-            (0.0f64, 0.0f64, 0usize, 0usize, 0.0f64);
+        zeroed(&mut sc.ratio, tokens);
+        for ((r, &lp), &old) in sc.ratio.iter_mut().zip(&sc.logp).zip(old_logp) {
+            *r = exp_fast(lp - old);
+        }
+        // The advantage of every token.
+        sc.adv.clear();
+        sc.adv
+            .extend(advantages.iter().flat_map(|&a| std::iter::repeat_n(a, n)));
+        // KL per token (logged always; in the loss when β > 0 and it goes there), and β·∂k/∂logπ.
         let kl_on = s.kl_in_loss && s.beta > 0.0;
+        let beta = if kl_on { s.beta } else { 0.0 };
+        let (kl, dkl) = (zeroed(&mut sc.kl, tokens), zeroed(&mut sc.dkl, tokens));
+        let (lp, rf) = (&sc.logp[..], ref_logp);
+        match s.kl_estimator {
+            KlEstimator::K1 => map2(lp, rf, kl, dkl, |lp, rf| (lp - rf, beta)),
+            KlEstimator::K2 => map2(lp, rf, kl, dkl, |lp, rf| {
+                let delta = rf - lp;
+                (delta * delta / 2.0, -beta * delta)
+            }),
+            KlEstimator::K3 => map2(lp, rf, kl, dkl, |lp, rf| {
+                let e = exp_fast(rf - lp);
+                (e - (rf - lp) - 1.0, beta * (1.0 - e))
+            }),
+        }
+        // The policy-gradient term and its ∂/∂logπ.
+        let (lo, hi) = (1.0 - s.epsilon_low, 1.0 + s.epsilon_high);
+        let (term, dterm) = (zeroed(&mut sc.term, tokens), zeroed(&mut sc.dterm, tokens));
+        let (adv, ratio) = (&sc.adv[..], &sc.ratio[..]);
+        match s.mode {
+            LossMode::Naive => map3(adv, ratio, lp, term, dterm, |a, _, lp| (-a * lp, -a)),
+            LossMode::Unclipped => map3(adv, ratio, lp, term, dterm, |a, r, _| (-a * r, -a * r)),
+            LossMode::Clipped => map3(adv, ratio, lp, term, dterm, |a, r, _| {
+                let (u, c) = (r * a, r.clamp(lo, hi) * a);
+                let live = u <= c || (r > lo && r < hi);
+                (-u.min(c), if live { -a * r } else { 0.0 })
+            }),
+        }
+        let coef = zeroed(&mut sc.coef, tokens);
+        let cw = w * inv_t;
+        for ((c, &dt), &dk) in coef.iter_mut().zip(&sc.dterm).zip(&sc.dkl) {
+            *c = (dt + dk) * cw;
+        }
+        let kl_sum = sum_f64(&sc.kl);
+        let loss = (sum_f64(&sc.term) + beta as f64 * kl_sum) / tokens as f64;
+        let (low, high) = sc
+            .ratio
+            .iter()
+            .zip(&sc.adv)
+            .fold((0u32, 0u32), |(l, h), (&r, &a)| {
+                (
+                    l + (r < lo && a < 0.0) as u32,
+                    h + (r > hi && a > 0.0) as u32,
+                )
+            });
+        let ratio_sum = sum_f64(&sc.ratio);
+        // d logπ / d logits = (onehot − softmax) / T: the one-hot part per token, the softmax
+        // part once per row with the summed coefficient.
+        zeroed(&mut sc.dlogits, rows * v);
+        zeroed(&mut sc.row_coef, rows);
         for bi in 0..b {
             for gi in 0..g {
-                let adv = advantages[bi * g + gi];
-                for p in 0..n {
-                    let t = (bi * g + gi) * n + p;
+                let span = (bi * g + gi) * n..(bi * g + gi + 1) * n;
+                for (p, (&c, &tok)) in sc.coef[span.clone()]
+                    .iter()
+                    .zip(&responses[span])
+                    .enumerate()
+                {
                     let r = bi * n + p;
-                    let tok = responses[t] as usize;
-                    let logp = f.logits[r * v + tok] * inv_t - logz[r];
-                    token_logp[t] = logp;
-                    let ratio = (logp - old_logp[t]).exp();
-                    let (term, mut dterm) = match s.mode {
-                        LossMode::Naive => (-adv * logp, -adv),
-                        LossMode::Unclipped => (-adv * ratio, -adv * ratio),
-                        LossMode::Clipped => {
-                            let clipped = ratio.clamp(1.0 - s.epsilon_low, 1.0 + s.epsilon_high);
-                            let (u, c) = (ratio * adv, clipped * adv);
-                            if u <= c {
-                                (-u, -adv * ratio)
-                            } else if ratio > 1.0 - s.epsilon_low && ratio < 1.0 + s.epsilon_high {
-                                (-c, -adv * ratio)
-                            } else {
-                                (-c, 0.0)
-                            }
-                        }
-                    };
-                    let delta = ref_logp[t] - logp;
-                    let (k, dk) = match s.kl_estimator {
-                        KlEstimator::K1 => (-delta, 1.0),
-                        KlEstimator::K2 => (delta * delta / 2.0, -delta),
-                        KlEstimator::K3 => (delta.exp() - delta - 1.0, 1.0 - delta.exp()),
-                    };
-                    let mut total = term;
-                    if kl_on {
-                        total += s.beta * k;
-                        dterm += s.beta * dk;
-                    }
-                    loss += (total * w) as f64;
-                    kl_sum += k as f64;
-                    ratio_sum += ratio as f64;
-                    low += (ratio < 1.0 - s.epsilon_low && adv < 0.0) as usize;
-                    high += (ratio > 1.0 + s.epsilon_high && adv > 0.0) as usize;
-                    // d logp / d logits = (onehot − softmax) / T: the one-hot part now, the
-                    // softmax part once per row with the summed coefficient below.
-                    let coef = dterm * w * inv_t;
-                    dlogits[r * v + tok] += coef;
-                    row_coef[r] += coef;
+                    sc.dlogits[r * v + tok as usize] += c;
+                    sc.row_coef[r] += c;
                 }
             }
         }
-        for r in 0..rows {
-            let c = row_coef[r];
-            let drow = &mut dlogits[r * v..(r + 1) * v];
-            for (dl, &pr) in drow.iter_mut().zip(&probs[r * v..(r + 1) * v]) {
+        for ((drow, prow), &c) in sc
+            .dlogits
+            .chunks_exact_mut(v)
+            .zip(sc.probs.chunks_exact(v))
+            .zip(&sc.row_coef)
+        {
+            for (dl, &pr) in drow.iter_mut().zip(prow) {
                 *dl -= c * pr;
             }
         }
-        // Backward through the three products.
-        let mut d_emb = product(&dlogits, &f.dec, (v, rows, d), true, false);
-        let d_dec = product(&dlogits, &self.embedding, (rows, v, d), false, false);
-        let d_decode_t = product(&f.enc, &d_dec, (d, b, n * d), true, false);
-        let d_enc = product(&d_dec, &self.decode_t, (b, n * d, d), false, true);
-        let d_encode = product(&f.e, &d_enc, (n * d, b, d), true, false);
-        let d_e = product(&d_enc, &self.encode, (b, d, n * d), false, true);
-        for (i, &tok) in prompts.iter().enumerate() {
-            let t = tok as usize;
-            for k in 0..d {
-                d_emb[t * d + k] += d_e[i * d + k];
-            }
-        }
-        let grad_sq: f32 = [&d_emb, &d_encode, &d_decode_t]
-            .iter()
-            .map(|gr| gr.iter().map(|x| x * x).sum::<f32>())
-            .sum();
-        let grad_norm = grad_sq.sqrt();
+        self.backward(prompts, &mut sc);
+        let gr = &sc.g;
+        let grad_norm = (sum_sq(&gr.embedding) + sum_sq(&gr.encode) + sum_sq(&gr.decode_t)).sqrt();
         let scale = if max_grad_norm > 0.0 && grad_norm > max_grad_norm {
             max_grad_norm / grad_norm
         } else {
@@ -413,17 +684,17 @@ impl FusedLecture {
         for (param, (grad, st)) in [&mut self.embedding, &mut self.encode, &mut self.decode_t]
             .into_iter()
             .zip(
-                [d_emb, d_encode, d_decode_t]
-                    .iter()
+                [&gr.embedding, &gr.encode, &gr.decode_t]
+                    .into_iter()
                     .zip(self.adam.iter_mut()),
             )
         {
-            for i in 0..param.len() {
-                let gr = grad[i] * scale;
-                st.m[i] = st.m[i] * b1 + gr * (1.0 - b1);
-                st.v[i] = st.v[i] * b2 + gr * gr * (1.0 - b2);
-                let update = st.m[i] * factor / (st.v[i].sqrt() + eps * bc2);
-                param[i] -= update * lr;
+            for (((x, &gi), m), vv) in param.iter_mut().zip(grad).zip(&mut st.m).zip(&mut st.v) {
+                let gs = gi * scale;
+                *m = *m * b1 + gs * (1.0 - b1);
+                *vv = *vv * b2 + gs * gs * (1.0 - b2);
+                let update = *m * factor / (vv.sqrt() + eps * bc2);
+                *x -= update * lr;
             }
         }
         let scalars = StepScalars {
@@ -435,6 +706,43 @@ impl FusedLecture {
             entropy: (entropy / rows as f64) as f32,
             grad_norm,
         };
-        (scalars, token_logp)
+        let logp = sc.logp.clone();
+        self.scratch = sc;
+        (scalars, logp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_fast_matches_f64_exp_within_one_ulp() {
+        let mut worst = 0.0f64;
+        let steps = 400_000;
+        for i in 0..=steps {
+            let x = -87.0 + 175.0 * i as f32 / steps as f32;
+            let (got, want) = (exp_fast(x) as f64, (x as f64).exp());
+            worst = worst.max((got - want).abs() / want);
+        }
+        eprintln!("exp_fast: worst relative error {worst:e}");
+        // One ulp of f32 is 2⁻²³ ≈ 1.2e-7 of the value at the bottom of a binade.
+        assert!(worst < 1.2e-7, "worst relative error {worst:e}");
+        assert_eq!(exp_fast(0.0), 1.0);
+        assert_eq!(exp_fast(-87.5), 0.0);
+        assert_eq!(exp_fast(-1e30), 0.0);
+        assert!(exp_fast(1e30).is_finite() && exp_fast(1e30) > 1e38);
+        assert!(exp_fast(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn lane_sums_agree_with_sequential_f64() {
+        let x: Vec<f32> = (0..1237)
+            .map(|i| ((i * 7919) % 1000) as f32 / 37.0 - 13.0)
+            .collect();
+        let want: f64 = x.iter().map(|&v| v as f64).sum();
+        assert!((sum_f64(&x) - want).abs() < 1e-9 * want.abs().max(1.0));
+        let want_sq: f64 = x.iter().map(|&v| (v as f64).powi(2)).sum();
+        assert!(((sum_sq(&x) as f64) - want_sq).abs() < 1e-5 * want_sq);
     }
 }
