@@ -116,6 +116,7 @@ pub fn exp_fast(x: f32) -> f32 {
 /// `log Σ exp z` per row, and (when `probs` is given) the probabilities and the summed
 /// entropy of the rows. `step` and `token_logp` share it, so log π_old at the first step of
 /// an iteration equals the step's log π bit for bit.
+#[inline(always)]
 fn softmax_rows(
     logits: &[f32],
     v: usize,
@@ -135,29 +136,51 @@ fn softmax_rows(
     }
     let mut entropy = 0.0f64;
     let mut e = vec![0.0f32; v];
+    let mut h = vec![0.0f32; v];
     for r in 0..rows {
         let zr = &z[r * v..(r + 1) * v];
-        let m = zr.iter().fold(f32::MIN, |a, &x| a.max(x));
+        let m = lanes8(zr, f32::MIN, f32::max);
         for (ei, &x) in e.iter_mut().zip(zr) {
             *ei = exp_fast(x - m);
         }
-        let total: f32 = e.iter().sum();
+        let total = lanes8(&e, 0.0, |a, b| a + b);
         let lz = m + total.ln();
         logz[r] = lz;
         if let Some(pr) = probs.as_deref_mut() {
             let inv = 1.0 / total;
-            let mut h = 0.0f32;
-            for ((p, &ei), &x) in pr[r * v..(r + 1) * v].iter_mut().zip(&e).zip(zr) {
+            for (((p, hi), &ei), &x) in pr[r * v..(r + 1) * v]
+                .iter_mut()
+                .zip(h.iter_mut())
+                .zip(&e)
+                .zip(zr)
+            {
                 *p = ei * inv;
-                h -= if ei > 0.0 { *p * (x - lz) } else { 0.0 };
+                *hi = if ei > 0.0 { *p * (x - lz) } else { 0.0 };
             }
-            entropy += h as f64;
+            entropy -= lanes8(&h, 0.0, |a, b| a + b) as f64;
         }
     }
     entropy
 }
 
+/// A reduction of `x` over eight independent lanes (short rows vectorize instead of
+/// forming one long dependency chain).
+#[inline(always)]
+fn lanes8(x: &[f32], init: f32, op: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut lanes = [init; 8];
+    let chunks = x.chunks_exact(8);
+    let rest = chunks.remainder().iter().fold(init, |a, &b| op(a, b));
+    for c in chunks {
+        for (l, &b) in lanes.iter_mut().zip(c) {
+            *l = op(*l, b);
+        }
+    }
+    let [a, b, c, d, e, f, g, h] = lanes;
+    op(op(op(op(a, e), op(b, f)), op(op(c, g), op(d, h))), rest)
+}
+
 /// `Σ x` in f64 over eight independent lanes (vectorizes; no long dependency chain).
+#[inline(always)]
 fn sum_f64(x: &[f32]) -> f64 {
     let mut lanes = [0.0f64; 8];
     let chunks = x.chunks_exact(8);
@@ -171,6 +194,7 @@ fn sum_f64(x: &[f32]) -> f64 {
 }
 
 /// `Σ x²` over sixteen independent f32 lanes.
+#[inline(always)]
 fn sum_sq(x: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 16];
     let chunks = x.chunks_exact(16);
@@ -207,6 +231,7 @@ fn map3(
 }
 
 /// `buf` as `len` zeros, reusing its allocation.
+#[inline(always)]
 fn zeroed(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
     buf.clear();
     buf.resize(len, 0.0);
@@ -279,6 +304,16 @@ struct Grads {
     embedding: Vec<f32>,
     encode: Vec<f32>,
     decode_t: Vec<f32>,
+}
+
+/// The inputs of one step (see `FusedLecture::step`).
+#[derive(Clone, Copy)]
+struct Batch<'a> {
+    prompts: &'a [u32],
+    responses: &'a [u32],
+    advantages: &'a [f32],
+    old_logp: &'a [f32],
+    ref_logp: &'a [f32],
 }
 
 /// Buffers a step reuses (sized on first use; no allocation or page faults afterwards).
@@ -371,6 +406,7 @@ impl FusedLecture {
     }
 
     /// The logits of a batch into `f` (see `Forward` for the order of the products).
+    #[inline(always)]
     fn forward_into(&self, prompts: &[u32], f: &mut Forward) {
         let (n, d, v) = (self.n, self.d, self.vocab);
         let b = prompts.len() / n;
@@ -405,6 +441,7 @@ impl FusedLecture {
 
     /// Gradients of the weights from `dlogits [B, n·V]` through `forward`'s products, into
     /// `s.g` (`s.dm`, `s.d_enc`, `s.dt` are its intermediates).
+    #[inline(always)]
     fn backward(&self, prompts: &[u32], s: &mut Scratch) {
         let (n, d, v) = (self.n, self.d, self.vocab);
         let b = prompts.len() / n;
@@ -499,21 +536,75 @@ impl FusedLecture {
     /// `log π` at `temperature` of every response token: `prompts [B·n]`, `responses
     /// [B·G·n]` → `[B·G·n]`, computed exactly as `step` computes it.
     pub fn token_logp(&self, prompts: &[u32], responses: &[u32], temperature: f32) -> Vec<f32> {
-        let f = self.forward(prompts);
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { self.token_logp_avx2(Some(prompts), None, responses, temperature) };
+        }
+        self.token_logp_body(Some(prompts), None, responses, temperature)
+    }
+
+    /// `token_logp` from logits `[B·n, V]` this path's forward already computed.
+    pub fn token_logp_from_logits(
+        &self,
+        logits: &[f32],
+        responses: &[u32],
+        temperature: f32,
+    ) -> Vec<f32> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { self.token_logp_avx2(None, Some(logits), responses, temperature) };
+        }
+        self.token_logp_body(None, Some(logits), responses, temperature)
+    }
+
+    /// `token_logp_body` compiled with AVX2 enabled (see `step`).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn token_logp_avx2(
+        &self,
+        prompts: Option<&[u32]>,
+        logits: Option<&[f32]>,
+        responses: &[u32],
+        temperature: f32,
+    ) -> Vec<f32> {
+        self.token_logp_body(prompts, logits, responses, temperature)
+    }
+
+    /// From the prompts (a forward first) or from given logits.
+    #[inline(always)]
+    fn token_logp_body(
+        &self,
+        prompts: Option<&[u32]>,
+        logits: Option<&[f32]>,
+        responses: &[u32],
+        temperature: f32,
+    ) -> Vec<f32> {
+        let mut f = Forward::default();
+        let logits = match (prompts, logits) {
+            (_, Some(l)) => l,
+            (Some(p), None) => {
+                self.forward_into(p, &mut f);
+                &f.logits
+            }
+            (None, None) => unreachable!("prompts or logits"),
+        };
         let (mut z, mut logz, mut out) = (Vec::new(), Vec::new(), Vec::new());
         softmax_rows(
-            &f.logits,
+            logits,
             self.vocab,
             1.0 / temperature,
             &mut z,
             &mut logz,
             None,
         );
-        self.gather_logp(prompts.len(), responses, &z, &logz, &mut out);
+        self.gather_logp(logits.len() / self.vocab, responses, &z, &logz, &mut out);
         out
     }
 
     /// `out[t] = z[row(t), x_t] − log Z[row(t)]` for responses `[B·G·n]`.
+    #[inline(always)]
     fn gather_logp(
         &self,
         prompt_tokens: usize,
@@ -550,6 +641,10 @@ impl FusedLecture {
     /// One optimizer step of the GRPO loss on a fixed-length batch.
     /// `prompts [B·n]`, `responses [B·G·n]`, `advantages [B·G]`, `old_logp`/`ref_logp [B·G·n]`.
     /// Returns the step's scalars and `log π` of every token (before the update).
+    ///
+    /// On x86-64 CPUs with AVX2 the same code runs compiled for AVX2 (twice the vector width).
+    /// Without FMA contraction every operation is the same IEEE operation in the same order,
+    /// so both give bit-identical results (tested): a run does not depend on the CPU model.
     #[allow(clippy::too_many_arguments)]
     pub fn step(
         &mut self,
@@ -563,6 +658,51 @@ impl FusedLecture {
         lr: f64,
         max_grad_norm: f32,
     ) -> (StepScalars, Vec<f32>) {
+        let x = Batch {
+            prompts,
+            responses,
+            advantages,
+            old_logp,
+            ref_logp,
+        };
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { self.step_avx2(&x, s, temperature, lr, max_grad_norm) };
+        }
+        self.step_body(&x, s, temperature, lr, max_grad_norm)
+    }
+
+    /// `step_body` compiled with AVX2 enabled.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn step_avx2(
+        &mut self,
+        x: &Batch,
+        s: &LossSettings,
+        temperature: f32,
+        lr: f64,
+        max_grad_norm: f32,
+    ) -> (StepScalars, Vec<f32>) {
+        self.step_body(x, s, temperature, lr, max_grad_norm)
+    }
+
+    #[inline(always)]
+    fn step_body(
+        &mut self,
+        x: &Batch,
+        s: &LossSettings,
+        temperature: f32,
+        lr: f64,
+        max_grad_norm: f32,
+    ) -> (StepScalars, Vec<f32>) {
+        let Batch {
+            prompts,
+            responses,
+            advantages,
+            old_logp,
+            ref_logp,
+        } = *x;
         let (n, v) = (self.n, self.vocab);
         let b = prompts.len() / n;
         let g = advantages.len() / b;
@@ -589,9 +729,12 @@ impl FusedLecture {
             *r = exp_fast(lp - old);
         }
         // The advantage of every token.
-        sc.adv.clear();
-        sc.adv
-            .extend(advantages.iter().flat_map(|&a| std::iter::repeat_n(a, n)));
+        for (chunk, &a) in zeroed(&mut sc.adv, tokens)
+            .chunks_exact_mut(n)
+            .zip(advantages)
+        {
+            chunk.fill(a);
+        }
         // KL per token (logged always; in the loss when β > 0 and it goes there), and β·∂k/∂logπ.
         let kl_on = s.kl_in_loss && s.beta > 0.0;
         let beta = if kl_on { s.beta } else { 0.0 };
@@ -744,5 +887,74 @@ mod tests {
         assert!((sum_f64(&x) - want).abs() < 1e-9 * want.abs().max(1.0));
         let want_sq: f64 = x.iter().map(|&v| (v as f64).powi(2)).sum();
         assert!(((sum_sq(&x) as f64) - want_sq).abs() < 1e-5 * want_sq);
+    }
+
+    /// The AVX2 build of the step and the portable one give bit-identical results, so a run
+    /// does not depend on which CPU it ran on.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn avx2_step_is_bit_identical_to_the_portable_step() {
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            eprintln!("no AVX2 on this CPU: nothing to compare");
+            return;
+        }
+        use crate::config::LossAggMode;
+        use crate::rng::SplitMix64;
+        let (vocab, n, d, b, g) = (11, 5, 24, 9, 6);
+        let mut c = RunConfig::preset("lecture17").unwrap();
+        c.optimizer.lr = 0.01;
+        let w = LectureWeights::init(vocab, n, d, 0.5, 3);
+        let mut rng = SplitMix64::new(9);
+        let prompts: Vec<u32> = (0..b * n).map(|_| rng.below(vocab as u64) as u32).collect();
+        let responses: Vec<u32> = (0..b * g * n)
+            .map(|_| rng.below(vocab as u64) as u32)
+            .collect();
+        let advantages: Vec<f32> = (0..b * g).map(|_| rng.normal() as f32).collect();
+        let noisy = |rng: &mut SplitMix64, x: &[f32]| -> Vec<f32> {
+            x.iter().map(|v| v + 0.3 * rng.normal() as f32).collect()
+        };
+        for (mode, est) in [
+            (LossMode::Clipped, KlEstimator::K3),
+            (LossMode::Unclipped, KlEstimator::K2),
+            (LossMode::Naive, KlEstimator::K1),
+        ] {
+            let s = LossSettings {
+                mode,
+                epsilon_low: 0.2,
+                epsilon_high: 0.28,
+                beta: 0.05,
+                kl_in_loss: true,
+                kl_estimator: est,
+                agg: LossAggMode::TokenMean,
+                bug_ratio_quotient: false,
+            };
+            let (mut wide, mut portable) = (
+                FusedLecture::new(&w, vocab, n, d, &c),
+                FusedLecture::new(&w, vocab, n, d, &c),
+            );
+            let logp = portable.token_logp(&prompts, &responses, 0.9);
+            let old = noisy(&mut rng, &logp);
+            let reference = noisy(&mut rng, &logp);
+            let x = Batch {
+                prompts: &prompts,
+                responses: &responses,
+                advantages: &advantages,
+                old_logp: &old,
+                ref_logp: &reference,
+            };
+            for _ in 0..3 {
+                // SAFETY: AVX2 is present (checked at the top).
+                let a = unsafe { wide.step_avx2(&x, &s, 0.9, 0.01, 0.5) };
+                let p = portable.step_body(&x, &s, 0.9, 0.01, 0.5);
+                assert_eq!(a, p, "{mode:?} {est:?}");
+            }
+            let bits = |f: &FusedLecture| -> Vec<u32> {
+                [&f.embedding, &f.encode, &f.decode_t]
+                    .iter()
+                    .flat_map(|v| v.iter().map(|x| x.to_bits()))
+                    .collect()
+            };
+            assert_eq!(bits(&wide), bits(&portable), "{mode:?} {est:?}");
+        }
     }
 }

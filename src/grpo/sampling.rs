@@ -66,10 +66,20 @@ pub fn sampling_probs(logits: &[f32], p: SamplingParams) -> Vec<f32> {
 /// Inverse-CDF draw over unnormalised weights with uniform `u ∈ [0, 1)`; never returns a
 /// zero-weight token. As `draw` in `shaders/sample.wgsl`.
 pub fn draw(weights: &[f32], u: f32) -> u32 {
+    draw_from(weights, weight_total(weights), u)
+}
+
+/// `Σ weights`, summed in order (as `draw` sums it).
+pub fn weight_total(weights: &[f32]) -> f32 {
     let mut kept = 0.0f32;
     for &w in weights {
         kept += w;
     }
+    kept
+}
+
+/// `draw` with the weights' total computed once per row (same result).
+pub fn draw_from(weights: &[f32], kept: f32, u: f32) -> u32 {
     let target = u * kept;
     let mut acc = 0.0f32;
     let mut last = 0;
@@ -107,12 +117,13 @@ pub fn sample_independent(
         for ti in 0..t {
             let row = &logits[(bi * t + ti) * v..(bi * t + ti + 1) * v];
             let probs = sampling_probs(row, params);
+            let kept = weight_total(&probs);
             for gi in 0..g {
                 let u = unit_f32(counter_u32(
                     seed,
                     &[iteration, bi as u32, gi as u32, ti as u32],
                 ));
-                out[(bi * g + gi) * t + ti] = draw(&probs, u);
+                out[(bi * g + gi) * t + ti] = draw_from(&probs, kept, u);
             }
         }
     }

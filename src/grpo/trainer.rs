@@ -628,10 +628,12 @@ impl Trainer {
             .enumerate()
             .map(|(i, r)| self.reward_fn.reward(batch[i / g], r))
             .collect();
+        // Each prompt sorted once for its G responses.
+        let sorted: Vec<Vec<u32>> = batch.iter().map(|p| crate::task::sort::sorted(p)).collect();
         let exact = rows
             .iter()
             .enumerate()
-            .map(|(i, r)| crate::task::reward::exact(batch[i / g], r))
+            .map(|(i, r)| (sorted[i / g] == *r) as u32)
             .collect();
         Ok(Scored {
             closed: vec![true; b * g],
@@ -804,7 +806,13 @@ impl Trainer {
         let fused_logp = self.fused.as_ref().map(|f| {
             let prompts: Vec<u32> = batch.iter().flat_map(|p| p.iter().copied()).collect();
             let responses: Vec<u32> = scored.rows.iter().flatten().copied().collect();
-            let old_logp = f.token_logp(&prompts, &responses, temperature);
+            // The rollout sampled from these very logits (same weights, same forward):
+            // log π_old reuses them unless dynamic sampling replaced some prompts.
+            let old_logp = if a.dynamic_sampling || scored.lecture_logits.is_empty() {
+                f.token_logp(&prompts, &responses, temperature)
+            } else {
+                f.token_logp_from_logits(&scored.lecture_logits, &responses, temperature)
+            };
             let ref_logp = self
                 .fused_reference
                 .as_ref()

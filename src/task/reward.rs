@@ -33,6 +33,18 @@ pub fn exact(prompt: &[u32], response: &[u32]) -> u32 {
     (super::sort::sorted(prompt) == response) as u32
 }
 
+/// One verifier's value (what `score` returns as `reward`, without building its parts).
+pub fn value(kind: RewardKind, prompt: &[u32], response: &[u32]) -> f32 {
+    match kind {
+        RewardKind::Distance => distance(prompt, response) as f32,
+        RewardKind::InclusionOrdering => {
+            let (inc, ord) = inclusion_ordering_parts(prompt, response);
+            (inc + ord) as f32
+        }
+        RewardKind::Exact => exact(prompt, response) as f32,
+    }
+}
+
 /// One verifier with its parts.
 pub fn score(kind: RewardKind, prompt: &[u32], response: &[u32]) -> Reward {
     let mut parts = BTreeMap::new();
@@ -126,7 +138,7 @@ impl RewardFn {
     pub fn reward(&self, prompt: &[u32], response: &[u32]) -> f32 {
         self.terms
             .iter()
-            .map(|(kind, w)| w * score(*kind, prompt, response).reward)
+            .map(|(kind, w)| w * value(*kind, prompt, response))
             .sum()
     }
 
