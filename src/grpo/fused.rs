@@ -786,17 +786,23 @@ impl FusedLecture {
         // part once per row with the summed coefficient.
         zeroed(&mut sc.dlogits, rows * v);
         zeroed(&mut sc.row_coef, rows);
-        for bi in 0..b {
+        for (bi, (rc, drows)) in sc
+            .row_coef
+            .chunks_exact_mut(n)
+            .zip(sc.dlogits.chunks_exact_mut(n * v))
+            .enumerate()
+        {
             for gi in 0..g {
                 let span = (bi * g + gi) * n..(bi * g + gi + 1) * n;
+                for (r, &c) in rc.iter_mut().zip(&sc.coef[span.clone()]) {
+                    *r += c;
+                }
                 for (p, (&c, &tok)) in sc.coef[span.clone()]
                     .iter()
                     .zip(&responses[span])
                     .enumerate()
                 {
-                    let r = bi * n + p;
-                    sc.dlogits[r * v + tok as usize] += c;
-                    sc.row_coef[r] += c;
+                    drows[p * v + tok as usize] += c;
                 }
             }
         }
