@@ -4,7 +4,8 @@
 //!
 //! For a policy this small a burn step is mostly framework overhead; this path computes the
 //! same function with the products taken in a cheaper order (see `Forward`), in reused buffers,
-//! with loops that vectorize (and an AVX2 build of them, bit-identical to the portable one).
+//! with loops that vectorize (and an AVX2 build of them, bit-identical to the portable one on
+//! the same CPU).
 //! It is held equal to the burn path by `tests/fused.rs` (same weights after several
 //! iterations within a stated tolerance) and is used only for configurations it covers
 //! (`FusedLecture::supports`).
@@ -61,7 +62,7 @@ fn product_into(
     accumulate: bool,
 ) {
     assert!(a.holds(m, k) && b.holds(k, n));
-    assert!(m == 0 || n == 0 || (m - 1) * c_rs + n <= c.len());
+    assert!(m == 0 || n == 0 || (n <= c_rs && (m - 1) * c_rs + n <= c.len()));
     // SAFETY: the asserts above keep every element gemm reads or writes inside the slices.
     unsafe {
         gemm::gemm(
@@ -90,8 +91,9 @@ fn product_into(
 
 /// `eˣ` with no branches or calls, so loops over it vectorize: Cody–Waite reduction to
 /// `r ∈ [−ln2/2, ln2/2]`, a degree-7 Taylor polynomial and `2ᵏ` from exponent bits: within
-/// 1.0e-7 relative of f64's `exp` on [−87, 88] (about one ulp; tested).
-/// 0 below −87.3 (where `eˣ` would be subnormal); inputs above 88 give `e⁸⁸`.
+/// 1.0e-7 relative of f64's `exp` on [−87, 88] (measured; tested below one ulp, 1.2e-7).
+/// 0 below −87.3 (where `eˣ` nears the subnormal range); +∞ above 88 (as the true `eˣ` is past
+/// 1.6e38 there: a ratio that large is a diverged run, which the trainer must see as such).
 #[inline(always)]
 pub fn exp_fast(x: f32) -> f32 {
     const LOG2_E: f32 = std::f32::consts::LOG2_E;
@@ -111,7 +113,13 @@ pub fn exp_fast(x: f32) -> f32 {
                         + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
     // big's bits are 0x4B40_0000 + k; 2ᵏ has exponent bits k + 127.
     let scale = f32::from_bits(big.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
-    if x < -87.3 { 0.0 } else { poly * scale }
+    if x < -87.3 {
+        0.0
+    } else if x > 88.0 {
+        f32::INFINITY
+    } else {
+        poly * scale
+    }
 }
 
 /// Softmax statistics of `[rows, V]` logits at temperature `1/inv_t`: `z = x·inv_t` and
@@ -286,9 +294,9 @@ pub struct FusedLecture {
 /// products are taken in this order: the per-position tables `T_q = E · encode_q` (`[V, D]`
 /// each) and `M_p = decode_p · Eᵀ` (`[D, V]` each) first, then `enc[b] = Σ_q T_q[x_bq]` (a
 /// gather) and `logits = enc · M`. Same function; the tables cost `n·V·D²` where the
-/// lecture's order costs `B·n·D²` for each of its two big products (forward and backward
-/// alike), so this is the cheaper order whenever the vocabulary is smaller than about 1.5×
-/// the batch of prompts — the sort task's case (V = 16, B = 256 on `scaled`: 9.4 M instead of
+/// lecture's order costs `B·n·D²` for each of its big products (forward and backward alike;
+/// the `B·n·D·V` products are common to both), so this is the cheaper order whenever the
+/// vocabulary is smaller than the batch of prompts — the sort task's case (V = 16, B = 256 on `scaled`: 9.4 M instead of
 /// 56 M multiply-adds per step). With a larger vocabulary it is still exact (tested), only
 /// slower than it could be.
 #[derive(Debug, Clone, Default)]
@@ -621,6 +629,8 @@ impl FusedLecture {
         let (n, v) = (self.n, self.vocab);
         let b = prompt_tokens / n;
         let g = responses.len() / prompt_tokens.max(1);
+        // A token outside the vocabulary would read (and in the step, write) another row.
+        assert!(responses.iter().all(|&t| (t as usize) < v), "token ≥ vocab");
         out.clear();
         out.resize(responses.len(), 0.0);
         for bi in 0..b {
@@ -649,7 +659,8 @@ impl FusedLecture {
     ///
     /// On x86-64 CPUs with AVX2 the same code runs compiled for AVX2 (twice the vector width).
     /// Without FMA contraction every operation is the same IEEE operation in the same order,
-    /// so both give bit-identical results (tested): a run does not depend on the CPU model.
+    /// so both give bit-identical results (tested). Across CPU models results can still differ
+    /// in the last bits: `gemm` picks its kernel (FMA or not) and block sizes at run time.
     #[allow(clippy::too_many_arguments)]
     pub fn step(
         &mut self,
@@ -756,6 +767,10 @@ impl FusedLecture {
                 (e - (rf - lp) - 1.0, beta * (1.0 - e))
             }),
         }
+        if !kl_on {
+            // Logged only, no gradient (0·∞ where the logged KL overflowed would be NaN).
+            dkl.fill(0.0);
+        }
         // The policy-gradient term and its ∂/∂logπ.
         let (lo, hi) = (1.0 - s.epsilon_low, 1.0 + s.epsilon_high);
         let (term, dterm) = (zeroed(&mut sc.term, tokens), zeroed(&mut sc.dterm, tokens));
@@ -775,7 +790,10 @@ impl FusedLecture {
             *c = (dt + dk) * cw;
         }
         let kl_sum = sum_f64(&sc.kl);
-        let loss = (sum_f64(&sc.term) + beta as f64 * kl_sum) / tokens as f64;
+        // The KL enters the loss only when it is on (0·∞ would make a logged-only KL that
+        // overflowed — a diverged metric, not a diverged loss — into a NaN loss).
+        let kl_part = if kl_on { beta as f64 * kl_sum } else { 0.0 };
+        let loss = (sum_f64(&sc.term) + kl_part) / tokens as f64;
         let (low, high) = sc
             .ratio
             .iter()
@@ -885,7 +903,10 @@ mod tests {
         assert_eq!(exp_fast(0.0), 1.0);
         assert_eq!(exp_fast(-87.5), 0.0);
         assert_eq!(exp_fast(-1e30), 0.0);
-        assert!(exp_fast(1e30).is_finite() && exp_fast(1e30) > 1e38);
+        assert!(exp_fast(88.0) > 1.6e38 && exp_fast(88.0).is_finite());
+        assert_eq!(exp_fast(88.5), f32::INFINITY);
+        assert_eq!(exp_fast(f32::INFINITY), f32::INFINITY);
+        assert_eq!(exp_fast(f32::NEG_INFINITY), 0.0);
         assert!(exp_fast(f32::NAN).is_nan());
     }
 
@@ -900,8 +921,8 @@ mod tests {
         assert!(((sum_sq(&x) as f64) - want_sq).abs() < 1e-5 * want_sq);
     }
 
-    /// The AVX2 build of the step and the portable one give bit-identical results, so a run
-    /// does not depend on which CPU it ran on.
+    /// The AVX2 builds of the step and of log π and the portable ones give bit-identical
+    /// results on the same CPU.
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn avx2_step_is_bit_identical_to_the_portable_step() {
@@ -943,7 +964,11 @@ mod tests {
                 FusedLecture::new(&w, vocab, n, d, &c),
                 FusedLecture::new(&w, vocab, n, d, &c),
             );
-            let logp = portable.token_logp(&prompts, &responses, 0.9);
+            let logp = portable.token_logp_body(Some(&prompts), None, &responses, 0.9);
+            // SAFETY: AVX2 is present (checked at the top).
+            let wide_logp = unsafe { wide.token_logp_avx2(Some(&prompts), None, &responses, 0.9) };
+            let as_bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(as_bits(&logp), as_bits(&wide_logp));
             let old = noisy(&mut rng, &logp);
             let reference = noisy(&mut rng, &logp);
             let x = Batch {
@@ -966,6 +991,53 @@ mod tests {
                     .collect()
             };
             assert_eq!(bits(&wide), bits(&portable), "{mode:?} {est:?}");
+        }
+    }
+
+    /// A K3 KL that overflows (log π fell 88+ nats below log π_ref, as a naive loss drives
+    /// unlikely tokens) is logged as ∞ without touching the loss or the gradients when the KL
+    /// is not in the loss, and makes the loss non-finite when it is (as on burn's path).
+    #[test]
+    fn an_overflowing_logged_kl_leaves_the_step_finite() {
+        use crate::config::LossAggMode;
+        let (vocab, n, d, b, g) = (5, 3, 8, 2, 4);
+        let c = RunConfig::preset("lecture17").unwrap();
+        let w = LectureWeights::init(vocab, n, d, 0.5, 1);
+        let prompts: Vec<u32> = (0..b * n).map(|i| (i % vocab) as u32).collect();
+        let responses: Vec<u32> = (0..b * g * n).map(|i| (i * 7 % vocab) as u32).collect();
+        let advantages: Vec<f32> = (0..b * g).map(|i| i as f32 - 3.5).collect();
+        for beta in [0.0, 0.1] {
+            let mut f = FusedLecture::new(&w, vocab, n, d, &c);
+            let logp = f.token_logp(&prompts, &responses, 1.0);
+            let reference: Vec<f32> = logp.iter().map(|x| x + 100.0).collect();
+            let s = LossSettings {
+                mode: LossMode::Naive,
+                epsilon_low: 0.2,
+                epsilon_high: 0.2,
+                beta,
+                kl_in_loss: true,
+                kl_estimator: KlEstimator::K3,
+                agg: LossAggMode::TokenMean,
+                bug_ratio_quotient: false,
+            };
+            let (sc, _) = f.step(
+                &prompts,
+                &responses,
+                &advantages,
+                &logp,
+                &reference,
+                &s,
+                1.0,
+                0.01,
+                1.0,
+            );
+            assert_eq!(sc.kl, f32::INFINITY);
+            if beta == 0.0 {
+                assert!(sc.loss.is_finite() && sc.grad_norm.is_finite(), "{sc:?}");
+                assert!(f.embedding.iter().all(|x| x.is_finite()));
+            } else {
+                assert!(!sc.loss.is_finite(), "{sc:?}");
+            }
         }
     }
 }
