@@ -549,60 +549,18 @@ impl FusedLecture {
     /// `log π` at `temperature` of every response token: `prompts [B·n]`, `responses
     /// [B·G·n]` → `[B·G·n]`, computed exactly as `step` computes it.
     pub fn token_logp(&self, prompts: &[u32], responses: &[u32], temperature: f32) -> Vec<f32> {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { self.token_logp_avx2(Some(prompts), None, responses, temperature) };
-        }
-        self.token_logp_body(Some(prompts), None, responses, temperature)
+        let f = self.forward(prompts);
+        self.token_logp_from_logits(&f.logits, responses, temperature)
     }
 
-    /// `token_logp` from logits `[B·n, V]` this path's forward already computed.
+    /// `token_logp` from logits `[B·n, V]` this path's forward already computed. (Portable
+    /// build only: an AVX2 build measured no gain here, and it gives the same bits anyway.)
     pub fn token_logp_from_logits(
         &self,
         logits: &[f32],
         responses: &[u32],
         temperature: f32,
     ) -> Vec<f32> {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { self.token_logp_avx2(None, Some(logits), responses, temperature) };
-        }
-        self.token_logp_body(None, Some(logits), responses, temperature)
-    }
-
-    /// `token_logp_body` compiled with AVX2 enabled (see `step`).
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    fn token_logp_avx2(
-        &self,
-        prompts: Option<&[u32]>,
-        logits: Option<&[f32]>,
-        responses: &[u32],
-        temperature: f32,
-    ) -> Vec<f32> {
-        self.token_logp_body(prompts, logits, responses, temperature)
-    }
-
-    /// From the prompts (a forward first) or from given logits.
-    #[inline(always)]
-    fn token_logp_body(
-        &self,
-        prompts: Option<&[u32]>,
-        logits: Option<&[f32]>,
-        responses: &[u32],
-        temperature: f32,
-    ) -> Vec<f32> {
-        let mut f = Forward::default();
-        let logits = match (prompts, logits) {
-            (_, Some(l)) => l,
-            (Some(p), None) => {
-                self.forward_into(p, &mut f);
-                &f.logits
-            }
-            (None, None) => unreachable!("prompts or logits"),
-        };
         let (mut z, mut logz, mut out) = (Vec::new(), Vec::new(), Vec::new());
         softmax_rows(
             logits,
@@ -921,8 +879,8 @@ mod tests {
         assert!(((sum_sq(&x) as f64) - want_sq).abs() < 1e-5 * want_sq);
     }
 
-    /// The AVX2 builds of the step and of log π and the portable ones give bit-identical
-    /// results on the same CPU.
+    /// The AVX2 build of the step and the portable one give bit-identical results on the
+    /// same CPU.
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn avx2_step_is_bit_identical_to_the_portable_step() {
@@ -964,11 +922,7 @@ mod tests {
                 FusedLecture::new(&w, vocab, n, d, &c),
                 FusedLecture::new(&w, vocab, n, d, &c),
             );
-            let logp = portable.token_logp_body(Some(&prompts), None, &responses, 0.9);
-            // SAFETY: AVX2 is present (checked at the top).
-            let wide_logp = unsafe { wide.token_logp_avx2(Some(&prompts), None, &responses, 0.9) };
-            let as_bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(as_bits(&logp), as_bits(&wide_logp));
+            let logp = portable.token_logp(&prompts, &responses, 0.9);
             let old = noisy(&mut rng, &logp);
             let reference = noisy(&mut rng, &logp);
             let x = Batch {
