@@ -3,7 +3,7 @@
 //! `cargo run --release --example advantage_modes`
 
 use grpo_lab::config::AdvantageMode;
-use grpo_lab::grpo::advantage::all_advantages;
+use grpo_lab::objective::advantage::all_advantages;
 
 fn main() {
     let groups: [(&str, Vec<f32>); 4] = [

@@ -37,7 +37,7 @@ fn main() -> anyhow::Result<()> {
             }
             let r = last.expect("trained");
             finals.push(r.reward_mean);
-            let (train_acc, _) = trainer.evaluate();
+            let (train_acc, _) = trainer.evaluate()?;
             println!(
                 "  {mode:>10} seed {seed}: final mean reward {:.3}, entropy {:.4}, greedy accuracy {train_acc:.2}",
                 r.reward_mean, r.entropy

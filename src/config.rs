@@ -1,9 +1,12 @@
 //! `RunConfig`: every knob of a run, as one TOML document.
 //!
 //! Knob names follow what TRL / verl users know (`num_generations`, `epsilon_low`,
-//! `beta`, `loss_agg_mode`, ...). Each field has a one-line doc: what it does and
-//! its usual range. Presets live in `assets/experiments/*.toml`; a run directory
-//! keeps the exact config it ran with as `config.toml`.
+//! `beta`, `loss_agg_mode`, ...). Each field has a one-line doc here; [`FIELDS`] is the
+//! one table of every key with its label, help (usual range, the paper, the TRL / verl
+//! name) and valid range: `validate` checks it, the app shows it as tooltips and
+//! [`config_docs`] prints it (`grpo-lab config-docs`). Presets live in
+//! `assets/experiments/*.toml`; a run directory keeps the exact config it ran with as
+//! `config.toml`; [`RunConfig::layered`] builds one from a preset, a file and `--set`s.
 
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -72,15 +75,15 @@ impl Default for SftConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TaskConfig {
-    /// Prompt length: how many numbers to sort (lecture: 3; 2..=16).
+    /// Prompt length: how many numbers to sort (lecture: 3).
     pub n: usize,
-    /// Numbers are drawn from `0..vocab` (lecture: 5; 2..=64).
+    /// Numbers are drawn from `0..vocab` (lecture: 5).
     pub vocab: usize,
     /// Fixed training prompts (the lecture's three). Empty: draw `train_size` random prompts.
     pub prompts: Vec<Vec<u32>>,
-    /// Number of random training prompts when `prompts` is empty (16..=100000).
+    /// Number of random training prompts when `prompts` is empty.
     pub train_size: usize,
-    /// Number of held-out prompts, disjoint from the training ones (0 disables; usual 32..=1024).
+    /// Number of held-out prompts, disjoint from the training ones (0 disables).
     pub heldout_size: usize,
     /// Whether random prompts may repeat a number (`[2,2,0]`).
     pub allow_repeats: bool,
@@ -88,7 +91,7 @@ pub struct TaskConfig {
     pub reward: RewardKind,
     /// Optional weighted sum of verifiers, e.g. `{ exact = 1.0, distance = 0.2 }`; overrides `reward`.
     pub reward_weights: std::collections::BTreeMap<String, f64>,
-    /// Longest response in tokens, `<eos>` included (transformer only; 0 = n + 1; ≥ n).
+    /// Longest response in tokens, `<eos>` included (transformer only; 0 = n + 1).
     pub max_len: usize,
     /// Format reward: added when the response closes with `<eos>` within `max_len` (transformer; 0 = off).
     pub format_reward: f64,
@@ -131,6 +134,8 @@ pub enum RewardKind {
 
 impl RewardKind {
     pub const ALL: [RewardKind; 3] = [Self::Distance, Self::InclusionOrdering, Self::Exact];
+    /// The names a config file uses, in the order of [`Self::ALL`].
+    pub const NAMES: &'static [&'static str] = &["distance", "inclusion_ordering", "exact"];
     pub fn name(self) -> &'static str {
         match self {
             Self::Distance => "distance",
@@ -150,11 +155,11 @@ pub struct ModelConfig {
     /// Which policy: `lecture` (per-position model of the lecture, spec §6) or `transformer`
     /// (a small causal transformer answering token by token until `<eos>`).
     pub kind: ModelKind,
-    /// Embedding width `D` (lecture: 10; transformer: 32..=256, a multiple of `heads`).
+    /// Embedding width `D` (lecture: 10; transformer: a multiple of `heads`).
     pub d_model: usize,
     /// Multiplies the initial weights (1.0 = the lecture's init / GPT-2's; smaller = closer to uniform).
     pub init_scale: f64,
-    /// Transformer blocks (1..=12).
+    /// Transformer blocks.
     pub layers: usize,
     /// Attention heads per block (`d_model` must be a multiple).
     pub heads: usize,
@@ -188,15 +193,20 @@ pub enum ModelKind {
     Transformer,
 }
 
+impl ModelKind {
+    /// The names a config file uses.
+    pub const NAMES: &'static [&'static str] = &["lecture", "transformer"];
+}
+
 /// GRPO itself (spec §2–§4).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AlgorithmConfig {
-    /// Responses sampled per prompt, the group size `G` (lecture: 10; usual 4..=64).
+    /// Responses sampled per prompt, the group size `G` (lecture: 10).
     pub num_generations: usize,
     /// Prompts per iteration `B` (0 = every training prompt each iteration).
     pub prompts_per_iteration: usize,
-    /// Optimizer steps on one batch of rollouts, `μ` (lecture: 10; GRPO paper: 1..=4).
+    /// Optimizer steps on one batch of rollouts, `μ` (lecture: 10).
     pub mu: usize,
     /// How group rewards become advantages: raw, centered, normalized (GRPO), max, rloo, batch_normalized.
     pub advantage: AdvantageMode,
@@ -206,7 +216,7 @@ pub struct AlgorithmConfig {
     pub epsilon_low: f64,
     /// Upper clip range ε_high (PPO: 0.2; DAPO clip-higher: 0.28).
     pub epsilon_high: f64,
-    /// KL coefficient β toward the reference policy (0 = no KL and no reference; usual 0.001..=0.1).
+    /// KL coefficient β toward the reference policy (0 = no KL and no reference).
     pub beta: f64,
     /// KL estimator: k1, k2 or k3 (GRPO: k3).
     pub kl_estimator: KlEstimator,
@@ -216,7 +226,7 @@ pub struct AlgorithmConfig {
     pub ref_period: usize,
     /// Token aggregation: seq-mean-token-mean (GRPO), token-mean (DAPO), seq-mean-token-sum-norm (Dr. GRPO).
     pub loss_agg_mode: LossAggMode,
-    /// Entropy bonus: `− coef · H` is added to the loss (0 = off; usual 0.001..=0.01).
+    /// Entropy bonus: `− coef · H` is added to the loss (0 = off).
     pub entropy_coef: f64,
     /// DAPO dynamic sampling: replace groups whose rewards are all equal by fresh ones.
     pub dynamic_sampling: bool,
@@ -277,6 +287,8 @@ macro_rules! named_enum {
         pub enum $ty { $(#[serde(rename = $name)] $variant),+ }
         impl $ty {
             pub const ALL: &'static [$ty] = &[$($ty::$variant),+];
+            /// The names a config file uses, in the order of [`Self::ALL`].
+            pub const NAMES: &'static [&'static str] = &[$($name),+];
             pub fn name(self) -> &'static str { match self { $($ty::$variant => $name),+ } }
             pub fn parse(s: &str) -> Option<Self> { Self::ALL.iter().copied().find(|m| m.name() == s) }
         }
@@ -316,7 +328,7 @@ named_enum!(FusedChoice { Auto => "auto", Off => "off" });
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OptimizerConfig {
-    /// Learning rate (lecture: 1e-3; usual 1e-5..=1e-2).
+    /// Learning rate (lecture: 1e-3).
     pub lr: f64,
     /// Adam β1 (0.9).
     pub beta1: f64,
@@ -344,7 +356,7 @@ impl Default for OptimizerConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SamplingConfig {
-    /// Softmax temperature T (1.0 = the policy as is; usual 0.6..=1.2).
+    /// Softmax temperature T (1.0 = the policy as is).
     pub temperature: f64,
     /// Keep only the k most likely tokens (0 = off).
     pub top_k: usize,
@@ -400,6 +412,416 @@ impl Default for RunSettings {
             fused_step: FusedChoice::Auto,
         }
     }
+}
+
+// ---------------------------------------------------------------- the field table
+
+/// One bound of a number's range.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Bound {
+    /// No bound on this side (the number must still be finite).
+    None,
+    /// The bound itself is allowed.
+    Closed(f64),
+    /// The bound itself is excluded.
+    Open(f64),
+}
+
+/// The values a config key accepts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Range {
+    /// An integer in `min..=max` (`max: None`: no upper bound).
+    Int {
+        min: u64,
+        max: Option<u64>,
+    },
+    /// A finite number between two bounds.
+    Float {
+        low: Bound,
+        high: Bound,
+    },
+    /// One of these names (an enum; serde refuses any other).
+    Choice(&'static [&'static str]),
+    Bool,
+    /// Any text.
+    Text,
+    /// A structured value, described in words (its checks are in `validate`).
+    Other(&'static str),
+}
+
+impl Range {
+    const fn int(min: u64, max: u64) -> Self {
+        Range::Int {
+            min,
+            max: Some(max),
+        }
+    }
+    const fn at_least(min: u64) -> Self {
+        Range::Int { min, max: None }
+    }
+    const fn float(low: Bound, high: Bound) -> Self {
+        Range::Float { low, high }
+    }
+    const ANY_INT: Range = Range::Int { min: 0, max: None };
+    const ANY_FLOAT: Range = Range::Float {
+        low: Bound::None,
+        high: Bound::None,
+    };
+    const POSITIVE: Range = Range::Float {
+        low: Bound::Open(0.0),
+        high: Bound::None,
+    };
+    const NON_NEGATIVE: Range = Range::Float {
+        low: Bound::Closed(0.0),
+        high: Bound::None,
+    };
+
+    /// Whether a number is in the range (integers and floats; other kinds always pass).
+    fn contains(&self, value: &serde_json::Value) -> bool {
+        match *self {
+            Range::Int { min, max } => value
+                .as_u64()
+                .is_some_and(|v| v >= min && max.is_none_or(|m| v <= m)),
+            Range::Float { low, high } => value.as_f64().is_some_and(|v| {
+                v.is_finite()
+                    && match low {
+                        Bound::None => true,
+                        Bound::Closed(b) => v >= b,
+                        Bound::Open(b) => v > b,
+                    }
+                    && match high {
+                        Bound::None => true,
+                        Bound::Closed(b) => v <= b,
+                        Bound::Open(b) => v < b,
+                    }
+            }),
+            _ => true,
+        }
+    }
+}
+
+impl std::fmt::Display for Range {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Range::Int {
+                min,
+                max: Some(max),
+            } => write!(f, "{min}..={max}"),
+            Range::Int { min, max: None } => write!(f, "an integer ≥ {min}"),
+            Range::Float { low, high } => match (low, high) {
+                (Bound::None, Bound::None) => f.write_str("any finite number"),
+                (Bound::Open(l), Bound::None) => write!(f, "> {l}"),
+                (Bound::Closed(l), Bound::None) => write!(f, "≥ {l}"),
+                (Bound::None, Bound::Open(h)) => write!(f, "< {h}"),
+                (Bound::None, Bound::Closed(h)) => write!(f, "≤ {h}"),
+                (low, high) => {
+                    let (open_l, l) = match low {
+                        Bound::Open(l) => ("(", l),
+                        Bound::Closed(l) => ("[", l),
+                        Bound::None => unreachable!(),
+                    };
+                    let (h, close_h) = match high {
+                        Bound::Open(h) => (h, ")"),
+                        Bound::Closed(h) => (h, "]"),
+                        Bound::None => unreachable!(),
+                    };
+                    write!(f, "{open_l}{l}, {h}{close_h}")
+                }
+            },
+            Range::Choice(names) => f.write_str(&names.join(", ")),
+            Range::Bool => f.write_str("true, false"),
+            Range::Text => f.write_str("any text"),
+            Range::Other(words) => f.write_str(words),
+        }
+    }
+}
+
+/// When a field's range is checked (elsewhere the field is ignored, so any value passes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Always,
+    /// `model.kind = transformer`.
+    Transformer,
+    /// `model.kind = transformer` and `task.length_reward = overlong`.
+    Overlong,
+    /// `sft.steps > 0`.
+    Sft,
+}
+
+impl Scope {
+    fn applies(self, c: &RunConfig) -> bool {
+        match self {
+            Scope::Always => true,
+            Scope::Transformer => c.model.kind == ModelKind::Transformer,
+            Scope::Overlong => {
+                c.model.kind == ModelKind::Transformer
+                    && c.task.length_reward == LengthReward::Overlong
+            }
+            Scope::Sft => c.sft.steps > 0,
+        }
+    }
+    fn words(self) -> &'static str {
+        match self {
+            Scope::Always => "",
+            Scope::Transformer => "model.kind = transformer",
+            Scope::Overlong => "task.length_reward = overlong",
+            Scope::Sft => "sft.steps > 0",
+        }
+    }
+}
+
+/// One config key: what the app, the docs and `validate` know about it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Field {
+    /// Dotted key, as in `--set` and the TOML file (`algorithm.epsilon_high`).
+    pub key: &'static str,
+    /// Short label (the app's field name).
+    pub label: &'static str,
+    /// What it does, the usual values, the paper, and the TRL / verl names of the knob.
+    pub help: &'static str,
+    /// The values it accepts on its own.
+    pub range: Range,
+    /// When the range is checked.
+    pub scope: Scope,
+    /// A rule against other fields, in words (checked by `validate`; empty: none).
+    pub rule: &'static str,
+}
+
+impl Field {
+    const fn new(key: &'static str, label: &'static str, range: Range, help: &'static str) -> Self {
+        Field {
+            key,
+            label,
+            help,
+            range,
+            scope: Scope::Always,
+            rule: "",
+        }
+    }
+    const fn only(mut self, scope: Scope) -> Self {
+        self.scope = scope;
+        self
+    }
+    const fn rule(mut self, rule: &'static str) -> Self {
+        self.rule = rule;
+        self
+    }
+
+    /// The allowed values in words: the range, when it is checked, and any rule against
+    /// other fields (the text of error messages, tooltips and the docs).
+    pub fn allowed(&self) -> String {
+        let mut s = self.range.to_string();
+        if self.scope != Scope::Always {
+            s.push_str(&format!(" (checked when {})", self.scope.words()));
+        }
+        if !self.rule.is_empty() {
+            s.push_str("; ");
+            s.push_str(self.rule);
+        }
+        s
+    }
+
+    /// The app's tooltip: the help, the allowed values, the key.
+    pub fn tooltip(&self) -> String {
+        format!(
+            "{}\n\nAllowed: {}\n`{}`",
+            self.help,
+            self.allowed(),
+            self.key
+        )
+    }
+}
+
+/// The field of a dotted key.
+pub fn field_info(key: &str) -> Option<&'static Field> {
+    FIELDS.iter().find(|f| f.key == key)
+}
+
+use Bound::{Closed, Open};
+use Scope::{Overlong, Sft, Transformer};
+
+/// Every key of [`RunConfig`], in file order. The one source of labels, help and ranges.
+pub const FIELDS: &[Field] = &[
+    // task
+    Field::new("task.n", "n (prompt length)", Range::int(1, 64),
+        "How many numbers to sort; the lecture model answers exactly n tokens. Lecture: 3; usual 3..=16. The upper bound is the verifier kernel's (MAX_N = 64)."),
+    Field::new("task.vocab", "vocab", Range::int(2, 1024),
+        "Numbers are drawn from 0..vocab. Lecture: 5; usual 5..=64. The upper bound is the tokenizer's (1024 number tokens)."),
+    Field::new("task.prompts", "prompts", Range::Other("lists of task.n numbers, each in 0..task.vocab"),
+        "Fixed training prompts (the lecture's [1,0,2], [3,2,4], [1,2,3]). Empty: draw task.train_size random prompts instead."),
+    Field::new("task.train_size", "train prompts", Range::ANY_INT,
+        "Random training prompts (disjoint from the held-out ones), used when task.prompts is empty. Usual 64..=100000; train_size + heldout_size must not exceed the distinct prompts that exist for n and vocab.")
+        .rule("≥ 1 when task.prompts is empty"),
+    Field::new("task.heldout_size", "held-out prompts", Range::ANY_INT,
+        "Prompts never trained on, for greedy held-out accuracy (0 = none; usual 32..=1024). verl: data.val_files."),
+    Field::new("task.allow_repeats", "repeats", Range::Bool,
+        "Whether random prompts may repeat a number ([2,2,0]).")
+        .rule("false needs task.vocab ≥ task.n"),
+    Field::new("task.reward", "Reward", Range::Choice(RewardKind::NAMES),
+        "The verifier (GRPO-SPEC §1). distance: positions equal to sorted(prompt). inclusion_ordering: prompt numbers found + non-decreasing neighbours (can be gamed: [0,0,0] scores high). exact: 1 if sorted, else 0 (the RLVR indicator). TRL: reward_funcs."),
+    Field::new("task.reward_weights", "reward weights", Range::Other("a table verifier = weight (distance, inclusion_ordering, exact), finite weights"),
+        "A weighted sum of verifiers, e.g. { exact = 1.0, distance = 0.25 }; overrides task.reward when not empty. Dense terms keep a sparse exact reward learnable. TRL: reward_funcs with reward_weights."),
+    Field::new("task.max_len", "max_len", Range::ANY_INT,
+        "Longest response in tokens, <eos> included (0 = n + 1). Responses that reach it without <eos> are truncated. Transformer only. TRL: max_completion_length; verl: data.max_response_length.")
+        .rule("0 or ≥ task.n (transformer); 0 or task.n (lecture)"),
+    Field::new("task.format_reward", "format reward", Range::ANY_FLOAT,
+        "Format reward: added when the answer closes with <eos> within max_len (0 = off; usual 0.1..=1). Transformer only: the lecture model has no <eos>.")
+        .only(Transformer).rule("0 with model.kind = lecture"),
+    Field::new("task.length_reward", "length reward", Range::Choice(LengthReward::NAMES),
+        "none; kimi: Kimi k1.5's group-relative length reward (short correct answers win); overlong: DAPO's soft overlong punishment over the last task.overlong_buffer tokens before max_len. Transformer only.")
+        .rule("none with model.kind = lecture"),
+    Field::new("task.length_reward_weight", "length weight", Range::ANY_FLOAT,
+        "Weight of the length reward (Kimi k1.5 and DAPO: 1.0). verl (DAPO): reward_model.overlong_buffer.penalty_factor.")
+        .only(Transformer),
+    Field::new("task.overlong_buffer", "overlong buffer", Range::at_least(1),
+        "DAPO's L_cache: the last this-many tokens before max_len are penalised linearly (with task.length_reward = overlong). verl (DAPO): reward_model.overlong_buffer.len.")
+        .only(Overlong).rule("≤ task.max_len"),
+    // model
+    Field::new("model.kind", "policy", Range::Choice(ModelKind::NAMES),
+        "lecture: the lecture's per-position model (GRPO-SPEC §6; answers exactly n tokens). transformer: a small causal transformer that answers token by token until <eos>."),
+    Field::new("model.d_model", "D", Range::int(1, 4096),
+        "Embedding width D. Lecture: 10; transformer: usual 32..=256, a multiple of model.heads. HF: hidden_size."),
+    Field::new("model.init_scale", "init scale", Range::POSITIVE,
+        "Multiplies the initial weights. 1 = the lecture's init (logits of scale ~5: nearly deterministic from the start) and GPT-2's; smaller = closer to uniform, more exploration (usual 0.1..=1)."),
+    Field::new("model.layers", "layers", Range::int(1, 12),
+        "Transformer blocks (usual 1..=4 here). HF: num_hidden_layers.")
+        .only(Transformer),
+    Field::new("model.heads", "heads", Range::int(1, 64),
+        "Attention heads per block; must divide D. HF: num_attention_heads.")
+        .only(Transformer).rule("divides model.d_model"),
+    Field::new("model.d_ff", "d_ff", Range::ANY_INT,
+        "MLP width (0 = 4·d_model). HF: intermediate_size."),
+    Field::new("model.context", "context", Range::int(1, 4096),
+        "Longest sequence the transformer reads: at least n + max_len − 1. HF: max_position_embeddings.")
+        .only(Transformer).rule("≥ task.n + task.max_len − 1"),
+    Field::new("model.vocab", "model vocab", Range::ANY_INT,
+        "Token ids the transformer embeds (0 = from the task: task.vocab numbers + <eos>). HF: vocab_size.")
+        .rule("0 or task.vocab + 1 (transformer)"),
+    // algorithm
+    Field::new("algorithm.num_generations", "G (group size)", Range::int(1, 4096),
+        "Responses sampled per prompt, the group size G; advantages compare within a group (G = 1 gives no signal). Lecture: 10; usual 4..=64 (GRPO, Shao et al. 2024: 64). TRL: num_generations; verl: actor_rollout_ref.rollout.n."),
+    Field::new("algorithm.prompts_per_iteration", "prompts / iteration", Range::ANY_INT,
+        "Prompts per iteration B (0 = every training prompt each iteration). verl: data.train_batch_size; TRL: generation_batch_size / num_generations."),
+    Field::new("algorithm.mu", "μ (steps per iteration)", Range::int(1, 1000),
+        "Optimizer steps on one batch of rollouts, μ. Lecture: 10; GRPO paper: 1; usual 1..=4. With μ > 1 the naive loss has no off-policy correction. TRL: num_iterations; verl: actor_rollout_ref.actor.ppo_epochs."),
+    Field::new("algorithm.advantage", "Advantage", Range::Choice(AdvantageMode::NAMES),
+        "How a group's rewards become advantages (GRPO-SPEC §3). raw: A = r. centered: r − mean (Dr. GRPO). normalized (GRPO): (r − mean)/(std + 1e-5). max: r where r is the group max, else 0. rloo: r − mean of the others (RLOO). batch_normalized: centered / batch std. TRL: scale_rewards (group, none, batch); verl: algorithm.adv_estimator (grpo, rloo) with algorithm.norm_adv_by_std_in_grpo."),
+    Field::new("algorithm.loss", "Loss", Range::Choice(LossMode::NAMES),
+        "Per-token objective (GRPO-SPEC §4). naive: −A·log π (REINFORCE). unclipped: −A·ρ with ρ = π/π_old. clipped: PPO's −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A), what TRL and verl always use."),
+    Field::new("algorithm.epsilon_low", "ε low", Range::float(Open(0.0), Open(1.0)),
+        "Lower clip range: the ratio is clipped below at 1 − ε_low (so ε_low < 1). PPO: 0.2; lecture: 0.01. TRL: epsilon; verl: actor_rollout_ref.actor.clip_ratio_low."),
+    Field::new("algorithm.epsilon_high", "ε high", Range::float(Open(0.0), Open(10.0)),
+        "Upper clip range: the ratio is clipped above at 1 + ε_high. PPO: 0.2; DAPO clip-higher (Yu et al. 2025): 0.28. TRL: epsilon_high; verl: actor_rollout_ref.actor.clip_ratio_high."),
+    Field::new("algorithm.beta", "β (KL)", Range::NON_NEGATIVE,
+        "KL coefficient β toward the reference policy (0 = no KL and no reference). GRPO paper: 0.04; usual 0.001..=0.1. TRL: beta; verl: actor_rollout_ref.actor.kl_loss_coef (in the loss) or algorithm.kl_ctrl.kl_coef (in the reward)."),
+    Field::new("algorithm.kl_estimator", "KL estimator", Range::Choice(KlEstimator::NAMES),
+        "With Δ = log π_ref − log π: k1 = −Δ, k2 = Δ²/2, k3 = e^Δ − Δ − 1 (Schulman 2020; GRPO uses k3). verl: actor_rollout_ref.actor.kl_loss_type (k1, mse = k2, low_var_kl = k3); TRL: always k3."),
+    Field::new("algorithm.kl_penalty", "KL penalty", Range::Choice(KlPenaltyMode::NAMES),
+        "Where the KL goes: loss (GRPO: + β·KL in the loss) or reward (PPO-RLHF: r − β·KL). verl: actor_rollout_ref.actor.use_kl_loss or algorithm.use_kl_in_reward."),
+    Field::new("algorithm.ref_period", "ref period", Range::ANY_INT,
+        "Copy the policy into the reference every this many iterations (lecture: 10; 0 = never). TRL: sync_ref_model with ref_model_sync_steps."),
+    Field::new("algorithm.loss_agg_mode", "Aggregation", Range::Choice(LossAggMode::NAMES),
+        "How per-token losses become one number: seq-mean-token-mean (GRPO paper), token-mean (DAPO), seq-mean-token-sum-norm (Dr. GRPO, Liu et al. 2025). Equal for fixed-length responses. verl: actor_rollout_ref.actor.loss_agg_mode; TRL: loss_type (grpo, dapo, dr_grpo)."),
+    Field::new("algorithm.entropy_coef", "entropy bonus", Range::NON_NEGATIVE,
+        "Entropy bonus: −coef·H is added to the loss to keep exploring (0 = off; usual 0.001..=0.01). verl: actor_rollout_ref.actor.entropy_coeff."),
+    Field::new("algorithm.dynamic_sampling", "dynamic sampling", Range::Bool,
+        "DAPO dynamic sampling: replace groups whose rewards are all equal (no learning signal) by fresh ones, at most algorithm.max_resample_rounds rounds per iteration. verl (DAPO): algorithm.filter_groups.enable."),
+    Field::new("algorithm.max_resample_rounds", "max rounds", Range::int(0, 64),
+        "Bound on dynamic-sampling rounds per iteration; groups still flat after it are kept. verl (DAPO): algorithm.filter_groups.max_num_gen_batches."),
+    Field::new("algorithm.prompt_sampling", "prompt sampling", Range::Choice(PromptSampling::NAMES),
+        "Which training prompts an iteration uses: uniform; prioritized by 1 − success rate; curriculum from the easiest quarter (fewest inversions) to every prompt at mid-run. Both after Kimi k1.5.")
+        .rule("prioritized and curriculum need algorithm.prompts_per_iteration > 0"),
+    Field::new("algorithm.bugs.ratio_as_logprob_quotient", "BUG: ratio = logπ / logπ_old", Range::Bool,
+        "Deliberate bug (GRPO-SPEC §5): the ratio written as log π / log π_old instead of exp(log π − log π_old); the gradient flips sign."),
+    Field::new("algorithm.bugs.unfrozen_old_policy", "BUG: π_old not frozen", Range::Bool,
+        "Deliberate bug (GRPO-SPEC §5): π_old recomputed with gradient each step instead of frozen at rollout; the ratio's gradient vanishes and nothing is learned."),
+    Field::new("algorithm.bugs.shared_reference", "BUG: reference shared, not copied", Range::Bool,
+        "Deliberate bug (GRPO-SPEC §5): the reference shares the policy's weights instead of being a copy; the KL is always 0, the penalty silently off."),
+    // optimizer
+    Field::new("optimizer.lr", "learning rate", Range::float(Open(0.0), Open(10.0)),
+        "Adam's step size. Lecture: 1e-3; usual 1e-5..=1e-2 (LLMs: ~1e-6). TRL: learning_rate; verl: actor_rollout_ref.actor.optim.lr."),
+    Field::new("optimizer.beta1", "Adam β1", Range::float(Closed(0.0), Open(1.0)),
+        "Adam's first-moment decay (0.9). TRL: adam_beta1; verl: actor_rollout_ref.actor.optim.betas."),
+    Field::new("optimizer.beta2", "Adam β2", Range::float(Closed(0.0), Open(1.0)),
+        "Adam's second-moment decay (0.999). TRL: adam_beta2; verl: actor_rollout_ref.actor.optim.betas."),
+    Field::new("optimizer.eps", "Adam ε", Range::POSITIVE,
+        "Adam's ε (PyTorch default 1e-8). TRL: adam_epsilon."),
+    Field::new("optimizer.max_grad_norm", "max grad norm", Range::NON_NEGATIVE,
+        "Clip the global gradient norm to this value (0 = off; TRL's default 1.0). TRL: max_grad_norm; verl: actor_rollout_ref.actor.grad_clip."),
+    // sampling
+    Field::new("sampling.temperature", "temperature", Range::POSITIVE,
+        "Softmax temperature T for rollouts (1 = the policy as is; usual 0.6..=1.2). TRL: temperature; verl: actor_rollout_ref.rollout.temperature."),
+    Field::new("sampling.top_k", "top-k", Range::ANY_INT,
+        "Keep the k most likely tokens (0 = off). TRL: top_k; verl: actor_rollout_ref.rollout.top_k (−1 = off)."),
+    Field::new("sampling.top_p", "top-p", Range::float(Open(0.0), Closed(1.0)),
+        "Nucleus sampling: keep the smallest set with this much probability (1 = off). TRL: top_p; verl: actor_rollout_ref.rollout.top_p."),
+    // sft
+    Field::new("sft.steps", "SFT steps", Range::ANY_INT,
+        "Supervised steps on (prompt, sorted) pairs before RL (DeepSeek-R1's cold start). 0 = pure RL (R1-Zero)."),
+    Field::new("sft.examples", "examples", Range::at_least(1),
+        "Distinct training prompts used as (prompt, sorted) examples.")
+        .only(Sft),
+    Field::new("sft.batch_size", "SFT batch", Range::at_least(1),
+        "Examples per supervised step. TRL SFTConfig: per_device_train_batch_size.")
+        .only(Sft),
+    Field::new("sft.lr", "SFT lr", Range::float(Open(0.0), Open(10.0)),
+        "Adam's step size for the cold start (1e-3). TRL SFTConfig: learning_rate.")
+        .only(Sft),
+    // run
+    Field::new("run.name", "Name", Range::Text,
+        "Name used in run directories and chart titles."),
+    Field::new("run.seed", "Seed", Range::ANY_INT,
+        "The run is a pure function of its config and this seed. TRL: seed."),
+    Field::new("run.iterations", "Iterations", Range::at_least(1),
+        "GRPO iterations (the lecture's \"epochs\": 100): a rollout, then μ optimizer steps. verl: trainer.total_training_steps."),
+    Field::new("run.checkpoint_every", "Checkpoint every", Range::ANY_INT,
+        "Write a checkpoint every this many iterations (0 = only at the end). TRL: save_steps; verl: trainer.save_freq."),
+    Field::new("run.log_groups", "Logged groups", Range::ANY_INT,
+        "How many groups per iteration are logged in full (prompt, responses, rewards, advantages). TRL: log_completions."),
+    Field::new("run.device", "Device", Range::Choice(DeviceChoice::NAMES),
+        "Compute device. auto: picked for this machine (`grpo-lab devices` says which); gpu: a hardware wgpu adapter; software: lavapipe; cpu: burn's CPU backend, the fastest choice for these tiny models without a GPU."),
+    Field::new("run.kernels", "Kernels", Range::Choice(KernelChoice::NAMES),
+        "Sampling, verifier and advantages in our WGSL kernels (gpu) or plain Rust (reference); auto: the kernels whenever the device is a wgpu adapter. Same tokens either way."),
+    Field::new("run.fused_step", "Fused step", Range::Choice(FusedChoice::NAMES),
+        "The lecture model's fused CPU optimizer step (forward, backward and Adam by hand, held equal to burn's by tests): auto uses it on the CPU backend when the config allows; off always takes burn's autodiff path."),
+];
+
+/// The config reference as markdown, from [`FIELDS`] (`grpo-lab config-docs`).
+pub fn config_docs() -> String {
+    let defaults = serde_json::to_value(RunConfig::default()).expect("default serializes");
+    let cell = |s: &str| s.replace('|', "\\|").replace('\n', " ");
+    let mut out = String::from(
+        "# grpo-lab config reference\n\n\
+         Every key of a run's TOML config (`--config FILE`, `--set key=value`), generated \
+         from the field table in `src/config.rs` (`grpo-lab config-docs`). `validate` checks \
+         these ranges; the app shows the same text as tooltips.\n",
+    );
+    let mut section = "";
+    for f in FIELDS {
+        let this = f.key.split('.').next().unwrap_or("");
+        if this != section {
+            section = this;
+            out.push_str(&format!(
+                "\n## `{section}`\n\n| key | label | default | allowed | what it does |\n|---|---|---|---|---|\n"
+            ));
+        }
+        let default = json_path(&defaults, f.key)
+            .map(|v| v.to_string())
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "| `{}` | {} | `{}` | {} | {} |\n",
+            f.key,
+            cell(f.label),
+            cell(&default),
+            cell(&f.allowed()),
+            cell(f.help)
+        ));
+    }
+    out
+}
+
+fn json_path<'a>(value: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::Value> {
+    key.split('.').try_fold(value, |v, part| v.get(part))
 }
 
 /// The built-in presets, `assets/experiments/NAME.toml`, compiled in so the binary needs no files.
@@ -489,48 +911,67 @@ impl RunConfig {
     /// Apply `key=value` overrides (dotted keys, TOML values; bare words are strings).
     pub fn with_overrides(&self, sets: &[String]) -> Result<Self, ConfigError> {
         let mut table = toml::Table::try_from(self).expect("config serializes");
-        let reference = table.clone();
-        for assignment in sets {
-            let (key, raw) = assignment
-                .split_once('=')
-                .ok_or_else(|| ConfigError::BadAssignment(assignment.clone()))?;
-            let key = key.trim();
-            let value = parse_value(raw.trim());
-            set_path(&mut table, &reference, key, value)?;
-        }
-        // Deserialize each overridden key alone first, so a bad value names its key.
-        for assignment in sets {
-            let key = assignment
-                .split_once('=')
-                .map(|(k, _)| k.trim())
-                .unwrap_or("");
-            let mut probe = toml::Table::try_from(self).expect("config serializes");
-            let new_value = get_path(&table, key).cloned();
-            if let Some(v) = new_value {
-                set_path(&mut probe, &reference, key, v)?;
-                toml::Value::Table(probe)
-                    .try_into::<RunConfig>()
-                    .map_err(|e| ConfigError::InvalidValue {
-                        key: key.into(),
-                        reason: e.message().to_string(),
-                    })?;
-            }
-        }
+        apply_sets(&mut table, sets)?;
         Self::from_table(table)
     }
 
-    /// Semantic checks serde cannot make. Each error names the field and the allowed range.
+    /// The config of a run as the CLI builds it: a preset (else the defaults), then a TOML
+    /// file's keys over it (section by section, key by key), then `--set key=value`
+    /// overrides, then one validation of the result. Each layer may leave keys out; only
+    /// the whole must be valid. Errors name the preset, the file or the key.
+    pub fn layered(
+        preset: Option<&str>,
+        file: Option<&Path>,
+        sets: &[String],
+    ) -> Result<RunConfig, ConfigError> {
+        let base = match preset {
+            Some(name) => Self::preset(name)?,
+            None => RunConfig::default(),
+        };
+        let mut table = toml::Table::try_from(&base).expect("config serializes");
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+                path: path.display().to_string(),
+                source,
+            })?;
+            let over: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                path: path.display().to_string(),
+                reason: e.message().to_string(),
+            })?;
+            let reference =
+                toml::Table::try_from(RunConfig::default()).expect("default serializes");
+            check_keys(&over, &reference, "")?;
+            merge(&mut table, over);
+        }
+        apply_sets(&mut table, sets)?;
+        Self::from_table(table)
+    }
+
+    /// Semantic checks serde cannot make. Each error names the field and what it allows:
+    /// first every field's own range from [`FIELDS`], then the rules between fields.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let values = serde_json::to_value(self).expect("config serializes");
+        for f in FIELDS {
+            if !f.scope.applies(self) {
+                continue;
+            }
+            let Some(value) = json_path(&values, f.key) else {
+                continue;
+            };
+            if !f.range.contains(value) {
+                // serde_json writes NaN and ±inf as null.
+                let shown = if value.is_null() {
+                    "a non-finite number".to_string()
+                } else {
+                    value.to_string()
+                };
+                return bad(
+                    f.key,
+                    format!("{shown} is out of range; allowed {}", f.allowed()),
+                );
+            }
+        }
         let t = &self.task;
-        if !(1..=64).contains(&t.n) {
-            return bad("task.n", format!("{} is out of range; allowed 1..=64", t.n));
-        }
-        if !(2..=1024).contains(&t.vocab) {
-            return bad(
-                "task.vocab",
-                format!("{} is out of range; allowed 2..=1024", t.vocab),
-            );
-        }
         for (i, p) in t.prompts.iter().enumerate() {
             if p.len() != t.n {
                 return bad(
@@ -555,7 +996,7 @@ impl RunConfig {
             if RewardKind::parse(k).is_none() {
                 return bad(
                     &format!("task.reward_weights.{k}"),
-                    "unknown reward; allowed: distance, inclusion_ordering, exact".into(),
+                    format!("unknown reward; allowed: {}", RewardKind::NAMES.join(", ")),
                 );
             }
             if !w.is_finite() {
@@ -571,95 +1012,8 @@ impl RunConfig {
                 format!("false needs task.vocab ≥ task.n ({} < {})", t.vocab, t.n),
             );
         }
-        if !(1..=4096).contains(&self.model.d_model) {
-            return bad(
-                "model.d_model",
-                format!("{} is out of range; allowed 1..=4096", self.model.d_model),
-            );
-        }
-        if !(self.model.init_scale > 0.0 && self.model.init_scale.is_finite()) {
-            return bad("model.init_scale", "must be > 0".into());
-        }
-        let a = &self.algorithm;
-        if !(1..=4096).contains(&a.num_generations) {
-            return bad(
-                "algorithm.num_generations",
-                format!("{} is out of range; allowed 1..=4096", a.num_generations),
-            );
-        }
-        if !(1..=1000).contains(&a.mu) {
-            return bad(
-                "algorithm.mu",
-                format!("{} is out of range; allowed 1..=1000", a.mu),
-            );
-        }
-        for (key, eps) in [
-            ("algorithm.epsilon_low", a.epsilon_low),
-            ("algorithm.epsilon_high", a.epsilon_high),
-        ] {
-            if !(eps > 0.0 && eps < 10.0) {
-                return bad(key, format!("{eps} is out of range; allowed (0, 10)"));
-            }
-        }
-        if a.epsilon_low >= 1.0 {
-            return bad(
-                "algorithm.epsilon_low",
-                format!(
-                    "{} must be < 1 (the ratio is clipped at 1 - ε_low)",
-                    a.epsilon_low
-                ),
-            );
-        }
-        if !(a.beta >= 0.0 && a.beta.is_finite()) {
-            return bad("algorithm.beta", format!("{} must be ≥ 0", a.beta));
-        }
-        let o = &self.optimizer;
-        if !(o.lr > 0.0 && o.lr < 10.0) {
-            return bad(
-                "optimizer.lr",
-                format!("{} is out of range; allowed (0, 10)", o.lr),
-            );
-        }
-        for (key, b) in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2)] {
-            if !(0.0..1.0).contains(&b) {
-                return bad(key, format!("{b} is out of range; allowed [0, 1)"));
-            }
-        }
-        if !(o.eps > 0.0) {
-            return bad("optimizer.eps", "must be > 0".into());
-        }
-        if !(o.max_grad_norm >= 0.0) {
-            return bad("optimizer.max_grad_norm", "must be ≥ 0".into());
-        }
-        let s = &self.sampling;
-        if !(s.temperature > 0.0 && s.temperature.is_finite()) {
-            return bad(
-                "sampling.temperature",
-                format!("{} must be > 0", s.temperature),
-            );
-        }
-        if !(s.top_p > 0.0 && s.top_p <= 1.0) {
-            return bad(
-                "sampling.top_p",
-                format!("{} is out of range; allowed (0, 1]", s.top_p),
-            );
-        }
-        if self.run.iterations == 0 {
-            return bad("run.iterations", "must be ≥ 1".into());
-        }
         self.validate_model()?;
-        if !(a.entropy_coef >= 0.0 && a.entropy_coef.is_finite()) {
-            return bad(
-                "algorithm.entropy_coef",
-                format!("{} must be ≥ 0", a.entropy_coef),
-            );
-        }
-        if a.max_resample_rounds > 64 {
-            return bad(
-                "algorithm.max_resample_rounds",
-                format!("{} is out of range; allowed 0..=64", a.max_resample_rounds),
-            );
-        }
+        let a = &self.algorithm;
         if a.prompt_sampling != PromptSampling::Uniform && a.prompts_per_iteration == 0 {
             return bad(
                 "algorithm.prompt_sampling",
@@ -668,25 +1022,6 @@ impl RunConfig {
                     a.prompt_sampling
                 ),
             );
-        }
-        let f = &self.sft;
-        if f.steps > 0 {
-            if f.examples == 0 || f.batch_size == 0 {
-                return bad(
-                    if f.examples == 0 {
-                        "sft.examples"
-                    } else {
-                        "sft.batch_size"
-                    },
-                    "must be ≥ 1 when sft.steps > 0".into(),
-                );
-            }
-            if !(f.lr > 0.0 && f.lr < 10.0) {
-                return bad(
-                    "sft.lr",
-                    format!("{} is out of range; allowed (0, 10)", f.lr),
-                );
-            }
         }
         Ok(())
     }
@@ -737,12 +1072,6 @@ impl RunConfig {
                 ),
             );
         }
-        if m.context > 4096 {
-            return bad(
-                "model.context",
-                format!("{} is out of range; allowed ..=4096", m.context),
-            );
-        }
         let tokens = t.vocab + 1;
         if m.vocab != 0 && m.vocab != tokens {
             return bad(
@@ -753,23 +1082,13 @@ impl RunConfig {
                 ),
             );
         }
-        if !(1..=64).contains(&m.heads) || !m.d_model.is_multiple_of(m.heads) {
+        if !m.d_model.is_multiple_of(m.heads) {
             return bad(
                 "model.heads",
-                format!(
-                    "{} must be in 1..=64 and divide model.d_model = {}",
-                    m.heads, m.d_model
-                ),
+                format!("{} must divide model.d_model = {}", m.heads, m.d_model),
             );
         }
-        if !(1..=12).contains(&m.layers) {
-            return bad(
-                "model.layers",
-                format!("{} is out of range; allowed 1..=12", m.layers),
-            );
-        }
-        if t.length_reward == LengthReward::Overlong && !(1..=max_len).contains(&t.overlong_buffer)
-        {
+        if t.length_reward == LengthReward::Overlong && t.overlong_buffer > max_len {
             return bad(
                 "task.overlong_buffer",
                 format!(
@@ -777,14 +1096,6 @@ impl RunConfig {
                     t.overlong_buffer
                 ),
             );
-        }
-        for (key, w) in [
-            ("task.format_reward", t.format_reward),
-            ("task.length_reward_weight", t.length_reward_weight),
-        ] {
-            if !w.is_finite() {
-                return bad(key, "must be finite".into());
-            }
         }
         Ok(())
     }
@@ -811,6 +1122,36 @@ impl RunConfig {
     pub fn total_steps(&self) -> usize {
         self.run.iterations * self.algorithm.mu
     }
+}
+
+/// Apply `key=value` assignments to a whole config's table. A bad key is refused with the
+/// keys allowed there; a value of the wrong kind names its key (each assignment is
+/// deserialized alone over the table as it was).
+fn apply_sets(table: &mut toml::Table, sets: &[String]) -> Result<(), ConfigError> {
+    let reference = table.clone();
+    for assignment in sets {
+        let (key, raw) = assignment
+            .split_once('=')
+            .ok_or_else(|| ConfigError::BadAssignment(assignment.clone()))?;
+        set_path(table, &reference, key.trim(), parse_value(raw.trim()))?;
+    }
+    for assignment in sets {
+        let key = assignment
+            .split_once('=')
+            .map(|(k, _)| k.trim())
+            .unwrap_or("");
+        if let Some(v) = get_path(table, key).cloned() {
+            let mut probe = reference.clone();
+            set_path(&mut probe, &reference, key, v)?;
+            toml::Value::Table(probe)
+                .try_into::<RunConfig>()
+                .map_err(|e| ConfigError::InvalidValue {
+                    key: key.into(),
+                    reason: e.message().to_string(),
+                })?;
+        }
+    }
+    Ok(())
 }
 
 /// The error of a field with a value it does not allow.
@@ -1038,5 +1379,263 @@ mod tests {
             e.contains("algorithm.betta") && e.contains("algorithm.beta"),
             "{e}"
         );
+    }
+
+    /// Every leaf key of a config, dotted (free-form maps count as one leaf).
+    fn leaf_keys(table: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+        for (k, v) in table {
+            let path = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                toml::Value::Table(sub) if !FREE_MAPS.contains(&path.as_str()) => {
+                    leaf_keys(sub, &path, out)
+                }
+                _ => out.push(path),
+            }
+        }
+    }
+
+    #[test]
+    fn the_field_table_holds_every_key_once() {
+        let mut keys = Vec::new();
+        leaf_keys(
+            &toml::Table::try_from(RunConfig::default()).unwrap(),
+            "",
+            &mut keys,
+        );
+        let table: Vec<&str> = FIELDS.iter().map(|f| f.key).collect();
+        for k in &keys {
+            assert!(table.contains(&k.as_str()), "`{k}` is missing from FIELDS");
+        }
+        for f in FIELDS {
+            assert!(
+                keys.iter().any(|k| k == f.key),
+                "`{}` is not a config key",
+                f.key
+            );
+            assert_eq!(
+                FIELDS.iter().filter(|g| g.key == f.key).count(),
+                1,
+                "{}",
+                f.key
+            );
+            assert!(!f.label.is_empty() && !f.help.is_empty(), "{}", f.key);
+        }
+        assert_eq!(table.len(), keys.len());
+    }
+
+    #[test]
+    fn every_choice_in_the_table_is_accepted_and_nothing_else() {
+        let c = RunConfig::preset("transformer-sort").unwrap();
+        for f in FIELDS {
+            let Range::Choice(names) = f.range else {
+                continue;
+            };
+            for name in names {
+                // prompt sampling other than uniform needs B > 0.
+                let sets = vec![
+                    "algorithm.prompts_per_iteration=4".to_string(),
+                    format!("{}={name}", f.key),
+                ];
+                if let Err(e) = c.with_overrides(&sets) {
+                    // Only a rule between fields may refuse it, never the name itself.
+                    assert!(!e.to_string().contains("unknown variant"), "{}: {e}", f.key);
+                }
+            }
+            let e = c
+                .with_overrides(&[format!("{}=no-such-value", f.key)])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(f.key), "{e}");
+            for name in names {
+                assert!(e.contains(name), "{}: {e} should list {name}", f.key);
+            }
+        }
+    }
+
+    #[test]
+    fn validate_checks_every_range_of_the_table_and_names_the_field() {
+        let c = RunConfig::preset("transformer-sort").unwrap();
+        let mut checked = 0;
+        for f in FIELDS {
+            let bad_values: Vec<String> = match f.range {
+                Range::Int { min, max } => {
+                    let mut v = vec![];
+                    if min > 0 {
+                        v.push((min - 1).to_string());
+                    }
+                    if let Some(m) = max {
+                        v.push((m + 1).to_string());
+                    }
+                    v
+                }
+                Range::Float { low, high } => {
+                    let mut v = vec!["nan".to_string(), "inf".to_string()];
+                    match low {
+                        Bound::Closed(b) => v.push(format!("{}", b - 0.5)),
+                        Bound::Open(b) => v.push(format!("{b:?}")),
+                        Bound::None => {}
+                    }
+                    match high {
+                        Bound::Closed(b) => v.push(format!("{}", b + 0.5)),
+                        Bound::Open(b) => v.push(format!("{b:?}")),
+                        Bound::None => {}
+                    }
+                    v
+                }
+                _ => vec![],
+            };
+            let mut sets: Vec<String> = match f.scope {
+                Scope::Sft => vec!["sft.steps=5".into()],
+                Scope::Overlong => vec!["task.length_reward=overlong".into()],
+                _ => vec![],
+            };
+            for v in bad_values {
+                sets.push(format!("{}={v}", f.key));
+                let e = c.with_overrides(&sets).unwrap_err();
+                let ConfigError::InvalidValue { key, reason } = &e else {
+                    panic!("{}={v}: {e}", f.key);
+                };
+                assert_eq!(key, f.key, "{}={v}: {e}", f.key);
+                assert!(reason.contains(&f.range.to_string()), "{e}");
+                sets.pop();
+                checked += 1;
+            }
+        }
+        assert!(checked > 40, "{checked}");
+    }
+
+    #[test]
+    fn documented_and_validated_ranges_agree() {
+        // task.n: the verifier kernel holds 64 numbers; the scaling bench sweeps n up to 32.
+        let c = RunConfig::preset("random-sort").unwrap();
+        assert!(c.with_overrides(&["task.n=32".into()]).is_ok());
+        let e = c
+            .with_overrides(&["task.n=65".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("task.n") && e.contains("1..=64"), "{e}");
+        assert!(field_info("task.n").unwrap().tooltip().contains("1..=64"));
+        let e = c
+            .with_overrides(&["algorithm.epsilon_low=1.0".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("algorithm.epsilon_low") && e.contains("(0, 1)"),
+            "{e}"
+        );
+        // Settings a range does not check outside their scope stay free.
+        let lecture = RunConfig::preset("lecture17").unwrap();
+        assert!(lecture.with_overrides(&["model.layers=0".into()]).is_ok());
+        assert!(lecture.with_overrides(&["sft.lr=0".into()]).is_ok());
+    }
+
+    #[test]
+    fn the_readme_config_table_names_only_keys_of_the_field_table() {
+        let readme = include_str!("../README.md");
+        let start = readme
+            .find("| section | keys |")
+            .expect("README has the config table");
+        let mut rows = 0;
+        for line in readme[start..].lines().skip(2) {
+            if !line.starts_with('|') {
+                break;
+            }
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let section = cells[1].trim_matches('`');
+            // Parentheses hold allowed values and notes, not keys.
+            let mut keys_text = String::new();
+            let mut depth = 0;
+            for ch in cells[2].chars() {
+                match ch {
+                    '(' => depth += 1,
+                    ')' => depth -= 1,
+                    _ if depth == 0 => keys_text.push(ch),
+                    _ => {}
+                }
+            }
+            let names: Vec<&str> = keys_text.split('`').skip(1).step_by(2).collect();
+            assert!(!names.is_empty(), "{line}");
+            for name in names {
+                let key = format!("{section}.{name}");
+                let known = match key.strip_suffix('*') {
+                    Some(prefix) => FIELDS.iter().any(|f| f.key.starts_with(prefix)),
+                    None => field_info(&key).is_some(),
+                };
+                assert!(known, "README names `{key}`, which FIELDS does not have");
+            }
+            rows += 1;
+        }
+        assert_eq!(rows, 7, "one row per section");
+    }
+
+    #[test]
+    fn config_docs_list_every_key_with_its_range() {
+        let docs = config_docs();
+        for f in FIELDS {
+            let row = docs
+                .lines()
+                .find(|l| l.starts_with(&format!("| `{}` |", f.key)))
+                .unwrap_or_else(|| panic!("no row for {}", f.key));
+            assert!(row.contains(&f.allowed().replace('|', "\\|")), "{row}");
+        }
+        assert!(
+            docs.contains("| `task.n` | n (prompt length) | `3` | 1..=64 |"),
+            "{docs}"
+        );
+        assert!(docs.contains("actor_rollout_ref.rollout.n"));
+    }
+
+    #[test]
+    fn layered_is_preset_then_file_then_sets() {
+        let dir = std::env::temp_dir().join(format!("grpo-lab-layered-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("over.toml");
+        // Valid only over random-sort (empty prompts): alone, over the defaults' three
+        // 3-number prompts, n = 5 would not be.
+        std::fs::write(&file, "[task]\nn = 5\n[algorithm]\nmu = 2\n").unwrap();
+        let c = RunConfig::layered(Some("random-sort"), Some(&file), &["algorithm.mu=3".into()])
+            .unwrap();
+        assert_eq!((c.task.n, c.task.vocab, c.algorithm.mu), (5, 8, 3));
+        assert_eq!(
+            c.task.reward,
+            RewardKind::Exact,
+            "the preset's other keys stay"
+        );
+        // Without a preset the file goes over the defaults; a --set may repair the whole.
+        assert!(RunConfig::layered(None, Some(&file), &[]).is_err());
+        let c = RunConfig::layered(
+            None,
+            Some(&file),
+            &["task.prompts=[]".into(), "task.train_size=64".into()],
+        )
+        .unwrap();
+        assert_eq!((c.task.n, c.algorithm.mu), (5, 2));
+        // Errors name the preset, the file's key, the set's key.
+        let e = RunConfig::layered(Some("nope"), None, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lecture17"), "{e}");
+        std::fs::write(&file, "[algorithm]\nmuu = 2\n").unwrap();
+        let e = RunConfig::layered(Some("lecture17"), Some(&file), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("algorithm.muu") && e.contains("algorithm.mu"),
+            "{e}"
+        );
+        std::fs::write(&file, "[algorithm\n").unwrap();
+        let e = RunConfig::layered(Some("lecture17"), Some(&file), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("over.toml"), "{e}");
+        let e = RunConfig::layered(Some("lecture17"), None, &["algorithm.mu=0".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("algorithm.mu") && e.contains("1..=1000"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -4,7 +4,6 @@
 //! table) describe one matrix each.
 
 use crate::config::{ConfigError, DeviceChoice, RunConfig};
-use crate::gpu::Compute;
 use crate::metrics::StepRecord;
 use crate::report::stats::mean_std;
 use crate::report::{Series, line_chart};
@@ -494,24 +493,23 @@ pub fn run_matrix(
         }
     }
     std::fs::create_dir_all(opts.out.join("runs")).map_err(io(&opts.out))?;
-    let compute = Compute::select(opts.device).map_err(|e| ExperimentError::Run {
-        dir: opts.out.display().to_string(),
-        reason: e.to_string(),
-    })?;
+    // One device for the matrix: the fastest engine for its first cell (`auto`), said once.
+    let first = todo.first().map(|(c, _, _)| c.clone()).unwrap_or_default();
+    let (compute, why) =
+        crate::engine::select(opts.device, &first).map_err(|e| ExperimentError::Run {
+            dir: opts.out.display().to_string(),
+            reason: e.to_string(),
+        })?;
+    if opts.progress {
+        eprintln!("grpo-lab: {why}");
+    }
     let total_steps: u64 = todo.iter().map(|(c, _, _)| c.total_steps() as u64).sum();
-    let bar = if opts.progress {
-        let b = indicatif::ProgressBar::new(todo.len() as u64);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} runs (eta {eta}) {msg}",
-            )
-            .expect("template"),
-        );
-        b.set_message(format!("{total_steps} steps, {skipped} runs already done"));
-        b
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let bar = train::run::Progress::new(
+        opts.progress,
+        todo.len() as u64,
+        "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} runs (eta {eta}) {msg}",
+    );
+    bar.set_message(|| format!("{total_steps} steps, {skipped} runs already done"));
     let next = AtomicUsize::new(0);
     let errors: Mutex<Vec<ExperimentError>> = Mutex::new(Vec::new());
     let jobs = opts.jobs.max(1).min(todo.len().max(1));

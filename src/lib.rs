@@ -1,20 +1,26 @@
 //! grpo-lab: GRPO on the sorting toy task, on any GPU through wgpu.
 //!
 //! Layers, bottom up (an arrow only points down):
-//! 1. [`config`], [`metrics`], [`task`], [`gpu`], [`rng`]
-//! 2. [`model`]
-//! 3. [`grpo`]
+//! 1. [`config`], [`metrics`], [`task`], [`objective`] (the formulas), [`gpu`], [`rng`]
+//! 2. [`model`], [`engine`] (the compute paths behind one seam)
+//! 3. [`grpo`] (one iteration, top to bottom; no burn, gemm or wgpu)
 //! 4. [`train`], [`report`]
-//! 5. [`app`] (egui; nothing imports it)
-//! 6. the CLI (`main.rs`)
+//! 5. [`experiment`], [`app`] (egui; nothing imports it)
+//! 6. the CLI (`main.rs`) and `bench`
+//!
+//! Without the default `native` feature the library builds for `wasm32-unknown-unknown`.
 
 pub mod app;
+#[cfg(feature = "native")]
+pub mod bench;
 pub mod config;
+pub mod engine;
 pub mod experiment;
 pub mod gpu;
 pub mod grpo;
 pub mod metrics;
 pub mod model;
+pub mod objective;
 pub mod report;
 pub mod rng;
 pub mod task;

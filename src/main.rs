@@ -1,12 +1,13 @@
 //! The `grpo-lab` command line. Library errors are handled here, once: user errors
 //! (bad config, bad arguments, an existing run directory, a diverged run) exit with 2.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
+// A user error (bad config, bad arguments, ...): printed as is, exit code 2.
+use grpo_lab::bench::{self, UserError, user};
 use grpo_lab::config::{AdvantageMode, DeviceChoice, KernelChoice, RewardKind, RunConfig};
 use grpo_lab::gpu::Compute;
-use grpo_lab::grpo::{Trainer, advantage};
-use grpo_lab::report::stats::{median, quantile};
+use grpo_lab::objective::advantage;
 use grpo_lab::task::{RewardFn, SortTokenizer};
 use grpo_lab::train::{self, RunOptions};
 use std::path::PathBuf;
@@ -57,6 +58,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print every config key (label, default, allowed values, help) as markdown.
+    ConfigDocs,
     /// Time the GRPO step of a preset (median ms per optimizer step, its share of rollout included).
     Bench(BenchArgs),
     /// Time rollout + verify + advantages on random logits: the WGSL kernels against the Rust reference.
@@ -82,7 +85,7 @@ struct BenchRolloutArgs {
     json: bool,
 }
 
-#[derive(Args)]
+#[derive(Args, Default)]
 struct ConfigArgs {
     /// A preset from assets/experiments (lecture17, scaled, random-sort, transformer-sort, length-bias, r1-vs-r1-zero).
     #[arg(long)]
@@ -233,63 +236,36 @@ fn parse_device(s: &str) -> Result<DeviceChoice, String> {
         .ok_or_else(|| format!("unknown device `{s}`; allowed: auto, gpu, software, cpu"))
 }
 
-/// A user error: printed as is, exit code 2.
-#[derive(Debug)]
-struct UserError(String);
-impl std::fmt::Display for UserError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-impl std::error::Error for UserError {}
-
-fn user(e: impl std::fmt::Display) -> anyhow::Error {
-    UserError(e.to_string()).into()
-}
-
 fn build_config(args: &ConfigArgs) -> Result<RunConfig> {
-    let mut config = match (&args.preset, &args.config) {
-        (Some(p), _) => RunConfig::preset(p).map_err(user)?,
-        (None, Some(_)) => RunConfig::default(),
-        (None, None) => {
-            return Err(user(
-                "give --preset NAME or --config FILE (presets: lecture17, scaled, random-sort, transformer-sort, length-bias, r1-vs-r1-zero)",
-            ));
-        }
-    };
-    if let Some(path) = &args.config {
-        // The file alone must be a valid config (errors name the file and the key) ...
-        RunConfig::from_file(path).map_err(user)?;
-        // ... then its own keys go over the preset's, section by section.
-        let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
-        let table: toml::Table = toml::from_str(&text).map_err(user)?;
-        let mut merged = toml::Table::try_from(&config).expect("serializes");
-        for (k, v) in table {
-            match (merged.get_mut(&k), v) {
-                (Some(toml::Value::Table(base)), toml::Value::Table(over)) => base.extend(over),
-                (_, v) => {
-                    merged.insert(k, v);
-                }
-            }
-        }
-        config = RunConfig::from_table(merged).map_err(user)?;
+    if args.preset.is_none() && args.config.is_none() {
+        return Err(user(
+            "give --preset NAME or --config FILE (presets: lecture17, scaled, random-sort, transformer-sort, length-bias, r1-vs-r1-zero)",
+        ));
     }
-    config = config.with_overrides(&args.sets).map_err(user)?;
+    // --seed, --device and --kernels are the last overrides.
+    let mut sets = args.sets.clone();
     if let Some(seed) = args.seed {
-        config.run.seed = seed;
+        sets.push(format!("run.seed={seed}"));
     }
     if let Some(device) = args.device {
-        config.run.device = device;
+        sets.push(format!("run.device={}", device.name()));
     }
     if let Some(kernels) = args.kernels {
-        config.run.kernels = kernels;
+        sets.push(format!("run.kernels={}", kernels.name()));
     }
-    config.validate().map_err(user)?;
-    Ok(config)
+    RunConfig::layered(args.preset.as_deref(), args.config.as_deref(), &sets).map_err(user)
 }
 
 fn open_device(choice: DeviceChoice) -> Result<Compute> {
     Compute::select(choice).map_err(user)
+}
+
+/// The device for a config: `auto` picks the fastest engine on this machine; one line on
+/// stderr says which engine runs and why.
+fn open_device_for(choice: DeviceChoice, config: &RunConfig) -> Result<Compute> {
+    let (compute, why) = grpo_lab::engine::select(choice, config).map_err(user)?;
+    eprintln!("grpo-lab: {why}");
+    Ok(compute)
 }
 
 fn train_cmd(args: TrainArgs) -> Result<()> {
@@ -318,7 +294,7 @@ fn train_cmd(args: TrainArgs) -> Result<()> {
     } else {
         build_config(&args.config)?
     };
-    let compute = open_device(args.config.device.unwrap_or(config.run.device))?;
+    let compute = open_device_for(args.config.device.unwrap_or(config.run.device), &config)?;
     eprintln!(
         "grpo-lab: {} · {} · seed {} · {} iterations × {} steps → {}",
         config.run.name,
@@ -457,434 +433,48 @@ fn devices_cmd(json: bool) -> Result<()> {
         );
     }
     println!("cpu — burn's pure-Rust CPU backend (--device cpu), always available");
-    let hw = adapters.iter().any(|a| !a.is_software());
-    let sw = adapters.iter().any(|a| a.is_software());
-    println!(
-        "--device auto picks: {}",
-        if hw {
-            "the hardware GPU"
-        } else if sw {
-            "the software adapter (lavapipe)"
-        } else {
-            "the CPU backend"
-        }
-    );
-    Ok(())
-}
-
-/// Median ms per optimizer step (rollout share included) over `iterations` iterations after
-/// one warm-up iteration.
-fn time_config(mut config: RunConfig, compute: &Compute, iterations: usize) -> Result<f64> {
-    config.run.iterations = iterations + 1;
-    config.run.log_groups = 0;
-    let mu = config.algorithm.mu;
-    let mut trainer = Trainer::new(config, compute.clone()).map_err(user)?;
-    for _ in 0..mu {
-        trainer.step().map_err(user)?;
+    let hw = adapters
+        .iter()
+        .find(|a| !a.is_software())
+        .map(|a| a.name.as_str());
+    for preset in ["lecture17", "transformer-sort"] {
+        let config = RunConfig::preset(preset).map_err(user)?;
+        let (choice, why) = grpo_lab::engine::auto_device(&config, hw);
+        println!(
+            "--device auto picks for {preset}: {} ({why})",
+            choice.name()
+        );
     }
-    let mut per_step = Vec::new();
-    for _ in 0..iterations {
-        let t = std::time::Instant::now();
-        for _ in 0..mu {
-            trainer.step().map_err(user)?;
-        }
-        per_step.push(t.elapsed().as_secs_f64() * 1000.0 / mu as f64);
-    }
-    Ok(median(&per_step))
-}
-
-/// Step time as one dimension grows at a time around the preset; the local log-log slope
-/// tells overhead-bound (≈ 0) from compute-bound (≈ 1 for B×G and n, ≈ 2 for D).
-fn bench_scaling(args: &BenchArgs, out: &std::path::Path) -> Result<()> {
-    let base = build_config(&args.config)?;
-    let compute = open_device(base.run.device)?;
-    let axes: [(&str, &str, Vec<usize>); 3] = [
-        (
-            "B·G",
-            "algorithm.prompts_per_iteration",
-            vec![1, 4, 16, 64, 256, 1024],
-        ),
-        ("n", "task.n", vec![4, 8, 16, 32]),
-        ("D", "model.d_model", vec![8, 16, 32, 64, 128, 256]),
-    ];
-    let g = base.algorithm.num_generations;
-    let mut series = Vec::new();
-    let mut table = String::from("axis,value,size,ms_per_step,slope\n");
-    println!(
-        "scaling around {} on {} ({} iterations per point):",
-        args.config.preset.as_deref().unwrap_or("config"),
-        compute.label,
-        args.iterations
-    );
-    for (name, key, values) in axes {
-        let mut pts: Vec<(f64, f64)> = Vec::new();
-        for v in values {
-            let mut sets = vec![format!("{key}={v}")];
-            if key == "algorithm.prompts_per_iteration" {
-                sets.push(format!(
-                    "task.train_size={}",
-                    (v * 2).max(base.task.train_size)
-                ));
-            }
-            let config = base.with_overrides(&sets).map_err(user)?;
-            let ms = time_config(config, &compute, args.iterations)?;
-            let size = if key == "algorithm.prompts_per_iteration" {
-                v * g
-            } else {
-                v
-            };
-            let slope = pts
-                .last()
-                .map(|&(x0, y0)| (ms.log10() - y0) / ((size as f64).log10() - x0))
-                .unwrap_or(f64::NAN);
-            println!("  {name:>4} = {size:>6}: {ms:>9.3} ms/step   local slope {slope:>5.2}");
-            table.push_str(&format!("{name},{v},{size},{ms:.4},{slope:.3}\n"));
-            pts.push(((size as f64).log10(), ms.log10()));
-        }
-        series.push(grpo_lab::report::Series::line(
-            format!("{name} (others at the preset)"),
-            pts,
-        ));
-    }
-    std::fs::create_dir_all(out)?;
-    std::fs::write(out.join("scaling.csv"), table)?;
-    let charts = grpo_lab::report::line_chart(
-        out,
-        "scaling",
-        &format!("step time vs size on {} (log10–log10)", compute.label),
-        "log10(size: B·G responses, n, or D)",
-        "log10(ms per optimizer step)",
-        &series,
-    )?;
-    println!("table: {}", out.join("scaling.csv").display());
-    println!("chart: {}", charts[0].display());
     Ok(())
 }
 
 fn bench_cmd(args: BenchArgs) -> Result<()> {
-    if let Some(out) = &args.scaling {
-        return bench_scaling(&args, out);
-    }
-    let mut config = build_config(&args.config)?;
-    config.run.iterations = args.iterations + 1;
-    config.run.log_groups = 0;
-    let compute = open_device(config.run.device)?;
-    let mu = config.algorithm.mu;
-    let mut trainer = Trainer::new(config.clone(), compute.clone()).map_err(user)?;
-    let t0 = std::time::Instant::now();
-    trainer.step().map_err(user)?;
-    let first_step_ms = t0.elapsed().as_secs_f64() * 1000.0;
-    while !trainer.at_iteration_boundary() {
-        trainer.step().map_err(user)?;
-    }
-    let mut per_step = Vec::new();
-    let mut rollout_steps = Vec::new();
-    let mut plain_steps = Vec::new();
-    let mut parts: Vec<grpo_lab::grpo::Timings> = Vec::new();
-    for _ in 0..args.iterations {
-        trainer.reset_timings();
-        let t = std::time::Instant::now();
-        for _ in 0..mu {
-            let r = trainer.step().map_err(user)?;
-            if r.step_in_iteration == 0 {
-                rollout_steps.push(r.step_time_secs as f64 * 1000.0);
-            } else {
-                plain_steps.push(r.step_time_secs as f64 * 1000.0);
-            }
-        }
-        per_step.push(t.elapsed().as_secs_f64() * 1000.0 / mu as f64);
-        parts.push(trainer.timings());
-    }
-    let ms = median(&per_step);
-    // Each part's share of one optimizer step (ms), median over the timed iterations.
-    let part = |get: fn(&grpo_lab::grpo::Timings) -> f64| {
-        median(
-            &parts
-                .iter()
-                .map(|p| get(p) * 1000.0 / mu as f64)
-                .collect::<Vec<_>>(),
-        )
+    let config = build_config(&args.config)?;
+    let compute = open_device_for(config.run.device, &config)?;
+    let options = bench::BenchOptions {
+        preset: args.config.preset.clone(),
+        iterations: args.iterations,
+        json: args.json,
+        pytorch: args.pytorch,
+        pytorch_threads: args.pytorch_threads,
+        scaling: args.scaling,
     };
-    let parts_json = serde_json::json!({
-        "rollout": part(|p| p.rollout),
-        "advantages": part(|p| p.advantages),
-        "old_ref_logp": part(|p| p.old_ref_logp),
-        "evaluation": part(|p| p.evaluation),
-        "forward_backward": part(|p| p.forward_backward),
-        "optimizer": part(|p| p.optimizer),
-    });
-    let memory_mib = peak_rss_mib();
-    let pytorch = match &args.pytorch {
-        Some(python) => Some(pytorch_reference(python, &config, &trainer, &args)?),
-        None => None,
-    };
-    let report = serde_json::json!({
-        "preset": args.config.preset,
-        "device": compute.label,
-        "shape": {
-            "prompts_per_iteration": config.batch_prompts(trainer.prompts.train.len()),
-            "num_generations": config.algorithm.num_generations,
-            "n": config.task.n, "vocab": config.task.vocab, "d_model": config.model.d_model, "mu": mu,
-        },
-        "iterations_timed": args.iterations,
-        "ms_per_step": ms,
-        "ms_per_step_p10": quantile(&per_step, 0.1),
-        "ms_per_step_p90": quantile(&per_step, 0.9),
-        "first_step_ms": first_step_ms,
-        "rollout_step_ms": median(&rollout_steps),
-        "optimizer_step_ms": median(&plain_steps),
-        "parts_ms_per_step": parts_json,
-        "peak_rss_mib": memory_mib,
-        "pytorch": pytorch,
-        "ratio_vs_pytorch": pytorch.as_ref().map(|p| ms / p["ms_per_step"].as_f64().unwrap_or(f64::NAN)),
-        // The spread: our fast tail against PyTorch's slow one, and the other way round.
-        "ratio_range": pytorch.as_ref().map(|p| {
-            let theirs = |k: &str| p[k].as_f64().unwrap_or(f64::NAN);
-            [
-                quantile(&per_step, 0.1) / theirs("ms_per_step_p90"),
-                quantile(&per_step, 0.9) / theirs("ms_per_step_p10"),
-            ]
-        }),
-    });
-    if args.json {
-        println!("{report}");
-    } else {
-        println!(
-            "{} on {}",
-            args.config.preset.as_deref().unwrap_or("config"),
-            compute.label
-        );
-        println!(
-            "  ms/step (median, rollout share included): {:.3}  [p10 {:.3}, p90 {:.3}]",
-            ms,
-            report["ms_per_step_p10"].as_f64().unwrap_or(f64::NAN),
-            report["ms_per_step_p90"].as_f64().unwrap_or(f64::NAN)
-        );
-        println!("  first step (kernel compilation): {:.1} ms", first_step_ms);
-        println!(
-            "  first step of an iteration (rollout + step): {:.3} ms; other steps: {:.3} ms",
-            report["rollout_step_ms"].as_f64().unwrap_or(f64::NAN),
-            report["optimizer_step_ms"].as_f64().unwrap_or(f64::NAN)
-        );
-        println!(
-            "  parts per step (ms, median): rollout {:.3} · advantages {:.3} · log π_old/π_ref {:.3} · evaluation {:.3} · forward+backward {:.3} · optimizer {:.3}",
-            parts_json["rollout"].as_f64().unwrap_or(f64::NAN),
-            parts_json["advantages"].as_f64().unwrap_or(f64::NAN),
-            parts_json["old_ref_logp"].as_f64().unwrap_or(f64::NAN),
-            parts_json["evaluation"].as_f64().unwrap_or(f64::NAN),
-            parts_json["forward_backward"].as_f64().unwrap_or(f64::NAN),
-            parts_json["optimizer"].as_f64().unwrap_or(f64::NAN),
-        );
-        if let Some(m) = memory_mib {
-            println!("  peak resident memory: {m:.0} MiB");
-        }
-        if let Some(p) = &report["pytorch"].as_object() {
-            println!(
-                "  vectorized PyTorch {} ({} thread): {:.3} ms/step [p10 {:.3}, p90 {:.3}], first step {:.1} ms; greedy rewards at init agree",
-                p["torch"].as_str().unwrap_or("?"),
-                p["threads"],
-                p["ms_per_step"].as_f64().unwrap_or(f64::NAN),
-                p["ms_per_step_p10"].as_f64().unwrap_or(f64::NAN),
-                p["ms_per_step_p90"].as_f64().unwrap_or(f64::NAN),
-                p["first_step_ms"].as_f64().unwrap_or(f64::NAN),
-            );
-            if let Some(r) = p.get("reordered") {
-                let their_ms = r["ms_per_step"].as_f64().unwrap_or(f64::NAN);
-                println!(
-                    "  PyTorch with grpo-lab's order of products (not the baseline): {:.3} ms/step [p10 {:.3}, p90 {:.3}], ratio {:.2}×",
-                    their_ms,
-                    r["ms_per_step_p10"].as_f64().unwrap_or(f64::NAN),
-                    r["ms_per_step_p90"].as_f64().unwrap_or(f64::NAN),
-                    ms / their_ms
-                );
-            }
-            let range = |i: usize| report["ratio_range"][i].as_f64().unwrap_or(f64::NAN);
-            println!(
-                "  ratio grpo-lab / PyTorch: {:.2}× [{:.2}, {:.2}] (medians; p10/p90 against p90/p10; < 1 is faster)",
-                report["ratio_vs_pytorch"].as_f64().unwrap_or(f64::NAN),
-                range(0),
-                range(1)
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Peak resident memory of this process (Linux), in MiB.
-fn peak_rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb / 1024.0)
-}
-
-/// Run `bench/reference/grpo_ref.py` on the trainer's initial weights and prompts; refuse to
-/// report a ratio unless both implementations give the same greedy responses and rewards at init.
-fn pytorch_reference(
-    python: &str,
-    config: &RunConfig,
-    trainer: &Trainer,
-    args: &BenchArgs,
-) -> Result<serde_json::Value> {
-    use grpo_lab::model::lecture::{LecturePolicy, LectureWeights};
-    if config.model.kind != grpo_lab::config::ModelKind::Lecture {
-        return Err(user(
-            "--pytorch compares the lecture model only (model.kind = lecture)",
-        ));
-    }
-    let (t, m) = (&config.task, &config.model);
-    let w = LectureWeights::init(t.vocab, t.n, m.d_model, m.init_scale, config.run.seed);
-    let prompts = &trainer.prompts.train;
-    let spec = serde_json::json!({
-        "seed": config.run.seed,
-        "shape": {
-            "vocab": t.vocab, "n": t.n, "d_model": m.d_model,
-            "num_generations": config.algorithm.num_generations, "mu": config.algorithm.mu,
-            "prompts_per_iteration": config.batch_prompts(prompts.len()),
-        },
-        "lr": config.optimizer.lr,
-        "weights": { "embedding": w.embedding, "encode": w.encode, "decode": w.decode },
-        "prompts": prompts,
-        "iterations": args.iterations,
-        "warmup": 2,
-    });
-    let dir = std::env::temp_dir().join(format!("grpo-lab-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let spec_path = dir.join("spec.json");
-    std::fs::write(&spec_path, spec.to_string())?;
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/reference/grpo_ref.py");
-    let out = std::process::Command::new(python)
-        .arg(&script)
-        .arg(&spec_path)
-        .arg("--threads")
-        .arg(args.pytorch_threads.to_string())
-        .output()
-        .map_err(|e| user(format!("cannot run {python}: {e}")))?;
-    let _ = std::fs::remove_dir_all(&dir);
-    if !out.status.success() {
-        return Err(user(format!(
-            "the PyTorch reference failed (is it installed? `{python} -m pip install ./bench/reference`):\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    // The same weights must give the same greedy answers and rewards in both implementations.
-    let device = burn::tensor::Device::flex();
-    let model = LecturePolicy::from_weights(&w, t.vocab, t.n, m.d_model, &device);
-    let flat: Vec<i64> = prompts.iter().flatten().map(|&x| x as i64).collect();
-    let logits = model.forward(burn::tensor::Tensor::from_data(
-        burn::tensor::TensorData::new(flat, [prompts.len(), t.n]),
-        &device,
-    ));
-    let logits: Vec<f32> = logits.into_data().try_to_vec::<f32>().expect("f32");
-    let greedy = grpo_lab::grpo::sampling::argmax_rows(&logits, t.vocab);
-    let reward_fn = RewardFn::from_task(t);
-    let theirs = report["greedy_rewards"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let mut disagree = 0;
-    for (i, (p, resp)) in prompts.iter().zip(greedy.chunks(t.n)).enumerate() {
-        let ours = reward_fn.reward(p, resp) as f64;
-        if theirs.get(i).and_then(|x| x.as_f64()) != Some(ours) {
-            disagree += 1;
-        }
-    }
-    if disagree > 0 || theirs.len() != prompts.len() {
-        return Err(user(format!(
-            "the PyTorch reference disagrees with grpo-lab on {disagree} of {} greedy rewards at init: not comparing times",
-            prompts.len()
-        )));
-    }
-    Ok(report)
+    bench::bench(config, &compute, &options)
 }
 
 fn bench_rollout_cmd(a: BenchRolloutArgs) -> Result<()> {
-    use grpo_lab::grpo::kernels::Kernels;
-    use grpo_lab::grpo::sampling::{self, SamplingParams};
     let compute = open_device(a.device)?;
-    let Some(ctx) = compute.gpu.clone() else {
-        return Err(user(
-            "bench-rollout needs a wgpu adapter (--device software or gpu)",
-        ));
-    };
-    let kernels = Kernels::new(ctx).map_err(user)?;
-    let (b, g, n, v) = (a.prompts, a.generations, a.n, a.vocab);
-    let mut rng = grpo_lab::rng::SplitMix64::new(0);
-    let logits: Vec<f32> = (0..b * n * v).map(|_| rng.normal() as f32 * 2.0).collect();
-    let prompts: Vec<Vec<u32>> = (0..b)
-        .map(|_| (0..n).map(|_| rng.below(v as u64) as u32).collect())
-        .collect();
-    let flat: Vec<u32> = prompts.iter().flatten().copied().collect();
-    let reward_fn = RewardFn::single(RewardKind::InclusionOrdering);
-    let params = SamplingParams {
-        temperature: 1.0,
-        top_k: 0,
-        top_p: 1.0,
-    };
-    let mut reference_ms = Vec::new();
-    let mut kernel_ms = Vec::new();
-    let mut agree = 0usize;
-    for it in 0..a.repeats as u32 + 1 {
-        let t = std::time::Instant::now();
-        let tokens = sampling::sample_independent(&logits, b, n, v, g, params, 7, it);
-        let rewards: Vec<f32> = tokens
-            .chunks(n)
-            .enumerate()
-            .map(|(i, r)| reward_fn.reward(&prompts[i / g], r))
-            .collect();
-        let adv = advantage::all_advantages(&rewards, g);
-        let r_ms = t.elapsed().as_secs_f64() * 1000.0;
-        let t = std::time::Instant::now();
-        let (k_tokens, k_score, k_adv) = kernels
-            .rollout(
-                &logits,
-                &flat,
-                (b, n, v, g, n),
-                params,
-                7,
-                it,
-                reward_fn.kernel_weights(),
-                true,
-            )
-            .map_err(user)?;
-        let k_ms = t.elapsed().as_secs_f64() * 1000.0;
-        if it > 0 {
-            // the first round compiles and allocates: not timed
-            reference_ms.push(r_ms);
-            kernel_ms.push(k_ms);
-        }
-        agree = k_tokens.iter().zip(&tokens).filter(|(x, y)| x == y).count();
-        let _ = (k_score, k_adv, adv);
-    }
-    let (r, k) = (median(&reference_ms), median(&kernel_ms));
-    let report = serde_json::json!({
-        "device": compute.label,
-        "shape": { "prompts": b, "generations": g, "n": n, "vocab": v },
-        "reference_ms": r, "reference_ms_p10": quantile(&reference_ms, 0.1), "reference_ms_p90": quantile(&reference_ms, 0.9),
-        "kernel_ms": k, "kernel_ms_p10": quantile(&kernel_ms, 0.1), "kernel_ms_p90": quantile(&kernel_ms, 0.9),
-        "speedup": r / k,
-        "tokens_identical_fraction": agree as f64 / (b * g * n) as f64,
-    });
-    if a.json {
-        println!("{report}");
-    } else {
-        println!(
-            "rollout + verify + advantages, {b} prompts × {g} responses × n = {n}, vocab {v}, on {}",
-            compute.label
-        );
-        println!("  Rust reference: {r:.2} ms (median of {})", a.repeats);
-        println!(
-            "  WGSL kernels:   {k:.2} ms (upload of the logits and read-back of tokens, rewards, advantages included)"
-        );
-        println!(
-            "  ratio reference / kernels: {:.2}×; identical tokens: {:.6}",
-            r / k,
-            agree as f64 / (b * g * n) as f64
-        );
-    }
-    Ok(())
+    bench::bench_rollout(
+        &compute,
+        &bench::RolloutBenchOptions {
+            prompts: a.prompts,
+            generations: a.generations,
+            n: a.n,
+            vocab: a.vocab,
+            repeats: a.repeats,
+            json: a.json,
+        },
+    )
 }
 
 fn app_cmd(a: AppArgs) -> Result<()> {
@@ -906,7 +496,9 @@ fn app_cmd(a: AppArgs) -> Result<()> {
         c.run.log_groups = 3;
         config = Some(c);
     }
-    if let (Some(c), Some(d)) = (config.as_mut(), a.device) {
+    if let Some(d) = a.device {
+        // `--device` without `--preset`: the app's default preset on that device.
+        let c = config.get_or_insert_with(|| RunConfig::preset("lecture17").expect("preset"));
         c.run.device = d;
     }
     if std::env::var_os("LP_NUM_THREADS").is_none() {
@@ -962,7 +554,7 @@ fn compare_cmd(a: CompareArgs) -> Result<()> {
             .map(|n| n.get())
             .unwrap_or(1)
     });
-    let device = a.config.device.unwrap_or(DeviceChoice::Cpu);
+    let device = a.config.device.unwrap_or(DeviceChoice::Auto);
     eprintln!(
         "grpo-lab compare: {} cells × {} seeds = {} runs, {jobs} at a time on {} → {}",
         cells.len(),
@@ -1016,18 +608,43 @@ fn demo() -> Result<()> {
         });
     }
     println!(
-        "grpo-lab: no display found (DISPLAY / WAYLAND_DISPLAY unset); running the lecture17 demo headless instead."
+        "grpo-lab: no display found (DISPLAY / WAYLAND_DISPLAY unset); running the lecture's experiment headless instead.\n\n\
+         1/2 · The lecture's table: lecture17 (3 prompts, naive loss, init scale 1) under four advantage\n\
+         modes, 20 seeds each. Every run collapses onto one answer per prompt below the maximum reward of 5."
+    );
+    compare_cmd(CompareArgs {
+        config: ConfigArgs::default(),
+        experiment: Some("lecture-table".into()),
+        vary: vec![],
+        seeds: None,
+        out: PathBuf::from("runs/lecture-table"),
+        jobs: None,
+        force: false,
+        iterations: None,
+        threshold: None,
+        quiet: true,
+    })?;
+    println!(
+        "\n2/2 · What does sort: the same task with a small init (0.3), lr 0.01, the clipped loss and a\n\
+         KL penalty β = 0.04 to a reference refreshed every 10 iterations (the `kl-beta` winner)."
     );
     train_cmd(TrainArgs {
         config: ConfigArgs {
             preset: Some("lecture17".into()),
-            config: None,
-            sets: vec![],
-            seed: None,
-            device: None,
-            kernels: None,
+            sets: [
+                "run.name=lecture17-sorts",
+                "model.init_scale=0.3",
+                "optimizer.lr=0.01",
+                "algorithm.loss=clipped",
+                "algorithm.epsilon_low=0.2",
+                "algorithm.epsilon_high=0.2",
+                "algorithm.beta=0.04",
+            ]
+            .map(String::from)
+            .to_vec(),
+            ..ConfigArgs::default()
         },
-        out: Some(PathBuf::from("runs/lecture17-demo")),
+        out: Some(PathBuf::from("runs/lecture17-sorts")),
         resume: None,
         force: true,
         quiet: false,
@@ -1068,6 +685,10 @@ fn main() -> ExitCode {
         }) => score_cmd(reward, &prompt, &response, json),
         Some(Command::Advantages { rewards, json }) => advantages_cmd(&rewards, json),
         Some(Command::Devices { json }) => devices_cmd(json),
+        Some(Command::ConfigDocs) => {
+            print!("{}", grpo_lab::config::config_docs());
+            Ok(())
+        }
         Some(Command::Bench(a)) => bench_cmd(a),
         Some(Command::BenchRollout(a)) => bench_rollout_cmd(a),
     };

@@ -8,16 +8,9 @@ use common::*;
 use grpo_lab::config::{FusedChoice, KlEstimator, LossMode, RunConfig};
 use grpo_lab::gpu::Compute;
 use grpo_lab::grpo::Trainer;
-use grpo_lab::model::Policy;
 
 fn weights(t: &Trainer) -> Vec<f32> {
-    match t.policy() {
-        Policy::Lecture(m) => {
-            let w = m.weights();
-            [w.embedding, w.encode, w.decode].concat()
-        }
-        Policy::Transformer(_) => unreachable!(),
-    }
+    t.engine().flat_weights()
 }
 
 /// Metrics and weights agree within this, relative to 1 + |x|. Not tighter: Adam turns

@@ -6,9 +6,9 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::*;
 use grpo_lab::config::{KlEstimator, LossAggMode, LossMode};
+use grpo_lab::engine::burn_loss::{self as loss, LossSettings};
 use grpo_lab::gpu::Compute;
 use grpo_lab::grpo::Trainer;
-use grpo_lab::grpo::loss::{self, LossSettings};
 use grpo_lab::model::lecture::{LecturePolicy, LectureWeights};
 
 const V: usize = 5;
@@ -25,7 +25,7 @@ fn naive_loss(model: &LecturePolicy, device: &Device) -> Tensor<1> {
         TensorData::new(vec![1.0f32, -0.5, 0.25, -1.0, 2.0, 0.0], [2, G]),
         device,
     );
-    let logp = loss::token_log_probs(model.forward(prompts), responses, 1.0);
+    let logp = grpo_lab::model::token_log_probs(model.forward(prompts), responses, 1.0);
     let settings = LossSettings {
         mode: LossMode::Naive,
         epsilon_low: 0.2,
@@ -35,6 +35,7 @@ fn naive_loss(model: &LecturePolicy, device: &Device) -> Tensor<1> {
         kl_estimator: KlEstimator::K3,
         agg: LossAggMode::SeqMeanTokenMean,
         bug_ratio_quotient: false,
+        max_len: N,
     };
     let mask = Tensor::<3>::ones([2, G, N], device);
     loss::grpo_loss(

@@ -6,10 +6,10 @@ mod common;
 
 use common::wgpu_compute;
 use grpo_lab::config::{AdvantageMode, KlEstimator, LossAggMode, LossMode, RewardKind};
-use grpo_lab::grpo::advantage;
-use grpo_lab::grpo::kernels::{KernelError, Kernels, TokenInputs};
-use grpo_lab::grpo::loss::{LossSettings, reference};
-use grpo_lab::grpo::sampling::{self, SamplingParams};
+use grpo_lab::gpu::kernels::{KernelError, Kernels, TokenInputs};
+use grpo_lab::objective::advantage;
+use grpo_lab::objective::loss::{LossSettings, reference};
+use grpo_lab::objective::sampling::{self, SamplingParams};
 use grpo_lab::rng::SplitMix64;
 use grpo_lab::task::RewardFn;
 use grpo_lab::task::reward;
@@ -332,6 +332,7 @@ fn token_loss_kernel_matches_reference() {
                 [rng.below(3) as usize],
             agg: LossAggMode::TokenMean,
             bug_ratio_quotient: rng.below(8) == 0,
+            max_len: 0,
         };
         let temperature = [1.0f32, 0.7][rng.below(2) as usize];
         let x = TokenInputs {
@@ -383,7 +384,7 @@ fn token_loss_kernel_matches_reference() {
 #[test]
 fn shader_errors_name_the_file_and_oversized_batches_are_refused() {
     let Some(k) = kernels() else { return };
-    let e = grpo_lab::grpo::kernels::check_shader(
+    let e = grpo_lab::gpu::kernels::check_shader(
         k.context(),
         "broken.wgsl",
         "@compute @workgroup_size(64) fn main() { let x: u32 = 1.5; }",

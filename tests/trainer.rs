@@ -302,3 +302,96 @@ fn kernels_gpu_on_the_cpu_backend_is_a_clear_error() {
         .unwrap();
     assert!(e.to_string().contains("--kernels reference"), "{e}");
 }
+
+/// Resume survives what a crash leaves: a `latest` that is empty or names a directory without
+/// `state.json` (it takes the newest complete checkpoint) and a `metrics.jsonl` whose last
+/// line was cut short (dropped); it refuses to start over a run it cannot continue, and
+/// refuses metrics with records missing before the checkpoint.
+#[test]
+fn resume_survives_a_broken_latest_and_a_torn_last_line() {
+    let mut config = short_lecture(6);
+    config.run.checkpoint_every = 3;
+    let full = temp_dir("broken-full");
+    run_to(config.clone(), Compute::cpu(), &full);
+    let resume = |dir: &std::path::Path| {
+        train::run(
+            config.clone(),
+            Compute::cpu(),
+            RunOptions {
+                out: dir.to_path_buf(),
+                resume: true,
+                ..Default::default()
+            },
+        )
+    };
+    // A run killed in iteration 4: checkpoints 0 and 3, the metrics of 4½ iterations, the
+    // last line cut in the middle.
+    let crashed = |name: &str| {
+        let part = temp_dir(&format!("broken-{name}"));
+        run_to(config.clone(), Compute::cpu(), &part);
+        let ck = part.join("checkpoints");
+        std::fs::remove_dir_all(ck.join("iter-000006")).unwrap();
+        std::fs::write(ck.join("latest"), "iter-000003").unwrap();
+        let jsonl = part.join("metrics.jsonl");
+        let text = std::fs::read_to_string(&jsonl).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let mut cut = lines[..45].join("\n");
+        cut.push('\n');
+        cut.push_str(&lines[45][..lines[45].len() / 2]);
+        std::fs::write(&jsonl, cut).unwrap();
+        part
+    };
+    for (name, damage) in [
+        ("torn-line", ""),
+        ("empty-latest", "latest"),
+        ("no-state", "state"),
+    ] {
+        let part = crashed(name);
+        let ck = part.join("checkpoints");
+        match damage {
+            "latest" => std::fs::write(ck.join("latest"), "").unwrap(),
+            // latest names a directory a crash left without state.json: the newest complete
+            // one (iter-000003) is taken.
+            "state" => {
+                std::fs::create_dir_all(ck.join("iter-000004")).unwrap();
+                std::fs::write(ck.join("latest"), "iter-000004").unwrap();
+            }
+            _ => {}
+        }
+        resume(&part).unwrap();
+        assert_eq!(
+            metrics_without_timing(&full.join("metrics.jsonl")),
+            metrics_without_timing(&part.join("metrics.jsonl")),
+            "{name}"
+        );
+    }
+    // Records missing before the checkpoint: an error naming them, nothing rewritten.
+    let part = crashed("gap");
+    let jsonl = part.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&jsonl).unwrap();
+    let kept: Vec<&str> = text
+        .lines()
+        .enumerate()
+        .filter(|(i, _)| *i != 12)
+        .map(|(_, l)| l)
+        .collect();
+    std::fs::write(&jsonl, kept.join("\n")).unwrap();
+    let before = std::fs::read_to_string(&jsonl).unwrap();
+    let e = resume(&part).unwrap_err();
+    assert!(e.to_string().contains("step 13"), "{e}");
+    assert_eq!(std::fs::read_to_string(&jsonl).unwrap(), before);
+    // No checkpoint at all but metrics: refused, and the metrics are kept.
+    let part = temp_dir("broken-none");
+    run_to(config.clone(), Compute::cpu(), &part);
+    let before = std::fs::read_to_string(part.join("metrics.jsonl")).unwrap();
+    std::fs::remove_dir_all(part.join("checkpoints")).unwrap();
+    let e = resume(&part).unwrap_err();
+    assert!(
+        e.is_user_error() && e.to_string().contains("no readable checkpoint"),
+        "{e}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(part.join("metrics.jsonl")).unwrap(),
+        before
+    );
+}

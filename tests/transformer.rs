@@ -7,11 +7,11 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::*;
 use grpo_lab::config::{KlEstimator, LossAggMode, LossMode, ModelKind, RunConfig};
+use grpo_lab::engine::burn_loss::{self as loss, LossSettings};
 use grpo_lab::gpu::Compute;
 use grpo_lab::grpo::Trainer;
-use grpo_lab::grpo::loss::{self, LossSettings};
-use grpo_lab::grpo::sampling;
 use grpo_lab::model::Policy;
+use grpo_lab::objective::sampling;
 use grpo_lab::rng::SplitMix64;
 
 /// A tiny transformer sorting task (fast enough for debug builds).
@@ -51,7 +51,7 @@ fn aggregations_hand_values_on_ragged_batch() {
     // B = 1, G = 2, T = 3: response 0 has 3 tokens (1, 2, 3), response 1 has 1 token (4).
     let x = floats3(&[1.0, 2.0, 3.0, 4.0, 100.0, -7.0], [1, 2, 3], &d);
     let mask = floats3(&[1.0, 1.0, 1.0, 1.0, 0.0, 0.0], [1, 2, 3], &d);
-    let agg = |m| scalar(loss::aggregate(m, x.clone(), mask.clone()));
+    let agg = |m| scalar(loss::aggregate(m, x.clone(), mask.clone(), 3));
     // GRPO: mean over each response, then over responses: (2 + 4) / 2.
     assert!((agg(LossAggMode::SeqMeanTokenMean) - 3.0).abs() < 1e-6);
     // DAPO: every real token weighs the same: 10 / 4.
@@ -106,6 +106,7 @@ fn padding_never_contributes() {
             kl_estimator: KlEstimator::K3,
             agg: *agg,
             bug_ratio_quotient: false,
+            max_len: t,
         };
         let run = |tokens: &[i64], old: &[f32], refp: &[f32]| -> Vec<f32> {
             let (logp, ent) = policy.score(prompts.clone(), ints3(tokens, [1, g, t], &d), 1.0);
@@ -119,7 +120,7 @@ fn padding_never_contributes() {
                 adv,
                 mask_t.clone(),
             );
-            let h = loss::aggregate(LossAggMode::TokenMean, ent, mask_t.clone());
+            let h = loss::aggregate(LossAggMode::TokenMean, ent, mask_t.clone(), t);
             [
                 out.loss,
                 out.kl,

@@ -14,8 +14,9 @@ use crate::config::{
 };
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use store::RunData;
+use web_time::Instant;
 use worker::{Command, Event, Worker};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -119,6 +120,64 @@ pub struct GrpoApp {
     rate: (Instant, usize, f64),
     measure: Measure,
     inline: bool,
+    /// What the window's own wgpu device reported (never fatal); see [`WindowGpuErrors`].
+    pub window_gpu: WindowGpuErrors,
+    /// The trainer thread ended on its own (it panicked); the next ⟲ Reset starts a new one.
+    trainer_gone: bool,
+}
+
+/// Errors on the window's own wgpu device (uncaptured validation errors, a lost device,
+/// surface trouble), kept for the status area instead of panicking (wgpu's default
+/// uncaptured-error handler panics). `run_app` installs the handlers that feed it.
+#[derive(Debug, Clone, Default)]
+pub struct WindowGpuErrors(std::sync::Arc<std::sync::Mutex<WindowGpuErrorsState>>);
+
+#[derive(Debug, Default)]
+struct WindowGpuErrorsState {
+    count: usize,
+    last: Option<String>,
+    /// Repainted on a new error, so the status line shows it even while paused.
+    ctx: Option<egui::Context>,
+}
+
+impl WindowGpuErrors {
+    fn lock(&self) -> std::sync::MutexGuard<'_, WindowGpuErrorsState> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keep `what` (one line) for the status area; print the first few on stderr.
+    pub fn report(&self, what: &str) {
+        let mut line = what.split_whitespace().collect::<Vec<_>>().join(" ");
+        if line.chars().count() > 300 {
+            line = line.chars().take(300).collect::<String>() + "…";
+        }
+        let ctx = {
+            let mut s = self.lock();
+            s.count += 1;
+            if s.count <= 5 || s.count.is_power_of_two() {
+                eprintln!(
+                    "grpo-lab: window renderer error #{} (the app keeps going): {line}",
+                    s.count
+                );
+            }
+            s.last = Some(line);
+            s.ctx.clone()
+        };
+        if let Some(ctx) = ctx {
+            ctx.request_repaint();
+        }
+    }
+
+    /// How many errors so far, and the last one.
+    pub fn summary(&self) -> Option<(usize, String)> {
+        let s = self.lock();
+        s.last.clone().map(|l| (s.count, l))
+    }
+
+    #[cfg(feature = "native")]
+    fn set_context(&self, ctx: &egui::Context) {
+        self.lock().ctx = Some(ctx.clone());
+    }
 }
 
 impl GrpoApp {
@@ -171,6 +230,8 @@ impl GrpoApp {
             rate: (Instant::now(), 0, 0.0),
             measure: Measure::default(),
             inline: options.inline_trainer,
+            window_gpu: WindowGpuErrors::default(),
+            trainer_gone: false,
         };
         app.reset(draft);
         if options.autoplay {
@@ -185,6 +246,11 @@ impl GrpoApp {
 
     /// A new run from `config`.
     pub fn reset(&mut self, config: RunConfig) {
+        if self.trainer_gone {
+            // The old trainer thread panicked: start a fresh one for the new run.
+            self.worker = Worker::spawn();
+            self.trainer_gone = false;
+        }
         self.run = RunData::new("current");
         self.run.set_smoothing(self.persisted.smoothing);
         self.finished = false;
@@ -211,7 +277,25 @@ impl GrpoApp {
     /// Read what the trainer sent; never blocks.
     pub fn drain_events(&mut self) {
         let mu = self.running.as_ref().map(|c| c.algorithm.mu).unwrap_or(1);
-        while let Ok(ev) = self.worker.events.try_recv() {
+        loop {
+            let ev = match self.worker.events.try_recv() {
+                Ok(ev) => ev,
+                Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    // The trainer thread ended without being asked to: it panicked (its
+                    // message is on stderr). The window stays; say so instead of "training".
+                    if !self.trainer_gone {
+                        self.trainer_gone = true;
+                        self.playing = false;
+                        self.error = Some(
+                            "the trainer stopped unexpectedly (it panicked; see the terminal). \
+                             ⟲ Reset starts a new trainer."
+                                .into(),
+                        );
+                    }
+                    break;
+                }
+            };
             match ev {
                 Event::Started {
                     device,
@@ -243,13 +327,7 @@ impl GrpoApp {
     pub fn needs_reset(&self) -> bool {
         match &self.running {
             None => true,
-            Some(r) => {
-                r.task != self.draft.task
-                    || r.model != self.draft.model
-                    || r.run.seed != self.draft.run.seed
-                    || r.run.device != self.draft.run.device
-                    || r.run.kernels != self.draft.run.kernels
-            }
+            Some(r) => !crate::grpo::Trainer::needs_reset(r, &self.draft).is_empty(),
         }
     }
 
@@ -341,6 +419,16 @@ impl GrpoApp {
         });
         if let Some(e) = &self.error {
             ui.colored_label(egui::Color32::from_rgb(200, 60, 60), format!("⚠ {e}"));
+        }
+        if let Some((n, last)) = self.window_gpu.summary() {
+            ui.colored_label(
+                egui::Color32::from_rgb(200, 130, 40),
+                format!("⚠ window renderer: {n} wgpu error(s), none fatal; last: {last}"),
+            )
+            .on_hover_text(
+                "Errors on the window's own wgpu device (the trainer never shares it). \
+                 Frames with surface errors are skipped or the surface is reconfigured.",
+            );
         }
     }
 
@@ -471,35 +559,75 @@ pub fn display_available() -> bool {
         || std::env::var_os("WAYLAND_DISPLAY").is_some_and(|d| !d.is_empty())
 }
 
-/// Open the window. When the trainer's device is a wgpu adapter, the window renders on that
-/// same device (one instance, adapter, device and queue for burn, our kernels and egui).
+/// Open the window. The window renders on a wgpu device of its own, which eframe creates;
+/// it never shares the trainer's (burn/cubecl) device: cubecl installs an uncaptured-error
+/// handler on its device that panics, and a device busy with training makes
+/// `Surface::configure` (which waits for the device to go idle) fail on a resize.
+/// Errors on the window's device are reported in the status area, never fatal.
+#[cfg(feature = "native")]
 pub fn run_app(options: AppOptions) -> Result<(), String> {
+    use eframe::egui_wgpu::{SurfaceErrorAction, wgpu};
     let mut native = eframe::NativeOptions {
         viewport: egui::ViewportBuilder::default()
             .with_inner_size([1280.0, 800.0])
             .with_title("grpo-lab — watch GRPO learn"),
         ..Default::default()
     };
-    let device = options
-        .config
-        .as_ref()
-        .map(|c| c.run.device)
-        .unwrap_or(DeviceChoice::Auto);
-    if let Ok(compute) = crate::gpu::Compute::select(device)
-        && let Some(gpu) = compute.gpu
-    {
-        native.wgpu_options.wgpu_setup =
-            eframe::egui_wgpu::WgpuSetup::Existing(eframe::egui_wgpu::WgpuSetupExisting {
-                instance: gpu.instance.clone(),
-                adapter: gpu.adapter.clone(),
-                device: gpu.device.clone(),
-                queue: gpu.queue.clone(),
-            });
-    }
+    // `wgpu_setup` stays `CreateNew`: eframe opens its own instance, adapter and device.
+    let errors = WindowGpuErrors::default();
+    let on_status = std::sync::Arc::clone(&native.wgpu_options.on_surface_status);
+    let status_errors = errors.clone();
+    // When the last reconfigure after a validation error was (at most one a second).
+    let last_retry = std::sync::Mutex::new(None::<Instant>);
+    native.wgpu_options.on_surface_status =
+        std::sync::Arc::new(move |status: &wgpu::CurrentSurfaceTexture| match status {
+            // Routine: a resize (reconfigure), a hidden window (skip), a surface to recreate.
+            wgpu::CurrentSurfaceTexture::Outdated
+            | wgpu::CurrentSurfaceTexture::Occluded
+            | wgpu::CurrentSurfaceTexture::Lost => (*on_status)(status),
+            // The surface could not be acquired (e.g. its configure failed): configure it
+            // again, at most once a second; skip the frame otherwise. (The error itself went
+            // to the uncaptured-error handler installed below, which reports it.)
+            wgpu::CurrentSurfaceTexture::Validation => {
+                let mut last = last_retry.lock().unwrap_or_else(|e| e.into_inner());
+                if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                    *last = Some(Instant::now());
+                    SurfaceErrorAction::Reconfigure
+                } else {
+                    SurfaceErrorAction::SkipFrame
+                }
+            }
+            other => {
+                status_errors.report(&format!("surface: {other:?}; frame skipped"));
+                SurfaceErrorAction::SkipFrame
+            }
+        });
     eframe::run_native(
         "grpo-lab",
         native,
-        Box::new(move |cc| Ok(Box::new(GrpoApp::new(Some(cc), options)))),
+        Box::new(move |cc| {
+            errors.set_context(&cc.egui_ctx);
+            if let Some(rs) = &cc.wgpu_render_state {
+                // wgpu's default handler panics on any uncaptured error; log and show instead.
+                let e = errors.clone();
+                rs.device
+                    .on_uncaptured_error(std::sync::Arc::new(move |err: wgpu::Error| {
+                        e.report(&format!("{err}"));
+                    }));
+                let e = errors.clone();
+                rs.device.set_device_lost_callback(move |reason, message| {
+                    // `Destroyed` is the window closing.
+                    if reason != wgpu::DeviceLostReason::Destroyed {
+                        e.report(&format!(
+                            "the window's device was lost ({reason:?}): {message}"
+                        ));
+                    }
+                });
+            }
+            let mut app = GrpoApp::new(Some(cc), options);
+            app.window_gpu = errors;
+            Ok(Box::new(app))
+        }),
     )
     .map_err(|e| e.to_string())
 }
@@ -534,4 +662,62 @@ pub(crate) fn choices() -> (
         enum_names(DeviceChoice::ALL, DeviceChoice::name),
         enum_names(KernelChoice::ALL, KernelChoice::name),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{AppOptions, GrpoApp, WindowGpuErrors};
+    use crate::config::{DeviceChoice, RunConfig};
+
+    #[test]
+    fn a_dead_trainer_is_reported_and_reset_starts_a_new_one() {
+        let mut config = RunConfig::preset("lecture17").unwrap();
+        config.run.iterations = 2;
+        config.run.device = DeviceChoice::Cpu;
+        let mut app = GrpoApp::new(
+            None,
+            AppOptions {
+                inline_trainer: true,
+                config: Some(config.clone()),
+                fresh: true,
+                ..Default::default()
+            },
+        );
+        // What a panicked trainer thread leaves behind: a channel with no sender.
+        app.worker.events = std::sync::mpsc::channel().1;
+        app.playing = true;
+        app.drain_events();
+        assert!(!app.playing);
+        assert!(
+            app.error
+                .as_deref()
+                .unwrap_or("")
+                .contains("trainer stopped")
+        );
+        app.device.clear();
+        app.reset(config);
+        assert!(app.error.is_none());
+        let t = std::time::Instant::now();
+        while app.device.is_empty() {
+            assert!(t.elapsed().as_secs() < 60, "the new trainer never started");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            app.drain_events();
+        }
+        assert!(app.error.is_none(), "{:?}", app.error);
+    }
+
+    #[test]
+    fn window_gpu_errors_are_kept_as_one_line_and_counted() {
+        let e = WindowGpuErrors::default();
+        assert_eq!(e.summary(), None);
+        e.report(
+            "Validation Error\n\nCaused by:\n  In Surface::configure\n    Failed to wait for GPU",
+        );
+        e.report("surface: Timeout; frame skipped");
+        let (n, last) = e.summary().unwrap();
+        assert_eq!(n, 2);
+        assert_eq!(last, "surface: Timeout; frame skipped");
+        e.report(&"x ".repeat(400));
+        assert!(e.summary().unwrap().1.chars().count() <= 301);
+    }
 }

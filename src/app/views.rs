@@ -4,9 +4,9 @@ use super::store::RunData;
 use super::worker::Command;
 use super::{GrpoApp, choices, presets};
 use crate::config::{
-    AdvantageMode, ConfigError, LengthReward, ModelKind, PromptSampling, RunConfig,
+    AdvantageMode, ConfigError, LengthReward, ModelKind, PromptSampling, RunConfig, field_info,
 };
-use crate::grpo::advantage;
+use crate::objective::advantage;
 use crate::task::{RewardFn, SortTokenizer};
 use egui::{Color32, RichText};
 use egui_plot::{Bar, BarChart, Legend, Line, Plot, Points};
@@ -57,17 +57,19 @@ fn error_key(e: &ConfigError) -> String {
     }
 }
 
-/// One labelled field with a tooltip and, when the draft is invalid there, the reason under it.
+/// One labelled field with its tooltip (label and help from the config's field table) and,
+/// when the draft is invalid there, the reason under it.
 fn field(
     ui: &mut egui::Ui,
     app_error: &Option<(String, String)>,
     key: &str,
-    label: &str,
-    help: &str,
     add: impl FnOnce(&mut egui::Ui, egui::Id),
 ) {
     ui.horizontal(|ui| {
-        let l = ui.label(label).on_hover_text(format!("{help}\n\n`{key}`"));
+        let l = match field_info(key) {
+            Some(f) => ui.label(f.label).on_hover_text(f.tooltip()),
+            None => ui.label(key),
+        };
         add(ui, l.id);
     });
     if let Some((k, msg)) = app_error
@@ -117,183 +119,231 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
         }
     });
     ui.collapsing("Run", |ui| {
-        field(ui, &err, "run.seed", "Seed", "The run is a pure function of its config and this seed.", |ui, l| {
+        field(ui, &err, "run.seed", |ui, l| {
             ui.add(egui::DragValue::new(&mut d.run.seed)).labelled_by(l);
         });
-        field(ui, &err, "run.iterations", "Iterations", "GRPO iterations (the lecture's \"epochs\"): rollout, then μ optimizer steps. Lecture: 100.", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.run.iterations)).labelled_by(l);
+        field(ui, &err, "run.iterations", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.run.iterations))
+                .labelled_by(l);
         });
-        field(ui, &err, "run.device", "Device", "auto: a GPU, else lavapipe, else burn's CPU backend. cpu is the fastest choice for these tiny models without a GPU.", |ui, l| combo(ui, l, "device", &mut d.run.device, &device));
-        field(ui, &err, "run.kernels", "Kernels", "Sampling, verifier and advantages in our WGSL kernels (gpu) or plain Rust (reference). Same tokens either way.", |ui, l| combo(ui, l, "kernels", &mut d.run.kernels, &kernels));
+        field(ui, &err, "run.device", |ui, l| {
+            combo(ui, l, "device", &mut d.run.device, &device)
+        });
+        field(ui, &err, "run.kernels", |ui, l| {
+            combo(ui, l, "kernels", &mut d.run.kernels, &kernels)
+        });
     })
     .header_response
     .on_hover_text("Length, seed, device");
     ui.collapsing("Task", |ui| {
-        field(ui, &err, "task.reward", "Reward", "The verifier. distance: positions equal to sorted(prompt). inclusion_ordering: prompt numbers found + non-decreasing neighbours (can be gamed: [0,0,0] scores high). exact: 1 if sorted, else 0 (the RLVR indicator).", |ui, l| combo(ui, l, "reward", &mut d.task.reward, &reward));
-        field(ui, &err, "task.n", "n (prompt length)", "How many numbers to sort. Lecture: 3.", |ui, l| {
+        field(ui, &err, "task.reward", |ui, l| {
+            combo(ui, l, "reward", &mut d.task.reward, &reward)
+        });
+        field(ui, &err, "task.n", |ui, l| {
             ui.add(egui::DragValue::new(&mut d.task.n)).labelled_by(l);
         });
-        field(ui, &err, "task.vocab", "vocab", "Numbers are drawn from 0..vocab. Lecture: 5.", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.task.vocab)).labelled_by(l);
+        field(ui, &err, "task.vocab", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.task.vocab))
+                .labelled_by(l);
         });
         if d.task.prompts.is_empty() {
-            field(ui, &err, "task.train_size", "train prompts", "Random training prompts (disjoint from the held-out ones).", |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.task.train_size)).labelled_by(l);
+            field(ui, &err, "task.train_size", |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.task.train_size))
+                    .labelled_by(l);
             });
         } else {
-            ui.label(format!("fixed prompts: {}", d.task.prompts.iter().map(|p| format!("[{}]", tokenizer().decode(p))).collect::<Vec<_>>().join(" ")));
+            ui.label(format!(
+                "fixed prompts: {}",
+                d.task
+                    .prompts
+                    .iter()
+                    .map(|p| format!("[{}]", tokenizer().decode(p)))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ));
         }
-        field(ui, &err, "task.heldout_size", "held-out prompts", "Prompts never trained on, for greedy held-out accuracy.", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.task.heldout_size)).labelled_by(l);
+        field(ui, &err, "task.heldout_size", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.task.heldout_size))
+                .labelled_by(l);
         });
     });
     if d.model.kind == ModelKind::Transformer {
         ui.collapsing("Lengths & shaping", |ui| {
-            field(ui, &err, "task.max_len", "max_len", "Longest response in tokens, <eos> included (0 = n + 1). Responses that reach it without <eos> are truncated.", |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.task.max_len)).labelled_by(l);
+            field(ui, &err, "task.max_len", |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.task.max_len))
+                    .labelled_by(l);
             });
-            field(ui, &err, "task.format_reward", "format reward", "Added when the answer closes with <eos> within max_len (0 = off).", |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.task.format_reward).speed(0.01)).labelled_by(l);
+            field(ui, &err, "task.format_reward", |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.task.format_reward).speed(0.01))
+                    .labelled_by(l);
             });
-            let lr = [(LengthReward::None, "none"), (LengthReward::Kimi, "kimi"), (LengthReward::Overlong, "overlong")];
-            field(ui, &err, "task.length_reward", "length reward", "kimi: Kimi k1.5's group-relative length reward (short correct answers win). overlong: DAPO's soft overlong punishment near max_len.", |ui, l| combo(ui, l, "length-reward", &mut d.task.length_reward, &lr));
-            field(ui, &err, "task.length_reward_weight", "length weight", "Weight of the length reward (Kimi, DAPO: 1).", |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.task.length_reward_weight).speed(0.01)).labelled_by(l);
+            let lr = [
+                (LengthReward::None, "none"),
+                (LengthReward::Kimi, "kimi"),
+                (LengthReward::Overlong, "overlong"),
+            ];
+            field(ui, &err, "task.length_reward", |ui, l| {
+                combo(ui, l, "length-reward", &mut d.task.length_reward, &lr)
             });
-            field(ui, &err, "task.overlong_buffer", "overlong buffer", "DAPO's L_cache: the last tokens before max_len are penalised linearly.", |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.task.overlong_buffer)).labelled_by(l);
+            field(ui, &err, "task.length_reward_weight", |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.task.length_reward_weight).speed(0.01))
+                    .labelled_by(l);
+            });
+            field(ui, &err, "task.overlong_buffer", |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.task.overlong_buffer))
+                    .labelled_by(l);
             });
         });
     }
     ui.collapsing("Model", |ui| {
-        let kinds = [(ModelKind::Lecture, "lecture"), (ModelKind::Transformer, "transformer")];
-        field(ui, &err, "model.kind", "policy", "lecture: the lecture's per-position model (fixed length n). transformer: a small causal transformer that answers token by token until <eos>.", |ui, l| combo(ui, l, "model-kind", &mut d.model.kind, &kinds));
-        field(ui, &err, "model.d_model", "D", "Embedding width. Lecture: 10; transformer: a multiple of heads.", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.model.d_model)).labelled_by(l);
+        let kinds = [
+            (ModelKind::Lecture, "lecture"),
+            (ModelKind::Transformer, "transformer"),
+        ];
+        field(ui, &err, "model.kind", |ui, l| {
+            combo(ui, l, "model-kind", &mut d.model.kind, &kinds)
+        });
+        field(ui, &err, "model.d_model", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.model.d_model))
+                .labelled_by(l);
         });
         if d.model.kind == ModelKind::Transformer {
-            field(ui, &err, "model.layers", "layers", "Transformer blocks (1–12).", |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.model.layers)).labelled_by(l);
+            field(ui, &err, "model.layers", |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.model.layers))
+                    .labelled_by(l);
             });
-            field(ui, &err, "model.heads", "heads", "Attention heads per block; must divide D.", |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.model.heads)).labelled_by(l);
+            field(ui, &err, "model.heads", |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.model.heads))
+                    .labelled_by(l);
             });
-            field(ui, &err, "model.context", "context", "Longest sequence the model reads: at least n + max_len − 1.", |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.model.context)).labelled_by(l);
+            field(ui, &err, "model.context", |ui, l| {
+                ui.add(egui::DragValue::new(&mut d.model.context))
+                    .labelled_by(l);
             });
         }
-        field(ui, &err, "model.init_scale", "init scale", "Multiplies the initial weights. 1 = the lecture's init (logits of scale ~5: nearly deterministic from the start). Smaller = closer to uniform, more exploration.", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.model.init_scale).speed(0.01)).labelled_by(l);
+        field(ui, &err, "model.init_scale", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.model.init_scale).speed(0.01))
+                .labelled_by(l);
         });
     });
-    egui::CollapsingHeader::new("Algorithm").default_open(true).show(ui, |ui| {
-        let a = &mut d.algorithm;
-        field(ui, &err, "algorithm.num_generations", "G (group size)", "Responses sampled per prompt; advantages compare within a group. Lecture: 10; usual 4–64 (GRPO, Shao et al. 2024).", |ui, l| {
-            ui.add(egui::DragValue::new(&mut a.num_generations)).labelled_by(l);
+    egui::CollapsingHeader::new("Algorithm")
+        .default_open(true)
+        .show(ui, |ui| {
+            let a = &mut d.algorithm;
+            field(ui, &err, "algorithm.num_generations", |ui, l| {
+                ui.add(egui::DragValue::new(&mut a.num_generations))
+                    .labelled_by(l);
+            });
+            field(ui, &err, "algorithm.mu", |ui, l| {
+                ui.add(egui::DragValue::new(&mut a.mu)).labelled_by(l);
+            });
+            field(ui, &err, "algorithm.advantage", |ui, l| {
+                combo(ui, l, "advantage", &mut a.advantage, &adv)
+            });
+            field(ui, &err, "algorithm.loss", |ui, l| {
+                combo(ui, l, "loss", &mut a.loss, &loss)
+            });
+            field(ui, &err, "algorithm.epsilon_low", |ui, l| {
+                ui.add(egui::DragValue::new(&mut a.epsilon_low).speed(0.005))
+                    .labelled_by(l);
+            });
+            field(ui, &err, "algorithm.epsilon_high", |ui, l| {
+                ui.add(egui::DragValue::new(&mut a.epsilon_high).speed(0.005))
+                    .labelled_by(l);
+            });
+            field(ui, &err, "algorithm.beta", |ui, l| {
+                ui.add(egui::DragValue::new(&mut a.beta).speed(0.001))
+                    .labelled_by(l);
+            });
+            field(ui, &err, "algorithm.kl_estimator", |ui, l| {
+                combo(ui, l, "kl", &mut a.kl_estimator, &kl)
+            });
+            field(ui, &err, "algorithm.ref_period", |ui, l| {
+                ui.add(egui::DragValue::new(&mut a.ref_period))
+                    .labelled_by(l);
+            });
+            field(ui, &err, "algorithm.loss_agg_mode", |ui, l| {
+                combo(ui, l, "agg", &mut a.loss_agg_mode, &agg)
+            });
+            field(ui, &err, "algorithm.entropy_coef", |ui, l| {
+                ui.add(egui::DragValue::new(&mut a.entropy_coef).speed(0.001))
+                    .labelled_by(l);
+            });
+            field(ui, &err, "algorithm.dynamic_sampling", |ui, l| {
+                ui.checkbox(&mut a.dynamic_sampling, "").labelled_by(l);
+                ui.add(egui::DragValue::new(&mut a.max_resample_rounds).prefix("max rounds "));
+            });
+            field(ui, &err, "algorithm.prompts_per_iteration", |ui, l| {
+                ui.add(egui::DragValue::new(&mut a.prompts_per_iteration))
+                    .labelled_by(l);
+            });
+            let ps = [
+                (PromptSampling::Uniform, "uniform"),
+                (PromptSampling::Prioritized, "prioritized"),
+                (PromptSampling::Curriculum, "curriculum"),
+            ];
+            field(ui, &err, "algorithm.prompt_sampling", |ui, l| {
+                combo(ui, l, "prompt-sampling", &mut a.prompt_sampling, &ps)
+            });
+            ui.label(
+                RichText::new("Bug gallery (deliberate bugs)")
+                    .small()
+                    .strong(),
+            );
+            for (key, on) in [
+                (
+                    "algorithm.bugs.ratio_as_logprob_quotient",
+                    &mut a.bugs.ratio_as_logprob_quotient,
+                ),
+                (
+                    "algorithm.bugs.unfrozen_old_policy",
+                    &mut a.bugs.unfrozen_old_policy,
+                ),
+                (
+                    "algorithm.bugs.shared_reference",
+                    &mut a.bugs.shared_reference,
+                ),
+            ] {
+                if let Some(f) = field_info(key) {
+                    ui.checkbox(on, f.label).on_hover_text(f.tooltip());
+                }
+            }
         });
-        field(ui, &err, "algorithm.mu", "μ (steps per iteration)", "Optimizer steps on one batch of rollouts. Lecture: 10; GRPO paper: 1–4. With μ > 1 the naive loss has no off-policy correction.", |ui, l| {
-            ui.add(egui::DragValue::new(&mut a.mu)).labelled_by(l);
-        });
-        field(ui, &err, "algorithm.advantage", "Advantage", "How a group's rewards become advantages. raw: A = r. centered: r − mean. normalized (GRPO): (r − mean)/(std + 1e-5). max: r where r is the group max. rloo: r − mean of the others. batch_normalized: centered / batch std.", |ui, l| combo(ui, l, "advantage", &mut a.advantage, &adv));
-        field(ui, &err, "algorithm.loss", "Loss", "naive: −A·log π (REINFORCE). unclipped: −A·ρ with ρ = π/π_old. clipped: PPO's −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A).", |ui, l| combo(ui, l, "loss", &mut a.loss, &loss));
-        field(ui, &err, "algorithm.epsilon_low", "ε low", "Lower clip range of the ratio. PPO: 0.2; lecture: 0.01. Must be in (0, 1).", |ui, l| {
-            ui.add(egui::DragValue::new(&mut a.epsilon_low).speed(0.005)).labelled_by(l);
-        });
-        field(ui, &err, "algorithm.epsilon_high", "ε high", "Upper clip range. PPO: 0.2; DAPO clip-higher: 0.28 (Yu et al. 2025).", |ui, l| {
-            ui.add(egui::DragValue::new(&mut a.epsilon_high).speed(0.005)).labelled_by(l);
-        });
-        field(ui, &err, "algorithm.beta", "β (KL)", "Weight of the KL to the reference policy. 0 = none; GRPO: 0.04; usual 0.001–0.1.", |ui, l| {
-            ui.add(egui::DragValue::new(&mut a.beta).speed(0.001)).labelled_by(l);
-        });
-        field(ui, &err, "algorithm.kl_estimator", "KL estimator", "With Δ = log π_ref − log π: k1 = −Δ, k2 = Δ²/2, k3 = e^Δ − Δ − 1 (GRPO, Schulman 2020).", |ui, l| combo(ui, l, "kl", &mut a.kl_estimator, &kl));
-        field(ui, &err, "algorithm.ref_period", "ref period", "Copy the policy into the reference every this many iterations. Lecture: 10; 0 = never.", |ui, l| {
-            ui.add(egui::DragValue::new(&mut a.ref_period)).labelled_by(l);
-        });
-        field(ui, &err, "algorithm.loss_agg_mode", "Aggregation", "seq-mean-token-mean (GRPO), token-mean (DAPO), seq-mean-token-sum-norm (Dr. GRPO). Equal for fixed-length responses.", |ui, l| combo(ui, l, "agg", &mut a.loss_agg_mode, &agg));
-        field(ui, &err, "algorithm.entropy_coef", "entropy bonus", "Adds −c·H to the loss to keep exploring (0 = off; usual 0.001–0.01).", |ui, l| {
-            ui.add(egui::DragValue::new(&mut a.entropy_coef).speed(0.001)).labelled_by(l);
-        });
-        field(ui, &err, "algorithm.dynamic_sampling", "dynamic sampling", "DAPO: replace groups whose rewards are all equal (no signal) by fresh ones, at most max rounds per iteration.", |ui, l| {
-            ui.checkbox(&mut a.dynamic_sampling, "").labelled_by(l);
-            ui.add(egui::DragValue::new(&mut a.max_resample_rounds).prefix("max rounds "));
-        });
-        field(ui, &err, "algorithm.prompts_per_iteration", "prompts / iteration", "B prompts per iteration (0 = every training prompt).", |ui, l| {
-            ui.add(egui::DragValue::new(&mut a.prompts_per_iteration)).labelled_by(l);
-        });
-        let ps = [(PromptSampling::Uniform, "uniform"), (PromptSampling::Prioritized, "prioritized"), (PromptSampling::Curriculum, "curriculum")];
-        field(ui, &err, "algorithm.prompt_sampling", "prompt sampling", "uniform; prioritized by 1 − success rate; curriculum from easy to hard (Kimi k1.5). Needs prompts / iteration > 0.", |ui, l| combo(ui, l, "prompt-sampling", &mut a.prompt_sampling, &ps));
-        ui.label(RichText::new("Bug gallery (deliberate bugs)").small().strong());
-        ui.checkbox(&mut a.bugs.ratio_as_logprob_quotient, "BUG: ratio = logπ / logπ_old");
-        ui.checkbox(&mut a.bugs.unfrozen_old_policy, "BUG: π_old not frozen");
-        ui.checkbox(&mut a.bugs.shared_reference, "BUG: reference shared, not copied");
-    });
     ui.collapsing("Cold start (SFT)", |ui| {
-        field(ui, &err, "sft.steps", "SFT steps", "Supervised steps on (prompt, sorted) pairs before RL (DeepSeek-R1). 0 = pure RL (R1-Zero).", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.sft.steps)).labelled_by(l);
+        field(ui, &err, "sft.steps", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.sft.steps))
+                .labelled_by(l);
         });
-        field(ui, &err, "sft.examples", "examples", "Distinct training prompts used as examples.", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.sft.examples)).labelled_by(l);
+        field(ui, &err, "sft.examples", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.sft.examples))
+                .labelled_by(l);
         });
-        field(ui, &err, "sft.lr", "SFT lr", "Adam's step size for the cold start.", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.sft.lr).speed(1e-4)).labelled_by(l);
+        field(ui, &err, "sft.lr", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.sft.lr).speed(1e-4))
+                .labelled_by(l);
         });
     });
     ui.collapsing("Optimizer & sampling", |ui| {
-        field(
-            ui,
-            &err,
-            "optimizer.lr",
-            "learning rate",
-            "Adam's step size. Lecture: 1e-3; usual 1e-5–1e-2.",
-            |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.optimizer.lr).speed(1e-4))
-                    .labelled_by(l);
-            },
-        );
-        field(
-            ui,
-            &err,
-            "optimizer.max_grad_norm",
-            "max grad norm",
-            "Clip the global gradient norm (0 = off; TRL: 1.0).",
-            |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.optimizer.max_grad_norm).speed(0.01))
-                    .labelled_by(l);
-            },
-        );
-        field(
-            ui,
-            &err,
-            "sampling.temperature",
-            "temperature",
-            "Softmax temperature for rollouts. 1 = the policy as is.",
-            |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.sampling.temperature).speed(0.01))
-                    .labelled_by(l);
-            },
-        );
-        field(
-            ui,
-            &err,
-            "sampling.top_k",
-            "top-k",
-            "Keep the k most likely tokens (0 = off).",
-            |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.sampling.top_k))
-                    .labelled_by(l);
-            },
-        );
-        field(
-            ui,
-            &err,
-            "sampling.top_p",
-            "top-p",
-            "Nucleus: the smallest set with this much probability (1 = off).",
-            |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.sampling.top_p).speed(0.01))
-                    .labelled_by(l);
-            },
-        );
+        field(ui, &err, "optimizer.lr", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.optimizer.lr).speed(1e-4))
+                .labelled_by(l);
+        });
+        field(ui, &err, "optimizer.max_grad_norm", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.optimizer.max_grad_norm).speed(0.01))
+                .labelled_by(l);
+        });
+        field(ui, &err, "sampling.temperature", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.sampling.temperature).speed(0.01))
+                .labelled_by(l);
+        });
+        field(ui, &err, "sampling.top_k", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.sampling.top_k))
+                .labelled_by(l);
+        });
+        field(ui, &err, "sampling.top_p", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.sampling.top_p).speed(0.01))
+                .labelled_by(l);
+        });
     });
 
     // Validate the draft: a bad value is refused at its field, and the trainer keeps running.
@@ -588,10 +638,8 @@ pub fn inspector_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     if g.zero_std {
         ui.label(RichText::new("∅ All rewards in this group are equal: no learning signal (every centered advantage is 0).").color(ERROR).strong());
     }
-    let (eps_low, eps_high) = (
-        config.algorithm.epsilon_low as f32,
-        config.algorithm.epsilon_high as f32,
-    );
+    // The ratio and the clip flags from the one per-token formula the engines use.
+    let settings = crate::objective::loss::LossSettings::of(&config);
     egui::ScrollArea::both().show(ui, |ui| {
         egui::Grid::new("inspector")
             .striped(true)
@@ -646,9 +694,11 @@ pub fn inspector_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                             ) else {
                                 return "–".into();
                             };
-                            let ratio = (new - old).exp();
-                            let clipped = (ratio < 1.0 - eps_low && adv < 0.0)
-                                || (ratio > 1.0 + eps_high && adv > 0.0);
+                            let (ratio, _, _, flags) =
+                                crate::objective::loss::reference::token_terms(
+                                    &settings, *new, *old, *old, adv,
+                                );
+                            let clipped = flags != 0;
                             format!(
                                 "{old:.2}→{new:.2} ({ratio:.3}{})",
                                 if clipped { " ✂" } else { "" }

@@ -2,7 +2,6 @@
 //! inline (tests drive it step by step). Commands go in; records and status come out.
 
 use crate::config::RunConfig;
-use crate::gpu::Compute;
 use crate::grpo::Trainer;
 use crate::metrics::StepRecord;
 use std::sync::mpsc::{Receiver, Sender, TryRecvError, channel};
@@ -69,22 +68,22 @@ impl Core {
             Command::Step => self.pending_steps = self.pending_steps.max(1),
             Command::Iteration => {
                 if let Some(t) = &self.trainer {
-                    let mu = t.config.algorithm.mu;
-                    let into = t.global_step() % mu;
-                    self.pending_steps = mu - into;
+                    self.pending_steps = t.steps_left_in_iteration();
                 }
             }
             Command::Reset(config) => {
                 self.playing = false;
                 self.pending_steps = 0;
                 let _ = tx.send(Event::Playing(false));
-                match Compute::select(config.run.device)
+                match crate::engine::select(config.run.device, &config)
                     .map_err(|e| e.to_string())
-                    .and_then(|c| Trainer::new(*config.clone(), c).map_err(|e| e.to_string()))
-                {
+                    .and_then(|(c, why)| {
+                        log::info!("{why}");
+                        Trainer::new(*config.clone(), c).map_err(|e| e.to_string())
+                    }) {
                     Ok(t) => {
                         let _ = tx.send(Event::Started {
-                            device: t.compute.label.clone(),
+                            device: t.engine_label(),
                             train_prompts: t.prompts.train.clone(),
                             config,
                         });
@@ -97,12 +96,14 @@ impl Core {
             }
             Command::Update(config) => {
                 if let Some(t) = &mut self.trainer {
-                    let mut c = t.config.clone();
-                    c.algorithm = config.algorithm.clone();
-                    c.optimizer = config.optimizer.clone();
-                    c.sampling = config.sampling.clone();
-                    c.run.iterations = config.run.iterations;
-                    t.config = c;
+                    // The trainer owns which fields change live; the rest needs a reset.
+                    let ignored = t.apply_live(&config);
+                    if !ignored.is_empty() {
+                        let _ = tx.send(Event::Error(format!(
+                            "not applied live (needs a reset): {}",
+                            ignored.join(", ")
+                        )));
+                    }
                 }
             }
             Command::Shutdown => return false,
@@ -117,14 +118,32 @@ impl Core {
 
     fn do_step(&mut self, tx: &Sender<Event>) {
         let Some(t) = &mut self.trainer else { return };
-        match t.step() {
-            Ok(r) => {
+        // A panic inside a step (a device fault deep in a backend) stops this run, keeps the
+        // thread and the records already shown, and says so; ⟲ Reset starts a new run.
+        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.step()));
+        match step {
+            Ok(Ok(r)) => {
                 let _ = tx.send(Event::Record(Box::new(r)));
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 self.playing = false;
                 let _ = tx.send(Event::Error(e.to_string()));
                 let _ = tx.send(Event::Playing(false));
+            }
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                self.playing = false;
+                self.pending_steps = 0;
+                self.trainer = None;
+                let _ = tx.send(Event::Error(format!(
+                    "the trainer failed ({what}); its records are kept, ⟲ Reset starts a new run"
+                )));
+                let _ = tx.send(Event::Playing(false));
+                return;
             }
         }
         self.pending_steps = self.pending_steps.saturating_sub(1);

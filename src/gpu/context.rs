@@ -29,6 +29,10 @@ pub enum DeviceError {
     RequestDevice { adapter: String, reason: String },
     #[error("burn refused the wgpu device on {adapter}: {reason}")]
     Register { adapter: String, reason: String },
+    #[error(
+        "the wgpu device is still being set up (a browser answers asynchronously): await Compute::select_async first"
+    )]
+    Pending,
 }
 
 /// What `grpo-lab devices` prints for each adapter.
@@ -104,13 +108,11 @@ impl Compute {
         self.gpu.is_some()
     }
 
-    /// Pick a device. `auto` prefers a hardware GPU, then a software adapter, then
-    /// falls back to the CPU backend with one line on stderr. Handles are opened once
+    /// Pick a device. `auto` takes a hardware GPU, else burn's CPU backend (never lavapipe;
+    /// `engine::select` refines `auto` per config and prints why). Handles are opened once
     /// per process and kind, then shared.
     pub fn select(choice: DeviceChoice) -> Result<Self, DeviceError> {
-        static CACHE: OnceLock<Mutex<HashMap<DeviceChoice, Compute>>> = OnceLock::new();
-        let cache = CACHE.get_or_init(Default::default);
-        let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = cache().lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = cache.get(&choice) {
             return Ok(c.clone());
         }
@@ -119,12 +121,37 @@ impl Compute {
         Ok(compute)
     }
 
+    /// [`Compute::select`] without blocking, for the browser (wgpu's adapter and device
+    /// requests are promises there): await it once at start-up; later `select` calls for
+    /// the same choice find its handles.
+    pub async fn select_async(choice: DeviceChoice) -> Result<Self, DeviceError> {
+        let cached = cache()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&choice)
+            .cloned();
+        if let Some(c) = cached {
+            return Ok(c);
+        }
+        let compute = Self::open_async(choice).await?;
+        let mut cache = cache().lock().unwrap_or_else(|e| e.into_inner());
+        Ok(cache.entry(choice).or_insert(compute).clone())
+    }
+
+    /// Open a device, blocking: native wgpu answers at once. Without the `native`
+    /// feature a request that is still pending gives [`DeviceError::Pending`].
     fn open(choice: DeviceChoice) -> Result<Self, DeviceError> {
+        block_on_ready(Self::open_async(choice)).unwrap_or(Err(DeviceError::Pending))
+    }
+
+    /// Open a device (uncached): the set-up behind [`Compute::select`] and
+    /// [`Compute::select_async`].
+    pub async fn open_async(choice: DeviceChoice) -> Result<Self, DeviceError> {
         if choice == DeviceChoice::Cpu {
             return Ok(Self::cpu());
         }
         let instance = instance();
-        let adapters = pollster::block_on(instance.enumerate_adapters(backends()));
+        let adapters = instance.enumerate_adapters(backends()).await;
         let seen = || {
             let names: Vec<String> = adapters
                 .iter()
@@ -157,17 +184,14 @@ impl Compute {
                 seen: seen(),
                 hint: LAVAPIPE_HINT,
             })?,
-            _ => match hardware.or(software) {
+            // `auto`: a hardware GPU, else the CPU backend. Lavapipe (a CPU emulating a GPU) is
+            // never chosen for training by default; `engine::select` says which and why.
+            _ => match hardware {
                 Some(a) => a,
-                None => {
-                    eprintln!(
-                        "grpo-lab: no wgpu adapter found; falling back to burn's CPU backend ({LAVAPIPE_HINT})"
-                    );
-                    return Ok(Self::cpu());
-                }
+                None => return Ok(Self::cpu()),
             },
         };
-        let gpu = open_context(instance.clone(), adapter.clone())?;
+        let gpu = open_context(instance.clone(), adapter.clone()).await?;
         let setup = WgpuSetup {
             instance: gpu.instance.clone(),
             adapter: gpu.adapter.clone(),
@@ -195,6 +219,31 @@ impl Compute {
     }
 }
 
+/// The handles `select` has opened, per choice.
+fn cache() -> &'static Mutex<HashMap<DeviceChoice, Compute>> {
+    static CACHE: OnceLock<Mutex<HashMap<DeviceChoice, Compute>>> = OnceLock::new();
+    CACHE.get_or_init(Default::default)
+}
+
+/// Wait for a wgpu future that native backends resolve at once. With `native`, pollster
+/// blocks until it is ready; without it (the browser cannot block) the future is polled
+/// once and `None` means it is still pending.
+pub(crate) fn block_on_ready<F: Future>(future: F) -> Option<F::Output> {
+    #[cfg(feature = "native")]
+    {
+        Some(pollster::block_on(future))
+    }
+    #[cfg(not(feature = "native"))]
+    {
+        let mut future = std::pin::pin!(future);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match future.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(out) => Some(out),
+            std::task::Poll::Pending => None,
+        }
+    }
+}
+
 /// Vulkan, Metal, DX12 and WebGPU only: probing GL/EGL prints `XDG_RUNTIME_DIR`
 /// noise on headless machines, and adds nothing for compute. `WGPU_BACKEND` overrides.
 fn backends() -> wgpu::Backends {
@@ -207,14 +256,14 @@ fn instance() -> wgpu::Instance {
     wgpu::Instance::new(desc)
 }
 
-fn open_context(
+async fn open_context(
     instance: wgpu::Instance,
     adapter: wgpu::Adapter,
 ) -> Result<GpuContext, DeviceError> {
     let summary = AdapterSummary::of(&adapter);
     // The same request cubecl makes for itself, so burn's kernels find what they expect.
-    let (device, queue) = pollster::block_on(
-        adapter.request_device(&wgpu::DeviceDescriptor {
+    let (device, queue) = adapter
+        .request_device(&wgpu::DeviceDescriptor {
             label: Some("grpo-lab"),
             required_features: adapter
                 .features()
@@ -224,12 +273,12 @@ fn open_context(
             trace: wgpu::Trace::Off,
             // SAFETY: cubecl's WGSL path asks for the same experimental features on its own devices.
             experimental_features: unsafe { wgpu::ExperimentalFeatures::enabled() },
-        }),
-    )
-    .map_err(|e| DeviceError::RequestDevice {
-        adapter: summary.name.clone(),
-        reason: e.to_string(),
-    })?;
+        })
+        .await
+        .map_err(|e| DeviceError::RequestDevice {
+            adapter: summary.name.clone(),
+            reason: e.to_string(),
+        })?;
     Ok(GpuContext {
         instance,
         adapter,
@@ -239,11 +288,29 @@ fn open_context(
     })
 }
 
-/// Every adapter wgpu can see (for `grpo-lab devices`).
+/// Every adapter wgpu can see (for `grpo-lab devices`); none while a browser is still
+/// answering.
 pub fn list_adapters() -> Vec<AdapterSummary> {
     let instance = instance();
-    pollster::block_on(instance.enumerate_adapters(backends()))
+    block_on_ready(instance.enumerate_adapters(backends()))
+        .unwrap_or_default()
         .iter()
         .map(AdapterSummary::of)
         .collect()
+}
+
+/// The name of the best hardware (non-CPU) adapter, if there is one (for `--device auto`).
+pub fn hardware_adapter_name() -> Option<String> {
+    let adapters = block_on_ready(instance().enumerate_adapters(backends()))?;
+    adapters
+        .iter()
+        .map(|a| a.get_info())
+        .filter(|i| i.device_type != wgpu::DeviceType::Cpu)
+        .min_by_key(|i| match i.device_type {
+            wgpu::DeviceType::DiscreteGpu => 0,
+            wgpu::DeviceType::IntegratedGpu => 1,
+            wgpu::DeviceType::VirtualGpu => 2,
+            _ => 3,
+        })
+        .map(|i| i.name)
 }

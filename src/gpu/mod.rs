@@ -2,5 +2,6 @@
 //! burn so that burn's tensors and our WGSL kernels share one device.
 
 pub mod context;
+pub mod kernels;
 
 pub use context::{AdapterSummary, Compute, DeviceError, GpuContext};

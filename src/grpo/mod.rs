@@ -1,12 +1,11 @@
-//! GRPO itself, in the order of GRPO-SPEC §2: sample, score, advantages, frozen
-//! log-probs, μ optimizer steps on the per-token loss.
+//! GRPO itself: one iteration in the order of GRPO-SPEC §2 (`iteration.rs`), the prompt
+//! sampler, dynamic sampling, the record builder, and the `Trainer` that keeps the counters,
+//! the config and the engine.
 
-pub mod advantage;
-pub mod fused;
-pub mod kernels;
-pub mod loss;
-pub mod sampling;
+mod dynamic;
+mod iteration;
+pub mod prompts;
+pub mod record;
 pub mod trainer;
 
-pub use advantage::{AllAdvantages, GroupStats, advantages, all_advantages};
-pub use trainer::{Timings, TrainError, Trainer};
+pub use trainer::{LIVE_SECTIONS, Timings, TrainError, Trainer, TrainerState};

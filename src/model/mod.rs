@@ -8,7 +8,6 @@ pub use lecture::LecturePolicy;
 pub use transformer::{TransformerPolicy, TransformerShape};
 
 use crate::config::{ModelKind, RunConfig};
-use crate::grpo::loss;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::activation::log_softmax;
@@ -129,7 +128,7 @@ impl Policy {
         match self {
             Policy::Lecture(m) => {
                 let logits = m.forward(prompts); // [B, n, V]
-                let logp = loss::token_log_probs(logits.clone(), responses, temperature);
+                let logp = token_log_probs(logits.clone(), responses, temperature);
                 let ent = token_entropy(logits.div_scalar(temperature))
                     .reshape([b, 1, t])
                     .expand([b, g, t]);
@@ -146,7 +145,7 @@ impl Policy {
                     prompts
                 };
                 let logits = m.forward(input).narrow(1, n - 1, t).div_scalar(temperature); // [R, T, V]
-                let logp = loss::token_log_probs(logits.clone(), resp.reshape([r, 1, t]), 1.0)
+                let logp = token_log_probs(logits.clone(), resp.reshape([r, 1, t]), 1.0)
                     .reshape([b, g, t]);
                 (logp, token_entropy(logits).reshape([b, g, t]))
             }
@@ -221,4 +220,53 @@ pub fn token_entropy(logits: Tensor<3>) -> Tensor<2> {
         .sum_dim(2)
         .neg()
         .reshape([x, t])
+}
+
+/// `log π(token)` for every sampled token: `logits [B, T, V]`, `responses [B, G, T]`
+/// → `[B, G, T]`, with the policy's temperature applied (as TRL does).
+pub fn token_log_probs(
+    logits: Tensor<3>,
+    responses: Tensor<3, Int>,
+    temperature: f32,
+) -> Tensor<3> {
+    let [b, g, t] = responses.dims();
+    let [_, _, v] = logits.dims();
+    let device = logits.device();
+    let logp = log_softmax(logits.div_scalar(temperature), 2).reshape([b, t * v]); // [B, T·V]
+    // Flat index of (position, token) in a row of T·V: t·V + token. Gathering B·G·T values
+    // directly is far cheaper than expanding the log-probs to [B, G, T, V] first.
+    let offsets = Tensor::<1, Int>::arange(0..t as i64, &device)
+        .mul_scalar(v as i64)
+        .reshape([1, 1, t])
+        .expand([b, g, t]);
+    let index = responses.add(offsets).reshape([b, g * t]); // [B, G·T]
+    logp.gather(1, index).reshape([b, g, t])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t3(v: Vec<f32>, s: [usize; 3]) -> Tensor<3> {
+        Tensor::from_data(TensorData::new(v, s), &Device::flex())
+    }
+
+    #[test]
+    fn token_log_probs_gather_the_sampled_tokens() {
+        let logits = t3(vec![0.0, 1.0, 2.0, 2.0, 0.0, 0.0], [1, 2, 3]);
+        let resp = Tensor::<3, Int>::from_data(
+            TensorData::new(vec![2i64, 0, 1, 2], [1, 2, 2]),
+            &Device::flex(),
+        );
+        let lp = token_log_probs(logits, resp, 1.0)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let lse0 = (1f32 + 1f32.exp() + 2f32.exp()).ln();
+        let lse1 = (2f32.exp() + 2.0).ln();
+        let want = [2.0 - lse0, 2.0 - lse1, 1.0 - lse0, -lse1];
+        for (g, w) in lp.iter().zip(want) {
+            assert!((g - w).abs() < 1e-5, "{lp:?}");
+        }
+    }
 }

@@ -5,10 +5,16 @@ use crate::metrics::StepRecord;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 
+#[cfg(not(target_arch = "wasm32"))]
 const FONT_NAME: &str = "grpo-lab-sans";
+/// In a browser plotters asks the page for fonts by CSS family.
+#[cfg(target_arch = "wasm32")]
+const FONT_NAME: &str = "sans-serif";
 /// DejaVu Sans, embedded: charts and the app never need a system font.
 pub static FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
 
+/// On wasm32 plotters measures and draws text through the browser (no font registry).
+#[cfg(not(target_arch = "wasm32"))]
 fn ensure_font() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -17,6 +23,9 @@ fn ensure_font() {
             .expect("embedded font is valid");
     });
 }
+
+#[cfg(target_arch = "wasm32")]
+fn ensure_font() {}
 
 /// One line of a chart, with an optional band (e.g. ±std) drawn faintly behind it.
 #[derive(Debug, Clone)]
@@ -155,7 +164,8 @@ where
     Ok(())
 }
 
-/// Draw one chart as `stem.png` and `stem.svg` in `dir`; returns both paths.
+/// Draw one chart as `stem.png` and `stem.svg` in `dir`; returns both paths (on wasm32,
+/// where plotters has no PNG encoder, the SVG only).
 pub fn line_chart(
     dir: &Path,
     stem: &str,
@@ -166,17 +176,22 @@ pub fn line_chart(
 ) -> std::io::Result<Vec<PathBuf>> {
     ensure_font();
     std::fs::create_dir_all(dir)?;
-    let png = dir.join(format!("{stem}.png"));
     let svg = dir.join(format!("{stem}.svg"));
     let to_io = |e: String| std::io::Error::other(format!("{title}: {e}"));
-    draw(
-        BitMapBackend::new(&png, (900, 540)).into_drawing_area(),
-        title,
-        x_label,
-        y_label,
-        series,
-    )
-    .map_err(to_io)?;
+    let mut paths = Vec::new();
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let png = dir.join(format!("{stem}.png"));
+        draw(
+            BitMapBackend::new(&png, (900, 540)).into_drawing_area(),
+            title,
+            x_label,
+            y_label,
+            series,
+        )
+        .map_err(to_io)?;
+        paths.push(png);
+    }
     draw(
         SVGBackend::new(&svg, (900, 540)).into_drawing_area(),
         title,
@@ -185,7 +200,8 @@ pub fn line_chart(
         series,
     )
     .map_err(to_io)?;
-    Ok(vec![png, svg])
+    paths.push(svg);
+    Ok(paths)
 }
 
 /// The first record of each iteration: rollout-level metrics live there.

@@ -243,6 +243,82 @@ pub fn overlong_penalty(length: usize, max_len: usize, buffer: usize, truncated:
     }
 }
 
+/// The per-response shaping terms of an autoregressive answer under a run's config, the one
+/// place they are computed: `(format, overlong)` — the format reward when it closed with
+/// `<eos>`, DAPO's weighted overlong penalty (0 when off).
+pub fn shaping(c: &crate::config::RunConfig, r: &ArResponse) -> (f32, f32) {
+    let t = &c.task;
+    let format = if r.closed {
+        t.format_reward as f32
+    } else {
+        0.0
+    };
+    let overlong = if t.length_reward == crate::config::LengthReward::Overlong {
+        t.length_reward_weight as f32
+            * overlong_penalty(r.length, c.max_len(), t.overlong_buffer, !r.closed)
+    } else {
+        0.0
+    };
+    (format, overlong)
+}
+
+/// Rewards and exact-match flags of `B·G` responses (group-major) to `B` prompts under a run's
+/// config: the verifiers and, for the transformer (answers end at `<eos>` = `task.vocab`), the
+/// format, overlong and Kimi length terms.
+pub fn score_batch(
+    f: &RewardFn,
+    c: &crate::config::RunConfig,
+    prompts: &[&[u32]],
+    rows: &[Vec<u32>],
+    g: usize,
+) -> (Vec<f32>, Vec<u32>) {
+    if c.model.kind != crate::config::ModelKind::Transformer {
+        // Each prompt sorted once for its G responses.
+        let sorted: Vec<Vec<u32>> = prompts.iter().map(|p| super::sort::sorted(p)).collect();
+        let rewards = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| f.reward(prompts[i / g], r))
+            .collect();
+        let exact = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (sorted[i / g] == *r) as u32)
+            .collect();
+        return (rewards, exact);
+    }
+    let eos = c.task.vocab as u32;
+    let parsed: Vec<ArResponse> = rows.iter().map(|r| ArResponse::parse(r, eos)).collect();
+    let exact: Vec<u32> = parsed
+        .iter()
+        .enumerate()
+        .map(|(i, r)| r.exact(prompts[i / g]) as u32)
+        .collect();
+    let mut rewards: Vec<f32> = parsed
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let (format, overlong) = shaping(c, r);
+            f.reward_ar(prompts[i / g], r) + format + overlong
+        })
+        .collect();
+    if c.task.length_reward == crate::config::LengthReward::Kimi {
+        let w = c.task.length_reward_weight as f32;
+        for gi in 0..prompts.len() {
+            let span = gi * g..(gi + 1) * g;
+            let lens: Vec<usize> = parsed[span.clone()].iter().map(|r| r.length).collect();
+            let ok: Vec<bool> = exact[span.clone()].iter().map(|&e| e == 1).collect();
+            for (x, l) in rewards[span]
+                .iter_mut()
+                .zip(kimi_length_rewards(&lens, &ok))
+            {
+                *x += w * l;
+            }
+        }
+    }
+    (rewards, exact)
+}
+
 impl RewardFn {
     /// The parts of a logged response (`<eos>` as the tokenizer's id) under a run's config:
     /// for the transformer, the verifiers on the answer, `exact` only when closed, and the
@@ -264,22 +340,12 @@ impl RewardFn {
         if let Some(e) = out.parts.get_mut("exact/exact") {
             *e = r.exact(prompt) as u32 as f32;
         }
+        let (format, overlong) = shaping(c, &r);
         if c.task.format_reward != 0.0 {
-            out.parts.insert(
-                "format".into(),
-                if r.closed {
-                    c.task.format_reward as f32
-                } else {
-                    0.0
-                },
-            );
+            out.parts.insert("format".into(), format);
         }
         if c.task.length_reward == crate::config::LengthReward::Overlong {
-            out.parts.insert(
-                "overlong".into(),
-                c.task.length_reward_weight as f32
-                    * overlong_penalty(r.length, c.max_len(), c.task.overlong_buffer, !r.closed),
-            );
+            out.parts.insert("overlong".into(), overlong);
         }
         out.parts.insert("length".into(), r.length as f32);
         out

@@ -1,5 +1,6 @@
 //! The run loop, checkpoints and metric sinks.
 
+pub mod checkpoint;
 pub mod run;
 
 pub use run::{

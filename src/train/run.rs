@@ -8,12 +8,12 @@ use crate::gpu::Compute;
 use crate::grpo::{TrainError, Trainer};
 use crate::metrics::{RunSummary, StepRecord};
 use std::fs::{self, File};
-use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
-use std::time::Instant;
 use thiserror::Error;
+use web_time::Instant;
 
 #[derive(Debug, Error)]
 pub enum RunError {
@@ -21,6 +21,14 @@ pub enum RunError {
     OutExists(PathBuf),
     #[error("--resume: {0} holds no run (no config.toml)")]
     NothingToResume(PathBuf),
+    #[error(
+        "--resume: {0} holds metrics but no readable checkpoint; refusing to start it again from step 1 over them (pass --force without --resume to start over)"
+    )]
+    NoCheckpoint(PathBuf),
+    #[error(
+        "--resume: {path} does not hold every step before the checkpoint ({detail}); it was edited or damaged, so the run is not continued over it"
+    )]
+    MetricsGap { path: PathBuf, detail: String },
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
@@ -39,6 +47,8 @@ impl RunError {
             self,
             Self::OutExists(_)
                 | Self::NothingToResume(_)
+                | Self::NoCheckpoint(_)
+                | Self::MetricsGap { .. }
                 | Self::Config(_)
                 | Self::Train(TrainError::NonFinite { .. })
         )
@@ -77,21 +87,77 @@ pub struct RunOutcome {
 static INTERRUPTS: AtomicUsize = AtomicUsize::new(0);
 
 /// Install the Ctrl-C handler once (the CLI calls this; library users may not want it).
+/// Without the `native` feature (the browser) there is no Ctrl-C: this does nothing.
 pub fn install_interrupt_handler() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let _ = ctrlc::set_handler(|| {
-            let n = INTERRUPTS.fetch_add(1, Ordering::SeqCst) + 1;
-            if n == 1 {
-                eprintln!("\ngrpo-lab: interrupted; finishing this iteration and writing a checkpoint (Ctrl-C again to stop now)");
-            }
+    #[cfg(feature = "native")]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            let _ = ctrlc::set_handler(|| {
+                let n = INTERRUPTS.fetch_add(1, Ordering::SeqCst) + 1;
+                if n == 1 {
+                    eprintln!("\ngrpo-lab: interrupted; finishing this iteration and writing a checkpoint (Ctrl-C again to stop now)");
+                }
+            });
         });
-    });
+    }
 }
 
 /// Whether Ctrl-C has been seen.
 pub fn interrupted() -> bool {
     INTERRUPTS.load(Ordering::SeqCst) > 0
+}
+
+/// A terminal progress bar (indicatif) with the `native` feature; without it (the
+/// browser) every call does nothing. `Sync`: `compare`'s worker threads share one.
+pub(crate) struct Progress {
+    #[cfg(feature = "native")]
+    bar: indicatif::ProgressBar,
+}
+
+impl Progress {
+    /// A bar of `total` with an indicatif `template`, drawn when `show`; hidden otherwise.
+    pub(crate) fn new(show: bool, total: u64, template: &str) -> Self {
+        #[cfg(feature = "native")]
+        {
+            let bar = if show {
+                let bar = indicatif::ProgressBar::new(total);
+                bar.set_style(
+                    indicatif::ProgressStyle::with_template(template).expect("valid template"),
+                );
+                bar
+            } else {
+                indicatif::ProgressBar::hidden()
+            };
+            Self { bar }
+        }
+        #[cfg(not(feature = "native"))]
+        {
+            let _ = (show, total, template);
+            Self {}
+        }
+    }
+
+    pub(crate) fn set_position(&self, _pos: u64) {
+        #[cfg(feature = "native")]
+        self.bar.set_position(_pos);
+    }
+
+    pub(crate) fn inc(&self, _delta: u64) {
+        #[cfg(feature = "native")]
+        self.bar.inc(_delta);
+    }
+
+    /// The message is built only when a bar can show it.
+    pub(crate) fn set_message(&self, _msg: impl FnOnce() -> String) {
+        #[cfg(feature = "native")]
+        self.bar.set_message(_msg());
+    }
+
+    pub(crate) fn finish_and_clear(&self) {
+        #[cfg(feature = "native")]
+        self.bar.finish_and_clear();
+    }
 }
 
 struct Sinks {
@@ -117,43 +183,113 @@ impl Sinks {
     }
 }
 
-/// Read `metrics.jsonl` back (for charts, resume and comparisons).
+/// Read `metrics.jsonl` back (for charts, resume and comparisons). A last line cut short (a
+/// kill in the middle of a write) is dropped with a warning; any other line that does not
+/// parse is an error naming its line number.
 pub fn read_metrics(path: &Path) -> std::io::Result<Vec<StepRecord>> {
-    let file = File::open(path)?;
-    let mut out = Vec::new();
-    for line in BufReader::new(file).lines() {
-        let line = line?;
+    use std::io::BufRead;
+    let mut reader = std::io::BufReader::new(File::open(path)?);
+    let (mut out, mut line, mut number) = (Vec::new(), String::new(), 0usize);
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(out);
+        }
+        number += 1;
         if line.trim().is_empty() {
             continue;
         }
-        out.push(
-            serde_json::from_str(&line)
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?,
-        );
+        match serde_json::from_str(&line) {
+            Ok(r) => out.push(r),
+            // No newline at its end: the last line, cut short.
+            Err(_) if !line.ends_with('\n') => {
+                eprintln!(
+                    "grpo-lab: {}: line {number} was cut short (an interrupted write); dropped",
+                    path.display()
+                );
+            }
+            Err(e) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("line {number}: {e}"),
+                ));
+            }
+        }
     }
-    Ok(out)
+}
+
+/// `None` when `records` are exactly steps 1..=`steps` in order, else which are missing or
+/// repeated.
+fn step_gaps(records: &[StepRecord], steps: usize) -> Option<String> {
+    if records.len() == steps && records.iter().enumerate().all(|(i, r)| r.step == i + 1) {
+        return None;
+    }
+    let mut seen = vec![0usize; steps + 1];
+    for r in records {
+        if r.step <= steps {
+            seen[r.step] += 1;
+        }
+    }
+    let list = |want: &dyn Fn(usize) -> bool| -> Vec<String> {
+        (1..=steps)
+            .filter(|&s| want(seen[s]))
+            .take(10)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let (missing, repeated) = (list(&|c| c == 0), list(&|c| c > 1));
+    let mut parts = Vec::new();
+    if !missing.is_empty() {
+        parts.push(format!("missing step {}", missing.join(", ")));
+    }
+    if !repeated.is_empty() {
+        parts.push(format!("repeated step {}", repeated.join(", ")));
+    }
+    if parts.is_empty() {
+        parts.push("records out of order".into());
+    }
+    Some(parts.join("; "))
 }
 
 fn checkpoint_dir(out: &Path, iteration: usize) -> PathBuf {
     out.join("checkpoints").join(format!("iter-{iteration:06}"))
 }
 
+/// The checkpoint `latest` names; when it is missing, empty, garbage or names a directory
+/// without `state.json` (a crash mid-write), the newest complete one, with a warning.
 fn latest_checkpoint(out: &Path) -> Option<PathBuf> {
-    let name = fs::read_to_string(out.join("checkpoints").join("latest")).ok()?;
-    let dir = out.join("checkpoints").join(name.trim());
-    dir.join("state.json").exists().then_some(dir)
+    let root = out.join("checkpoints");
+    let named = fs::read_to_string(root.join("latest"))
+        .ok()
+        .map(|name| root.join(name.trim()))
+        .filter(|dir| dir.join("state.json").exists());
+    if named.is_some() {
+        return named;
+    }
+    let mut complete: Vec<PathBuf> = fs::read_dir(&root)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("state.json").exists())
+        .collect();
+    complete.sort();
+    let newest = complete.pop()?;
+    eprintln!(
+        "grpo-lab: checkpoints/latest is missing or broken; resuming from the newest complete checkpoint, {}",
+        newest.display()
+    );
+    Some(newest)
 }
 
 fn write_checkpoint(trainer: &Trainer, out: &Path) -> Result<(), RunError> {
     let dir = checkpoint_dir(out, trainer.iteration());
-    trainer.save_checkpoint(&dir)?;
+    super::checkpoint::save(trainer, &dir)?;
     let latest = out.join("checkpoints").join("latest");
     let name = dir
         .file_name()
         .expect("named")
         .to_string_lossy()
         .to_string();
-    fs::write(&latest, name).map_err(io(&latest))?;
+    super::checkpoint::write_atomic(&latest, name.as_bytes()).map_err(io(&latest))?;
     // Keep the three most recent checkpoints.
     let mut all: Vec<PathBuf> = fs::read_dir(out.join("checkpoints"))
         .map_err(io(out))?
@@ -207,13 +343,25 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
     let csv_path = out.join("metrics.csv");
     let mut kept: Vec<StepRecord> = Vec::new();
     if opts.resume {
-        if let Some(dir) = latest_checkpoint(&out) {
-            trainer.load_checkpoint(&dir)?;
+        match latest_checkpoint(&out) {
+            Some(dir) => super::checkpoint::load(&mut trainer, &dir)?,
+            // Starting again would truncate the metrics of the run it is asked to continue.
+            None if jsonl_path.exists() && fs::metadata(&jsonl_path).is_ok_and(|m| m.len() > 0) => {
+                return Err(RunError::NoCheckpoint(out));
+            }
+            None => {}
         }
-        // Records after the checkpoint are redone, bit for bit.
+        // Records past the checkpoint are redone, bit for bit; the ones before it must all be
+        // there (a deleted or shortened file is refused, not continued with a hole).
         if jsonl_path.exists() {
             kept = read_metrics(&jsonl_path).map_err(io(&jsonl_path))?;
             kept.retain(|r| r.iteration < trainer.iteration());
+        }
+        if let Some(detail) = step_gaps(&kept, trainer.global_step()) {
+            return Err(RunError::MetricsGap {
+                path: jsonl_path,
+                detail,
+            });
         }
     }
     let jsonl = File::create(&jsonl_path).map_err(io(&jsonl_path))?;
@@ -230,19 +378,12 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
     sinks.flush().map_err(io(&jsonl_path))?;
 
     let total = config.total_steps() as u64;
-    let bar = if opts.progress {
-        let bar = indicatif::ProgressBar::new(total);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps ({per_sec}, eta {eta}) {msg}",
-            )
-            .expect("valid template"),
-        );
-        bar.set_position(trainer.global_step() as u64);
-        bar
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let bar = Progress::new(
+        opts.progress,
+        total,
+        "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps ({per_sec}, eta {eta}) {msg}",
+    );
+    bar.set_position(trainer.global_step() as u64);
 
     let started = Instant::now();
     let steps_before = trainer.global_step();
@@ -259,10 +400,12 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
                 sinks.write(&record).map_err(io(&jsonl_path))?;
                 bar.inc(1);
                 if record.step_in_iteration == 0 {
-                    bar.set_message(format!(
-                        "iter {} reward {:.3} acc {:.2}",
-                        record.iteration, record.reward_mean, record.accuracy_train
-                    ));
+                    bar.set_message(|| {
+                        format!(
+                            "iter {} reward {:.3} acc {:.2}",
+                            record.iteration, record.reward_mean, record.accuracy_train
+                        )
+                    });
                 }
                 last = Some(record);
             }
@@ -298,11 +441,11 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
 
     let wall = started.elapsed().as_secs_f64();
     let steps_done = trainer.global_step() - steps_before;
-    let (final_accuracy, final_heldout_accuracy) = trainer.evaluate();
+    let (final_accuracy, final_heldout_accuracy) = trainer.evaluate()?;
     let summary = RunSummary {
         name: config.run.name.clone(),
         seed: config.run.seed,
-        device: compute.label.clone(),
+        device: trainer.engine_label(),
         iterations: trainer.iteration(),
         steps: trainer.global_step(),
         final_reward_mean: last.as_ref().map(|r| r.reward_mean).unwrap_or(f32::NAN),

@@ -118,14 +118,20 @@ pub fn all_advantages(rewards: &[f32], g: usize) -> AllAdvantages {
     }
 }
 
+/// The groups (indices) whose rewards are all equal: no learning signal.
+pub fn zero_std_groups(rewards: &[f32], g: usize) -> Vec<usize> {
+    rewards
+        .chunks(g)
+        .enumerate()
+        .filter(|(_, c)| GroupStats::of(c).zero_std)
+        .map(|(i, _)| i)
+        .collect()
+}
+
 /// Fraction of groups whose rewards are all equal.
 pub fn frac_zero_std(rewards: &[f32], g: usize) -> f32 {
     let groups = rewards.len() / g;
-    let zero = rewards
-        .chunks(g)
-        .filter(|c| GroupStats::of(c).zero_std)
-        .count();
-    zero as f32 / groups.max(1) as f32
+    zero_std_groups(rewards, g).len() as f32 / groups.max(1) as f32
 }
 
 #[cfg(test)]

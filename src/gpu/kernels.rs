@@ -9,8 +9,8 @@
 //! layout, pipeline (once); then per call: buffers, bind group, dispatch, copy, map, read.
 
 use crate::gpu::GpuContext;
-use crate::grpo::advantage::GroupStats;
-use crate::grpo::sampling::SamplingParams;
+use crate::objective::advantage::GroupStats;
+use crate::objective::sampling::SamplingParams;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use thiserror::Error;
@@ -126,7 +126,9 @@ fn build_kernel(
         });
         pipelines.insert(*entry, pipeline);
     }
-    if let Some(error) = pollster::block_on(scope.pop()) {
+    // Native wgpu answers at once. A browser answers later and the answer is dropped here
+    // (this is sync): an invalid pipeline then fails when it is used.
+    if let Some(Some(error)) = crate::gpu::context::block_on_ready(scope.pop()) {
         return Err(KernelError::Shader {
             file: file.to_string(),
             error: error.to_string(),
@@ -755,7 +757,7 @@ impl Kernels {
     pub fn token_terms(
         &self,
         x: &TokenInputs,
-        s: &crate::grpo::loss::LossSettings,
+        s: &crate::objective::loss::LossSettings,
         temperature: f32,
     ) -> Result<TokenOutput, KernelError> {
         let _busy = self.lock();

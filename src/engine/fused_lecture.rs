@@ -10,9 +10,10 @@
 //! iterations within a stated tolerance) and is used only for configurations it covers
 //! (`FusedLecture::supports`).
 
+pub use super::StepScalars;
 use crate::config::{KlEstimator, LossMode, ModelKind, RunConfig};
-use crate::grpo::loss::LossSettings;
 use crate::model::lecture::LectureWeights;
+use crate::objective::loss::{LossSettings, reference};
 
 /// A read-only strided matrix: element `(i, j)` at `data[i·rs + j·cs]`.
 #[derive(Clone, Copy)]
@@ -246,18 +247,6 @@ fn zeroed(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
     buf.clear();
     buf.resize(len, 0.0);
     buf
-}
-
-/// The scalars one optimizer step reports (on either path).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StepScalars {
-    pub loss: f32,
-    pub kl: f32,
-    pub clip_low: f32,
-    pub clip_high: f32,
-    pub ratio_mean: f32,
-    pub entropy: f32,
-    pub grad_norm: f32,
 }
 
 /// Adam's state for one parameter array, as burn's `Adam` keeps it.
@@ -714,15 +703,16 @@ impl FusedLecture {
         let beta = if kl_on { s.beta } else { 0.0 };
         let (kl, dkl) = (zeroed(&mut sc.kl, tokens), zeroed(&mut sc.dkl, tokens));
         let (lp, rf) = (&sc.logp[..], ref_logp);
+        // One monomorphic loop per estimator, each the formula of `objective::loss::reference`.
         match s.kl_estimator {
-            KlEstimator::K1 => map2(lp, rf, kl, dkl, |lp, rf| (lp - rf, beta)),
+            KlEstimator::K1 => map2(lp, rf, kl, dkl, |lp, rf| {
+                reference::kl_term(KlEstimator::K1, lp, rf, beta, exp_fast)
+            }),
             KlEstimator::K2 => map2(lp, rf, kl, dkl, |lp, rf| {
-                let delta = rf - lp;
-                (delta * delta / 2.0, -beta * delta)
+                reference::kl_term(KlEstimator::K2, lp, rf, beta, exp_fast)
             }),
             KlEstimator::K3 => map2(lp, rf, kl, dkl, |lp, rf| {
-                let e = exp_fast(rf - lp);
-                (e - (rf - lp) - 1.0, beta * (1.0 - e))
+                reference::kl_term(KlEstimator::K3, lp, rf, beta, exp_fast)
             }),
         }
         if !kl_on {
@@ -734,12 +724,14 @@ impl FusedLecture {
         let (term, dterm) = (zeroed(&mut sc.term, tokens), zeroed(&mut sc.dterm, tokens));
         let (adv, ratio) = (&sc.adv[..], &sc.ratio[..]);
         match s.mode {
-            LossMode::Naive => map3(adv, ratio, lp, term, dterm, |a, _, lp| (-a * lp, -a)),
-            LossMode::Unclipped => map3(adv, ratio, lp, term, dterm, |a, r, _| (-a * r, -a * r)),
-            LossMode::Clipped => map3(adv, ratio, lp, term, dterm, |a, r, _| {
-                let (u, c) = (r * a, r.clamp(lo, hi) * a);
-                let live = u <= c || (r > lo && r < hi);
-                (-u.min(c), if live { -a * r } else { 0.0 })
+            LossMode::Naive => map3(adv, ratio, lp, term, dterm, |a, r, lp| {
+                reference::pg_term(LossMode::Naive, a, r, lp, lo, hi)
+            }),
+            LossMode::Unclipped => map3(adv, ratio, lp, term, dterm, |a, r, lp| {
+                reference::pg_term(LossMode::Unclipped, a, r, lp, lo, hi)
+            }),
+            LossMode::Clipped => map3(adv, ratio, lp, term, dterm, |a, r, lp| {
+                reference::pg_term(LossMode::Clipped, a, r, lp, lo, hi)
             }),
         }
         let coef = zeroed(&mut sc.coef, tokens);
@@ -917,6 +909,7 @@ mod tests {
                 kl_estimator: est,
                 agg: LossAggMode::TokenMean,
                 bug_ratio_quotient: false,
+                max_len: n,
             };
             let (mut wide, mut portable) = (
                 FusedLecture::new(&w, vocab, n, d, &c),
@@ -973,6 +966,7 @@ mod tests {
                 kl_estimator: KlEstimator::K3,
                 agg: LossAggMode::TokenMean,
                 bug_ratio_quotient: false,
+                max_len: n,
             };
             let (sc, _) = f.step(
                 &prompts,

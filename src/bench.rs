@@ -1,0 +1,487 @@
+//! Benchmarks behind `grpo-lab bench` and `grpo-lab bench-rollout`: the GRPO step of a
+//! config (median ms per optimizer step, its parts, peak memory, optionally against the
+//! vectorized PyTorch reference), scaling curves around a config, and the WGSL rollout
+//! kernels against the Rust reference. The CLI parses the arguments, builds the config and
+//! opens the device; everything here takes plain options and prints the report.
+//!
+//! Native only: it reads `/proc`, runs Python, writes charts and times with `Instant`.
+
+use crate::config::{RewardKind, RunConfig};
+use crate::gpu::Compute;
+use crate::grpo::{Timings, Trainer};
+use crate::objective::advantage;
+use crate::report::stats::{median, quantile};
+use crate::task::RewardFn;
+use anyhow::Result;
+use std::path::{Path, PathBuf};
+
+/// A mistake in what the user asked for (a bad config or argument, a missing adapter): the
+/// CLI prints it as is and exits with 2. Any other error is the program's.
+#[derive(Debug)]
+pub struct UserError(pub String);
+
+impl std::fmt::Display for UserError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UserError {}
+
+/// Wrap anything printable as a [`UserError`].
+pub fn user(e: impl std::fmt::Display) -> anyhow::Error {
+    UserError(e.to_string()).into()
+}
+
+/// What `grpo-lab bench` times and how it reports.
+#[derive(Debug, Clone, Default)]
+pub struct BenchOptions {
+    /// The preset's name, shown in the report (`None`: "config").
+    pub preset: Option<String>,
+    /// Iterations to time (after one warm-up iteration).
+    pub iterations: usize,
+    /// One JSON object instead of text.
+    pub json: bool,
+    /// Also time the vectorized PyTorch reference (bench/reference) with this Python.
+    pub pytorch: Option<String>,
+    /// Threads for PyTorch.
+    pub pytorch_threads: usize,
+    /// Scaling curves instead, written to this directory.
+    pub scaling: Option<PathBuf>,
+}
+
+/// `grpo-lab bench`: the step time of `config` on `compute` (or, with
+/// [`BenchOptions::scaling`], the scaling curves around it).
+pub fn bench(config: RunConfig, compute: &Compute, options: &BenchOptions) -> Result<()> {
+    match &options.scaling {
+        Some(out) => bench_scaling(&config, compute, options, out),
+        None => bench_step(config, compute, options),
+    }
+}
+
+/// Median ms per optimizer step (rollout share included) over `iterations` iterations after
+/// one warm-up iteration.
+pub fn time_config(mut config: RunConfig, compute: &Compute, iterations: usize) -> Result<f64> {
+    config.run.iterations = iterations + 1;
+    config.run.log_groups = 0;
+    let mu = config.algorithm.mu;
+    let mut trainer = Trainer::new(config, compute.clone()).map_err(user)?;
+    for _ in 0..mu {
+        trainer.step().map_err(user)?;
+    }
+    let mut per_step = Vec::new();
+    for _ in 0..iterations {
+        let t = std::time::Instant::now();
+        for _ in 0..mu {
+            trainer.step().map_err(user)?;
+        }
+        per_step.push(t.elapsed().as_secs_f64() * 1000.0 / mu as f64);
+    }
+    Ok(median(&per_step))
+}
+
+/// Step time as one dimension grows at a time around the config; the local log-log slope
+/// tells overhead-bound (≈ 0) from compute-bound (≈ 1 for B×G and n, ≈ 2 for D).
+pub fn bench_scaling(
+    base: &RunConfig,
+    compute: &Compute,
+    options: &BenchOptions,
+    out: &Path,
+) -> Result<()> {
+    let axes: [(&str, &str, Vec<usize>); 3] = [
+        (
+            "B·G",
+            "algorithm.prompts_per_iteration",
+            vec![1, 4, 16, 64, 256, 1024],
+        ),
+        ("n", "task.n", vec![4, 8, 16, 32]),
+        ("D", "model.d_model", vec![8, 16, 32, 64, 128, 256]),
+    ];
+    let g = base.algorithm.num_generations;
+    let mut series = Vec::new();
+    let mut table = String::from("axis,value,size,ms_per_step,slope\n");
+    println!(
+        "scaling around {} on {} ({} iterations per point):",
+        options.preset.as_deref().unwrap_or("config"),
+        compute.label,
+        options.iterations
+    );
+    for (name, key, values) in axes {
+        let mut pts: Vec<(f64, f64)> = Vec::new();
+        for v in values {
+            let mut sets = vec![format!("{key}={v}")];
+            if key == "algorithm.prompts_per_iteration" {
+                sets.push(format!(
+                    "task.train_size={}",
+                    (v * 2).max(base.task.train_size)
+                ));
+            }
+            let config = base.with_overrides(&sets).map_err(user)?;
+            let ms = time_config(config, compute, options.iterations)?;
+            let size = if key == "algorithm.prompts_per_iteration" {
+                v * g
+            } else {
+                v
+            };
+            let slope = pts
+                .last()
+                .map(|&(x0, y0)| (ms.log10() - y0) / ((size as f64).log10() - x0))
+                .unwrap_or(f64::NAN);
+            println!("  {name:>4} = {size:>6}: {ms:>9.3} ms/step   local slope {slope:>5.2}");
+            table.push_str(&format!("{name},{v},{size},{ms:.4},{slope:.3}\n"));
+            pts.push(((size as f64).log10(), ms.log10()));
+        }
+        series.push(crate::report::Series::line(
+            format!("{name} (others at the preset)"),
+            pts,
+        ));
+    }
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join("scaling.csv"), table)?;
+    let charts = crate::report::line_chart(
+        out,
+        "scaling",
+        &format!("step time vs size on {} (log10–log10)", compute.label),
+        "log10(size: B·G responses, n, or D)",
+        "log10(ms per optimizer step)",
+        &series,
+    )?;
+    println!("table: {}", out.join("scaling.csv").display());
+    println!("chart: {}", charts[0].display());
+    Ok(())
+}
+
+/// The step time of one config: median ms per optimizer step, its parts, the first step,
+/// peak memory, and optionally the PyTorch reference's on the same weights and prompts.
+fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) -> Result<()> {
+    config.run.iterations = options.iterations + 1;
+    config.run.log_groups = 0;
+    let mu = config.algorithm.mu;
+    let mut trainer = Trainer::new(config.clone(), compute.clone()).map_err(user)?;
+    let t0 = std::time::Instant::now();
+    trainer.step().map_err(user)?;
+    let first_step_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    while !trainer.at_iteration_boundary() {
+        trainer.step().map_err(user)?;
+    }
+    let mut per_step = Vec::new();
+    let mut rollout_steps = Vec::new();
+    let mut plain_steps = Vec::new();
+    let mut parts: Vec<Timings> = Vec::new();
+    for _ in 0..options.iterations {
+        trainer.reset_timings();
+        let t = std::time::Instant::now();
+        for _ in 0..mu {
+            let r = trainer.step().map_err(user)?;
+            if r.step_in_iteration == 0 {
+                rollout_steps.push(r.step_time_secs as f64 * 1000.0);
+            } else {
+                plain_steps.push(r.step_time_secs as f64 * 1000.0);
+            }
+        }
+        per_step.push(t.elapsed().as_secs_f64() * 1000.0 / mu as f64);
+        parts.push(trainer.timings());
+    }
+    let ms = median(&per_step);
+    // Each part's share of one optimizer step (ms), median over the timed iterations.
+    let part = |get: fn(&Timings) -> f64| {
+        median(
+            &parts
+                .iter()
+                .map(|p| get(p) * 1000.0 / mu as f64)
+                .collect::<Vec<_>>(),
+        )
+    };
+    let parts_json = serde_json::json!({
+        "rollout": part(|p| p.rollout),
+        "advantages": part(|p| p.advantages),
+        "old_ref_logp": part(|p| p.old_ref_logp),
+        "evaluation": part(|p| p.evaluation),
+        "step": part(|p| p.step),
+    });
+    let memory_mib = peak_rss_mib();
+    let pytorch = match &options.pytorch {
+        Some(python) => Some(pytorch_reference(python, &config, &trainer, options)?),
+        None => None,
+    };
+    let report = serde_json::json!({
+        "preset": options.preset,
+        "device": compute.label,
+        "engine": trainer.engine_label(),
+        "shape": {
+            "prompts_per_iteration": config.batch_prompts(trainer.prompts.train.len()),
+            "num_generations": config.algorithm.num_generations,
+            "n": config.task.n, "vocab": config.task.vocab, "d_model": config.model.d_model, "mu": mu,
+        },
+        "iterations_timed": options.iterations,
+        "ms_per_step": ms,
+        "ms_per_step_p10": quantile(&per_step, 0.1),
+        "ms_per_step_p90": quantile(&per_step, 0.9),
+        "first_step_ms": first_step_ms,
+        "rollout_step_ms": median(&rollout_steps),
+        "optimizer_step_ms": median(&plain_steps),
+        "parts_ms_per_step": parts_json,
+        "peak_rss_mib": memory_mib,
+        "pytorch": pytorch,
+        "ratio_vs_pytorch": pytorch.as_ref().map(|p| ms / p["ms_per_step"].as_f64().unwrap_or(f64::NAN)),
+        // The spread: our fast tail against PyTorch's slow one, and the other way round.
+        "ratio_range": pytorch.as_ref().map(|p| {
+            let theirs = |k: &str| p[k].as_f64().unwrap_or(f64::NAN);
+            [
+                quantile(&per_step, 0.1) / theirs("ms_per_step_p90"),
+                quantile(&per_step, 0.9) / theirs("ms_per_step_p10"),
+            ]
+        }),
+    });
+    if options.json {
+        println!("{report}");
+    } else {
+        println!(
+            "{} on {} ({})",
+            options.preset.as_deref().unwrap_or("config"),
+            compute.label,
+            trainer.engine_label()
+        );
+        println!(
+            "  ms/step (median, rollout share included): {:.3}  [p10 {:.3}, p90 {:.3}]",
+            ms,
+            report["ms_per_step_p10"].as_f64().unwrap_or(f64::NAN),
+            report["ms_per_step_p90"].as_f64().unwrap_or(f64::NAN)
+        );
+        println!("  first step (kernel compilation): {:.1} ms", first_step_ms);
+        println!(
+            "  first step of an iteration (rollout + step): {:.3} ms; other steps: {:.3} ms",
+            report["rollout_step_ms"].as_f64().unwrap_or(f64::NAN),
+            report["optimizer_step_ms"].as_f64().unwrap_or(f64::NAN)
+        );
+        println!(
+            "  parts per step (ms, median): rollout {:.3} · advantages {:.3} · log π_old/π_ref {:.3} · evaluation {:.3} · step (forward, backward, Adam) {:.3}",
+            parts_json["rollout"].as_f64().unwrap_or(f64::NAN),
+            parts_json["advantages"].as_f64().unwrap_or(f64::NAN),
+            parts_json["old_ref_logp"].as_f64().unwrap_or(f64::NAN),
+            parts_json["evaluation"].as_f64().unwrap_or(f64::NAN),
+            parts_json["step"].as_f64().unwrap_or(f64::NAN),
+        );
+        if let Some(m) = memory_mib {
+            println!("  peak resident memory: {m:.0} MiB");
+        }
+        if let Some(p) = &report["pytorch"].as_object() {
+            println!(
+                "  vectorized PyTorch {} ({} thread): {:.3} ms/step [p10 {:.3}, p90 {:.3}], first step {:.1} ms; greedy rewards at init agree",
+                p["torch"].as_str().unwrap_or("?"),
+                p["threads"],
+                p["ms_per_step"].as_f64().unwrap_or(f64::NAN),
+                p["ms_per_step_p10"].as_f64().unwrap_or(f64::NAN),
+                p["ms_per_step_p90"].as_f64().unwrap_or(f64::NAN),
+                p["first_step_ms"].as_f64().unwrap_or(f64::NAN),
+            );
+            if let Some(r) = p.get("reordered") {
+                let their_ms = r["ms_per_step"].as_f64().unwrap_or(f64::NAN);
+                println!(
+                    "  PyTorch with grpo-lab's order of products (not the baseline): {:.3} ms/step [p10 {:.3}, p90 {:.3}], ratio {:.2}×",
+                    their_ms,
+                    r["ms_per_step_p10"].as_f64().unwrap_or(f64::NAN),
+                    r["ms_per_step_p90"].as_f64().unwrap_or(f64::NAN),
+                    ms / their_ms
+                );
+            }
+            let range = |i: usize| report["ratio_range"][i].as_f64().unwrap_or(f64::NAN);
+            println!(
+                "  ratio grpo-lab / PyTorch: {:.2}× [{:.2}, {:.2}] (medians; p10/p90 against p90/p10; < 1 is faster)",
+                report["ratio_vs_pytorch"].as_f64().unwrap_or(f64::NAN),
+                range(0),
+                range(1)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Peak resident memory of this process (Linux), in MiB.
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+/// Run `bench/reference/grpo_ref.py` on the trainer's initial weights and prompts; refuse to
+/// report a ratio unless both implementations give the same greedy responses and rewards at init.
+fn pytorch_reference(
+    python: &str,
+    config: &RunConfig,
+    trainer: &Trainer,
+    options: &BenchOptions,
+) -> Result<serde_json::Value> {
+    use crate::model::lecture::{LecturePolicy, LectureWeights};
+    if config.model.kind != crate::config::ModelKind::Lecture {
+        return Err(user(
+            "--pytorch compares the lecture model only (model.kind = lecture)",
+        ));
+    }
+    let (t, m) = (&config.task, &config.model);
+    let w = LectureWeights::init(t.vocab, t.n, m.d_model, m.init_scale, config.run.seed);
+    let prompts = &trainer.prompts.train;
+    let spec = serde_json::json!({
+        "seed": config.run.seed,
+        "shape": {
+            "vocab": t.vocab, "n": t.n, "d_model": m.d_model,
+            "num_generations": config.algorithm.num_generations, "mu": config.algorithm.mu,
+            "prompts_per_iteration": config.batch_prompts(prompts.len()),
+        },
+        "lr": config.optimizer.lr,
+        "weights": { "embedding": w.embedding, "encode": w.encode, "decode": w.decode },
+        "prompts": prompts,
+        "iterations": options.iterations,
+        "warmup": 2,
+    });
+    let dir = std::env::temp_dir().join(format!("grpo-lab-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let spec_path = dir.join("spec.json");
+    std::fs::write(&spec_path, spec.to_string())?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/reference/grpo_ref.py");
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .arg(&spec_path)
+        .arg("--threads")
+        .arg(options.pytorch_threads.to_string())
+        .output()
+        .map_err(|e| user(format!("cannot run {python}: {e}")))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    if !out.status.success() {
+        return Err(user(format!(
+            "the PyTorch reference failed (is it installed? `{python} -m pip install ./bench/reference`):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    // The same weights must give the same greedy answers and rewards in both implementations.
+    let device = burn::tensor::Device::flex();
+    let model = LecturePolicy::from_weights(&w, t.vocab, t.n, m.d_model, &device);
+    let flat: Vec<i64> = prompts.iter().flatten().map(|&x| x as i64).collect();
+    let logits = model.forward(burn::tensor::Tensor::from_data(
+        burn::tensor::TensorData::new(flat, [prompts.len(), t.n]),
+        &device,
+    ));
+    let logits: Vec<f32> = logits.into_data().try_to_vec::<f32>().expect("f32");
+    let greedy = crate::objective::sampling::argmax_rows(&logits, t.vocab);
+    let reward_fn = RewardFn::from_task(t);
+    let theirs = report["greedy_rewards"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut disagree = 0;
+    for (i, (p, resp)) in prompts.iter().zip(greedy.chunks(t.n)).enumerate() {
+        let ours = reward_fn.reward(p, resp) as f64;
+        if theirs.get(i).and_then(|x| x.as_f64()) != Some(ours) {
+            disagree += 1;
+        }
+    }
+    if disagree > 0 || theirs.len() != prompts.len() {
+        return Err(user(format!(
+            "the PyTorch reference disagrees with grpo-lab on {disagree} of {} greedy rewards at init: not comparing times",
+            prompts.len()
+        )));
+    }
+    Ok(report)
+}
+
+/// What `grpo-lab bench-rollout` times: random logits of this shape.
+#[derive(Debug, Clone)]
+pub struct RolloutBenchOptions {
+    pub prompts: usize,
+    pub generations: usize,
+    pub n: usize,
+    pub vocab: usize,
+    /// Timed rounds (after one untimed round that compiles and allocates).
+    pub repeats: usize,
+    pub json: bool,
+}
+
+/// `grpo-lab bench-rollout`: rollout + verify + advantages on random logits, the WGSL kernels
+/// on `compute`'s wgpu adapter against the Rust reference.
+pub fn bench_rollout(compute: &Compute, a: &RolloutBenchOptions) -> Result<()> {
+    use crate::gpu::kernels::Kernels;
+    use crate::objective::sampling::{self, SamplingParams};
+    let Some(ctx) = compute.gpu.clone() else {
+        return Err(user(
+            "bench-rollout needs a wgpu adapter (--device software or gpu)",
+        ));
+    };
+    let kernels = Kernels::new(ctx).map_err(user)?;
+    let (b, g, n, v) = (a.prompts, a.generations, a.n, a.vocab);
+    let mut rng = crate::rng::SplitMix64::new(0);
+    let logits: Vec<f32> = (0..b * n * v).map(|_| rng.normal() as f32 * 2.0).collect();
+    let prompts: Vec<Vec<u32>> = (0..b)
+        .map(|_| (0..n).map(|_| rng.below(v as u64) as u32).collect())
+        .collect();
+    let flat: Vec<u32> = prompts.iter().flatten().copied().collect();
+    let reward_fn = RewardFn::single(RewardKind::InclusionOrdering);
+    let params = SamplingParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+    };
+    let mut reference_ms = Vec::new();
+    let mut kernel_ms = Vec::new();
+    let mut agree = 0usize;
+    for it in 0..a.repeats as u32 + 1 {
+        let t = std::time::Instant::now();
+        let tokens = sampling::sample_independent(&logits, b, n, v, g, params, 7, it);
+        let rewards: Vec<f32> = tokens
+            .chunks(n)
+            .enumerate()
+            .map(|(i, r)| reward_fn.reward(&prompts[i / g], r))
+            .collect();
+        let adv = advantage::all_advantages(&rewards, g);
+        let r_ms = t.elapsed().as_secs_f64() * 1000.0;
+        let t = std::time::Instant::now();
+        let (k_tokens, k_score, k_adv) = kernels
+            .rollout(
+                &logits,
+                &flat,
+                (b, n, v, g, n),
+                params,
+                7,
+                it,
+                reward_fn.kernel_weights(),
+                true,
+            )
+            .map_err(user)?;
+        let k_ms = t.elapsed().as_secs_f64() * 1000.0;
+        if it > 0 {
+            // the first round compiles and allocates: not timed
+            reference_ms.push(r_ms);
+            kernel_ms.push(k_ms);
+        }
+        agree = k_tokens.iter().zip(&tokens).filter(|(x, y)| x == y).count();
+        let _ = (k_score, k_adv, adv);
+    }
+    let (r, k) = (median(&reference_ms), median(&kernel_ms));
+    let report = serde_json::json!({
+        "device": compute.label,
+        "shape": { "prompts": b, "generations": g, "n": n, "vocab": v },
+        "reference_ms": r, "reference_ms_p10": quantile(&reference_ms, 0.1), "reference_ms_p90": quantile(&reference_ms, 0.9),
+        "kernel_ms": k, "kernel_ms_p10": quantile(&kernel_ms, 0.1), "kernel_ms_p90": quantile(&kernel_ms, 0.9),
+        "speedup": r / k,
+        "tokens_identical_fraction": agree as f64 / (b * g * n) as f64,
+    });
+    if a.json {
+        println!("{report}");
+    } else {
+        println!(
+            "rollout + verify + advantages, {b} prompts × {g} responses × n = {n}, vocab {v}, on {}",
+            compute.label
+        );
+        println!("  Rust reference: {r:.2} ms (median of {})", a.repeats);
+        println!(
+            "  WGSL kernels:   {k:.2} ms (upload of the logits and read-back of tokens, rewards, advantages included)"
+        );
+        println!(
+            "  ratio reference / kernels: {:.2}×; identical tokens: {:.6}",
+            r / k,
+            agree as f64 / (b * g * n) as f64
+        );
+    }
+    Ok(())
+}

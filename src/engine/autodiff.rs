@@ -1,0 +1,494 @@
+//! The burn autodiff engine: any policy, any config, on any burn backend (wgpu or the CPU).
+//! On a wgpu device our WGSL kernels sample (and, for the lecture model, verify and compute
+//! advantages) on the same device as burn's tensors.
+
+use super::burn_loss;
+use super::{
+    Advantages, Batch, DeviceScores, Engine, EngineError, SampleRequest, Samples, Snapshot,
+    StepOutput, StepRequest, StepScalars, Which,
+};
+use crate::config::{KernelChoice, LossAggMode, RunConfig};
+use crate::gpu::Compute;
+use crate::gpu::kernels::Kernels;
+use crate::model::{LecturePolicy, Policy};
+use crate::objective::sampling;
+use crate::rng::counter_u32;
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
+use burn::store::ModuleRecord;
+use burn::tensor::{Bytes, Device, Int, Tensor, TensorData};
+use std::sync::Arc;
+
+pub struct BurnEngine {
+    compute: Compute,
+    /// The autodiff device on `compute`.
+    device: Device,
+    policy: Policy,
+    reference: Policy,
+    optim: ModuleOptimizer,
+    optimizer: crate::config::OptimizerConfig,
+    kernels: Option<Arc<Kernels>>,
+    vocab: usize,
+}
+
+/// Adam as burn's optimizer, from the config's optimizer section.
+pub fn adam(o: &crate::config::OptimizerConfig) -> ModuleOptimizer {
+    AdamConfig::new()
+        .with_beta_1(o.beta1 as f32)
+        .with_beta_2(o.beta2 as f32)
+        .with_epsilon(o.eps as f32)
+        .init()
+}
+
+fn prompt_tensor(batch: &Batch, device: &Device) -> Tensor<2, Int> {
+    let flat: Vec<i64> = batch.prompts.iter().map(|&x| x as i64).collect();
+    Tensor::from_data(TensorData::new(flat, [batch.b, batch.n]), device)
+}
+
+fn response_tensor(batch: &Batch, device: &Device) -> Tensor<3, Int> {
+    let ids: Vec<i64> = batch.responses.iter().map(|&x| x as i64).collect();
+    Tensor::from_data(TensorData::new(ids, [batch.b, batch.g, batch.t]), device)
+}
+
+fn f32_tensor<const D: usize>(v: &[f32], shape: [usize; D], device: &Device) -> Tensor<D> {
+    Tensor::from_data(TensorData::new(v.to_vec(), shape), device)
+}
+
+fn host(x: Tensor<3>) -> Vec<f32> {
+    x.into_data().try_to_vec::<f32>().expect("f32")
+}
+
+/// Supervised steps on a burn policy (the cold start): `−mean log π(target | prompt)`, a fresh
+/// Adam, one step per batch. Returns the policy and the last loss.
+pub fn supervised_steps(
+    mut policy: Policy,
+    batches: &[Batch],
+    lr: f64,
+    optimizer: &crate::config::OptimizerConfig,
+    device: &Device,
+) -> (Policy, f32) {
+    let mut optim = adam(optimizer);
+    let mut last_loss = 0.0f32;
+    for (i, batch) in batches.iter().enumerate() {
+        let (logp, _) = policy.score(
+            prompt_tensor(batch, device),
+            response_tensor(batch, device),
+            1.0,
+        );
+        let loss = logp.mean().neg();
+        if i + 1 == batches.len() {
+            last_loss = loss.clone().into_data().try_to_vec::<f32>().expect("f32")[0];
+        }
+        let grads = GradientsParams::from_grads(loss.backward(), &policy);
+        policy = optim.step(lr, policy.clone(), grads);
+    }
+    (policy, last_loss)
+}
+
+/// Every float parameter of a module, flattened in visiting order.
+pub fn flat_params(policy: &Policy) -> Vec<f32> {
+    struct Flat(Vec<f32>);
+    impl ModuleVisitor for Flat {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            self.0
+                .extend(p.val().into_data().iter::<f32>().collect::<Vec<f32>>());
+        }
+    }
+    if let Policy::Lecture(m) = policy {
+        let w = m.weights();
+        return [w.embedding, w.encode, w.decode].concat();
+    }
+    let mut f = Flat(Vec::new());
+    policy.visit(&mut f);
+    f.0
+}
+
+/// A module as burnpack bytes, and back.
+pub fn policy_bytes(policy: &Policy) -> Result<Vec<u8>, EngineError> {
+    let bytes = policy
+        .clone()
+        .into_record()
+        .into_bytes()
+        .map_err(|e| EngineError::Snapshot(e.to_string()))?;
+    Ok(bytes.to_vec())
+}
+
+pub fn load_policy(template: Policy, bytes: &[u8]) -> Result<Policy, EngineError> {
+    let record = ModuleRecord::from_bytes(Bytes::from_bytes_vec(bytes.to_vec()))
+        .map_err(|e| EngineError::Snapshot(e.to_string()))?;
+    template
+        .try_load_record(record)
+        .map_err(|e| EngineError::Snapshot(e.to_string()))
+}
+
+/// The named blob of a snapshot.
+pub fn blob<'a>(snapshot: &'a Snapshot, name: &str) -> Option<&'a [u8]> {
+    snapshot
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, b)| b.as_slice())
+}
+
+impl BurnEngine {
+    pub fn new(config: &RunConfig, compute: Compute) -> Result<Self, EngineError> {
+        let device = compute.device.clone().autodiff();
+        let policy = Policy::new(config, &device);
+        let reference = policy.snapshot(&device);
+        let kernels = match (config.run.kernels, &compute.gpu) {
+            (KernelChoice::Reference, _) | (KernelChoice::Auto, None) => None,
+            (KernelChoice::Gpu, None) => {
+                return Err(EngineError::KernelsNeedWgpu(compute.label.clone()));
+            }
+            (_, Some(ctx)) => Some(Arc::new(Kernels::new(ctx.clone())?)),
+        };
+        Ok(Self {
+            compute,
+            device,
+            policy,
+            reference,
+            optim: adam(&config.optimizer),
+            optimizer: config.optimizer.clone(),
+            kernels,
+            vocab: config.task.vocab,
+        })
+    }
+
+    /// A burn engine on the CPU backend that continues from another engine's snapshot (its
+    /// policy and reference; a fresh Adam where the snapshot has no burn optimizer state).
+    pub fn from_snapshot(config: &RunConfig, snapshot: &Snapshot) -> Result<Self, EngineError> {
+        let mut e = Self::new(config, Compute::cpu())?;
+        e.restore(snapshot)?;
+        Ok(e)
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    fn prompts_tensor(&self, prompts: &[&[u32]]) -> Tensor<2, Int> {
+        let n = prompts.first().map(|p| p.len()).unwrap_or(0);
+        let flat: Vec<i64> = prompts
+            .iter()
+            .flat_map(|p| p.iter().map(|&x| x as i64))
+            .collect();
+        Tensor::from_data(TensorData::new(flat, [prompts.len(), n]), &self.device)
+    }
+
+    fn lecture_logits(&self, m: &LecturePolicy, prompts: &[&[u32]]) -> Vec<f32> {
+        m.forward(self.prompts_tensor(prompts).without_autodiff())
+            .to_data()
+            .try_to_vec::<f32>()
+            .expect("f32 logits")
+    }
+}
+
+impl Engine for BurnEngine {
+    fn label(&self) -> String {
+        format!("burn autodiff on {}", self.compute.label)
+    }
+
+    fn sample(&mut self, req: &SampleRequest) -> Result<Samples, EngineError> {
+        let (b, g) = (req.prompts.len(), req.g);
+        let frozen = self.policy.valid();
+        match &frozen {
+            Policy::Lecture(m) => {
+                let n = req.max_len;
+                let v = self.vocab;
+                let logits = self.lecture_logits(m, req.prompts);
+                let greedy = Some(
+                    sampling::argmax_rows(&logits, v)
+                        .chunks(n)
+                        .map(|c| c.to_vec())
+                        .collect(),
+                );
+                if let (Some(k), Some((weights, with_adv))) = (&self.kernels, req.verify) {
+                    let prompts: Vec<u32> =
+                        req.prompts.iter().flat_map(|p| p.iter().copied()).collect();
+                    let (tokens, score, adv) = k.rollout(
+                        &logits,
+                        &prompts,
+                        (b, n, v, g, n),
+                        req.params,
+                        req.seed,
+                        req.stream,
+                        weights,
+                        with_adv,
+                    )?;
+                    return Ok(Samples {
+                        rows: tokens.chunks(n).map(|c| c.to_vec()).collect(),
+                        closed: vec![true; b * g],
+                        scores: Some(DeviceScores {
+                            exact: score.parts.iter().map(|p| p[3]).collect(),
+                            rewards: score.rewards,
+                            advantages: adv.map(|a| Advantages {
+                                zero_std: a.groups.iter().map(|s| s.zero_std).collect(),
+                                by_mode: a.by_mode,
+                            }),
+                        }),
+                        greedy,
+                        logp: None,
+                    });
+                }
+                let tokens = sampling::sample_independent(
+                    &logits, b, n, v, g, req.params, req.seed, req.stream,
+                );
+                Ok(Samples {
+                    rows: tokens.chunks(n).map(|c| c.to_vec()).collect(),
+                    closed: vec![true; b * g],
+                    scores: None,
+                    greedy,
+                    logp: None,
+                })
+            }
+            Policy::Transformer(_) => {
+                let v = self.vocab + 1;
+                let rows_n = b * g;
+                let kernels = self.kernels.clone();
+                let (seed, stream, params) = (req.seed, req.stream, req.params);
+                let owned: Vec<Vec<u32>> = req.prompts.iter().map(|p| p.to_vec()).collect();
+                let refs: Vec<&Vec<u32>> = owned.iter().collect();
+                let generated = frozen.generate(
+                    &refs,
+                    g,
+                    req.max_len,
+                    &self.compute.device,
+                    |logits, t| -> Result<Vec<u32>, EngineError> {
+                        // One draw per row: (row, 0, 0) coordinates under a per-position stream,
+                        // so the kernel and the Rust path pick the same tokens.
+                        let step_stream = counter_u32(seed, &[stream, t as u32, 0xA7]);
+                        Ok(match &kernels {
+                            Some(k) => {
+                                k.sample(logits, rows_n, 1, v, 1, params, seed, step_stream)?
+                            }
+                            None => sampling::sample_independent(
+                                logits,
+                                rows_n,
+                                1,
+                                v,
+                                1,
+                                params,
+                                seed,
+                                step_stream,
+                            ),
+                        })
+                    },
+                )?;
+                Ok(Samples {
+                    rows: generated.rows,
+                    closed: generated.closed,
+                    scores: None,
+                    greedy: None,
+                    logp: None,
+                })
+            }
+        }
+    }
+
+    fn greedy(&mut self, prompts: &[&[u32]], max_len: usize) -> Result<Vec<Vec<u32>>, EngineError> {
+        let frozen = self.policy.valid();
+        let mut out = Vec::with_capacity(prompts.len());
+        // Chunks keep the device buffers small for large held-out sets.
+        for chunk in prompts.chunks(1024) {
+            match &frozen {
+                Policy::Lecture(m) => {
+                    let greedy: Vec<u32> = m
+                        .forward(self.prompts_tensor(chunk).without_autodiff())
+                        .argmax(2)
+                        .into_data()
+                        .iter::<i64>()
+                        .map(|x| x as u32)
+                        .collect();
+                    out.extend(greedy.chunks(max_len).map(|c| c.to_vec()));
+                }
+                Policy::Transformer(_) => {
+                    let v = self.vocab + 1;
+                    let owned: Vec<Vec<u32>> = chunk.iter().map(|p| p.to_vec()).collect();
+                    let refs: Vec<&Vec<u32>> = owned.iter().collect();
+                    let generated =
+                        frozen.generate(&refs, 1, max_len, &self.compute.device, |l, _| {
+                            Ok::<_, EngineError>(sampling::argmax_rows(l, v))
+                        })?;
+                    out.extend(generated.rows);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn device_advantages(
+        &mut self,
+        rewards: &[f32],
+        g: usize,
+    ) -> Option<Result<Advantages, EngineError>> {
+        let k = self.kernels.as_ref()?;
+        Some(
+            k.advantages(rewards, g)
+                .map(|out| Advantages {
+                    zero_std: out.groups.iter().map(|s| s.zero_std).collect(),
+                    by_mode: out.by_mode,
+                })
+                .map_err(EngineError::from),
+        )
+    }
+
+    fn token_logp(
+        &mut self,
+        which: Which,
+        batch: &Batch,
+        temperature: f32,
+    ) -> Result<Vec<f32>, EngineError> {
+        let p = match which {
+            Which::Policy => &self.policy,
+            Which::Reference => &self.reference,
+        };
+        let inner = self.device.clone();
+        let (logp, _) = p.valid().score(
+            prompt_tensor(batch, &inner).without_autodiff(),
+            response_tensor(batch, &inner).without_autodiff(),
+            temperature,
+        );
+        Ok(host(logp))
+    }
+
+    fn step(&mut self, batch: &Batch, req: &StepRequest) -> Result<StepOutput, EngineError> {
+        let d = &self.device;
+        let (b, g, t) = (batch.b, batch.g, batch.t);
+        let mask = f32_tensor(&batch.mask, [b, g, t], d);
+        let (logp, token_entropy) = self.policy.score(
+            prompt_tensor(batch, d),
+            response_tensor(batch, d),
+            req.temperature,
+        ); // [B, G, T], with gradient
+        let frozen_old = f32_tensor(req.old_logp, [b, g, t], d);
+        let old_logp = if req.unfrozen_old_policy {
+            // BUG (gallery): π_old recomputed with gradient, so ρ ≡ 1 and its gradient vanishes.
+            logp.clone()
+        } else {
+            frozen_old
+        };
+        let logged = req.logp_rows.div_ceil(g.max(1)).min(b);
+        let logp_rows = if logged > 0 {
+            host(logp.clone().detach().slice([0..logged, 0..g, 0..t]))
+        } else {
+            Vec::new()
+        };
+        let ref_logp = if req.shared_reference {
+            // BUG (gallery): the reference is the policy module itself, so log π_ref = log π_θ,
+            // gradient included: KL ≡ 0 and its gradient ≡ 0; the penalty silently does nothing.
+            logp.clone()
+        } else {
+            f32_tensor(req.ref_logp, [b, g, t], d)
+        };
+        let advantages = f32_tensor(req.advantages, [b, g], d);
+        let s = &req.loss;
+        let out = burn_loss::grpo_loss(s, logp, old_logp, ref_logp, advantages, mask.clone());
+        let loss_t = if req.entropy_coef > 0.0 {
+            // Entropy bonus: − c·H, aggregated like the loss.
+            let bonus = burn_loss::aggregate(s.agg, token_entropy.clone(), mask.clone(), s.max_len);
+            out.loss.clone().sub(bonus.mul_scalar(req.entropy_coef))
+        } else {
+            out.loss.clone()
+        };
+        let entropy = burn_loss::aggregate(LossAggMode::TokenMean, token_entropy.detach(), mask, 0);
+        let mut grads = GradientsParams::from_grads(loss_t.clone().backward(), &self.policy);
+        let grad_sq = self.policy.grad_norm_sq(&grads, d);
+        // One read-back for every scalar of the step.
+        let scalars: Vec<f32> = Tensor::cat(
+            vec![
+                loss_t.detach(),
+                out.kl,
+                out.clip_low,
+                out.clip_high,
+                out.ratio_mean,
+                entropy,
+                grad_sq,
+            ],
+            0,
+        )
+        .into_data()
+        .try_to_vec::<f32>()
+        .expect("f32 scalars");
+        let [loss, kl, clip_low, clip_high, ratio_mean, entropy, grad_sq] =
+            scalars[..].try_into().expect("seven scalars");
+        let grad_norm = grad_sq.sqrt();
+        let scalars = StepScalars {
+            loss,
+            kl,
+            clip_low,
+            clip_high,
+            ratio_mean,
+            entropy,
+            grad_norm,
+        };
+        if !loss.is_finite() || !grad_norm.is_finite() {
+            // The trainer stops the run; the weights stay as they were.
+            return Ok(StepOutput {
+                scalars,
+                logp: logp_rows,
+            });
+        }
+        if req.max_grad_norm > 0.0 && grad_norm > req.max_grad_norm {
+            grads = self
+                .policy
+                .scale_grads(grads, req.max_grad_norm / grad_norm);
+        }
+        self.policy = self.optim.step(req.lr, self.policy.clone(), grads);
+        Ok(StepOutput {
+            scalars,
+            logp: logp_rows,
+        })
+    }
+
+    fn supervised(&mut self, batches: &[Batch], lr: f64) -> Result<f32, EngineError> {
+        let (policy, loss) = supervised_steps(
+            self.policy.clone(),
+            batches,
+            lr,
+            &self.optimizer,
+            &self.device,
+        );
+        self.policy = policy;
+        Ok(loss)
+    }
+
+    fn refresh_reference(&mut self) {
+        self.reference = self.policy.snapshot(&self.device);
+    }
+
+    fn flat_weights(&self) -> Vec<f32> {
+        flat_params(&self.policy)
+    }
+
+    fn snapshot(&self) -> Result<Snapshot, EngineError> {
+        let optim = self
+            .optim
+            .into_bytes()
+            .map_err(|e| EngineError::Snapshot(e.to_string()))?;
+        Ok(vec![
+            ("policy.bpk".into(), policy_bytes(&self.policy)?),
+            ("reference.bpk".into(), policy_bytes(&self.reference)?),
+            ("optimizer.bpk".into(), optim.to_vec()),
+        ])
+    }
+
+    fn restore(&mut self, snapshot: &Snapshot) -> Result<(), EngineError> {
+        let need = |name: &str| {
+            blob(snapshot, name).ok_or_else(|| EngineError::Snapshot(format!("{name} is missing")))
+        };
+        self.policy = load_policy(self.policy.clone(), need("policy.bpk")?)?;
+        self.reference = load_policy(self.reference.clone(), need("reference.bpk")?)?.no_grad();
+        self.optim = match blob(snapshot, "optimizer.bpk") {
+            Some(bytes) => self
+                .optim
+                .clone()
+                .from_bytes(Bytes::from_bytes_vec(bytes.to_vec()))
+                .map_err(|e| EngineError::Snapshot(e.to_string()))?,
+            None => adam(&self.optimizer),
+        };
+        Ok(())
+    }
+
+    fn supports(&self, _config: &RunConfig) -> bool {
+        true
+    }
+}

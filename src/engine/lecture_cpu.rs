@@ -1,0 +1,196 @@
+//! The lecture model's fused CPU engine: the step of [`super::fused_lecture`] (forward, loss,
+//! backward and Adam by hand over plain buffers), sampling from the same forward, `log π_old`
+//! from the logits the rollout sampled from. No burn tensors in the loop; burn is used only
+//! for the supervised cold start and to write checkpoints in burn's format.
+
+use super::autodiff::{blob, load_policy, policy_bytes, supervised_steps};
+use super::fused_lecture::FusedLecture;
+use super::{
+    Batch, Engine, EngineError, SampleRequest, Samples, Snapshot, StepOutput, StepRequest, Which,
+};
+use crate::config::{OptimizerConfig, RunConfig};
+use crate::model::Policy;
+use crate::model::lecture::{LecturePolicy, LectureWeights};
+use crate::objective::sampling;
+use burn::tensor::Device;
+
+pub struct FusedLectureEngine {
+    policy: FusedLecture,
+    reference: FusedLecture,
+    optimizer: OptimizerConfig,
+}
+
+impl FusedLectureEngine {
+    /// Whether this engine computes exactly what the configured burn step computes.
+    pub fn covers(c: &RunConfig) -> bool {
+        FusedLecture::supports(c)
+    }
+
+    pub fn new(c: &RunConfig) -> Self {
+        let (t, m) = (&c.task, &c.model);
+        let w = LectureWeights::init(t.vocab, t.n, m.d_model, m.init_scale, c.run.seed);
+        let policy = FusedLecture::new(&w, t.vocab, t.n, m.d_model, c);
+        Self {
+            reference: policy.clone(),
+            policy,
+            optimizer: c.optimizer.clone(),
+        }
+    }
+
+    fn burn_policy(f: &FusedLecture, device: &Device) -> Policy {
+        Policy::Lecture(LecturePolicy::from_weights(
+            &f.weights(),
+            f.vocab,
+            f.n,
+            f.d,
+            device,
+        ))
+    }
+
+    fn set_from(f: &mut FusedLecture, p: &Policy) {
+        if let Policy::Lecture(m) = p {
+            f.set_weights(&m.weights());
+        }
+    }
+
+    fn flat(prompts: &[&[u32]]) -> Vec<u32> {
+        prompts.iter().flat_map(|p| p.iter().copied()).collect()
+    }
+}
+
+impl Engine for FusedLectureEngine {
+    fn label(&self) -> String {
+        "fused CPU lecture step".into()
+    }
+
+    fn sample(&mut self, req: &SampleRequest) -> Result<Samples, EngineError> {
+        let (b, g) = (req.prompts.len(), req.g);
+        let (n, v) = (self.policy.n, self.policy.vocab);
+        let logits = self.policy.logits(&Self::flat(req.prompts));
+        let tokens =
+            sampling::sample_independent(&logits, b, n, v, g, req.params, req.seed, req.stream);
+        // The rollout sampled from these very logits (same weights, same forward): log π_old
+        // comes from them, with the step's own arithmetic.
+        let logp = self
+            .policy
+            .token_logp_from_logits(&logits, &tokens, req.params.temperature);
+        Ok(Samples {
+            rows: tokens.chunks(n).map(|c| c.to_vec()).collect(),
+            closed: vec![true; b * g],
+            scores: None,
+            greedy: Some(
+                sampling::argmax_rows(&logits, v)
+                    .chunks(n)
+                    .map(|c| c.to_vec())
+                    .collect(),
+            ),
+            logp: Some(logp),
+        })
+    }
+
+    fn greedy(
+        &mut self,
+        prompts: &[&[u32]],
+        _max_len: usize,
+    ) -> Result<Vec<Vec<u32>>, EngineError> {
+        let (n, v) = (self.policy.n, self.policy.vocab);
+        let mut out = Vec::with_capacity(prompts.len());
+        for chunk in prompts.chunks(1024) {
+            let logits = self.policy.logits(&Self::flat(chunk));
+            out.extend(
+                sampling::argmax_rows(&logits, v)
+                    .chunks(n)
+                    .map(|c| c.to_vec()),
+            );
+        }
+        Ok(out)
+    }
+
+    fn token_logp(
+        &mut self,
+        which: Which,
+        batch: &Batch,
+        temperature: f32,
+    ) -> Result<Vec<f32>, EngineError> {
+        let f = match which {
+            Which::Policy => &self.policy,
+            Which::Reference => &self.reference,
+        };
+        Ok(f.token_logp(&batch.prompts, &batch.responses, temperature))
+    }
+
+    fn step(&mut self, batch: &Batch, req: &StepRequest) -> Result<StepOutput, EngineError> {
+        let (scalars, mut logp) = self.policy.step(
+            &batch.prompts,
+            &batch.responses,
+            req.advantages,
+            req.old_logp,
+            req.ref_logp,
+            &req.loss,
+            req.temperature,
+            req.lr,
+            req.max_grad_norm,
+        );
+        logp.truncate(req.logp_rows * batch.t);
+        Ok(StepOutput { scalars, logp })
+    }
+
+    fn supervised(&mut self, batches: &[Batch], lr: f64) -> Result<f32, EngineError> {
+        // The cold start runs through burn's autodiff on the CPU (it is a handful of steps);
+        // the fused weights then continue from its result.
+        let device = Device::flex().autodiff();
+        let (trained, loss) = supervised_steps(
+            Self::burn_policy(&self.policy, &device),
+            batches,
+            lr,
+            &self.optimizer,
+            &device,
+        );
+        Self::set_from(&mut self.policy, &trained);
+        Ok(loss)
+    }
+
+    fn refresh_reference(&mut self) {
+        self.reference = self.policy.clone();
+    }
+
+    fn flat_weights(&self) -> Vec<f32> {
+        let w = self.policy.weights();
+        [w.embedding, w.encode, w.decode].concat()
+    }
+
+    fn snapshot(&self) -> Result<Snapshot, EngineError> {
+        let device = Device::flex();
+        Ok(vec![
+            (
+                "policy.bpk".into(),
+                policy_bytes(&Self::burn_policy(&self.policy, &device))?,
+            ),
+            (
+                "reference.bpk".into(),
+                policy_bytes(&Self::burn_policy(&self.reference, &device))?,
+            ),
+            ("fused_adam.bin".into(), self.policy.adam_bytes()),
+        ])
+    }
+
+    fn restore(&mut self, snapshot: &Snapshot) -> Result<(), EngineError> {
+        let need = |name: &str| {
+            blob(snapshot, name).ok_or_else(|| EngineError::Snapshot(format!("{name} is missing")))
+        };
+        let device = Device::flex();
+        let template = Self::burn_policy(&self.policy, &device);
+        let policy = load_policy(template.clone(), need("policy.bpk")?)?;
+        let reference = load_policy(template, need("reference.bpk")?)?;
+        Self::set_from(&mut self.policy, &policy);
+        Self::set_from(&mut self.reference, &reference);
+        self.policy
+            .load_adam_bytes(need("fused_adam.bin")?)
+            .map_err(EngineError::Snapshot)?;
+        Ok(())
+    }
+
+    fn supports(&self, config: &RunConfig) -> bool {
+        Self::covers(config)
+    }
+}

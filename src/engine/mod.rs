@@ -1,0 +1,296 @@
+//! Engines: how one compute path does what `grpo::iteration` asks. An engine owns the
+//! policy's weights, the optimizer state and the reference copy; it samples responses, scores
+//! them teacher-forced, takes an optimizer step on a frozen rollout, snapshots and restores.
+//! The algorithm (which prompts, rewards, advantages, dynamic sampling, the record) lives in
+//! `grpo` and never sees burn, gemm or wgpu.
+//!
+//! Engines now: [`autodiff::BurnEngine`] (burn autodiff, any burn backend, the WGSL rollout
+//! kernels on a wgpu device) and [`lecture_cpu::FusedLectureEngine`] (the lecture model's
+//! fused CPU step). [`choose`] picks the fastest one for a config on this machine.
+
+pub mod autodiff;
+pub mod burn_loss;
+pub mod fused_lecture;
+pub mod lecture_cpu;
+
+use crate::config::{DeviceChoice, FusedChoice, ModelKind, RunConfig};
+use crate::gpu::{Compute, DeviceError};
+use crate::objective::loss::LossSettings;
+use crate::objective::sampling::SamplingParams;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Kernel(#[from] crate::gpu::kernels::KernelError),
+    #[error(
+        "run.kernels = gpu needs a wgpu device, but the run is on {0}; use --kernels reference or --device software|gpu"
+    )]
+    KernelsNeedWgpu(String),
+    #[error("checkpoint: {0}")]
+    Snapshot(String),
+}
+
+/// `B` prompts, `G` responses each, sampled from the current policy.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleRequest<'a> {
+    /// `B` prompts of `n` tokens.
+    pub prompts: &'a [&'a [u32]],
+    pub g: usize,
+    /// Most tokens a response may have (`n` for the lecture model, which always answers `n`).
+    pub max_len: usize,
+    pub params: SamplingParams,
+    pub seed: u64,
+    /// Keys the random draws: the iteration for the first draw, a hash of it for resampling.
+    pub stream: u32,
+    /// Verify on the device too, when the engine can (the WGSL rollout kernels): the reward
+    /// weights of `distance`, `exact`, `inclusion_ordering` — and the advantages if `true`.
+    pub verify: Option<([f32; 3], bool)>,
+}
+
+/// Rewards (and advantages) an engine computed on its device along with the samples.
+#[derive(Debug, Clone)]
+pub struct DeviceScores {
+    pub rewards: Vec<f32>,
+    /// 1 where a response is exactly sorted.
+    pub exact: Vec<u32>,
+    pub advantages: Option<Advantages>,
+}
+
+/// Every advantage mode for `[B, G]` rewards (`AdvantageMode::ALL` order) and each group's
+/// zero-std flag.
+#[derive(Debug, Clone)]
+pub struct Advantages {
+    pub by_mode: Vec<Vec<f32>>,
+    pub zero_std: Vec<bool>,
+}
+
+/// What a rollout produced: `B·G` rows.
+#[derive(Debug, Clone, Default)]
+pub struct Samples {
+    /// Each response's tokens (`<eos>`, the task's vocab size, included when it closed).
+    pub rows: Vec<Vec<u32>>,
+    /// Closed with `<eos>` within `max_len` (always true for the fixed-length lecture model).
+    pub closed: Vec<bool>,
+    pub scores: Option<DeviceScores>,
+    /// Greedy answer to each prompt, when it came free with the sampling pass.
+    pub greedy: Option<Vec<Vec<u32>>>,
+    /// `log π` of every sampled token at the sampling weights (`[B·G·max_len]`), when it came
+    /// free with the sampling pass and equals what [`Engine::token_logp`] would compute.
+    pub logp: Option<Vec<f32>>,
+}
+
+/// The frozen batch of one iteration: `B` prompts, `B·G` responses padded to `T`.
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    pub b: usize,
+    pub g: usize,
+    /// Padded width: `n` for the lecture model, the longest response for the transformer.
+    pub t: usize,
+    pub n: usize,
+    /// `[B·n]`
+    pub prompts: Vec<u32>,
+    /// `[B·G·T]`, padded with `pad` after each response's end.
+    pub responses: Vec<u32>,
+    pub pad: u32,
+    /// `[B·G·T]`: 1 for real tokens.
+    pub mask: Vec<f32>,
+    /// Tokens of each response.
+    pub lengths: Vec<usize>,
+}
+
+impl Batch {
+    /// `B` prompts of `n` tokens (`[B·n]`) and their `B·G` responses, padded with `pad` to the
+    /// longest response (at least one position).
+    pub fn padded(prompts: Vec<u32>, n: usize, rows: &[Vec<u32>], g: usize, pad: u32) -> Self {
+        let t = rows.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
+        let mut responses = Vec::with_capacity(rows.len() * t);
+        let mut mask = Vec::with_capacity(rows.len() * t);
+        for r in rows {
+            for i in 0..t {
+                responses.push(r.get(i).copied().unwrap_or(pad));
+                mask.push(if i < r.len() { 1.0f32 } else { 0.0 });
+            }
+        }
+        Self {
+            b: rows.len() / g.max(1),
+            g,
+            t,
+            n,
+            prompts,
+            responses,
+            pad,
+            mask,
+            lengths: rows.iter().map(|r| r.len()).collect(),
+        }
+    }
+}
+
+/// Whose log-probabilities: the policy being trained or the reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    Policy,
+    Reference,
+}
+
+/// One optimizer step's inputs besides the batch.
+#[derive(Debug, Clone, Copy)]
+pub struct StepRequest<'a> {
+    pub loss: LossSettings,
+    pub temperature: f32,
+    pub lr: f64,
+    pub max_grad_norm: f32,
+    pub entropy_coef: f32,
+    /// `[B·G]`, the mode that drives the update.
+    pub advantages: &'a [f32],
+    /// `[B·G·T]`, frozen.
+    pub old_logp: &'a [f32],
+    pub ref_logp: &'a [f32],
+    /// BUG (gallery): π_old recomputed with gradient, so ρ ≡ 1.
+    pub unfrozen_old_policy: bool,
+    /// BUG (gallery): the reference is the policy module itself.
+    pub shared_reference: bool,
+    /// Return `log π` (before the update) of the first this many responses.
+    pub logp_rows: usize,
+}
+
+/// The scalars one optimizer step reports (on any engine).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepScalars {
+    pub loss: f32,
+    pub kl: f32,
+    pub clip_low: f32,
+    pub clip_high: f32,
+    pub ratio_mean: f32,
+    pub entropy: f32,
+    pub grad_norm: f32,
+}
+
+#[derive(Debug, Clone)]
+pub struct StepOutput {
+    pub scalars: StepScalars,
+    /// `log π` of the first `logp_rows` responses, `[rows·T]`.
+    pub logp: Vec<f32>,
+}
+
+/// A snapshot of an engine's state as named byte blobs (weights, reference, optimizer); the
+/// `train` layer writes them to disk.
+pub type Snapshot = Vec<(String, Vec<u8>)>;
+
+/// A compute path for GRPO.
+pub trait Engine {
+    /// One line for logs and the app: what computes, where.
+    fn label(&self) -> String;
+    /// Sample `G` responses per prompt from the current policy.
+    fn sample(&mut self, req: &SampleRequest) -> Result<Samples, EngineError>;
+    /// The greedy answer of the current policy to each prompt.
+    fn greedy(&mut self, prompts: &[&[u32]], max_len: usize) -> Result<Vec<Vec<u32>>, EngineError>;
+    /// Every advantage mode on the engine's device, when it has kernels for it.
+    fn device_advantages(
+        &mut self,
+        _rewards: &[f32],
+        _g: usize,
+    ) -> Option<Result<Advantages, EngineError>> {
+        None
+    }
+    /// Teacher-forced `log π` (or `log π_ref`) of every token of the batch at `temperature`,
+    /// `[B·G·T]` (padding positions hold whatever the engine computed there).
+    fn token_logp(
+        &mut self,
+        which: Which,
+        batch: &Batch,
+        temperature: f32,
+    ) -> Result<Vec<f32>, EngineError>;
+    /// One optimizer step of the GRPO loss on a frozen batch.
+    fn step(&mut self, batch: &Batch, req: &StepRequest) -> Result<StepOutput, EngineError>;
+    /// Supervised steps (the cold start): cross-entropy of each target given its prompt, a fresh
+    /// Adam with `lr`, one step per batch. Returns the last step's loss.
+    fn supervised(&mut self, batches: &[Batch], lr: f64) -> Result<f32, EngineError>;
+    /// The reference becomes a real copy of the policy.
+    fn refresh_reference(&mut self);
+    /// Called between iterations (engines that cache per-iteration state drop it here).
+    fn end_iteration(&mut self) {}
+    /// Every weight of the policy, flattened in a fixed order (tests, comparisons).
+    fn flat_weights(&self) -> Vec<f32>;
+    fn snapshot(&self) -> Result<Snapshot, EngineError>;
+    fn restore(&mut self, snapshot: &Snapshot) -> Result<(), EngineError>;
+    /// Whether this engine computes exactly what `config` asks (after a live change).
+    fn supports(&self, config: &RunConfig) -> bool;
+}
+
+/// Which engine kind a config runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineKind {
+    /// burn autodiff on the chosen device.
+    Burn,
+    /// The lecture model's fused CPU step.
+    FusedLecture,
+}
+
+/// The engine a config gets on a compute device: the fused CPU step where it covers the config
+/// and the device is the CPU, else burn's autodiff.
+pub fn kind_for(config: &RunConfig, compute: &Compute) -> EngineKind {
+    if config.run.fused_step == FusedChoice::Auto
+        && compute.gpu.is_none()
+        && lecture_cpu::FusedLectureEngine::covers(config)
+    {
+        EngineKind::FusedLecture
+    } else {
+        EngineKind::Burn
+    }
+}
+
+/// Build the engine for a config.
+pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + Send>, EngineError> {
+    if config.run.kernels == crate::config::KernelChoice::Gpu && compute.gpu.is_none() {
+        return Err(EngineError::KernelsNeedWgpu(compute.label.clone()));
+    }
+    Ok(match kind_for(config, compute) {
+        EngineKind::FusedLecture => Box::new(lecture_cpu::FusedLectureEngine::new(config)),
+        EngineKind::Burn => Box::new(autodiff::BurnEngine::new(config, compute.clone())?),
+    })
+}
+
+/// The device `--device auto` resolves to for a config, and why (one line). The rule, from the
+/// measurements in the README:
+/// - no hardware GPU: the CPU. Lavapipe (a CPU emulating a GPU) is never the default for
+///   training — it is 30–280× slower than the CPU engines; `--device software` still selects it.
+/// - a hardware GPU: the lecture model stays on the fused CPU step (0.01–0.9 ms per step on the
+///   presets; burn's wgpu path costs a dispatch per op, milliseconds per step on any GPU);
+///   the transformer goes to the GPU (burn's autodiff there; on the CPU it is burn's CPU backend
+///   too, without the GPU's width).
+pub fn auto_device(config: &RunConfig, hardware_gpu: Option<&str>) -> (DeviceChoice, String) {
+    let lecture = config.model.kind == ModelKind::Lecture;
+    match hardware_gpu {
+        None => (
+            DeviceChoice::Cpu,
+            "no hardware GPU, so the CPU (lavapipe is never the default: --device software selects it)".into(),
+        ),
+        Some(name) if lecture => (
+            DeviceChoice::Cpu,
+            format!("the lecture model's fused CPU step beats burn's path on {name} at every preset shape"),
+        ),
+        Some(name) => (DeviceChoice::Gpu, format!("a transformer on the hardware GPU {name}")),
+    }
+}
+
+/// Open the compute device for a config: `auto` follows [`auto_device`]; the others as asked.
+/// Returns the device and the one line that says which engine runs and why.
+pub fn select(choice: DeviceChoice, config: &RunConfig) -> Result<(Compute, String), DeviceError> {
+    let (choice, why) = match choice {
+        DeviceChoice::Auto => {
+            let gpu = crate::gpu::context::hardware_adapter_name();
+            auto_device(config, gpu.as_deref())
+        }
+        other => (other, format!("--device {}", other.name())),
+    };
+    let compute = Compute::select(choice)?;
+    let engine = match kind_for(config, &compute) {
+        EngineKind::FusedLecture => "fused CPU lecture step",
+        EngineKind::Burn => "burn autodiff",
+    };
+    Ok((
+        compute.clone(),
+        format!("engine: {engine} on {} ({why})", compute.label),
+    ))
+}

@@ -1,0 +1,370 @@
+//! One GRPO iteration, top to bottom (GRPO-SPEC §2):
+//!
+//! (refresh the reference) → choose prompts → roll out → verify → advantages →
+//! log π_old / log π_ref → μ optimizer steps → record.
+//!
+//! Everything that differs between compute paths is behind [`Engine`]; this file knows no
+//! burn, no gemm, no wgpu (a test drives it with a fake engine).
+
+use super::record::{self, RolloutStats, RolloutView, StepPosition};
+use super::trainer::{accuracy, greedy_accuracy};
+use super::{TrainError, Trainer};
+use crate::config::{AdvantageMode, KlPenaltyMode};
+use crate::engine::{Advantages, Batch, SampleRequest, StepRequest, Which};
+use crate::metrics::{GroupRecord, StepRecord};
+use crate::objective::advantage;
+use crate::objective::loss::{LossSettings, reference};
+use crate::task::reward::score_batch;
+use crate::task::tokenizer::EOS_ID;
+use web_time::Instant;
+
+/// Sampled and verified responses of some prompts, `G` per prompt.
+pub(crate) struct Scored {
+    pub rows: Vec<Vec<u32>>,
+    pub closed: Vec<bool>,
+    /// `[B·G]`
+    pub rewards: Vec<f32>,
+    /// `[B·G]`: 1 where the response is exactly sorted (and closed).
+    pub exact: Vec<u32>,
+    pub advantages: Option<Advantages>,
+    /// The greedy answer to each prompt, when the engine had it for free.
+    pub greedy: Option<Vec<Vec<u32>>>,
+    /// `log π` of the sampled tokens at the sampling weights, when the engine had it.
+    pub logp: Option<Vec<f32>>,
+}
+
+/// The frozen data of one iteration: what its `μ` optimizer steps reuse.
+pub(crate) struct Frozen {
+    pub batch: Batch,
+    /// The advantage mode that drives the update, `[B·G]`.
+    pub advantages: Vec<f32>,
+    /// `[B·G·T]`
+    pub old_logp: Vec<f32>,
+    pub ref_logp: Vec<f32>,
+    pub stats: RolloutStats,
+    pub groups: Option<Vec<GroupRecord>>,
+}
+
+/// Adds the time since the last lap to a slot.
+struct Laps(Instant);
+
+impl Laps {
+    fn lap(&mut self, slot: &mut f64) {
+        *slot += self.0.elapsed().as_secs_f64();
+        self.0 = Instant::now();
+    }
+}
+
+impl Trainer {
+    /// The steps of GRPO-SPEC §2 up to the optimizer steps, for the current iteration.
+    pub(super) fn roll_out(&mut self) -> Result<Frozen, TrainError> {
+        self.cold_start()?;
+        let cfg = self.config.clone();
+        let a = &cfg.algorithm;
+        let g = a.num_generations;
+        let iteration = self.iteration;
+        let mut laps = Laps(Instant::now());
+        // 1. Reference ← a real copy of the policy, every `ref_period` iterations.
+        if iteration > 0 && a.ref_period > 0 && iteration.is_multiple_of(a.ref_period) {
+            self.engine.refresh_reference();
+        }
+        // 2. Choose the prompts.
+        let mut indices = self.sampler.indices(&cfg, iteration);
+        // 3. Roll out G responses per prompt from π_old, and 4. verify them (with the
+        // advantages on the device when they do not wait for anything else).
+        let kl_in_reward = a.kl_penalty == KlPenaltyMode::Reward && a.beta > 0.0;
+        let advantages_now = !kl_in_reward && !a.dynamic_sampling;
+        let mut scored = self.sample_and_verify(&indices, iteration as u32, advantages_now)?;
+        let resampling = self.resample_flat_groups(&mut indices, &mut scored)?;
+        laps.lap(&mut self.timings.rollout);
+
+        // 5. log π_old and log π_ref of every sampled token, frozen.
+        let batch = self.batch_of(&indices, &scored.rows, g);
+        let temperature = cfg.sampling.temperature as f32;
+        let old_logp = match scored.logp.take() {
+            Some(logp) => logp,
+            None => self.engine.token_logp(Which::Policy, &batch, temperature)?,
+        };
+        let ref_logp = if a.bugs.shared_reference {
+            // BUG (gallery): the "reference" is the policy itself, so it moves every iteration.
+            old_logp.clone()
+        } else {
+            self.engine
+                .token_logp(Which::Reference, &batch, temperature)?
+        };
+        laps.lap(&mut self.timings.old_ref_logp);
+
+        // 6. Advantages from the scores (minus β·KL when the KL goes into the reward), every
+        // mode for the same rewards; one drives the update.
+        let adv = match scored.advantages.take() {
+            Some(adv) => adv,
+            None if kl_in_reward => {
+                let penalized = self.kl_penalized(&scored.rewards, &batch, &old_logp, &ref_logp);
+                self.advantages(&penalized, g)?
+            }
+            None => self.advantages(&scored.rewards, g)?,
+        };
+        let mode = AdvantageMode::ALL
+            .iter()
+            .position(|m| *m == a.advantage)
+            .expect("known mode");
+        let driving = adv.by_mode[mode].clone();
+        laps.lap(&mut self.timings.advantages);
+
+        // Prioritized sampling remembers each prompt's success rate; greedy accuracy.
+        self.sampler.record(&indices, &scored.exact, g);
+        let prompts: Vec<&[u32]> = indices
+            .iter()
+            .map(|&i| self.prompts.train[i].as_slice())
+            .collect();
+        let engine = self.engine.as_mut();
+        let accuracy_train = match &scored.greedy {
+            Some(greedy) => accuracy(&cfg, &prompts, greedy),
+            None => greedy_accuracy(engine, &cfg, &prompts)?,
+        };
+        let heldout: Vec<&[u32]> = self.prompts.heldout.iter().map(|p| p.as_slice()).collect();
+        let accuracy_heldout = if heldout.is_empty() {
+            None
+        } else {
+            Some(greedy_accuracy(engine, &cfg, &heldout)?)
+        };
+        laps.lap(&mut self.timings.evaluation);
+
+        let stats = record::rollout_stats(
+            &RolloutView {
+                rewards: &scored.rewards,
+                exact: &scored.exact,
+                closed: &scored.closed,
+                lengths: &batch.lengths,
+                driving: &driving,
+                zero_std: &adv.zero_std,
+            },
+            resampling,
+            accuracy_train,
+            accuracy_heldout,
+        );
+        let logged = batch.b.min(cfg.run.log_groups);
+        let groups = (cfg.run.log_groups > 0).then(|| {
+            let shown: Vec<Vec<u32>> = scored.rows[..logged * g]
+                .iter()
+                .map(|r| self.shown(r))
+                .collect();
+            record::logged_groups(
+                logged,
+                g,
+                &indices,
+                &prompts,
+                &shown,
+                &scored.rewards,
+                &adv.by_mode,
+                &adv.zero_std,
+            )
+        });
+        self.last_reward_mean = stats.reward_mean;
+        Ok(Frozen {
+            batch,
+            advantages: driving,
+            old_logp,
+            ref_logp,
+            stats,
+            groups,
+        })
+    }
+
+    /// One optimizer step (step 7 of GRPO-SPEC §2), rolling out first when an iteration
+    /// begins; then the record.
+    pub fn step(&mut self) -> Result<StepRecord, TrainError> {
+        let started = Instant::now();
+        if self.frozen.is_none() {
+            let frozen = self.roll_out()?;
+            self.frozen = Some(frozen);
+        }
+        // A config changed live (the app's Apply) to something this engine does not cover
+        // (a bug switch, the entropy bonus) moves the run to an engine that does.
+        self.ensure_engine_supports_config()?;
+        let cfg = &self.config;
+        let a = &cfg.algorithm;
+        let last_of_iteration = self.step_in_iteration + 1 >= a.mu;
+        let frozen = self.frozen.as_ref().expect("rolled out above");
+        let g = frozen.batch.g;
+        let logged = frozen.groups.as_ref().map_or(0, |gr| gr.len());
+        let step_started = Instant::now();
+        let out = self.engine.step(
+            &frozen.batch,
+            &StepRequest {
+                loss: LossSettings::of(cfg),
+                temperature: cfg.sampling.temperature as f32,
+                lr: cfg.optimizer.lr,
+                max_grad_norm: cfg.optimizer.max_grad_norm as f32,
+                entropy_coef: a.entropy_coef as f32,
+                advantages: &frozen.advantages,
+                old_logp: &frozen.old_logp,
+                ref_logp: &frozen.ref_logp,
+                unfrozen_old_policy: a.bugs.unfrozen_old_policy,
+                shared_reference: a.bugs.shared_reference,
+                logp_rows: if last_of_iteration { logged * g } else { 0 },
+            },
+        )?;
+        self.timings.step += step_started.elapsed().as_secs_f64();
+        let sc = out.scalars;
+        let step = self.global_step + 1;
+        if !sc.loss.is_finite() || !sc.grad_norm.is_finite() {
+            return Err(TrainError::NonFinite {
+                step,
+                iteration: self.iteration,
+                value: if sc.loss.is_finite() {
+                    sc.grad_norm
+                } else {
+                    sc.loss
+                },
+            });
+        }
+        // Per-token log π (after the iteration's μ − 1 updates) and log π_old of the logged
+        // groups, on the iteration's last step.
+        let groups = (last_of_iteration && logged > 0).then(|| {
+            let t = frozen.batch.t;
+            let rows = |x: &[f32]| -> Vec<Vec<f32>> {
+                x.chunks(t)
+                    .take(logged * g)
+                    .zip(&frozen.batch.lengths)
+                    .map(|(c, &len)| c[..len.min(t)].to_vec())
+                    .collect()
+            };
+            let (logp, old_logp) = (rows(&out.logp), rows(&frozen.old_logp));
+            let mut groups = frozen.groups.clone().unwrap_or_default();
+            for (i, group) in groups.iter_mut().enumerate() {
+                group.logp = logp[i * g..(i + 1) * g].to_vec();
+                group.old_logp = old_logp[i * g..(i + 1) * g].to_vec();
+            }
+            groups
+        });
+        let record = record::step_record(
+            StepPosition {
+                iteration: self.iteration,
+                step,
+                step_in_iteration: self.step_in_iteration,
+                lr: cfg.optimizer.lr,
+                step_time_secs: started.elapsed().as_secs_f64(),
+            },
+            &frozen.stats,
+            &sc,
+            groups,
+        );
+        self.global_step = step;
+        self.step_in_iteration += 1;
+        if self.step_in_iteration >= a.mu {
+            self.step_in_iteration = 0;
+            self.iteration += 1;
+            self.frozen = None;
+            self.engine.end_iteration();
+        }
+        Ok(record)
+    }
+
+    /// Sample `G` responses to each of the training prompts `indices` and verify them (on the
+    /// engine's device when it verifies there), with every advantage mode if `advantages`.
+    pub(super) fn sample_and_verify(
+        &mut self,
+        indices: &[usize],
+        stream: u32,
+        advantages: bool,
+    ) -> Result<Scored, TrainError> {
+        let cfg = &self.config;
+        let g = cfg.algorithm.num_generations;
+        let prompts: Vec<&[u32]> = indices
+            .iter()
+            .map(|&i| self.prompts.train[i].as_slice())
+            .collect();
+        let s = &cfg.sampling;
+        let samples = self.engine.sample(&SampleRequest {
+            prompts: &prompts,
+            g,
+            max_len: cfg.max_len(),
+            params: crate::objective::sampling::SamplingParams {
+                temperature: s.temperature as f32,
+                top_k: s.top_k,
+                top_p: s.top_p as f32,
+            },
+            seed: cfg.run.seed,
+            stream,
+            verify: Some((self.reward_fn.kernel_weights(), advantages)),
+        })?;
+        let (rewards, exact, device_advantages) = match samples.scores {
+            Some(s) => (s.rewards, s.exact, s.advantages),
+            None => {
+                let (r, e) = score_batch(&self.reward_fn, cfg, &prompts, &samples.rows, g);
+                (r, e, None)
+            }
+        };
+        let mut scored = Scored {
+            rows: samples.rows,
+            closed: samples.closed,
+            rewards,
+            exact,
+            advantages: device_advantages,
+            greedy: samples.greedy,
+            logp: samples.logp,
+        };
+        if advantages && scored.advantages.is_none() {
+            scored.advantages = Some(self.advantages(&scored.rewards, g)?);
+        }
+        Ok(scored)
+    }
+
+    /// Every advantage mode for `[B·G]` rewards: on the engine's device where it has kernels
+    /// for them, else the reference formulas.
+    fn advantages(&mut self, rewards: &[f32], g: usize) -> Result<Advantages, TrainError> {
+        if let Some(done) = self.engine.device_advantages(rewards, g) {
+            return Ok(done?);
+        }
+        let all = advantage::all_advantages(rewards, g);
+        Ok(Advantages {
+            zero_std: all.groups.iter().map(|s| s.zero_std).collect(),
+            by_mode: AdvantageMode::ALL
+                .iter()
+                .map(|m| all.by_mode[m.name()].clone())
+                .collect(),
+        })
+    }
+
+    /// PPO-RLHF style: `r − β·Σ_t KL_t(π_old ‖ π_ref)` per response, over its real tokens.
+    fn kl_penalized(&self, rewards: &[f32], batch: &Batch, old: &[f32], refl: &[f32]) -> Vec<f32> {
+        let a = &self.config.algorithm;
+        let t = batch.t;
+        rewards
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let span = i * t..(i + 1) * t;
+                let kl: f32 = old[span.clone()]
+                    .iter()
+                    .zip(&refl[span.clone()])
+                    .zip(&batch.mask[span])
+                    .map(|((&lp, &rf), &m)| {
+                        reference::kl_term(a.kl_estimator, lp, rf, 0.0, f32::exp).0 * m
+                    })
+                    .sum();
+                r - a.beta as f32 * kl
+            })
+            .collect()
+    }
+
+    /// The frozen batch of the chosen prompts and their responses, padded to the longest.
+    fn batch_of(&self, indices: &[usize], rows: &[Vec<u32>], g: usize) -> Batch {
+        let n = self.config.task.n;
+        let prompts: Vec<u32> = indices
+            .iter()
+            .flat_map(|&i| self.prompts.train[i].iter().copied())
+            .collect();
+        Batch::padded(prompts, n, rows, g, self.eos())
+    }
+
+    /// A response as the record shows it: `<eos>` as the tokenizer's id, so it decodes as `<eos>`.
+    fn shown(&self, r: &[u32]) -> Vec<u32> {
+        let eos = self.eos();
+        let ar = self.is_autoregressive();
+        r.iter()
+            .map(|&x| if ar && x == eos { EOS_ID } else { x })
+            .collect()
+    }
+}
