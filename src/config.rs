@@ -1102,6 +1102,33 @@ impl RunConfig {
 
     /// The longest response in tokens: `n` for the lecture model, `task.max_len` (0 = n + 1)
     /// for the transformer.
+    /// The dotted keys whose values differ between two configs (`algorithm.mu`, …).
+    pub fn differing_keys(&self, other: &RunConfig) -> Vec<String> {
+        fn walk(prefix: &str, a: &toml::Value, b: Option<&toml::Value>, out: &mut Vec<String>) {
+            match (a, b) {
+                (toml::Value::Table(ta), Some(toml::Value::Table(tb))) => {
+                    for (k, va) in ta {
+                        let key = if prefix.is_empty() {
+                            k.clone()
+                        } else {
+                            format!("{prefix}.{k}")
+                        };
+                        walk(&key, va, tb.get(k), out);
+                    }
+                    for k in tb.keys().filter(|k| !ta.contains_key(*k)) {
+                        out.push(format!("{prefix}.{k}"));
+                    }
+                }
+                (a, Some(b)) if a == b => {}
+                _ => out.push(prefix.to_string()),
+            }
+        }
+        let as_value = |c: &RunConfig| toml::Value::try_from(c).expect("a config serializes");
+        let mut out = Vec::new();
+        walk("", &as_value(self), Some(&as_value(other)), &mut out);
+        out
+    }
+
     pub fn max_len(&self) -> usize {
         match (self.model.kind, self.task.max_len) {
             (ModelKind::Lecture, _) => self.task.n,

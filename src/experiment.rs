@@ -23,6 +23,10 @@ pub enum ExperimentError {
     BadVary(String),
     #[error("--seeds `{0}`: expected A..B (e.g. 0..20) or a list (e.g. 1,5,9)")]
     BadSeeds(String),
+    #[error("the matrix is ambiguous: {0}; each key may vary on one axis, each value once")]
+    Duplicate(String),
+    #[error("--iterations 0: a run needs at least one iteration")]
+    ZeroIterations,
     #[error("unknown experiment `{name}`; available: {available}")]
     UnknownExperiment { name: String, available: String },
     #[error("experiment file {path}: {reason}")]
@@ -109,9 +113,24 @@ pub fn parse_seeds(s: &str) -> Result<Vec<u64>, ExperimentError> {
         }
         return Ok((a..b).collect());
     }
-    s.split(',')
+    let seeds: Vec<u64> = s
+        .split(',')
         .map(|x| x.trim().parse().map_err(|_| bad()))
-        .collect()
+        .collect::<Result<_, _>>()?;
+    if let Some(dup) = first_repeat(&seeds) {
+        return Err(ExperimentError::Duplicate(format!(
+            "seed {dup} is listed twice"
+        )));
+    }
+    Ok(seeds)
+}
+
+/// The first element that occurs twice.
+fn first_repeat<T: PartialEq + Clone>(xs: &[T]) -> Option<T> {
+    xs.iter()
+        .enumerate()
+        .find(|(i, x)| xs[..*i].contains(x))
+        .map(|(_, x)| x.clone())
 }
 
 /// One cell of the matrix (one combination of axis values), over every seed.
@@ -140,6 +159,29 @@ pub struct Matrix {
 impl Matrix {
     /// Every cell, each validated: a bad key or value fails here, before any run starts.
     pub fn cells(&self) -> Result<Vec<Cell>, ExperimentError> {
+        // A key on two axes would be set twice per cell (the last one silently winning) and a
+        // value listed twice would be two cells of the same config: both refused, by name.
+        let keys: Vec<&str> = self
+            .axes
+            .iter()
+            .flat_map(|a| a.key.split('&').map(str::trim))
+            .collect();
+        if let Some(k) = first_repeat(&keys) {
+            return Err(ExperimentError::Duplicate(format!("`{k}` is varied twice")));
+        }
+        for axis in &self.axes {
+            if let Some(v) = first_repeat(&axis.values) {
+                return Err(ExperimentError::Duplicate(format!(
+                    "`{}` lists the value `{v}` twice",
+                    axis.key
+                )));
+            }
+        }
+        if let Some(seed) = first_repeat(&self.seeds) {
+            return Err(ExperimentError::Duplicate(format!(
+                "seed {seed} is listed twice"
+            )));
+        }
         let mut combos: Vec<Vec<(String, String)>> = vec![vec![]];
         for axis in &self.axes {
             let mut next = Vec::new();
@@ -438,6 +480,9 @@ pub fn run_matrix(
     matrix: &Matrix,
     opts: &CompareOptions,
 ) -> Result<CompareOutcome, ExperimentError> {
+    if opts.iterations == Some(0) {
+        return Err(ExperimentError::ZeroIterations);
+    }
     let mut cells = matrix.cells()?;
     for c in &mut cells {
         if let Some(it) = opts.iterations {
@@ -462,16 +507,7 @@ pub fn run_matrix(
             if stored.exists() {
                 let prev = RunConfig::from_file(&stored)?;
                 if prev != config {
-                    let (a, b) = (
-                        toml::Table::try_from(&prev).expect("ser"),
-                        toml::Table::try_from(&config).expect("ser"),
-                    );
-                    let diff = a
-                        .keys()
-                        .filter(|k| a.get(*k) != b.get(*k))
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(", ");
+                    let diff = prev.differing_keys(&config).join(", ");
                     return Err(ExperimentError::DifferentConfig {
                         dir: dir.display().to_string(),
                         cell: cell.label.clone(),

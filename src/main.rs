@@ -129,9 +129,10 @@ struct TrainArgs {
     /// Run directory.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Continue the run in DIR (or in --out) from its last checkpoint.
-    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = "")]
-    resume: Option<PathBuf>,
+    /// Continue the run in DIR (or in --out) from its last checkpoint, as recorded (only
+    /// `--set run.iterations=N` may extend it; `--device` picks where it computes).
+    #[arg(long, value_name = "DIR", num_args = 0..=1)]
+    resume: Option<Option<PathBuf>>,
     /// Overwrite an existing run in --out.
     #[arg(long)]
     force: bool,
@@ -270,13 +271,7 @@ fn open_device_for(choice: DeviceChoice, config: &RunConfig) -> Result<Compute> 
 
 fn train_cmd(args: TrainArgs) -> Result<()> {
     train::install_interrupt_handler();
-    let resume_dir = args.resume.as_ref().map(|p| {
-        if p.as_os_str().is_empty() {
-            None
-        } else {
-            Some(p.clone())
-        }
-    });
+    let resume_dir = args.resume.clone();
     let out = match (&resume_dir, &args.out) {
         (Some(Some(dir)), _) => dir.clone(),
         (_, Some(out)) => out.clone(),
@@ -290,7 +285,39 @@ fn train_cmd(args: TrainArgs) -> Result<()> {
     let resume = resume_dir.is_some();
     let config = if resume {
         let stored = out.join("config.toml");
-        RunConfig::from_file(&stored).map_err(user)?
+        if !stored.exists() {
+            return Err(user(format!(
+                "--resume: {} holds no run (no config.toml)",
+                out.display()
+            )));
+        }
+        let c = &args.config;
+        let refused: Vec<&str> = [
+            ("--preset", c.preset.is_some()),
+            ("--config", c.config.is_some()),
+            ("--seed", c.seed.is_some()),
+            ("--kernels", c.kernels.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect();
+        if !refused.is_empty() {
+            return Err(user(format!(
+                "--resume continues the run as recorded; {} would change it (start a new run with --out, or extend this one with --set run.iterations=N)",
+                refused.join(", ")
+            )));
+        }
+        if let Some(bad) = c.sets.iter().find(|s| {
+            s.split_once('=')
+                .is_none_or(|(k, _)| k.trim() != "run.iterations")
+        }) {
+            return Err(user(format!(
+                "--resume: `--set {bad}` would change the run; only --set run.iterations=N (to extend it) is allowed"
+            )));
+        }
+        RunConfig::from_file(&stored)
+            .and_then(|stored| stored.with_overrides(&c.sets))
+            .map_err(user)?
     } else {
         build_config(&args.config)?
     };
@@ -576,6 +603,8 @@ fn compare_cmd(a: CompareArgs) -> Result<()> {
     )
     .map_err(|e| match e {
         grpo_lab::experiment::ExperimentError::DifferentConfig { .. }
+        | grpo_lab::experiment::ExperimentError::Duplicate(_)
+        | grpo_lab::experiment::ExperimentError::ZeroIterations
         | grpo_lab::experiment::ExperimentError::Config(_) => user(e),
         e => e.into(),
     })?;

@@ -357,3 +357,66 @@ fn no_adapter_falls_back_to_the_cpu_backend_with_one_line() {
         stderr(&o)
     );
 }
+
+/// `--resume` continues a run as recorded: both forms the README gives work, only a longer
+/// `run.iterations` may be set, every other change is refused by name, and a hand-edited
+/// `config.toml` is refused against the checkpoint's.
+#[test]
+fn resume_takes_only_what_keeps_it_the_same_run() {
+    let out = temp_dir("cli-resume-flags");
+    let dir = out.to_str().unwrap();
+    let train = |extra: &[&str]| {
+        let mut a = vec!["train", "--quiet", "--device", "cpu"];
+        a.extend_from_slice(extra);
+        grpo_lab(&a)
+    };
+    let o = train(&[
+        "--preset",
+        "lecture17",
+        "--set",
+        "run.iterations=2",
+        "--out",
+        dir,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // The README's two forms.
+    let o = train(&["--out", dir, "--resume"]);
+    assert!(o.status.success(), "--out DIR --resume: {}", stderr(&o));
+    let o = train(&["--resume", dir]);
+    assert!(o.status.success(), "--resume DIR: {}", stderr(&o));
+    // Extending is allowed, and recorded in config.toml.
+    let o = train(&["--resume", dir, "--set", "run.iterations=3"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .count();
+    assert_eq!(lines, 30);
+    assert!(
+        std::fs::read_to_string(out.join("config.toml"))
+            .unwrap()
+            .contains("iterations = 3")
+    );
+    // Anything else is refused, naming what.
+    for (args, needle) in [
+        (vec!["--set", "optimizer.lr=0.5"], "optimizer.lr=0.5"),
+        (vec!["--seed", "7"], "--seed"),
+        (vec!["--preset", "scaled"], "--preset"),
+    ] {
+        let mut a = vec!["--resume", dir];
+        a.extend(args.iter().copied());
+        let o = train(&a);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+    }
+    // A hand edit of the stored config: refused against the checkpoint, naming the field.
+    let toml = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    std::fs::write(
+        out.join("config.toml"),
+        toml.replace("lr = 0.001", "lr = 0.01"),
+    )
+    .unwrap();
+    let o = train(&["--resume", dir]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("optimizer.lr"), "{}", stderr(&o));
+}

@@ -117,3 +117,37 @@ fn bad_vary_keys_and_values_are_refused_before_any_run() {
         assert!(!out.join("runs").exists(), "{vary}: nothing may run");
     }
 }
+
+/// Ambiguous matrices are refused before any run, naming what repeats: a key on two axes (its
+/// cells would all run the last value while their labels name both), a value or a seed listed
+/// twice, zero iterations.
+#[test]
+fn duplicate_axes_values_and_seeds_are_refused_by_name() {
+    let out = temp_dir("cmp-dup");
+    let dir = out.to_str().unwrap();
+    for (args, needle) in [
+        (
+            vec![
+                "--vary",
+                "algorithm.advantage=raw,centered",
+                "--vary",
+                "algorithm.advantage=max",
+            ],
+            "`algorithm.advantage` is varied twice",
+        ),
+        (
+            vec!["--vary", "algorithm.advantage=raw,raw"],
+            "the value `raw` twice",
+        ),
+        (vec!["--seeds", "1,1,1"], "seed 1 is listed twice"),
+        (vec!["--iterations", "0"], "--iterations 0"),
+    ] {
+        let mut all = vec!["compare", "--preset", "lecture17", "--out", dir, "--quiet"];
+        all.extend(args.iter().copied());
+        let o = grpo_lab(&all);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!out.join("runs").exists(), "{args:?}: nothing may run");
+    }
+}

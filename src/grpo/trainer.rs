@@ -32,6 +32,10 @@ pub enum TrainError {
     Engine(#[from] EngineError),
     #[error("checkpoint {path}: {reason}")]
     Checkpoint { path: String, reason: String },
+    #[error(
+        "the run's config differs from the one its checkpoint was taken with, in {0}; a resumed run is the same run (only a longer run.iterations is allowed): undo the edit, or start a new run with --out"
+    )]
+    ConfigChanged(String),
 }
 
 /// Wall time spent in each part of the loop since the last reset (for `grpo-lab bench`).
@@ -70,6 +74,10 @@ pub struct TrainerState {
     /// running it, from the same initial weights, exactly as an uninterrupted run does).
     #[serde(default = "yes")]
     pub sft_done: bool,
+    /// The config the run had when the checkpoint was taken: a resume under another one
+    /// (a hand-edited `config.toml`) is refused, except a longer `run.iterations`.
+    #[serde(default)]
+    pub config: Option<RunConfig>,
 }
 
 fn yes() -> bool {
@@ -342,12 +350,23 @@ impl Trainer {
             success: self.sampler.success.clone(),
             sft_heldout_accuracy: self.sft_heldout_accuracy,
             sft_done: self.sft_done,
+            config: Some(self.config.clone()),
         };
         Ok((state, self.engine.snapshot()?))
     }
 
     /// Continue from what `snapshot` returned; the run then continues bit-identically.
     pub fn restore(&mut self, state: TrainerState, snapshot: &Snapshot) -> Result<(), TrainError> {
+        if let Some(recorded) = &state.config {
+            let changed: Vec<String> = recorded
+                .differing_keys(&self.config)
+                .into_iter()
+                .filter(|k| k != "run.iterations")
+                .collect();
+            if !changed.is_empty() {
+                return Err(TrainError::ConfigChanged(changed.join(", ")));
+            }
+        }
         self.engine.restore(snapshot)?;
         self.iteration = state.iteration;
         self.global_step = state.global_step;

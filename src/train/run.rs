@@ -51,6 +51,7 @@ impl RunError {
                 | Self::MetricsGap { .. }
                 | Self::Config(_)
                 | Self::Train(TrainError::NonFinite { .. })
+                | Self::Train(TrainError::ConfigChanged(_))
         )
     }
 }
@@ -315,8 +316,23 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
         if !config_path.exists() {
             return Err(RunError::NothingToResume(out));
         }
-        // The stored config wins: a resumed run is the same run.
-        RunConfig::from_file(&config_path)?
+        // A resumed run is the same run: the stored config, where only `run.iterations` may
+        // change (to extend it), and that change is recorded.
+        let stored = RunConfig::from_file(&config_path)?;
+        let changed: Vec<String> = stored
+            .differing_keys(&config)
+            .into_iter()
+            .filter(|k| k != "run.iterations")
+            .collect();
+        if !changed.is_empty() {
+            return Err(RunError::Train(TrainError::ConfigChanged(
+                changed.join(", "),
+            )));
+        }
+        if stored.run.iterations != config.run.iterations {
+            fs::write(&config_path, config.to_toml()).map_err(io(&config_path))?;
+        }
+        config
     } else {
         if is_run_dir(&out) {
             if !opts.force {
