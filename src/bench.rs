@@ -403,6 +403,23 @@ pub struct RolloutBenchOptions {
 pub fn bench_rollout(compute: &Compute, a: &RolloutBenchOptions) -> Result<()> {
     use crate::gpu::kernels::Kernels;
     use crate::objective::sampling::{self, SamplingParams};
+    for (name, value, max) in [
+        ("--prompts", a.prompts, 1 << 20),
+        ("--generations", a.generations, 1 << 12),
+        ("--n", a.n, 64),
+        ("--vocab", a.vocab, 1024),
+        ("--repeats", a.repeats, 1000),
+    ] {
+        if !(1..=max).contains(&value) {
+            return Err(user(format!("{name} {value}: allowed 1..={max}")));
+        }
+    }
+    let floats = a.prompts as u128 * (a.generations as u128 + a.vocab as u128) * a.n as u128;
+    if floats > 1 << 28 {
+        return Err(user(format!(
+            "--prompts × (--generations + --vocab) × --n = {floats} values: over the 2^28 this benchmark allows (1 GiB of f32)"
+        )));
+    }
     let Some(ctx) = compute.gpu.clone() else {
         return Err(user(
             "bench-rollout needs a wgpu adapter (--device software or gpu)",

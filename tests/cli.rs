@@ -420,3 +420,46 @@ fn resume_takes_only_what_keeps_it_the_same_run() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("optimizer.lr"), "{}", stderr(&o));
 }
+
+/// Every bad input is exit 2 naming what: zero or absurd sizes in `bench-rollout` (they
+/// panicked), a prompt space too small for the splits asked for (it exited 1).
+#[test]
+fn bad_sizes_are_refused_with_exit_2() {
+    for (flag, value) in [
+        ("--prompts", "0"),
+        ("--n", "0"),
+        ("--vocab", "0"),
+        ("--generations", "0"),
+    ] {
+        let o = grpo_lab(&["bench-rollout", "--device", "cpu", flag, value]);
+        assert_eq!(o.status.code(), Some(2), "{flag}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(flag) && !stderr(&o).contains("panicked"),
+            "{}",
+            stderr(&o)
+        );
+    }
+    let out = temp_dir("cli-small-space");
+    let o = grpo_lab(&[
+        "train",
+        "--preset",
+        "random-sort",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--set",
+        "task.n=3",
+        "--set",
+        "task.vocab=3",
+        "--set",
+        "task.allow_repeats=false",
+        "--set",
+        "task.train_size=30",
+        "--set",
+        "task.heldout_size=8",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("distinct prompts"), "{}", stderr(&o));
+}

@@ -427,3 +427,48 @@ fn autoregressive_rewards_add_format_and_overlong_terms() {
     }
     assert!(checked > 0);
 }
+
+/// A run killed during its cold start resumes from the iteration-0 checkpoint (taken before
+/// the cold start) by running the cold start again: the same metrics and the same
+/// `sft_heldout_accuracy` as an uninterrupted run.
+#[test]
+fn a_resume_before_the_cold_start_runs_it() {
+    let mut c = tiny();
+    c.sft.steps = 5;
+    c.sft.batch_size = 8;
+    c.run.iterations = 2;
+    let run = |dir: &std::path::Path, resume: bool| {
+        grpo_lab::train::run(
+            c.clone(),
+            Compute::cpu(),
+            grpo_lab::train::RunOptions {
+                out: dir.to_path_buf(),
+                resume,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let (full, killed) = (temp_dir("sft-full"), temp_dir("sft-killed"));
+    let whole = run(&full, false);
+    assert!(whole.summary.sft_heldout_accuracy.is_some());
+    // Killed during the cold start: only the iteration-0 checkpoint, no metrics yet.
+    run(&killed, false);
+    let ck = killed.join("checkpoints");
+    for e in std::fs::read_dir(&ck).unwrap().flatten() {
+        if e.path().is_dir() && e.file_name() != "iter-000000" {
+            std::fs::remove_dir_all(e.path()).unwrap();
+        }
+    }
+    std::fs::write(ck.join("latest"), "iter-000000").unwrap();
+    std::fs::write(killed.join("metrics.jsonl"), "").unwrap();
+    let resumed = run(&killed, true);
+    assert_eq!(
+        resumed.summary.sft_heldout_accuracy,
+        whole.summary.sft_heldout_accuracy
+    );
+    assert_eq!(
+        metrics_without_timing(&full.join("metrics.jsonl")),
+        metrics_without_timing(&killed.join("metrics.jsonl"))
+    );
+}

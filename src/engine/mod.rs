@@ -264,7 +264,7 @@ pub fn auto_device(config: &RunConfig, hardware_gpu: Option<&str>) -> (DeviceCho
     match hardware_gpu {
         None => (
             DeviceChoice::Cpu,
-            "no hardware GPU, so the CPU (lavapipe is never the default: --device software selects it)".into(),
+            "no hardware GPU, so the CPU; lavapipe, a CPU emulating a GPU, is never the default (--device software selects it)".into(),
         ),
         Some(name) if lecture => (
             DeviceChoice::Cpu,
@@ -291,6 +291,6 @@ pub fn select(choice: DeviceChoice, config: &RunConfig) -> Result<(Compute, Stri
     };
     Ok((
         compute.clone(),
-        format!("engine: {engine} on {} ({why})", compute.label),
+        format!("engine: {engine} on {} — {why}", compute.label),
     ))
 }

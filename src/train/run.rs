@@ -52,6 +52,8 @@ impl RunError {
                 | Self::Config(_)
                 | Self::Train(TrainError::NonFinite { .. })
                 | Self::Train(TrainError::ConfigChanged(_))
+                // A prompt space too small for the splits asked for is bad input too.
+                | Self::Train(TrainError::Task(_))
         )
     }
 }
