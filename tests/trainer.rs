@@ -395,3 +395,38 @@ fn resume_survives_a_broken_latest_and_a_torn_last_line() {
         before
     );
 }
+
+/// Charts read `metrics.jsonl` thinned to whole, evenly spaced iterations (memory flat for
+/// any run length); a short run comes back whole, the last iteration always.
+#[test]
+fn charts_read_a_bounded_evenly_spaced_sample() {
+    let dir = temp_dir("decimated");
+    let mut config = short_lecture(37);
+    config.algorithm.mu = 2;
+    run_to(config, Compute::cpu(), &dir);
+    let path = dir.join("metrics.jsonl");
+    let all = train::read_metrics(&path).unwrap();
+    assert_eq!(
+        train::run::read_metrics_decimated(&path, 100)
+            .unwrap()
+            .len(),
+        all.len()
+    );
+    let thin = train::run::read_metrics_decimated(&path, 4).unwrap();
+    let its: Vec<usize> = thin
+        .iter()
+        .filter(|r| r.step_in_iteration == 0)
+        .map(|r| r.iteration)
+        .collect();
+    assert!(its.len() <= 9 + 1, "{its:?}");
+    assert_eq!(*its.last().unwrap(), 36, "{its:?}");
+    let stride = its[1] - its[0];
+    assert!(
+        its[..its.len() - 1]
+            .windows(2)
+            .all(|w| w[1] - w[0] == stride),
+        "{its:?}"
+    );
+    // Whole iterations: both steps of each.
+    assert_eq!(thin.len(), 2 * its.len());
+}

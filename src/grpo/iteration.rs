@@ -113,20 +113,14 @@ impl Trainer {
 
         // Prioritized sampling remembers each prompt's success rate; greedy accuracy.
         self.sampler.record(&indices, &scored.exact, g);
+        let accuracy_heldout = self.heldout_accuracy()?;
         let prompts: Vec<&[u32]> = indices
             .iter()
             .map(|&i| self.prompts.train[i].as_slice())
             .collect();
-        let engine = self.engine.as_mut();
         let accuracy_train = match &scored.greedy {
             Some(greedy) => accuracy(&cfg, &prompts, greedy),
-            None => greedy_accuracy(engine, &cfg, &prompts)?,
-        };
-        let heldout: Vec<&[u32]> = self.prompts.heldout.iter().map(|p| p.as_slice()).collect();
-        let accuracy_heldout = if heldout.is_empty() {
-            None
-        } else {
-            Some(greedy_accuracy(engine, &cfg, &heldout)?)
+            None => greedy_accuracy(self.engine.as_mut(), &cfg, &prompts)?,
         };
         laps.lap(&mut self.timings.evaluation);
 

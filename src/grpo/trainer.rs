@@ -263,18 +263,18 @@ impl Trainer {
         fn slices(v: &[Vec<u32>]) -> Vec<&[u32]> {
             v.iter().map(|p| p.as_slice()).collect()
         }
-        let (train, heldout) = (slices(&self.prompts.train), slices(&self.prompts.heldout));
+        let train = slices(&self.prompts.train);
         let acc_train = greedy_accuracy(self.engine.as_mut(), &self.config, &train)?;
-        let acc_heldout = if heldout.is_empty() {
-            None
-        } else {
-            Some(greedy_accuracy(
-                self.engine.as_mut(),
-                &self.config,
-                &heldout,
-            )?)
-        };
-        Ok((acc_train, acc_heldout))
+        Ok((acc_train, self.heldout_accuracy()?))
+    }
+
+    /// Greedy accuracy on the held-out prompts (None without any).
+    pub(super) fn heldout_accuracy(&mut self) -> Result<Option<f32>, TrainError> {
+        let heldout: Vec<&[u32]> = self.prompts.heldout.iter().map(|p| p.as_slice()).collect();
+        if heldout.is_empty() {
+            return Ok(None);
+        }
+        greedy_accuracy(self.engine.as_mut(), &self.config, &heldout).map(Some)
     }
 
     /// The supervised cold start (DeepSeek-R1's recipe): `sft.steps` Adam steps of
@@ -317,16 +317,7 @@ impl Trainer {
             });
         }
         self.engine.refresh_reference();
-        let heldout: Vec<&[u32]> = self.prompts.heldout.iter().map(|p| p.as_slice()).collect();
-        self.sft_heldout_accuracy = if heldout.is_empty() {
-            None
-        } else {
-            Some(greedy_accuracy(
-                self.engine.as_mut(),
-                &self.config,
-                &heldout,
-            )?)
-        };
+        self.sft_heldout_accuracy = self.heldout_accuracy()?;
         self.sft_done = true;
         log::info!(
             "cold start: {} supervised steps, final loss {last_loss:.4}, held-out accuracy {:?}",

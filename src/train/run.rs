@@ -254,6 +254,77 @@ fn step_gaps(records: &[StepRecord], steps: usize) -> Option<String> {
     Some(parts.join("; "))
 }
 
+/// `metrics.jsonl` thinned for charts, in bounded memory for any run length: every record of
+/// at most `max_iterations` (to 2×) evenly spaced iterations, always the last one. A run of up
+/// to `max_iterations` iterations comes back whole.
+pub fn read_metrics_decimated(
+    path: &Path,
+    max_iterations: usize,
+) -> std::io::Result<Vec<StepRecord>> {
+    use std::io::BufRead;
+    /// Whole iterations, every `stride`-th; the stride doubles when too many are kept.
+    struct Thinned {
+        kept: Vec<StepRecord>,
+        stride: usize,
+        iterations: usize,
+        max: usize,
+    }
+    impl Thinned {
+        fn close(&mut self, current: &mut Vec<StepRecord>) {
+            let Some(it) = current.first().map(|r| r.iteration) else {
+                return;
+            };
+            if it % self.stride == 0 {
+                self.kept.append(current);
+                self.iterations += 1;
+                if self.iterations > 2 * self.max {
+                    self.stride *= 2;
+                    let stride = self.stride;
+                    self.kept.retain(|r| r.iteration % stride == 0);
+                    self.iterations = self
+                        .kept
+                        .iter()
+                        .filter(|r| r.step_in_iteration == 0)
+                        .count();
+                }
+            }
+            current.clear();
+        }
+    }
+    let mut reader = std::io::BufReader::new(File::open(path)?);
+    let mut t = Thinned {
+        kept: Vec::new(),
+        stride: 1,
+        iterations: 0,
+        max: max_iterations.max(1),
+    };
+    let (mut current, mut line) = (Vec::new(), String::new());
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            break;
+        }
+        // The charts tolerate what resume refuses: a line that does not parse is skipped.
+        let Ok(r) = serde_json::from_str::<StepRecord>(&line) else {
+            continue;
+        };
+        if current
+            .first()
+            .is_some_and(|c: &StepRecord| c.iteration != r.iteration)
+        {
+            t.close(&mut current);
+        }
+        current.push(r);
+    }
+    // The last iteration always shows, kept or not.
+    if current.first().is_some_and(|c| c.iteration % t.stride != 0) {
+        t.kept.append(&mut current);
+    } else {
+        t.close(&mut current);
+    }
+    Ok(t.kept)
+}
+
 fn checkpoint_dir(out: &Path, iteration: usize) -> PathBuf {
     out.join("checkpoints").join(format!("iter-{iteration:06}"))
 }
@@ -488,7 +559,9 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
     )
     .map_err(io(&summary_path))?;
     let charts = if opts.charts {
-        let records = read_metrics(&jsonl_path).map_err(io(&jsonl_path))?;
+        // Charts from the file, thinned to at most 900 iterations (a 900-pixel-wide chart):
+        // memory stays flat however long the run was.
+        let records = read_metrics_decimated(&jsonl_path, 450).map_err(io(&jsonl_path))?;
         crate::report::run_charts(&records, &config, &out.join("charts")).map_err(io(&out))?
     } else {
         Vec::new()
