@@ -430,3 +430,54 @@ fn charts_read_a_bounded_evenly_spaced_sample() {
     // Whole iterations: both steps of each.
     assert_eq!(thin.len(), 2 * its.len());
 }
+
+/// A checkpoint file altered after it was written (a bit flipped, same size) or deleted does
+/// not load: resume says so, falls back to the newest checkpoint that verifies, and the run
+/// still ends exactly as an uninterrupted one.
+#[test]
+fn resume_falls_back_past_a_checkpoint_that_does_not_verify() {
+    let mut config = short_lecture(6);
+    config.run.checkpoint_every = 3;
+    let full = temp_dir("verify-full");
+    run_to(config.clone(), Compute::cpu(), &full);
+    for (name, damage) in [("flip", "policy.bpk"), ("gone", "fused_adam.bin")] {
+        let part = temp_dir(&format!("verify-{name}"));
+        run_to(config.clone(), Compute::cpu(), &part);
+        let ck = part.join("checkpoints");
+        // Killed in iteration 4; then iter-000003 damaged.
+        std::fs::remove_dir_all(ck.join("iter-000006")).unwrap();
+        std::fs::write(ck.join("latest"), "iter-000003").unwrap();
+        let jsonl = part.join("metrics.jsonl");
+        let text = std::fs::read_to_string(&jsonl).unwrap();
+        let keep: Vec<&str> = text.lines().take(45).collect();
+        std::fs::write(&jsonl, keep.join("\n") + "\n").unwrap();
+        let file = ck.join("iter-000003").join(damage);
+        if name == "flip" {
+            let mut bytes = std::fs::read(&file).unwrap();
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 0x10;
+            std::fs::write(&file, bytes).unwrap();
+        } else {
+            std::fs::remove_file(&file).unwrap();
+        }
+        train::run(
+            config.clone(),
+            Compute::cpu(),
+            RunOptions {
+                out: part.clone(),
+                resume: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            metrics_without_timing(&full.join("metrics.jsonl")),
+            metrics_without_timing(&part.join("metrics.jsonl")),
+            "{name}"
+        );
+        assert!(
+            ck.join("iter-000006").join("manifest.json").exists(),
+            "{name}"
+        );
+    }
+}

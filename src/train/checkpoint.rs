@@ -1,12 +1,18 @@
 //! Checkpoints on disk: the trainer's state (`state.json`) and its engine's named blobs
 //! (`policy.bpk`, `reference.bpk` in burn's format, and the optimizer state), one directory
-//! per iteration. Each file is written to a temporary name and renamed into place, so a crash
-//! leaves either the old file or the new one, never half of one.
+//! per iteration, closed by `manifest.json`: every file's size and SHA-256, and the step the
+//! checkpoint belongs to. Each file is written to a temporary name, synced and renamed, the
+//! manifest last, so a directory whose manifest verifies is complete and unaltered; resume
+//! takes the newest such one.
 
 use crate::grpo::{TrainError, Trainer, TrainerState};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::path::Path;
+
+const MANIFEST: &str = "manifest.json";
 
 fn err(dir: &Path, e: impl std::fmt::Display) -> TrainError {
     TrainError::Checkpoint {
@@ -26,30 +32,97 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     fs::rename(&tmp, path)
 }
 
+fn sha256(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Manifest {
+    iteration: usize,
+    global_step: usize,
+    /// name → (size in bytes, SHA-256 hex)
+    files: BTreeMap<String, (u64, String)>,
+}
+
 /// Write the trainer's state between iterations into `dir`.
 pub fn save(trainer: &Trainer, dir: &Path) -> Result<(), TrainError> {
-    let (state, blobs) = trainer.snapshot()?;
+    let (state, mut blobs) = trainer.snapshot()?;
     fs::create_dir_all(dir).map_err(|e| err(dir, e))?;
+    blobs.push((
+        "state.json".into(),
+        serde_json::to_vec(&state).map_err(|e| err(dir, e))?,
+    ));
+    let mut files = BTreeMap::new();
     for (name, bytes) in &blobs {
         write_atomic(&dir.join(name), bytes).map_err(|e| err(dir, e))?;
+        files.insert(name.clone(), (bytes.len() as u64, sha256(bytes)));
     }
-    let state = serde_json::to_vec(&state).map_err(|e| err(dir, e))?;
-    // state.json last: a directory with it is complete.
-    write_atomic(&dir.join("state.json"), &state).map_err(|e| err(dir, e))
+    let manifest = Manifest {
+        iteration: state.iteration,
+        global_step: state.global_step,
+        files,
+    };
+    let text = serde_json::to_vec_pretty(&manifest).map_err(|e| err(dir, e))?;
+    // The manifest last: a directory with one that verifies is complete.
+    write_atomic(&dir.join(MANIFEST), &text).map_err(|e| err(dir, e))
+}
+
+/// Read a checkpoint's files, verified against its manifest. A checkpoint written before
+/// manifests existed (only `state.json`) is read as it is.
+fn read_verified(dir: &Path) -> Result<(TrainerState, Vec<(String, Vec<u8>)>), String> {
+    let read = |name: &str| fs::read(dir.join(name)).map_err(|e| format!("{name}: {e}"));
+    let mut blobs = Vec::new();
+    match fs::read(dir.join(MANIFEST)) {
+        Ok(text) => {
+            let manifest: Manifest =
+                serde_json::from_slice(&text).map_err(|e| format!("{MANIFEST}: {e}"))?;
+            for (name, (size, hash)) in &manifest.files {
+                let bytes = read(name)?;
+                if bytes.len() as u64 != *size || sha256(&bytes) != *hash {
+                    return Err(format!(
+                        "{name} does not match the manifest (size {} vs {size}, or its checksum)",
+                        bytes.len()
+                    ));
+                }
+                blobs.push((name.clone(), bytes));
+            }
+        }
+        Err(_) if dir.join("state.json").exists() => {
+            for entry in fs::read_dir(dir).map_err(|e| e.to_string())? {
+                let path = entry.map_err(|e| e.to_string())?.path();
+                let name = path.file_name().map(|n| n.to_string_lossy().to_string());
+                if let Some(name) = name.filter(|n| !n.ends_with(".tmp")) {
+                    blobs.push((name.clone(), read(&name)?));
+                }
+            }
+        }
+        Err(e) => {
+            return Err(format!(
+                "no {MANIFEST} ({e}): the checkpoint was not finished"
+            ));
+        }
+    }
+    let state_at = blobs
+        .iter()
+        .position(|(n, _)| n == "state.json")
+        .ok_or("no state.json")?;
+    let (_, state) = blobs.remove(state_at);
+    let state: TrainerState =
+        serde_json::from_slice(&state).map_err(|e| format!("state.json: {e}"))?;
+    blobs.sort();
+    Ok((state, blobs))
+}
+
+/// Whether `dir` holds a complete checkpoint whose files match their manifest.
+pub fn verify(dir: &Path) -> Result<(), String> {
+    read_verified(dir).map(|_| ())
 }
 
 /// Restore what `save` wrote; the run then continues bit-identically.
 pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<(), TrainError> {
-    let text = fs::read_to_string(dir.join("state.json")).map_err(|e| err(dir, e))?;
-    let state: TrainerState = serde_json::from_str(&text).map_err(|e| err(dir, e))?;
-    let mut blobs = Vec::new();
-    for entry in fs::read_dir(dir).map_err(|e| err(dir, e))? {
-        let path = entry.map_err(|e| err(dir, e))?.path();
-        let name = path.file_name().map(|n| n.to_string_lossy().to_string());
-        if let Some(name) = name.filter(|n| n != "state.json" && !n.ends_with(".tmp")) {
-            blobs.push((name, fs::read(&path).map_err(|e| err(dir, e))?));
-        }
-    }
-    blobs.sort();
+    let (state, blobs) = read_verified(dir).map_err(|e| err(dir, e))?;
     trainer.restore(state, &blobs)
 }

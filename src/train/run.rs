@@ -329,29 +329,40 @@ fn checkpoint_dir(out: &Path, iteration: usize) -> PathBuf {
     out.join("checkpoints").join(format!("iter-{iteration:06}"))
 }
 
-/// The checkpoint `latest` names; when it is missing, empty, garbage or names a directory
-/// without `state.json` (a crash mid-write), the newest complete one, with a warning.
+/// The checkpoint to resume from: the one `latest` names if it verifies against its manifest,
+/// else the newest that does, each one passed over named with the reason (a crash mid-write,
+/// a file cut, edited or deleted since).
 fn latest_checkpoint(out: &Path) -> Option<PathBuf> {
     let root = out.join("checkpoints");
     let named = fs::read_to_string(root.join("latest"))
         .ok()
         .map(|name| root.join(name.trim()))
-        .filter(|dir| dir.join("state.json").exists());
-    if named.is_some() {
-        return named;
-    }
-    let mut complete: Vec<PathBuf> = fs::read_dir(&root)
+        .filter(|dir| dir.is_dir() && dir.starts_with(&root));
+    let mut all: Vec<PathBuf> = fs::read_dir(&root)
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("state.json").exists())
+        .filter(|p| p.is_dir())
         .collect();
-    complete.sort();
-    let newest = complete.pop()?;
-    eprintln!(
-        "grpo-lab: checkpoints/latest is missing or broken; resuming from the newest complete checkpoint, {}",
-        newest.display()
-    );
-    Some(newest)
+    all.sort();
+    all.reverse();
+    let candidates = named
+        .iter()
+        .chain(all.iter().filter(|d| Some(*d) != named.as_ref()));
+    for (i, dir) in candidates.enumerate() {
+        match super::checkpoint::verify(dir) {
+            Ok(()) => {
+                if i > 0 || named.is_none() {
+                    eprintln!(
+                        "grpo-lab: resuming from {}, the newest checkpoint that verifies",
+                        dir.display()
+                    );
+                }
+                return Some(dir.clone());
+            }
+            Err(why) => eprintln!("grpo-lab: passing over checkpoint {}: {why}", dir.display()),
+        }
+    }
+    None
 }
 
 fn write_checkpoint(trainer: &Trainer, out: &Path) -> Result<(), RunError> {
@@ -364,14 +375,21 @@ fn write_checkpoint(trainer: &Trainer, out: &Path) -> Result<(), RunError> {
         .to_string_lossy()
         .to_string();
     super::checkpoint::write_atomic(&latest, name.as_bytes()).map_err(io(&latest))?;
-    // Keep the three most recent checkpoints.
-    let mut all: Vec<PathBuf> = fs::read_dir(out.join("checkpoints"))
+    // Keep this checkpoint and the two newest earlier ones; only once this one verifies, and
+    // never one after it (a resume from an earlier checkpoint rewrites those in turn).
+    if let Err(why) = super::checkpoint::verify(&dir) {
+        return Err(RunError::Train(TrainError::Checkpoint {
+            path: dir.display().to_string(),
+            reason: format!("just written, it does not verify: {why}"),
+        }));
+    }
+    let mut earlier: Vec<PathBuf> = fs::read_dir(out.join("checkpoints"))
         .map_err(io(out))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_dir())
+        .filter(|p| p.is_dir() && *p < dir)
         .collect();
-    all.sort();
-    for old in all.iter().rev().skip(3) {
+    earlier.sort();
+    for old in earlier.iter().rev().skip(2) {
         let _ = fs::remove_dir_all(old);
     }
     Ok(())
