@@ -124,6 +124,9 @@ pub struct GrpoApp {
     pub window_gpu: WindowGpuErrors,
     /// The trainer thread ended on its own (it panicked); the next ⟲ Reset starts a new one.
     trainer_gone: bool,
+    /// Between a Reset and the new run's `Started`: records still queued from the old run
+    /// are dropped, not mixed into the new one.
+    awaiting_start: bool,
 }
 
 /// Errors on the window's own wgpu device (uncaptured validation errors, a lost device,
@@ -232,6 +235,7 @@ impl GrpoApp {
             inline: options.inline_trainer,
             window_gpu: WindowGpuErrors::default(),
             trainer_gone: false,
+            awaiting_start: false,
         };
         app.reset(draft);
         if options.autoplay {
@@ -257,6 +261,7 @@ impl GrpoApp {
         self.error = None;
         self.inspector_iteration = None;
         self.running = Some(config.clone());
+        self.awaiting_start = true;
         self.worker.send(Command::Reset(Box::new(config)));
         self.pump();
     }
@@ -305,7 +310,10 @@ impl GrpoApp {
                     self.device = device;
                     self.train_prompts = train_prompts;
                     self.running = Some(*config);
+                    self.awaiting_start = false;
                 }
+                // The old run's last records, sent before the trainer saw the Reset.
+                Event::Record(_) if self.awaiting_start => {}
                 Event::Record(r) => self.run.push(*r, mu),
                 Event::Playing(p) => self.playing = p,
                 Event::Finished => self.finished = true,
@@ -704,6 +712,51 @@ mod tests {
             app.drain_events();
         }
         assert!(app.error.is_none(), "{:?}", app.error);
+    }
+
+    /// Reset while the trainer thread plays: the old run's records still queued are dropped,
+    /// so the new run's series start at its own step 1.
+    #[test]
+    fn reset_while_training_keeps_no_record_of_the_old_run() {
+        let mut config = RunConfig::preset("lecture17").unwrap();
+        config.run.iterations = 100_000;
+        config.run.device = DeviceChoice::Cpu;
+        let mut app = GrpoApp::new(
+            None,
+            AppOptions {
+                inline_trainer: false,
+                config: Some(config.clone()),
+                fresh: true,
+                ..Default::default()
+            },
+        );
+        let wait = |app: &mut GrpoApp, what: &str, done: &dyn Fn(&GrpoApp) -> bool| {
+            let t = std::time::Instant::now();
+            while !done(app) {
+                assert!(t.elapsed().as_secs() < 60, "{what}");
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                app.drain_events();
+            }
+        };
+        wait(&mut app, "the first run never started", &|a| {
+            !a.device.is_empty()
+        });
+        app.send(super::worker::Command::Play);
+        wait(&mut app, "no steps", &|a| a.run.steps > 200);
+        // The trainer keeps sending while the Reset travels to it.
+        let mut second = config.clone();
+        second.run.seed = 11;
+        app.reset(second);
+        app.send(super::worker::Command::Play);
+        wait(&mut app, "the second run never stepped", &|a| {
+            a.run.steps > 0
+        });
+        app.send(super::worker::Command::Pause);
+        let last = app.run.last.as_ref().expect("a record");
+        assert_eq!(
+            last.step, app.run.steps,
+            "records of the old run leaked into the new one"
+        );
     }
 
     #[test]

@@ -415,8 +415,13 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
         }
     });
     let l = ui.label("Shared line");
-    ui.add(egui::TextEdit::singleline(&mut app.share_string).hint_text("grpo-lab:{…}"))
-        .labelled_by(l.id);
+    // Bounded: a whole config is ~2 kB; a paste of megabytes would only cost memory.
+    ui.add(
+        egui::TextEdit::singleline(&mut app.share_string)
+            .char_limit(16 * 1024)
+            .hint_text("grpo-lab:{…}"),
+    )
+    .labelled_by(l.id);
 }
 
 /// The whole config as one line (TensorFlow Playground style).
