@@ -397,6 +397,9 @@ pub struct RunSettings {
     /// equal to burn's by tests): `auto` uses it on the CPU backend when the config allows,
     /// `off` always takes burn's autodiff path.
     pub fused_step: FusedChoice,
+    /// Refuse a config whose memory estimate exceeds this many MiB (0 = the memory this
+    /// machine has available when the run starts).
+    pub max_memory_mib: usize,
 }
 
 impl Default for RunSettings {
@@ -410,6 +413,7 @@ impl Default for RunSettings {
             device: DeviceChoice::Auto,
             kernels: KernelChoice::Auto,
             fused_step: FusedChoice::Auto,
+            max_memory_mib: 0,
         }
     }
 }
@@ -784,6 +788,8 @@ pub const FIELDS: &[Field] = &[
         "Sampling, verifier and advantages in our WGSL kernels (gpu) or plain Rust (reference); auto: the kernels whenever the device is a wgpu adapter. Same tokens either way."),
     Field::new("run.fused_step", "Fused step", Range::Choice(FusedChoice::NAMES),
         "The lecture model's fused CPU optimizer step (forward, backward and Adam by hand, held equal to burn's by tests): auto uses it on the CPU backend when the config allows; off always takes burn's autodiff path."),
+    Field::new("run.max_memory_mib", "Memory cap (MiB)", Range::ANY_INT,
+        "A config whose memory estimate (`grpo-lab train --dry-run` prints it) exceeds this is refused before anything is allocated, naming the fields that drive it. 0 = the memory this machine has available."),
 ];
 
 /// The config reference as markdown, from [`FIELDS`] (`grpo-lab config-docs`).

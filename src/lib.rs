@@ -1,7 +1,7 @@
 //! grpo-lab: GRPO on the sorting toy task, on any GPU through wgpu.
 //!
 //! Layers, bottom up (an arrow only points down):
-//! 1. [`config`], [`metrics`], [`task`], [`objective`] (the formulas), [`gpu`], [`rng`]
+//! 1. [`config`], [`estimate`], [`metrics`], [`task`], [`objective`] (the formulas), [`gpu`], [`rng`]
 //! 2. [`model`], [`engine`] (the compute paths behind one seam)
 //! 3. [`grpo`] (one iteration, top to bottom; no burn, gemm or wgpu)
 //! 4. [`train`], [`report`]
@@ -15,6 +15,7 @@ pub mod app;
 pub mod bench;
 pub mod config;
 pub mod engine;
+pub mod estimate;
 pub mod experiment;
 pub mod gpu;
 pub mod grpo;

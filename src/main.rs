@@ -139,6 +139,9 @@ struct TrainArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Validate the config, print its memory estimate against the cap, and exit (2 if over).
+    #[arg(long)]
+    dry_run: bool,
 }
 
 #[derive(Args)]
@@ -270,6 +273,22 @@ fn open_device_for(choice: DeviceChoice, config: &RunConfig) -> Result<Compute> 
 }
 
 fn train_cmd(args: TrainArgs) -> Result<()> {
+    if args.dry_run && args.resume.is_none() {
+        let config = build_config(&args.config)?;
+        let e = grpo_lab::estimate::estimate(&config);
+        println!(
+            "{} is valid. Memory estimate:\n{}",
+            config.run.name,
+            e.table()
+        );
+        return match train::run::memory_cap(&config) {
+            Some((cap, from)) => {
+                println!("cap: {cap:.0} MiB ({from})");
+                train::run::check_memory(&config).map_err(user)
+            }
+            None => Ok(()),
+        };
+    }
     train::install_interrupt_handler();
     let resume_dir = args.resume.clone();
     let out = match (&resume_dir, &args.out) {
@@ -685,6 +704,7 @@ fn demo() -> Result<()> {
         resume: None,
         force: true,
         quiet: false,
+        dry_run: false,
     })
 }
 

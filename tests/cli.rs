@@ -463,3 +463,61 @@ fn bad_sizes_are_refused_with_exit_2() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("distinct prompts"), "{}", stderr(&o));
 }
+
+/// Absurd sizes are refused before anything is allocated (they aborted the process), naming
+/// the fields that drive the estimate; `--dry-run` prints the estimate.
+#[test]
+fn absurd_sizes_are_refused_by_their_memory_estimate() {
+    let out = temp_dir("cli-absurd");
+    for (preset, set, field) in [
+        (
+            "random-sort",
+            "task.train_size=1000000000",
+            "task.train_size",
+        ),
+        ("transformer-sort", "model.d_ff=1000000000", "model.d_ff"),
+        (
+            "transformer-sort",
+            "sft.batch_size=1000000000",
+            "sft.batch_size",
+        ),
+    ] {
+        let o = grpo_lab(&[
+            "train",
+            "--preset",
+            preset,
+            "--set",
+            set,
+            "--device",
+            "cpu",
+            "--quiet",
+            "--out",
+            out.to_str().unwrap(),
+            "--force",
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{set}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(field) && stderr(&o).contains("MiB"),
+            "{set}: {}",
+            stderr(&o)
+        );
+        assert!(!out.join("config.toml").exists(), "{set}: nothing written");
+    }
+    let o = grpo_lab(&["train", "--preset", "lecture17", "--dry-run"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("total") && stdout(&o).contains("MiB"),
+        "{}",
+        stdout(&o)
+    );
+    let o = grpo_lab(&[
+        "train",
+        "--preset",
+        "scaled",
+        "--dry-run",
+        "--set",
+        "run.max_memory_mib=1",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("run.max_memory_mib"), "{}", stderr(&o));
+}

@@ -75,8 +75,11 @@ impl Core {
                 self.playing = false;
                 self.pending_steps = 0;
                 let _ = tx.send(Event::Playing(false));
-                match crate::engine::select(config.run.device, &config)
+                match crate::train::run::check_memory(&config)
                     .map_err(|e| e.to_string())
+                    .and_then(|()| {
+                        crate::engine::select(config.run.device, &config).map_err(|e| e.to_string())
+                    })
                     .and_then(|(c, why)| {
                         log::info!("{why}");
                         Trainer::new(*config.clone(), c).map_err(|e| e.to_string())

@@ -29,6 +29,15 @@ pub enum RunError {
         "--resume: {path} does not hold every step before the checkpoint ({detail}); it was edited or damaged, so the run is not continued over it"
     )]
     MetricsGap { path: PathBuf, detail: String },
+    #[error(
+        "this config would need about {estimate:.0} MiB, over the {cap:.0} MiB {cap_from}; mostly: {drivers} (`grpo-lab train --dry-run` prints the whole estimate; run.max_memory_mib sets the cap)"
+    )]
+    TooBig {
+        estimate: f64,
+        cap: f64,
+        cap_from: &'static str,
+        drivers: String,
+    },
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
@@ -49,6 +58,7 @@ impl RunError {
                 | Self::NothingToResume(_)
                 | Self::NoCheckpoint(_)
                 | Self::MetricsGap { .. }
+                | Self::TooBig { .. }
                 | Self::Config(_)
                 | Self::Train(TrainError::NonFinite { .. })
                 | Self::Train(TrainError::ConfigChanged(_))
@@ -399,8 +409,39 @@ fn is_run_dir(out: &Path) -> bool {
     out.join("config.toml").exists() || out.join("metrics.jsonl").exists()
 }
 
+/// Memory this machine has available now, in MiB (Linux's `MemAvailable`; None elsewhere).
+pub fn available_memory_mib() -> Option<f64> {
+    let info = fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// The memory cap of a config and where it comes from (None: no cap known).
+pub fn memory_cap(config: &RunConfig) -> Option<(f64, &'static str)> {
+    match config.run.max_memory_mib {
+        0 => available_memory_mib().map(|m| (m, "this machine has available")),
+        m => Some((m as f64, "of run.max_memory_mib")),
+    }
+}
+
+/// Refuse a config whose memory estimate exceeds its cap, before anything is allocated.
+pub fn check_memory(config: &RunConfig) -> Result<(), RunError> {
+    let e = crate::estimate::estimate(config);
+    match memory_cap(config) {
+        Some((cap, cap_from)) if e.total_mib() > cap => Err(RunError::TooBig {
+            estimate: e.total_mib(),
+            cap,
+            cap_from,
+            drivers: e.drivers(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Run `config` to the end (or resume the run in `opts.out`).
 pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunOutcome, RunError> {
+    check_memory(&config)?;
     let out = opts.out.clone();
     let config_path = out.join("config.toml");
     let config = if opts.resume {
