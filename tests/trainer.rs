@@ -481,3 +481,39 @@ fn resume_falls_back_past_a_checkpoint_that_does_not_verify() {
         );
     }
 }
+
+/// A checkpoint resumes on the engine that can continue it exactly: one written on burn's
+/// path (here lavapipe) continues on burn's path with its Adam state even where `auto` would
+/// pick the fused CPU step; one written by the fused step refuses burn's path, saying which
+/// device continues it, instead of restarting Adam silently.
+#[test]
+fn a_checkpoint_continues_on_an_engine_that_holds_its_optimizer_state() {
+    let Some(wgpu) = wgpu_compute() else {
+        eprintln!("no wgpu adapter: skipped");
+        return;
+    };
+    let config = short_lecture(2);
+    let resume = |dir: &std::path::Path, compute: Compute| {
+        train::run(
+            config.clone(),
+            compute,
+            RunOptions {
+                out: dir.to_path_buf(),
+                resume: true,
+                ..Default::default()
+            },
+        )
+    };
+    let on_wgpu = temp_dir("engine-wgpu");
+    run_to(config.clone(), wgpu.clone(), &on_wgpu);
+    let out = resume(&on_wgpu, Compute::cpu()).unwrap();
+    assert!(
+        out.summary.device.starts_with("burn autodiff"),
+        "{}",
+        out.summary.device
+    );
+    let on_cpu = temp_dir("engine-cpu");
+    run_to(config.clone(), Compute::cpu(), &on_cpu);
+    let e = resume(&on_cpu, wgpu).unwrap_err();
+    assert!(e.to_string().contains("--device cpu"), "{e}");
+}

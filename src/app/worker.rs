@@ -93,6 +93,9 @@ impl Core {
                         self.trainer = Some(t);
                     }
                     Err(e) => {
+                        // The old run is over either way: no Play may continue it under the
+                        // new config the window now shows.
+                        self.trainer = None;
                         let _ = tx.send(Event::Error(e));
                     }
                 }

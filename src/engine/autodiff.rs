@@ -157,8 +157,29 @@ impl BurnEngine {
     /// policy and reference; a fresh Adam where the snapshot has no burn optimizer state).
     pub fn from_snapshot(config: &RunConfig, snapshot: &Snapshot) -> Result<Self, EngineError> {
         let mut e = Self::new(config, Compute::cpu())?;
-        e.restore(snapshot)?;
+        e.restore_weights(snapshot)?;
+        if let Some(bytes) = blob(snapshot, "optimizer.bpk") {
+            e.restore_optimizer(bytes)?;
+        }
         Ok(e)
+    }
+
+    fn restore_weights(&mut self, snapshot: &Snapshot) -> Result<(), EngineError> {
+        let need = |name: &str| {
+            blob(snapshot, name).ok_or_else(|| EngineError::Snapshot(format!("{name} is missing")))
+        };
+        self.policy = load_policy(self.policy.clone(), need("policy.bpk")?)?;
+        self.reference = load_policy(self.reference.clone(), need("reference.bpk")?)?.no_grad();
+        Ok(())
+    }
+
+    fn restore_optimizer(&mut self, bytes: &[u8]) -> Result<(), EngineError> {
+        self.optim = self
+            .optim
+            .clone()
+            .from_bytes(Bytes::from_bytes_vec(bytes.to_vec()))
+            .map_err(|e| EngineError::Snapshot(e.to_string()))?;
+        Ok(())
     }
 
     pub fn policy(&self) -> &Policy {
@@ -472,22 +493,18 @@ impl Engine for BurnEngine {
     }
 
     fn restore(&mut self, snapshot: &Snapshot) -> Result<(), EngineError> {
-        let need = |name: &str| {
-            blob(snapshot, name).ok_or_else(|| EngineError::Snapshot(format!("{name} is missing")))
-        };
-        self.policy = load_policy(self.policy.clone(), need("policy.bpk")?)?;
-        self.reference = load_policy(self.reference.clone(), need("reference.bpk")?)?.no_grad();
-        self.optim = match blob(snapshot, "optimizer.bpk") {
-            Some(bytes) => self
-                .optim
-                .clone()
-                .from_bytes(Bytes::from_bytes_vec(bytes.to_vec()))
-                .map_err(|e| EngineError::Snapshot(e.to_string()))?,
-            None => adam(&self.optimizer),
-        };
-        Ok(())
+        // A checkpoint of the fused CPU step holds its own Adam state, not burn's: continuing
+        // it here would silently restart Adam. Say where it continues instead.
+        let optimizer = blob(snapshot, "optimizer.bpk").ok_or_else(|| {
+            EngineError::Snapshot(if blob(snapshot, "fused_adam.bin").is_some() {
+                "this checkpoint was written by the fused CPU lecture step (its Adam state is fused_adam.bin): resume it with --device cpu".into()
+            } else {
+                "optimizer.bpk is missing".into()
+            })
+        })?;
+        self.restore_weights(snapshot)?;
+        self.restore_optimizer(optimizer)
     }
-
     fn supports(&self, _config: &RunConfig) -> bool {
         true
     }

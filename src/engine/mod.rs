@@ -261,6 +261,19 @@ pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + S
 ///   too, without the GPU's width).
 pub fn auto_device(config: &RunConfig, hardware_gpu: Option<&str>) -> (DeviceChoice, String) {
     let lecture = config.model.kind == ModelKind::Lecture;
+    if config.run.kernels == crate::config::KernelChoice::Gpu {
+        // The WGSL kernels were asked for: they need a wgpu device, lavapipe if nothing else.
+        return match hardware_gpu {
+            Some(name) => (
+                DeviceChoice::Gpu,
+                format!("run.kernels = gpu, on the hardware GPU {name}"),
+            ),
+            None => (
+                DeviceChoice::Software,
+                "run.kernels = gpu and no hardware GPU, so lavapipe".into(),
+            ),
+        };
+    }
     match hardware_gpu {
         None => (
             DeviceChoice::Cpu,
@@ -293,4 +306,26 @@ pub fn select(choice: DeviceChoice, config: &RunConfig) -> Result<(Compute, Stri
         compute.clone(),
         format!("engine: {engine} on {} — {why}", compute.label),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_never_trains_on_lavapipe_unless_the_kernels_are_asked_for() {
+        let lecture = RunConfig::preset("lecture17").unwrap();
+        let transformer = RunConfig::preset("transformer-sort").unwrap();
+        assert_eq!(auto_device(&lecture, None).0, DeviceChoice::Cpu);
+        assert_eq!(auto_device(&transformer, None).0, DeviceChoice::Cpu);
+        assert_eq!(auto_device(&lecture, Some("a GPU")).0, DeviceChoice::Cpu);
+        assert_eq!(
+            auto_device(&transformer, Some("a GPU")).0,
+            DeviceChoice::Gpu
+        );
+        let mut kernels = lecture.clone();
+        kernels.run.kernels = crate::config::KernelChoice::Gpu;
+        assert_eq!(auto_device(&kernels, None).0, DeviceChoice::Software);
+        assert_eq!(auto_device(&kernels, Some("a GPU")).0, DeviceChoice::Gpu);
+    }
 }

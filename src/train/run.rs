@@ -180,6 +180,67 @@ struct Sinks {
 }
 
 impl Sinks {
+    fn create(
+        jsonl_path: &Path,
+        csv_path: &Path,
+        sender: Option<Sender<StepRecord>>,
+    ) -> Result<Self, RunError> {
+        let jsonl = File::create(jsonl_path).map_err(io(jsonl_path))?;
+        let mut csv = BufWriter::new(File::create(csv_path).map_err(io(csv_path))?);
+        writeln!(csv, "{}", StepRecord::csv_header()).map_err(io(csv_path))?;
+        Ok(Self {
+            jsonl: BufWriter::new(jsonl),
+            csv,
+            sender,
+        })
+    }
+
+    /// Continue files whose first `keep` bytes of `metrics.jsonl` are the records to keep:
+    /// the rest is cut in place (no copy of the run in memory), `metrics.csv` rebuilt from
+    /// what is kept through a temporary file.
+    fn resume(
+        jsonl_path: &Path,
+        csv_path: &Path,
+        keep: u64,
+        sender: Option<Sender<StepRecord>>,
+    ) -> Result<Self, RunError> {
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(jsonl_path)
+            .map_err(io(jsonl_path))?;
+        file.set_len(keep).map_err(io(jsonl_path))?;
+        file.sync_data().map_err(io(jsonl_path))?;
+        let mut text = String::from(StepRecord::csv_header());
+        text.push('\n');
+        use std::io::BufRead;
+        let reader = std::io::BufReader::new(File::open(jsonl_path).map_err(io(jsonl_path))?);
+        for line in reader.lines() {
+            let line = line.map_err(io(jsonl_path))?;
+            if let Ok(r) = serde_json::from_str::<StepRecord>(&line) {
+                text.push_str(&r.csv_row());
+                text.push('\n');
+            }
+        }
+        super::checkpoint::write_atomic(csv_path, text.as_bytes()).map_err(io(csv_path))?;
+        let csv = fs::OpenOptions::new()
+            .append(true)
+            .open(csv_path)
+            .map_err(io(csv_path))?;
+        Ok(Self {
+            jsonl: BufWriter::new(file),
+            csv: BufWriter::new(csv),
+            sender,
+        })
+    }
+
+    /// Flush and sync to disk: before a checkpoint, so no checkpoint outlives its metrics.
+    fn sync(&mut self) -> std::io::Result<()> {
+        self.flush()?;
+        self.jsonl.get_ref().sync_data()?;
+        self.csv.get_ref().sync_data()
+    }
+
     fn write(&mut self, record: &StepRecord) -> std::io::Result<()> {
         serde_json::to_writer(&mut self.jsonl, record)?;
         self.jsonl.write_all(b"\n")?;
@@ -231,37 +292,73 @@ pub fn read_metrics(path: &Path) -> std::io::Result<Vec<StepRecord>> {
     }
 }
 
-/// `None` when `records` are exactly steps 1..=`steps` in order, else which are missing or
-/// repeated.
-fn step_gaps(records: &[StepRecord], steps: usize) -> Option<String> {
-    if records.len() == steps && records.iter().enumerate().all(|(i, r)| r.step == i + 1) {
-        return None;
-    }
-    let mut seen = vec![0usize; steps + 1];
-    for r in records {
-        if r.step <= steps {
-            seen[r.step] += 1;
-        }
-    }
-    let list = |want: &dyn Fn(usize) -> bool| -> Vec<String> {
-        (1..=steps)
-            .filter(|&s| want(seen[s]))
-            .take(10)
-            .map(|s| s.to_string())
-            .collect()
+/// Check `metrics.jsonl` against a checkpoint taken before iteration `iteration` (after
+/// `steps` optimizer steps), streaming: the records before it must be exactly steps 1..=steps,
+/// in order; a last line cut short is dropped with a warning. Returns the byte length of the
+/// part to keep (the rest is redone) and its last record.
+fn reconcile_metrics(
+    path: &Path,
+    iteration: usize,
+    steps: usize,
+) -> Result<(u64, Option<StepRecord>), RunError> {
+    use std::io::BufRead;
+    let gap = |detail: String| RunError::MetricsGap {
+        path: path.to_path_buf(),
+        detail,
     };
-    let (missing, repeated) = (list(&|c| c == 0), list(&|c| c > 1));
-    let mut parts = Vec::new();
-    if !missing.is_empty() {
-        parts.push(format!("missing step {}", missing.join(", ")));
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(_) if steps == 0 => return Ok((0, None)),
+        Err(e) => return Err(gap(format!("missing step 1..={steps} ({e})"))),
+    };
+    let mut reader = std::io::BufReader::new(file);
+    let (mut line, mut offset, mut number) = (String::new(), 0u64, 0usize);
+    let mut last: Option<StepRecord> = None;
+    let mut seen = 0usize;
+    loop {
+        line.clear();
+        let read = reader.read_line(&mut line).map_err(io(path))?;
+        if read == 0 {
+            break;
+        }
+        number += 1;
+        let r: StepRecord = match serde_json::from_str(&line) {
+            Ok(r) => r,
+            Err(_) if !line.ends_with('\n') => {
+                eprintln!(
+                    "grpo-lab: {}: line {number} was cut short (an interrupted write); dropped",
+                    path.display()
+                );
+                break;
+            }
+            Err(e) => {
+                return Err(RunError::Io {
+                    path: path.to_path_buf(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("line {number}: {e}"),
+                    ),
+                });
+            }
+        };
+        if r.iteration >= iteration {
+            break;
+        }
+        if r.step != seen + 1 {
+            return Err(gap(if r.step > seen + 1 {
+                format!("missing step {}", seen + 1)
+            } else {
+                format!("repeated step {} (line {number})", r.step)
+            }));
+        }
+        seen = r.step;
+        offset += read as u64;
+        last = Some(r);
     }
-    if !repeated.is_empty() {
-        parts.push(format!("repeated step {}", repeated.join(", ")));
+    if seen != steps {
+        return Err(gap(format!("missing step {}", seen + 1)));
     }
-    if parts.is_empty() {
-        parts.push("records out of order".into());
-    }
-    Some(parts.join("; "))
+    Ok((offset, last))
 }
 
 /// `metrics.jsonl` thinned for charts, in bounded memory for any run length: every record of
@@ -335,6 +432,15 @@ pub fn read_metrics_decimated(
     Ok(t.kept)
 }
 
+/// The iteration a checkpoint directory `iter-N` belongs to (numbers past 999 999 sort right).
+fn checkpoint_number(dir: &Path) -> u64 {
+    dir.file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("iter-"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 fn checkpoint_dir(out: &Path, iteration: usize) -> PathBuf {
     out.join("checkpoints").join(format!("iter-{iteration:06}"))
 }
@@ -353,8 +459,7 @@ fn latest_checkpoint(out: &Path) -> Option<PathBuf> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.is_dir())
         .collect();
-    all.sort();
-    all.reverse();
+    all.sort_by_key(|p| std::cmp::Reverse(checkpoint_number(p)));
     let candidates = named
         .iter()
         .chain(all.iter().filter(|d| Some(*d) != named.as_ref()));
@@ -396,9 +501,9 @@ fn write_checkpoint(trainer: &Trainer, out: &Path) -> Result<(), RunError> {
     let mut earlier: Vec<PathBuf> = fs::read_dir(out.join("checkpoints"))
         .map_err(io(out))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_dir() && *p < dir)
+        .filter(|p| p.is_dir() && checkpoint_number(p) < checkpoint_number(&dir))
         .collect();
-    earlier.sort();
+    earlier.sort_by_key(|p| checkpoint_number(p));
     for old in earlier.iter().rev().skip(2) {
         let _ = fs::remove_dir_all(old);
     }
@@ -461,9 +566,6 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
                 changed.join(", "),
             )));
         }
-        if stored.run.iterations != config.run.iterations {
-            fs::write(&config_path, config.to_toml()).map_err(io(&config_path))?;
-        }
         config
     } else {
         if is_run_dir(&out) {
@@ -489,8 +591,8 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
     let mut trainer = Trainer::new(config.clone(), compute.clone())?;
     let jsonl_path = out.join("metrics.jsonl");
     let csv_path = out.join("metrics.csv");
-    let mut kept: Vec<StepRecord> = Vec::new();
-    if opts.resume {
+    let mut last_kept: Option<StepRecord> = None;
+    let mut sinks = if opts.resume {
         match latest_checkpoint(&out) {
             Some(dir) => super::checkpoint::load(&mut trainer, &dir)?,
             // Starting again would truncate the metrics of the run it is asked to continue.
@@ -501,29 +603,18 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
         }
         // Records past the checkpoint are redone, bit for bit; the ones before it must all be
         // there (a deleted or shortened file is refused, not continued with a hole).
-        if jsonl_path.exists() {
-            kept = read_metrics(&jsonl_path).map_err(io(&jsonl_path))?;
-            kept.retain(|r| r.iteration < trainer.iteration());
+        let (keep, kept_last) =
+            reconcile_metrics(&jsonl_path, trainer.iteration(), trainer.global_step())?;
+        last_kept = kept_last;
+        // Extending the run (`--set run.iterations=N`) is recorded once it is sure to go on.
+        if RunConfig::from_file(&config_path)?.run.iterations != config.run.iterations {
+            super::checkpoint::write_atomic(&config_path, config.to_toml().as_bytes())
+                .map_err(io(&config_path))?;
         }
-        if let Some(detail) = step_gaps(&kept, trainer.global_step()) {
-            return Err(RunError::MetricsGap {
-                path: jsonl_path,
-                detail,
-            });
-        }
-    }
-    let jsonl = File::create(&jsonl_path).map_err(io(&jsonl_path))?;
-    let csv = File::create(&csv_path).map_err(io(&csv_path))?;
-    let mut sinks = Sinks {
-        jsonl: BufWriter::new(jsonl),
-        csv: BufWriter::new(csv),
-        sender: opts.sender,
+        Sinks::resume(&jsonl_path, &csv_path, keep, opts.sender)?
+    } else {
+        Sinks::create(&jsonl_path, &csv_path, opts.sender)?
     };
-    writeln!(sinks.csv, "{}", StepRecord::csv_header()).map_err(io(&csv_path))?;
-    for r in &kept {
-        sinks.write(r).map_err(io(&jsonl_path))?;
-    }
-    sinks.flush().map_err(io(&jsonl_path))?;
 
     let total = config.total_steps() as u64;
     let bar = Progress::new(
@@ -536,7 +627,7 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
     let started = Instant::now();
     let steps_before = trainer.global_step();
     let mut status = "completed".to_string();
-    let mut last: Option<StepRecord> = kept.last().cloned();
+    let mut last: Option<StepRecord> = last_kept;
     let mut failure: Option<TrainError> = None;
     if !trainer.is_done() && trainer.at_iteration_boundary() && trainer.iteration() == 0 {
         // A checkpoint of the initial state, so even a run that diverges at once has one.
@@ -567,13 +658,16 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
         }
         let interrupts = INTERRUPTS.load(Ordering::SeqCst);
         if trainer.at_iteration_boundary() {
-            sinks.flush().map_err(io(&jsonl_path))?;
             let every = config.run.checkpoint_every;
             if interrupts > 0
                 || (every > 0 && trainer.iteration() % every == 0)
                 || trainer.is_done()
             {
+                // The metrics reach the disk before the checkpoint that follows them.
+                sinks.sync().map_err(io(&jsonl_path))?;
                 write_checkpoint(&trainer, &out)?;
+            } else {
+                sinks.flush().map_err(io(&jsonl_path))?;
             }
             if interrupts > 0 {
                 status = "interrupted".into();
