@@ -529,15 +529,20 @@ pub fn run_matrix(
         }
     }
     std::fs::create_dir_all(opts.out.join("runs")).map_err(io(&opts.out))?;
-    // One device for the matrix: the fastest engine for its first cell (`auto`), said once.
-    let first = todo.first().map(|(c, _, _)| c.clone()).unwrap_or_default();
-    let (compute, why) =
-        crate::engine::select(opts.device, &first).map_err(|e| ExperimentError::Run {
-            dir: opts.out.display().to_string(),
-            reason: e.to_string(),
-        })?;
-    if opts.progress {
-        eprintln!("grpo-lab: {why}");
+    // Each cell on the fastest engine for it (`auto`; a lecture cell and a transformer cell may
+    // differ), every device opened (and said) once, before any run starts.
+    let mut computes = Vec::with_capacity(todo.len());
+    let mut said = std::collections::BTreeSet::new();
+    for (config, _, _) in &todo {
+        let (compute, why) =
+            crate::engine::select(opts.device, config).map_err(|e| ExperimentError::Run {
+                dir: opts.out.display().to_string(),
+                reason: e.to_string(),
+            })?;
+        if opts.progress && said.insert(why.clone()) {
+            eprintln!("grpo-lab: {why}");
+        }
+        computes.push(compute);
     }
     let total_steps: u64 = todo.iter().map(|(c, _, _)| c.total_steps() as u64).sum();
     let bar = train::run::Progress::new(
@@ -562,7 +567,7 @@ pub fn run_matrix(
                     }
                     let result = train::run(
                         config.clone(),
-                        compute.clone(),
+                        computes[i].clone(),
                         RunOptions {
                             out: dir.clone(),
                             resume: *resume,

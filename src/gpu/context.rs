@@ -299,8 +299,14 @@ pub fn list_adapters() -> Vec<AdapterSummary> {
         .collect()
 }
 
-/// The name of the best hardware (non-CPU) adapter, if there is one (for `--device auto`).
+/// The name of the best hardware (non-CPU) adapter, if there is one (for `--device auto`);
+/// looked up once per process.
 pub fn hardware_adapter_name() -> Option<String> {
+    static NAME: OnceLock<Option<String>> = OnceLock::new();
+    NAME.get_or_init(probe_hardware_adapter).clone()
+}
+
+fn probe_hardware_adapter() -> Option<String> {
     let adapters = block_on_ready(instance().enumerate_adapters(backends()))?;
     adapters
         .iter()
