@@ -958,12 +958,20 @@ impl RunConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let values = serde_json::to_value(self).expect("config serializes");
         for f in FIELDS {
-            if !f.scope.applies(self) {
-                continue;
-            }
             let Some(value) = json_path(&values, f.key) else {
                 continue;
             };
+            // A NaN or ±∞ (serde_json writes them as null) is wrong in any field, used by this
+            // config or not: it would be written into the run's files all the same.
+            if value.is_null() {
+                return bad(
+                    f.key,
+                    format!("a non-finite number; allowed {}", f.allowed()),
+                );
+            }
+            if !f.scope.applies(self) {
+                continue;
+            }
             if !f.range.contains(value) {
                 // serde_json writes NaN and ±inf as null.
                 let shown = if value.is_null() {

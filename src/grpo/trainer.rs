@@ -77,7 +77,7 @@ pub struct TrainerState {
     /// The config the run had when the checkpoint was taken: a resume under another one
     /// (a hand-edited `config.toml`) is refused, except a longer `run.iterations`.
     #[serde(default)]
-    pub config: Option<RunConfig>,
+    pub config_toml: Option<String>,
 }
 
 fn yes() -> bool {
@@ -341,14 +341,25 @@ impl Trainer {
             success: self.sampler.success.clone(),
             sft_heldout_accuracy: self.sft_heldout_accuracy,
             sft_done: self.sft_done,
-            config: Some(self.config.clone()),
+            config_toml: Some(self.config.to_toml()),
         };
         Ok((state, self.engine.snapshot()?))
     }
 
     /// Continue from what `snapshot` returned; the run then continues bit-identically.
     pub fn restore(&mut self, state: TrainerState, snapshot: &Snapshot) -> Result<(), TrainError> {
-        if let Some(recorded) = &state.config {
+        let recorded = match &state.config_toml {
+            Some(text) => Some(
+                RunConfig::from_toml_str(text, "the checkpoint's config").map_err(|e| {
+                    TrainError::Checkpoint {
+                        path: "state.json".into(),
+                        reason: format!("its config does not parse: {e}"),
+                    }
+                })?,
+            ),
+            None => None,
+        };
+        if let Some(recorded) = &recorded {
             let changed: Vec<String> = recorded
                 .differing_keys(&self.config)
                 .into_iter()

@@ -1,0 +1,159 @@
+//! Property: whatever config a user writes, `grpo-lab train` either validates it and runs, or
+//! refuses it with exit code 2 naming what is wrong — never a panic, an abort or an allocation
+//! past the cap. Cases are generated from the field table (every key) with hostile values
+//! (zero, negative, huge, NaN, ∞, wrong types, garbage), one to three at a time, on every
+//! preset; plus garbage config files. A bounded number in CI (`FUZZ_CASES`, default 40); run
+//! `FUZZ_CASES=2000 cargo test --release --test fuzz` for a long local run. The seed of a
+//! failing case is printed; `FUZZ_SEED=N` replays one.
+
+mod common;
+
+use common::temp_dir;
+use grpo_lab::config::FIELDS;
+use grpo_lab::rng::SplitMix64;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const PRESETS: &[&str] = &[
+    "lecture17",
+    "scaled",
+    "random-sort",
+    "transformer-sort",
+    "length-bias",
+    "r1-vs-r1-zero",
+];
+
+const HOSTILE: &[&str] = &[
+    "0",
+    "-1",
+    "1",
+    "2",
+    "3",
+    "7",
+    "64",
+    "1000000000",
+    "18446744073709551615",
+    "-9223372036854775808",
+    "1e30",
+    "-1e30",
+    "0.5",
+    "1.0",
+    "nan",
+    "inf",
+    "-inf",
+    "true",
+    "\"x\"",
+    "[]",
+    "[[1, 2, 3]]",
+    "{}",
+    "{exact=1.0}",
+    "{bogus=1.0}",
+    "",
+];
+
+fn pick<'a, T>(rng: &mut SplitMix64, xs: &'a [T]) -> &'a T {
+    &xs[rng.below(xs.len() as u64) as usize]
+}
+
+/// One generated case: a preset and `--set` overrides (or a garbage file).
+fn case(seed: u64, dir: &std::path::Path) -> Vec<String> {
+    let mut rng = SplitMix64::new(seed);
+    let mut args = vec!["train".to_string()];
+    if rng.below(12) == 0 {
+        // A config file of garbage or of half a real one.
+        let text = if rng.below(2) == 0 {
+            "[task\nn = = 3\n\u{0}\u{1}".to_string()
+        } else {
+            let full = grpo_lab::config::RunConfig::preset(*pick(&mut rng, PRESETS))
+                .unwrap()
+                .to_toml();
+            let cut = rng.below(full.len() as u64) as usize;
+            full.char_indices()
+                .take_while(|(i, _)| *i < cut)
+                .map(|(_, c)| c)
+                .collect()
+        };
+        let file = dir.join(format!("case-{seed}.toml"));
+        std::fs::write(&file, text).unwrap();
+        args.extend(["--config".into(), file.display().to_string()]);
+    } else {
+        args.extend(["--preset".into(), pick(&mut rng, PRESETS).to_string()]);
+    }
+    for _ in 0..1 + rng.below(3) {
+        let field = pick(&mut rng, FIELDS);
+        let value = pick(&mut rng, HOSTILE);
+        args.extend(["--set".into(), format!("{}={value}", field.key)]);
+    }
+    // A tiny budget: one iteration, a small memory cap, no cold start beyond a few steps.
+    for fixed in [
+        "run.iterations=1",
+        "run.max_memory_mib=256",
+        "run.checkpoint_every=0",
+    ] {
+        args.extend(["--set".into(), fixed.into()]);
+    }
+    args.extend([
+        "--device".into(),
+        "cpu".into(),
+        "--quiet".into(),
+        "--force".into(),
+        "--out".into(),
+        dir.join(format!("run-{seed}")).display().to_string(),
+    ]);
+    args
+}
+
+#[test]
+fn every_generated_config_runs_or_is_refused_with_exit_2() {
+    let cases: u64 = std::env::var("FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
+    let only: Option<u64> = std::env::var("FUZZ_SEED").ok().and_then(|v| v.parse().ok());
+    let dir = temp_dir("fuzz");
+    let (mut ran, mut refused, mut slow) = (0, 0, 0);
+    for seed in only.map_or(0..cases, |s| s..s + 1) {
+        let args = case(seed, &dir);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A valid config may still be slow on a debug build; it is not a crash. Bounded.
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if started.elapsed() > Duration::from_secs(20) {
+                child.kill().ok();
+                child.wait().ok();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        use std::io::Read;
+        child.stderr.take().unwrap().read_to_string(&mut err).ok();
+        let Some(status) = status else {
+            slow += 1;
+            continue;
+        };
+        let replay = format!("FUZZ_SEED={seed}: grpo-lab {}\n{err}", args.join(" "));
+        assert!(!err.contains("panicked"), "a panic\n{replay}");
+        match status.code() {
+            Some(0) => ran += 1,
+            Some(2) => {
+                refused += 1;
+                assert!(err.contains("error"), "exit 2 without a message\n{replay}");
+            }
+            other => panic!("exit {other:?} (a signal if None)\n{replay}"),
+        }
+    }
+    eprintln!("fuzz: {ran} ran, {refused} refused with exit 2, {slow} still running after 20 s");
+    assert!(
+        only.is_some() || (ran > 0 && refused > 0),
+        "{ran} ran, {refused} refused"
+    );
+}
