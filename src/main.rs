@@ -750,6 +750,8 @@ fn main() -> ExitCode {
         Some(Command::BenchRollout(a)) => bench_rollout_cmd(a),
     };
     match result {
+        // Stopped by Ctrl-C, its metrics and checkpoint written: the shell's convention.
+        Ok(()) if train::interrupted() => ExitCode::from(130),
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.downcast_ref::<UserError>().is_some() => {
             eprintln!("error: {e}");

@@ -260,7 +260,11 @@ fn ctrl_c_flushes_metrics_and_writes_a_checkpoint() {
         .status()
         .unwrap();
     let status = child.wait().unwrap();
-    assert!(status.success(), "interrupted run should exit cleanly");
+    assert_eq!(
+        status.code(),
+        Some(130),
+        "an interrupted run exits 130 once it has saved"
+    );
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["status"], "interrupted");
