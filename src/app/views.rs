@@ -385,7 +385,7 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     ui.separator();
     ui.horizontal(|ui| {
         let l = ui.label("File");
-        ui.text_edit_singleline(&mut app.persisted.save_path)
+        ui.add(egui::TextEdit::singleline(&mut app.persisted.save_path).char_limit(4096))
             .labelled_by(l.id);
         if ui.button("Save TOML").clicked() {
             let path = PathBuf::from(&app.persisted.save_path);
@@ -820,7 +820,7 @@ pub fn playground_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
 pub fn runs_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     ui.horizontal(|ui| {
         let l = ui.label("Run directory");
-        ui.text_edit_singleline(&mut app.runs_path)
+        ui.add(egui::TextEdit::singleline(&mut app.runs_path).char_limit(4096))
             .labelled_by(l.id);
         if ui
             .button("Add")
