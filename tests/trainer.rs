@@ -427,7 +427,8 @@ fn charts_read_a_bounded_evenly_spaced_sample() {
             .all(|w| w[1] - w[0] == stride),
         "{its:?}"
     );
-    // Whole iterations: both steps of each.
+    // Once thinned, an iteration keeps its first step and the step that logged its groups
+    // (here the last of μ = 2): both.
     assert_eq!(thin.len(), 2 * its.len());
 }
 

@@ -382,12 +382,19 @@ pub fn read_metrics_decimated(
                 return;
             };
             if it % self.stride == 0 {
+                if self.stride > 1 {
+                    // A long run: per iteration, its first step and the step with the groups.
+                    current.retain(|r| r.step_in_iteration == 0 || r.groups.is_some());
+                }
                 self.kept.append(current);
                 self.iterations += 1;
                 if self.iterations > 2 * self.max {
                     self.stride *= 2;
                     let stride = self.stride;
-                    self.kept.retain(|r| r.iteration % stride == 0);
+                    self.kept.retain(|r| {
+                        r.iteration % stride == 0
+                            && (r.step_in_iteration == 0 || r.groups.is_some())
+                    });
                     self.iterations = self
                         .kept
                         .iter()
@@ -412,9 +419,13 @@ pub fn read_metrics_decimated(
             break;
         }
         // The charts tolerate what resume refuses: a line that does not parse is skipped.
-        let Ok(r) = serde_json::from_str::<StepRecord>(&line) else {
+        let Ok(mut r) = serde_json::from_str::<StepRecord>(&line) else {
             continue;
         };
+        // Charts read the groups' advantages, not their tokens or per-token log-probs.
+        for g in r.groups.iter_mut().flatten() {
+            (g.responses, g.logp, g.old_logp) = (Vec::new(), Vec::new(), Vec::new());
+        }
         if current
             .first()
             .is_some_and(|c: &StepRecord| c.iteration != r.iteration)
@@ -712,9 +723,9 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
     )
     .map_err(io(&summary_path))?;
     let charts = if opts.charts {
-        // Charts from the file, thinned to at most 900 iterations (a 900-pixel-wide chart):
+        // Charts from the file, thinned to at most 600 iterations (on a 900-pixel-wide chart):
         // memory stays flat however long the run was.
-        let records = read_metrics_decimated(&jsonl_path, 450).map_err(io(&jsonl_path))?;
+        let records = read_metrics_decimated(&jsonl_path, 300).map_err(io(&jsonl_path))?;
         crate::report::run_charts(&records, &config, &out.join("charts")).map_err(io(&out))?
     } else {
         Vec::new()
