@@ -485,6 +485,12 @@ fn absurd_sizes_are_refused_by_their_memory_estimate() {
             "sft.batch_size=1000000000",
             "sft.batch_size",
         ),
+        // train_size + heldout_size past i64::MAX panicked with "capacity overflow".
+        (
+            "random-sort",
+            "task.train_size=9223372036854775000",
+            "task.train_size",
+        ),
     ] {
         let o = grpo_lab(&[
             "train",
