@@ -23,6 +23,23 @@ fn run_to(
     .unwrap()
 }
 
+/// Continue the run in `dir` from its last checkpoint.
+fn resume_in(
+    config: &RunConfig,
+    compute: Compute,
+    dir: &std::path::Path,
+) -> Result<grpo_lab::train::RunOutcome, grpo_lab::train::RunError> {
+    train::run(
+        config.clone(),
+        compute,
+        RunOptions {
+            out: dir.to_path_buf(),
+            resume: true,
+            ..Default::default()
+        },
+    )
+}
+
 #[test]
 fn same_seed_same_metrics_on_cpu_and_wgpu() {
     let config = short_lecture(4);
@@ -123,16 +140,7 @@ fn resume_continues_bit_identically() {
             .any(|e| e.path().join("fused_adam.bin").exists())
     );
     std::fs::write(part.join("config.toml"), config.to_toml()).unwrap();
-    train::run(
-        config,
-        Compute::cpu(),
-        RunOptions {
-            out: part.clone(),
-            resume: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    resume_in(&config, Compute::cpu(), &part).unwrap();
     assert_eq!(
         metrics_without_timing(&full.join("metrics.jsonl")),
         metrics_without_timing(&part.join("metrics.jsonl"))
@@ -313,17 +321,7 @@ fn resume_survives_a_broken_latest_and_a_torn_last_line() {
     config.run.checkpoint_every = 3;
     let full = temp_dir("broken-full");
     run_to(config.clone(), Compute::cpu(), &full);
-    let resume = |dir: &std::path::Path| {
-        train::run(
-            config.clone(),
-            Compute::cpu(),
-            RunOptions {
-                out: dir.to_path_buf(),
-                resume: true,
-                ..Default::default()
-            },
-        )
-    };
+    let resume = |dir: &std::path::Path| resume_in(&config, Compute::cpu(), dir);
     // A run killed in iteration 4: checkpoints 0 and 3, the metrics of 4½ iterations, the
     // last line cut in the middle.
     let crashed = |name: &str| {
@@ -461,16 +459,7 @@ fn resume_falls_back_past_a_checkpoint_that_does_not_verify() {
         } else {
             std::fs::remove_file(&file).unwrap();
         }
-        train::run(
-            config.clone(),
-            Compute::cpu(),
-            RunOptions {
-                out: part.clone(),
-                resume: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        resume_in(&config, Compute::cpu(), &part).unwrap();
         assert_eq!(
             metrics_without_timing(&full.join("metrics.jsonl")),
             metrics_without_timing(&part.join("metrics.jsonl")),
@@ -494,17 +483,7 @@ fn a_checkpoint_continues_on_an_engine_that_holds_its_optimizer_state() {
         return;
     };
     let config = short_lecture(2);
-    let resume = |dir: &std::path::Path, compute: Compute| {
-        train::run(
-            config.clone(),
-            compute,
-            RunOptions {
-                out: dir.to_path_buf(),
-                resume: true,
-                ..Default::default()
-            },
-        )
-    };
+    let resume = |dir: &std::path::Path, compute: Compute| resume_in(&config, compute, dir);
     let on_wgpu = temp_dir("engine-wgpu");
     run_to(config.clone(), wgpu.clone(), &on_wgpu);
     let out = resume(&on_wgpu, Compute::cpu()).unwrap();

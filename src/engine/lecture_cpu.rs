@@ -175,6 +175,9 @@ impl Engine for FusedLectureEngine {
     }
 
     fn restore(&mut self, snapshot: &Snapshot) -> Result<(), EngineError> {
+        if blob(snapshot, "fused_adam.bin").is_none() && blob(snapshot, "optimizer.bpk").is_some() {
+            return Err(EngineError::WrittenByBurn);
+        }
         let need = |name: &str| {
             blob(snapshot, name).ok_or_else(|| EngineError::Snapshot(format!("{name} is missing")))
         };

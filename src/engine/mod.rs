@@ -29,6 +29,10 @@ pub enum EngineError {
     KernelsNeedWgpu(String),
     #[error("checkpoint: {0}")]
     Snapshot(String),
+    /// The snapshot holds burn's optimizer state, which this engine cannot continue exactly;
+    /// burn's autodiff engine can.
+    #[error("checkpoint: written on burn's autodiff path (optimizer.bpk), not by this engine")]
+    WrittenByBurn,
 }
 
 /// `B` prompts, `G` responses each, sampled from the current policy.

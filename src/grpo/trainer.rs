@@ -369,19 +369,17 @@ impl Trainer {
                 return Err(TrainError::ConfigChanged(changed.join(", ")));
             }
         }
-        if crate::engine::autodiff::blob(snapshot, "fused_adam.bin").is_none()
-            && crate::engine::autodiff::blob(snapshot, "optimizer.bpk").is_some()
-            && !self.engine.label().starts_with("burn")
-        {
+        match self.engine.restore(snapshot) {
             // Written on burn's path (a GPU, or `run.fused_step = off` at the time): it
             // continues there, on the CPU backend, with burn's own Adam state, as it began.
-            self.engine = Box::new(BurnEngine::from_snapshot(&self.config, snapshot)?);
-            log::info!(
-                "the checkpoint was written on burn's path: continuing on {}",
-                self.engine.label()
-            );
-        } else {
-            self.engine.restore(snapshot)?;
+            Err(EngineError::WrittenByBurn) => {
+                self.engine = Box::new(BurnEngine::from_snapshot(&self.config, snapshot)?);
+                log::info!(
+                    "the checkpoint was written on burn's path: continuing on {}",
+                    self.engine.label()
+                );
+            }
+            other => other?,
         }
         self.iteration = state.iteration;
         self.global_step = state.global_step;
