@@ -441,7 +441,7 @@ pub fn load_compare_dir(
         let Some((cell, _seed)) = name.rsplit_once("__seed") else {
             continue;
         };
-        if let Ok(records) = train::read_metrics(&path.join("metrics.jsonl")) {
+        if let Ok(records) = train::run::read_metrics_decimated(&path.join("metrics.jsonl"), 300) {
             cells.entry(cell.to_string()).or_default().push(records);
         }
     }
@@ -636,7 +636,32 @@ fn summarise(
         let mut seed_records: Vec<Vec<StepRecord>> = Vec::new();
         for &seed in &matrix.seeds {
             let dir = run_dir(&opts.out, cell, seed);
-            let Ok(records) = train::read_metrics(&dir.join("metrics.jsonl")) else {
+            let path = dir.join("metrics.jsonl");
+            // Statistics streamed (constant memory for any run length), bands from the
+            // decimated read the charts use.
+            let (mut tail, mut zero_sum, mut firsts, mut reached) =
+                (std::collections::VecDeque::new(), 0f64, 0usize, None);
+            let streamed = train::run::for_each_metric(&path, |r| {
+                if r.step_in_iteration != 0 {
+                    return;
+                }
+                firsts += 1;
+                zero_sum += r.frac_reward_zero_std as f64;
+                if reached.is_none()
+                    && matrix
+                        .threshold
+                        .is_some_and(|th| r.reward_mean as f64 >= th)
+                {
+                    reached = Some(r.iteration as f64);
+                }
+                if tail.len() == 10 {
+                    tail.pop_front();
+                }
+                tail.push_back([r.mean_length, r.mean_length_correct, r.mean_length_wrong]);
+            });
+            let Ok(records) =
+                streamed.and_then(|()| train::run::read_metrics_decimated(&path, 300))
+            else {
                 continue;
             };
             let summary: Option<serde_json::Value> =
@@ -644,10 +669,6 @@ fn summarise(
                     .ok()
                     .and_then(|s| serde_json::from_str(&s).ok());
             let Some(summary) = summary else { continue };
-            let firsts: Vec<&StepRecord> = records
-                .iter()
-                .filter(|r| r.step_in_iteration == 0)
-                .collect();
             finals.push(summary["final_reward_mean"].as_f64().unwrap_or(f64::NAN));
             entropies.push(summary["final_entropy"].as_f64().unwrap_or(f64::NAN));
             accs.push(summary["final_accuracy"].as_f64().unwrap_or(f64::NAN));
@@ -657,33 +678,19 @@ fn summarise(
                     .as_f64()
                     .unwrap_or(f64::NAN),
             );
-            let tail = &firsts[firsts.len().saturating_sub(10)..];
-            let getters: [fn(&StepRecord) -> f32; 3] = [
-                |r| r.mean_length,
-                |r| r.mean_length_correct,
-                |r| r.mean_length_wrong,
-            ];
-            for (acc, get) in lengths.iter_mut().zip(getters) {
+            for (k, acc) in lengths.iter_mut().enumerate() {
                 let v: Vec<f64> = tail
                     .iter()
-                    .map(|r| get(r) as f64)
+                    .map(|l| l[k] as f64)
                     .filter(|x| x.is_finite())
                     .collect();
                 if !v.is_empty() {
                     acc.push(v.iter().sum::<f64>() / v.len() as f64);
                 }
             }
-            zero.push(
-                firsts
-                    .iter()
-                    .map(|r| r.frac_reward_zero_std as f64)
-                    .sum::<f64>()
-                    / firsts.len().max(1) as f64,
-            );
-            if let Some(th) = matrix.threshold
-                && let Some(r) = firsts.iter().find(|r| r.reward_mean as f64 >= th)
-            {
-                reach.push(r.iteration as f64);
+            zero.push(zero_sum / firsts.max(1) as f64);
+            if let Some(it) = reached {
+                reach.push(it);
             }
             seed_records.push(records);
         }

@@ -160,13 +160,13 @@ struct CompareArgs {
     #[arg(long)]
     out: PathBuf,
     /// Parallel runs (default: the number of cores).
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one())]
     jobs: Option<usize>,
     /// Discard finished runs in --out and start over.
     #[arg(long)]
     force: bool,
     /// Override every run's iteration count (a smoke test of the matrix).
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one())]
     iterations: Option<usize>,
     /// Reward threshold for "iterations to reach".
     #[arg(long)]
@@ -175,12 +175,17 @@ struct CompareArgs {
     quiet: bool,
 }
 
+/// A count that must be ≥ 1 (refused with exit 2 naming the argument otherwise).
+fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+}
+
 #[derive(Args)]
 struct BenchArgs {
     #[command(flatten)]
     config: ConfigArgs,
     /// Iterations to time (after one warm-up iteration).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = at_least_one())]
     iterations: usize,
     #[arg(long)]
     json: bool,
@@ -189,7 +194,7 @@ struct BenchArgs {
     #[arg(long, value_name = "PYTHON")]
     pytorch: Option<String>,
     /// Threads for PyTorch (the baseline is 1).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = at_least_one())]
     pytorch_threads: usize,
     /// Scaling curves instead: step time as B×G, n and D grow around the preset, a log-log
     /// chart and a table written to this directory.

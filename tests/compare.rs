@@ -140,7 +140,7 @@ fn duplicate_axes_values_and_seeds_are_refused_by_name() {
             "the value `raw` twice",
         ),
         (vec!["--seeds", "1,1,1"], "seed 1 is listed twice"),
-        (vec!["--iterations", "0"], "--iterations 0"),
+        (vec!["--iterations", "0"], "--iterations <ITERATIONS>"),
     ] {
         let mut all = vec!["compare", "--preset", "lecture17", "--out", dir, "--quiet"];
         all.extend(args.iter().copied());

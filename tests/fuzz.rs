@@ -2,7 +2,8 @@
 //! refuses it with exit code 2 naming what is wrong — never a panic, an abort or an allocation
 //! past the cap. Cases are generated from the field table (every key) with hostile values
 //! (zero, negative, huge, NaN, ∞, wrong types, garbage), one to three at a time, on every
-//! preset; plus garbage config files. A bounded number in CI (`FUZZ_CASES`, default 40); run
+//! preset; plus garbage config files. The same for the CLI's own arguments (`score`, `advantages`,
+//! `compare`, `bench`, `bench-rollout`, `train --seed`): sizes, lists, ranges. A bounded number in CI (`FUZZ_CASES`, default 40); run
 //! `FUZZ_CASES=2000 cargo test --release --test fuzz` for a long local run. The seed of a
 //! failing case is printed; `FUZZ_SEED=N` replays one.
 
@@ -105,15 +106,139 @@ fn case(seed: u64, dir: &std::path::Path) -> Vec<String> {
 
 #[test]
 fn every_generated_config_runs_or_is_refused_with_exit_2() {
+    let dir = temp_dir("fuzz");
+    fuzz("config", |seed| case(seed, &dir));
+}
+
+/// Hostile values for the CLI's own arguments (sizes, lists, ranges, numbers).
+const HOSTILE_ARGS: &[&str] = &[
+    "0",
+    "1",
+    "2",
+    "-1",
+    "nan",
+    "inf",
+    "",
+    "a",
+    "1,,2",
+    "3,1,2",
+    "1,2,2,5",
+    "0..3",
+    "5..2",
+    "0..0",
+    "1e30",
+    "1000000000",
+    "18446744073709551616",
+];
+
+/// One generated call of a subcommand other than `train --set`, each argument drawn from
+/// [`HOSTILE_ARGS`] or left at a small valid value.
+fn cli_case(seed: u64, dir: &std::path::Path) -> Vec<String> {
+    let mut rng = SplitMix64::new(seed);
+    let mut hostile = |valid: &str| -> String {
+        if rng.below(3) == 0 {
+            pick(&mut rng, HOSTILE_ARGS).to_string()
+        } else {
+            valid.to_string()
+        }
+    };
+    let out = dir.join(format!("cli-{seed}")).display().to_string();
+    let v = |xs: &[&str]| xs.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    match seed % 6 {
+        0 => v(&[
+            "score",
+            "--reward",
+            &hostile("distance"),
+            "--prompt",
+            &hostile("3,1,2"),
+            "--response",
+            &hostile("1,2,3"),
+        ]),
+        1 => v(&["advantages", "--rewards", &hostile("1,2,2,5")]),
+        2 => v(&[
+            "compare",
+            "--preset",
+            "lecture17",
+            "--seeds",
+            &hostile("0..2"),
+            "--iterations",
+            &hostile("1"),
+            "--jobs",
+            &hostile("1"),
+            "--threshold",
+            &hostile("2"),
+            "--vary",
+            &format!("algorithm.mu={}", hostile("1,2")),
+            "--device",
+            "cpu",
+            "--quiet",
+            "--force",
+            "--out",
+            &out,
+        ]),
+        3 => v(&[
+            "bench",
+            "--preset",
+            "lecture17",
+            "--iterations",
+            &hostile("2"),
+            "--seed",
+            &hostile("1"),
+            "--device",
+            "cpu",
+            "--json",
+        ]),
+        4 => v(&[
+            "bench-rollout",
+            "--prompts",
+            &hostile("8"),
+            "--generations",
+            &hostile("4"),
+            "--n",
+            &hostile("5"),
+            "--vocab",
+            &hostile("10"),
+            "--repeats",
+            &hostile("1"),
+            "--device",
+            "software",
+            "--json",
+        ]),
+        _ => v(&[
+            "train",
+            "--preset",
+            "lecture17",
+            "--seed",
+            &hostile("3"),
+            "--set",
+            &format!("run.iterations={}", hostile("1")),
+            "--device",
+            "cpu",
+            "--quiet",
+            "--force",
+            "--out",
+            &out,
+        ]),
+    }
+}
+
+#[test]
+fn every_generated_cli_call_runs_or_is_refused_with_exit_2() {
+    let dir = temp_dir("fuzz-cli");
+    fuzz("cli", |seed| cli_case(seed, &dir));
+}
+
+/// Run `FUZZ_CASES` generated calls (or the one `FUZZ_SEED` names): each exits 0 or exits 2
+/// with an error message; never a panic, an abort or another code.
+fn fuzz(what: &str, case: impl Fn(u64) -> Vec<String>) {
     let cases: u64 = std::env::var("FUZZ_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(40);
     let only: Option<u64> = std::env::var("FUZZ_SEED").ok().and_then(|v| v.parse().ok());
-    let dir = temp_dir("fuzz");
     let (mut ran, mut refused, mut slow) = (0, 0, 0);
     for seed in only.map_or(0..cases, |s| s..s + 1) {
-        let args = case(seed, &dir);
+        let args = case(seed);
         let mut child = Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
             .args(&args)
             .stdout(Stdio::null())
@@ -151,7 +276,9 @@ fn every_generated_config_runs_or_is_refused_with_exit_2() {
             other => panic!("exit {other:?} (a signal if None)\n{replay}"),
         }
     }
-    eprintln!("fuzz: {ran} ran, {refused} refused with exit 2, {slow} still running after 20 s");
+    eprintln!(
+        "fuzz {what}: {ran} ran, {refused} refused with exit 2, {slow} still running after 20 s"
+    );
     // Both paths were exercised (a valid case still running at the limit counts as run).
     assert!(
         only.is_some() || (ran + slow > 0 && refused > 0),

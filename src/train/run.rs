@@ -261,20 +261,28 @@ impl Sinks {
 /// kill in the middle of a write) is dropped with a warning; any other line that does not
 /// parse is an error naming its line number.
 pub fn read_metrics(path: &Path) -> std::io::Result<Vec<StepRecord>> {
+    let mut out = Vec::new();
+    for_each_metric(path, |r| out.push(r))?;
+    Ok(out)
+}
+
+/// Stream `metrics.jsonl`'s records through `f` in constant memory, with [`read_metrics`]'s
+/// rules for a torn last line and a bad line.
+pub fn for_each_metric(path: &Path, mut f: impl FnMut(StepRecord)) -> std::io::Result<()> {
     use std::io::BufRead;
     let mut reader = std::io::BufReader::new(File::open(path)?);
-    let (mut out, mut line, mut number) = (Vec::new(), String::new(), 0usize);
+    let (mut line, mut number) = (String::new(), 0usize);
     loop {
         line.clear();
         if reader.read_line(&mut line)? == 0 {
-            return Ok(out);
+            return Ok(());
         }
         number += 1;
         if line.trim().is_empty() {
             continue;
         }
         match serde_json::from_str(&line) {
-            Ok(r) => out.push(r),
+            Ok(r) => f(r),
             // No newline at its end: the last line, cut short.
             Err(_) if !line.ends_with('\n') => {
                 eprintln!(
@@ -361,6 +369,42 @@ fn reconcile_metrics(
     Ok((offset, last))
 }
 
+/// The iteration of the last record in `metrics.jsonl` that parses, read from the file's tail
+/// (a torn last line is passed over); `None` for a file without one.
+fn last_iteration(path: &Path) -> std::io::Result<Option<usize>> {
+    use std::io::{Read, Seek, SeekFrom};
+    #[derive(serde::Deserialize)]
+    struct It {
+        iteration: usize,
+    }
+    let mut file = File::open(path)?;
+    let len = file.metadata()?.len();
+    let mut window = 64 * 1024u64;
+    loop {
+        let start = len.saturating_sub(window);
+        file.seek(SeekFrom::Start(start))?;
+        let mut tail = Vec::with_capacity((len - start) as usize);
+        (&mut file).take(len - start).read_to_end(&mut tail)?;
+        // Lines wholly inside the window: after its first newline, unless it starts the file.
+        let whole = if start == 0 {
+            &tail[..]
+        } else {
+            match tail.iter().position(|&b| b == b'\n') {
+                Some(i) => &tail[i + 1..],
+                None => &[][..],
+            }
+        };
+        let found = whole
+            .split(|&b| b == b'\n')
+            .rev()
+            .find_map(|line| serde_json::from_slice::<It>(line).ok());
+        if found.is_some() || start == 0 {
+            return Ok(found.map(|r| r.iteration));
+        }
+        window *= 4;
+    }
+}
+
 /// `metrics.jsonl` thinned for charts, in bounded memory for any run length: every record of
 /// at most `max_iterations` (to 2×) evenly spaced iterations, always the last one. A run of up
 /// to `max_iterations` iterations comes back whole.
@@ -405,12 +449,19 @@ pub fn read_metrics_decimated(
             current.clear();
         }
     }
+    let max = max_iterations.max(1);
+    // Knowing the run's length up front, a long run is thinned from its first line: memory is
+    // that of `max` iterations' first steps, not of `2·max` whole iterations.
+    let stride = match last_iteration(path)? {
+        Some(last) if last + 1 > max => (last + 1).div_ceil(max).next_power_of_two(),
+        _ => 1,
+    };
     let mut reader = std::io::BufReader::new(File::open(path)?);
     let mut t = Thinned {
         kept: Vec::new(),
-        stride: 1,
+        stride,
         iterations: 0,
-        max: max_iterations.max(1),
+        max,
     };
     let (mut current, mut line) = (Vec::new(), String::new());
     loop {
