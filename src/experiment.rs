@@ -421,11 +421,12 @@ pub fn seed_bands(runs: &[Vec<StepRecord>]) -> BTreeMap<&'static str, Vec<(f64, 
         .collect()
 }
 
+/// Per cell: its label and, per metric, (iteration, mean, std) over its seeds.
+pub type CellBands = Vec<(String, BTreeMap<&'static str, Vec<(f64, f64, f64)>>)>;
+
 /// A compare directory read back: each cell's runs, grouped by the run directories' names
 /// (`{cell}__seed{S}`), as bands over seeds.
-pub fn load_compare_dir(
-    dir: &Path,
-) -> Result<Vec<(String, BTreeMap<&'static str, Vec<(f64, f64, f64)>>)>, ExperimentError> {
+pub fn load_compare_dir(dir: &Path) -> Result<CellBands, ExperimentError> {
     let runs_dir = if dir.join("runs").is_dir() {
         dir.join("runs")
     } else {

@@ -5,7 +5,7 @@
 //! 2. [`model`], [`engine`] (the compute paths behind one seam)
 //! 3. [`grpo`] (one iteration, top to bottom; no burn, gemm or wgpu)
 //! 4. [`train`], [`report`]
-//! 5. [`experiment`], [`app`] (egui; nothing imports it)
+//! 5. [`experiment`], [`app`] (egui; nothing imports it), `web` (the browser entry, wasm32)
 //! 6. the CLI (`main.rs`) and `bench`
 //!
 //! Without the default `native` feature the library builds for `wasm32-unknown-unknown`.
@@ -26,3 +26,5 @@ pub mod report;
 pub mod rng;
 pub mod task;
 pub mod train;
+#[cfg(all(target_arch = "wasm32", feature = "web"))]
+pub mod web;

@@ -570,6 +570,7 @@ fn app_cmd(a: AppArgs) -> Result<()> {
         autoplay: a.play || measuring,
         measure_secs: a.measure,
         fresh: measuring,
+        ..Default::default()
     })
     .map_err(|e| anyhow::anyhow!("the app could not open a window: {e}"))
 }

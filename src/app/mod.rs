@@ -4,6 +4,8 @@
 //! `StepRecord`s; `store` keeps them; the `*_ui` functions only read the store each frame
 //! and send commands back. Persisted UI state is kept apart from live state.
 
+pub mod experiments;
+pub mod files;
 pub mod store;
 pub mod views;
 pub mod worker;
@@ -75,6 +77,13 @@ pub struct AppOptions {
     pub measure_secs: Option<f64>,
     /// Ignore persisted state (tests, measurements).
     pub fresh: bool,
+    /// Train inside the frame loop for at most this long per frame (the browser: no threads);
+    /// implies the inline trainer.
+    pub frame_budget: Option<Duration>,
+    /// Told the status line whenever it changes (the browser's `document.title` and `#status`).
+    pub status_sink: Option<fn(&str)>,
+    /// Told every record as it arrives (the browser's test hook).
+    pub record_sink: Option<fn(&crate::metrics::StepRecord)>,
 }
 
 /// Frame-time measurement (the `--measure` mode).
@@ -101,10 +110,7 @@ pub struct GrpoApp {
     pub run: RunData,
     pub overlays: Vec<(RunData, bool)>,
     /// A compare directory read back: per cell, bands over seeds.
-    pub compare: Vec<(
-        String,
-        std::collections::BTreeMap<&'static str, Vec<(f64, f64, f64)>>,
-    )>,
+    pub compare: crate::experiment::CellBands,
     pub worker: Worker,
     pub playing: bool,
     pub finished: bool,
@@ -112,6 +118,8 @@ pub struct GrpoApp {
     pub train_prompts: Vec<Vec<u32>>,
     pub status: String,
     pub error: Option<String>,
+    /// The last thing done that the user asked for (a file saved, a config loaded).
+    pub notice: Option<String>,
     pub share_string: String,
     pub inspector_group: usize,
     pub inspector_iteration: Option<usize>,
@@ -127,6 +135,16 @@ pub struct GrpoApp {
     /// Between a Reset and the new run's `Started`: records still queued from the old run
     /// are dropped, not mixed into the new one.
     awaiting_start: bool,
+    frame_budget: Option<Duration>,
+    status_sink: Option<fn(&str)>,
+    record_sink: Option<fn(&crate::metrics::StepRecord)>,
+    /// What `status_sink` was last told.
+    published: String,
+    /// Config files dropped on the window.
+    drops: files::Drops,
+    /// An experiment running inside the app (Runs tab), and the one picked to run.
+    pub experiment: Option<experiments::InAppExperiment>,
+    pub experiment_choice: String,
 }
 
 /// Errors on the window's own wgpu device (uncaptured validation errors, a lost device,
@@ -200,7 +218,8 @@ impl GrpoApp {
         if let Some(cc) = cc {
             install_fallback_font(&cc.egui_ctx);
         }
-        let worker = if options.inline_trainer {
+        let inline = options.inline_trainer || options.frame_budget.is_some();
+        let worker = if inline {
             Worker::inline()
         } else {
             Worker::spawn()
@@ -227,15 +246,23 @@ impl GrpoApp {
             train_prompts: Vec::new(),
             status: "starting…".into(),
             error: None,
+            notice: None,
             inspector_group: 0,
             inspector_iteration: None,
             runs_path: "runs".into(),
             rate: (Instant::now(), 0, 0.0),
             measure: Measure::default(),
-            inline: options.inline_trainer,
+            inline,
             window_gpu: WindowGpuErrors::default(),
             trainer_gone: false,
             awaiting_start: false,
+            frame_budget: options.frame_budget,
+            status_sink: options.status_sink,
+            record_sink: options.record_sink,
+            published: String::new(),
+            drops: files::Drops::default(),
+            experiment: None,
+            experiment_choice: "lecture-table".into(),
         };
         app.reset(draft);
         if options.autoplay {
@@ -273,7 +300,10 @@ impl GrpoApp {
 
     /// Inline mode: let the trainer run its queued work now.
     pub fn pump(&mut self) {
-        if self.inline {
+        if let Some(budget) = self.frame_budget {
+            self.worker.pump_for(budget);
+            self.drain_events();
+        } else if self.inline {
             self.worker.pump(100_000);
             self.drain_events();
         }
@@ -314,7 +344,12 @@ impl GrpoApp {
                 }
                 // The old run's last records, sent before the trainer saw the Reset.
                 Event::Record(_) if self.awaiting_start => {}
-                Event::Record(r) => self.run.push(*r, mu),
+                Event::Record(r) => {
+                    if let Some(sink) = self.record_sink {
+                        sink(&r);
+                    }
+                    self.run.push(*r, mu)
+                }
                 Event::Playing(p) => self.playing = p,
                 Event::Finished => self.finished = true,
                 Event::Error(e) => self.error = Some(e),
@@ -337,6 +372,37 @@ impl GrpoApp {
             None => true,
             Some(r) => !crate::grpo::Trainer::needs_reset(r, &self.draft).is_empty(),
         }
+    }
+
+    /// One line for screen readers and tests (the browser's `#status` and title):
+    /// `grpo-lab · lecture17 · iteration 37/100 · step 370 · reward 3.41 · training · cpu`.
+    pub fn public_status(&self) -> String {
+        let name = self
+            .running
+            .as_ref()
+            .map(|c| c.run.name.as_str())
+            .unwrap_or("");
+        let it = self.run.last.as_ref().map(|r| r.iteration + 1).unwrap_or(0);
+        let total = self.running.as_ref().map(|c| c.run.iterations).unwrap_or(0);
+        let reward = self
+            .run
+            .last
+            .as_ref()
+            .map(|r| format!("{:.3}", r.reward_mean))
+            .unwrap_or_else(|| "–".into());
+        let state = if self.error.is_some() {
+            "error"
+        } else if self.finished {
+            "finished"
+        } else if self.playing {
+            "training"
+        } else {
+            "paused"
+        };
+        format!(
+            "grpo-lab · {name} · iteration {it}/{total} · step {} · reward {reward} · {state} · {}",
+            self.run.steps, self.device
+        )
     }
 
     fn status_line(&self) -> String {
@@ -422,11 +488,13 @@ impl GrpoApp {
                 .on_hover_text("Save the whole window as grpo-lab-window.png")
                 .clicked()
             {
-                views::save_screenshot(ui.ctx(), None, PathBuf::from("grpo-lab-window.png"));
+                views::save_screenshot(ui.ctx(), None, "grpo-lab-window.png".into());
             }
         });
         if let Some(e) = &self.error {
             ui.colored_label(egui::Color32::from_rgb(200, 60, 60), format!("⚠ {e}"));
+        } else if let Some(n) = &self.notice {
+            ui.label(egui::RichText::new(n).weak());
         }
         if let Some((n, last)) = self.window_gpu.summary() {
             ui.colored_label(
@@ -485,7 +553,42 @@ impl GrpoApp {
 
     /// The whole window; shared by eframe and the tests.
     pub fn draw(&mut self, ui: &mut egui::Ui) {
+        if let Some(budget) = self.frame_budget {
+            // The browser: the trainer runs here, between frames' drawing, for a bounded time.
+            self.worker.pump_for(budget);
+        }
         self.drain_events();
+        self.drops.collect(ui.ctx());
+        if let Some((name, text)) = self.drops.take() {
+            match text.and_then(|t| RunConfig::from_toml_str(&t, &name).map_err(|e| e.to_string()))
+            {
+                Ok(c) => {
+                    self.draft = c;
+                    self.notice = Some(format!("loaded {name}; ⟲ Reset runs it"));
+                }
+                Err(e) => self.error = Some(format!("{name}: {e}")),
+            }
+        }
+        if let Some(e) = &mut self.experiment
+            && !e.is_done()
+        {
+            // Seeds one after another, a slice of each frame (as the trainer in a browser).
+            let budget = self.frame_budget.unwrap_or(Duration::from_millis(12));
+            if e.advance(budget) || e.is_done() {
+                self.compare = e.bands();
+            }
+            if let Some(err) = e.error.clone() {
+                self.error = Some(format!("experiment {err}"));
+            }
+            ui.ctx().request_repaint();
+        }
+        if let Some(sink) = self.status_sink {
+            let line = self.public_status();
+            if line != self.published {
+                sink(&line);
+                self.published = line;
+            }
+        }
         egui::Panel::top("controls").show(ui, |ui| {
             ui.add_space(4.0);
             self.controls_ui(ui);
@@ -511,7 +614,10 @@ impl GrpoApp {
                 Tab::Runs => views::runs_ui(self, ui),
             }
         });
-        if self.playing {
+        if self.playing && self.frame_budget.is_some() {
+            // The trainer runs inside frames: keep them coming.
+            ui.ctx().request_repaint();
+        } else if self.playing {
             // Cap repaints while training so the trainer keeps the cores.
             ui.ctx().request_repaint_after(Duration::from_millis(100));
         }

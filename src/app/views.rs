@@ -31,18 +31,16 @@ fn tokenizer() -> &'static SortTokenizer {
 }
 
 /// Save the window (or one rectangle of it) as a PNG, from the next frame.
-pub fn save_screenshot(ctx: &egui::Context, rect: Option<egui::Rect>, path: PathBuf) {
+pub fn save_screenshot(ctx: &egui::Context, rect: Option<egui::Rect>, name: String) {
     let ppp = ctx.pixels_per_point();
     ctx.request_screenshot(move |image| {
         let image = match rect {
             Some(r) => image.region(&r, Some(ppp)),
             None => (*image).clone(),
         };
-        let [w, h] = image.size;
-        let bytes: Vec<u8> = image.pixels.iter().flat_map(|c| c.to_array()).collect();
-        match image::save_buffer(&path, &bytes, w as u32, h as u32, image::ColorType::Rgba8) {
-            Ok(()) => eprintln!("grpo-lab: saved {}", path.display()),
-            Err(e) => eprintln!("grpo-lab: could not save {}: {e}", path.display()),
+        match super::files::png_bytes(&image).and_then(|png| super::files::deliver(&name, &png)) {
+            Ok(done) => log::info!("grpo-lab: {done}"),
+            Err(e) => log::warn!("grpo-lab: could not save {name}: {e}"),
         }
     });
 }
@@ -387,11 +385,15 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
         let l = ui.label("File");
         ui.add(egui::TextEdit::singleline(&mut app.persisted.save_path).char_limit(4096))
             .labelled_by(l.id);
-        if ui.button("Save TOML").clicked() {
-            let path = PathBuf::from(&app.persisted.save_path);
-            app.error = std::fs::write(&path, app.draft.to_toml())
-                .err()
-                .map(|e| format!("{}: {e}", path.display()));
+        if ui
+            .button("Save TOML")
+            .on_hover_text("Write the config to this file (a download in the browser); drop a .toml file on the window to load one")
+            .clicked()
+        {
+            match super::files::deliver(&app.persisted.save_path, app.draft.to_toml().as_bytes()) {
+                Ok(done) => app.notice = Some(done),
+                Err(e) => app.error = Some(e),
+            }
         }
     });
     ui.horizontal(|ui| {
@@ -465,11 +467,7 @@ fn png_button(ui: &mut egui::Ui, rect: egui::Rect, name: &str) {
         .on_hover_text(format!("Save this plot as grpo-lab-{name}.png"))
         .clicked()
     {
-        save_screenshot(
-            ui.ctx(),
-            Some(rect),
-            PathBuf::from(format!("grpo-lab-{name}.png")),
-        );
+        save_screenshot(ui.ctx(), Some(rect), format!("grpo-lab-{name}.png"));
     }
 }
 
@@ -850,6 +848,7 @@ pub fn runs_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
             }
         }
     });
+    experiment_row(app, ui);
     if !app.compare.is_empty() {
         compare_ui(app, ui);
         return;
@@ -928,6 +927,45 @@ pub fn runs_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                 r.series("kl").points(),
                 PALETTE[k % PALETTE.len()],
             ));
+        }
+    });
+}
+
+/// Run one of the compiled-in experiments inside the app, seeds one after another (in the
+/// browser too); its cells fill the compare view as seeds finish.
+fn experiment_row(app: &mut GrpoApp, ui: &mut egui::Ui) {
+    ui.horizontal_wrapped(|ui| {
+        let l = ui.label("Experiment");
+        egui::ComboBox::from_id_salt("experiment-choice")
+            .selected_text(app.experiment_choice.clone())
+            .show_ui(ui, |ui| {
+                for (name, _) in crate::experiment::EXPERIMENTS {
+                    ui.selectable_value(&mut app.experiment_choice, name.to_string(), *name);
+                }
+            })
+            .response
+            .labelled_by(l.id);
+        let running = app.experiment.as_ref().is_some_and(|e| !e.is_done());
+        if running {
+            if ui.button("■ Stop").clicked() {
+                app.experiment = None;
+            }
+        } else if ui
+            .button("▶ Run in the app")
+            .on_hover_text("Every cell × seed of the experiment, one run after another, here (the CLI's `grpo-lab compare --experiment NAME` runs them in parallel); the bands fill in as seeds finish")
+            .clicked()
+        {
+            match super::experiments::InAppExperiment::start(&app.experiment_choice) {
+                Ok(e) => {
+                    app.compare.clear();
+                    app.experiment = Some(e);
+                }
+                Err(e) => app.error = Some(e),
+            }
+        }
+        if let Some(e) = &app.experiment {
+            ui.label(RichText::new(e.progress()).small())
+                .on_hover_text(e.description.clone());
         }
     });
 }

@@ -243,6 +243,25 @@ impl Worker {
     }
 }
 
+impl Worker {
+    /// Inline mode: handle queued commands, then step for at most `budget` (the browser's
+    /// frame loop: at least one step when one is wanted, so progress never stalls).
+    pub fn pump_for(&mut self, budget: std::time::Duration) {
+        if let Some((core, rx, etx)) = &mut self.inline {
+            while let Ok(c) = rx.try_recv() {
+                core.handle(c, etx);
+            }
+            let start = web_time::Instant::now();
+            while core.wants_step() {
+                core.do_step(etx);
+                if start.elapsed() >= budget {
+                    break;
+                }
+            }
+        }
+    }
+}
+
 impl Drop for Worker {
     fn drop(&mut self) {
         let _ = self.tx.send(Command::Shutdown);

@@ -1,0 +1,400 @@
+//! The browser build in headless Chromium (issue: grpo-lab in a browser tab). `.ci/run` builds
+//! `web/dist` (`web/build.sh`) and installs Debian's `chromium` first; locally, without them,
+//! these tests say so and pass — under `CI` they fail instead.
+//!
+//! A tiny static server (std only) serves `web/dist` and collects what the page reports with
+//! `index.html?report`: the status line (`#status`), each iteration's reward, errors.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+mod common;
+
+fn dist() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("web/dist")
+}
+
+fn chromium() -> Option<&'static str> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| {
+            Command::new(c)
+                .arg("--version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+}
+
+/// The browser and the bundle, or `None` (a skip, said on stderr) off CI.
+fn prerequisites() -> Option<&'static str> {
+    let browser = chromium();
+    let built = dist().join("index.html").exists() && dist().join("grpo_lab_bg.wasm").exists();
+    match (browser, built) {
+        (Some(b), true) => Some(b),
+        _ => {
+            let why = format!(
+                "web test skipped: {}{}",
+                if built {
+                    ""
+                } else {
+                    "no web/dist (run web/build.sh); "
+                },
+                if browser.is_some() {
+                    ""
+                } else {
+                    "no chromium (apt-get install chromium)"
+                }
+            );
+            assert!(std::env::var_os("CI").is_none(), "{why}");
+            eprintln!("{why}");
+            None
+        }
+    }
+}
+
+#[derive(Default)]
+struct Reports {
+    /// (seconds since the server started, status line)
+    status: Vec<(f64, String)>,
+    records: Vec<serde_json::Value>,
+    errors: Vec<String>,
+}
+
+struct Server {
+    port: u16,
+    reports: Arc<Mutex<Reports>>,
+}
+
+fn serve() -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let reports = Arc::new(Mutex::new(Reports::default()));
+    let (r, start) = (reports.clone(), Instant::now());
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                let _ = handle(stream, &r, start);
+            });
+        }
+    });
+    Server { port, reports }
+}
+
+fn handle(stream: TcpStream, reports: &Mutex<Reports>, start: Instant) -> std::io::Result<()> {
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut out = stream;
+    loop {
+        let mut request = String::new();
+        if reader.read_line(&mut request)? == 0 {
+            return Ok(());
+        }
+        let mut parts = request.split_whitespace();
+        let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or("/"));
+        let mut length = 0usize;
+        loop {
+            let mut h = String::new();
+            if reader.read_line(&mut h)? == 0 || h.trim().is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':')
+                && k.eq_ignore_ascii_case("content-length")
+            {
+                length = v.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body)?;
+        let path = target.split(['?', '#']).next().unwrap_or("/");
+        let (status, kind, bytes) = if method == "POST" {
+            let text = String::from_utf8_lossy(&body).to_string();
+            let mut r = reports.lock().unwrap();
+            match path {
+                "/report/status" => r.status.push((start.elapsed().as_secs_f64(), text)),
+                "/report/record" => r.records.extend(serde_json::from_str(&text).ok()),
+                _ => r.errors.push(text),
+            }
+            ("204 No Content", "text/plain", Vec::new())
+        } else {
+            let name = if path == "/" {
+                "index.html"
+            } else {
+                &path[1..]
+            };
+            match std::fs::read(dist().join(name))
+                .ok()
+                .filter(|_| !name.contains(".."))
+            {
+                Some(b) => {
+                    let kind = match name.rsplit('.').next() {
+                        Some("html") => "text/html; charset=utf-8",
+                        Some("js") => "text/javascript",
+                        Some("wasm") => "application/wasm",
+                        _ => "application/octet-stream",
+                    };
+                    ("200 OK", kind, b)
+                }
+                None => ("404 Not Found", "text/plain", b"not found".to_vec()),
+            }
+        };
+        write!(
+            out,
+            "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nCache-Control: no-store\r\n\r\n",
+            bytes.len()
+        )?;
+        out.write_all(&bytes)?;
+        out.flush()?;
+    }
+}
+
+/// Chromium on `url`, headless, WebGL2 for the window (no WebGPU flags: egui falls back).
+fn open(browser: &str, url: &str, profile: &Path) -> Child {
+    Command::new(browser)
+        .args([
+            "--headless=new",
+            "--no-sandbox",
+            "--no-first-run",
+            "--window-size=1280,800",
+            &format!("--user-data-dir={}", profile.display()),
+            url,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start chromium")
+}
+
+struct Killed(Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `iteration I/N` and `step S` from a status line.
+fn parse_status(line: &str) -> Option<(usize, usize)> {
+    let after = |key: &str| -> Option<usize> {
+        let rest = &line[line.find(key)? + key.len()..];
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    };
+    Some((after("iteration ")?, after("step ")?))
+}
+
+fn hash_of(config: &grpo_lab::config::RunConfig) -> String {
+    // Percent-encode what a URL fragment may not hold as is.
+    grpo_lab::app::views::share_string(config)
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b':' | b',' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A link with a config in its hash plays that run in the tab: the status line advances, the
+/// reward changes, no error reaches the console, and the first 50 iterations' rewards are those
+/// `grpo-lab train` writes for the same config and seed on the CPU.
+#[test]
+fn a_link_plays_lecture17_in_the_tab_as_the_cli_does() {
+    let Some(browser) = prerequisites() else {
+        return;
+    };
+    let dir = common::temp_dir("web-lecture17");
+    let mut config = grpo_lab::config::RunConfig::preset("lecture17").unwrap();
+    config.run.iterations = 300;
+    config.run.device = grpo_lab::config::DeviceChoice::Cpu;
+    let server = serve();
+    let url = format!(
+        "http://127.0.0.1:{}/index.html?report#{}",
+        server.port,
+        hash_of(&config)
+    );
+    let _chrome = Killed(open(browser, &url, &dir.join("profile")));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let r = server.reports.lock().unwrap();
+        let done =
+            r.records.len() >= 50 && r.status.last().is_some_and(|(_, s)| s.contains("finished"));
+        if done || Instant::now() > deadline {
+            break;
+        }
+    }
+    let r = server.reports.lock().unwrap();
+    let statuses: Vec<&String> = r.status.iter().map(|(_, s)| s).collect();
+    assert!(r.errors.is_empty(), "console errors: {:?}", r.errors);
+    let its: Vec<usize> = statuses
+        .iter()
+        .filter_map(|s| parse_status(s))
+        .map(|(i, _)| i)
+        .collect();
+    assert!(
+        its.iter().max() > its.iter().min(),
+        "the iteration never advanced: {statuses:?}"
+    );
+    assert!(
+        statuses
+            .iter()
+            .any(|s| s.contains("lecture17") && s.contains("wasm")),
+        "{statuses:?}"
+    );
+    // Steps per second in the tab, from the status lines' times (a measurement, not a limit).
+    let timed: Vec<(f64, usize)> = r
+        .status
+        .iter()
+        .filter_map(|(t, s)| parse_status(s).map(|(_, step)| (*t, step)))
+        .filter(|(_, step)| *step > 0)
+        .collect();
+    if let (Some(first), Some(last)) = (timed.first(), timed.last())
+        && last.0 > first.0
+    {
+        eprintln!(
+            "lecture17 in headless Chromium: {:.0} optimizer steps/s ({} steps in {:.2} s)",
+            (last.1 - first.1) as f64 / (last.0 - first.0),
+            last.1 - first.1,
+            last.0 - first.0
+        );
+    }
+    // The same run on the CLI.
+    let cli_dir = dir.join("cli");
+    std::fs::write(dir.join("config.toml"), config.to_toml()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
+        .args(["train", "--quiet", "--config"])
+        .arg(dir.join("config.toml"))
+        .arg("--out")
+        .arg(&cli_dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cli: BTreeMap<usize, f32> = grpo_lab::train::read_metrics(&cli_dir.join("metrics.jsonl"))
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.step_in_iteration == 0)
+        .map(|r| (r.iteration, r.reward_mean))
+        .collect();
+    let tab: BTreeMap<usize, f32> = r
+        .records
+        .iter()
+        .map(|v| {
+            (
+                v["iteration"].as_u64().unwrap() as usize,
+                v["reward_mean"].as_f64().unwrap() as f32,
+            )
+        })
+        .collect();
+    assert!(tab.len() >= 50, "{} iterations reported", tab.len());
+    for it in 0..50 {
+        assert_eq!(tab.get(&it), cli.get(&it), "iteration {it}: tab vs CLI");
+    }
+}
+
+/// The transformer trains in the tab too (burn's CPU backend compiled to wasm, or the fused
+/// engine where it covers the config).
+#[test]
+fn transformer_sort_runs_in_the_tab() {
+    let Some(browser) = prerequisites() else {
+        return;
+    };
+    let dir = common::temp_dir("web-transformer");
+    let config = grpo_lab::config::RunConfig::preset("transformer-sort").unwrap();
+    let server = serve();
+    let url = format!(
+        "http://127.0.0.1:{}/index.html?report#{}",
+        server.port,
+        hash_of(&config)
+    );
+    let _chrome = Killed(open(browser, &url, &dir.join("profile")));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut reached = 0;
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        let r = server.reports.lock().unwrap();
+        assert!(r.errors.is_empty(), "console errors: {:?}", r.errors);
+        reached = r.records.len();
+        if reached >= 3 {
+            break;
+        }
+    }
+    let r = server.reports.lock().unwrap();
+    assert!(
+        reached >= 3,
+        "transformer-sort: {reached} iterations in 120 s; status: {:?}",
+        r.status.last()
+    );
+    eprintln!("transformer-sort in the tab: {:?}", r.status.last());
+}
+
+/// A screenshot of the page while it trains (WebGL2 renders in headless screenshots), kept in
+/// `target/web-screenshot.png` to look at.
+#[test]
+fn the_page_renders() {
+    let Some(browser) = prerequisites() else {
+        return;
+    };
+    let dir = common::temp_dir("web-shot");
+    let server = serve();
+    // The preset's 100 iterations: done within the virtual time budget (a page that repaints
+    // without end never lets the budget run out).
+    let config = grpo_lab::config::RunConfig::preset("lecture17").unwrap();
+    let url = format!("http://127.0.0.1:{}/#{}", server.port, hash_of(&config));
+    let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/web-screenshot.png");
+    let _ = std::fs::remove_file(&shot);
+    let mut child = Command::new(browser)
+        .args([
+            "--headless=new",
+            "--no-sandbox",
+            "--window-size=1280,800",
+            "--virtual-time-budget=8000",
+            &format!("--user-data-dir={}", dir.join("profile").display()),
+            &format!("--screenshot={}", shot.display()),
+            &url,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("chromium --screenshot did not finish in 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(status.success());
+    let png = std::fs::read(&shot).expect("a screenshot");
+    let img = image::load_from_memory(&png).unwrap().to_rgba8();
+    // Not a blank page: many distinct colours (text, plots).
+    let distinct: std::collections::HashSet<[u8; 4]> = img.pixels().map(|p| p.0).collect();
+    assert!(
+        distinct.len() > 50,
+        "{} colours in {}",
+        distinct.len(),
+        shot.display()
+    );
+    eprintln!(
+        "screenshot: {} ({} colours)",
+        shot.display(),
+        distinct.len()
+    );
+}
