@@ -7,6 +7,7 @@
 
 use crate::config::DeviceChoice;
 use burn::tensor::Device;
+#[cfg(not(target_arch = "wasm32"))]
 use burn::tensor::wgpu::WgpuSetup;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -192,30 +193,44 @@ impl Compute {
             },
         };
         let gpu = open_context(instance.clone(), adapter.clone()).await?;
-        let setup = WgpuSetup {
-            instance: gpu.instance.clone(),
-            adapter: gpu.adapter.clone(),
-            device: gpu.device.clone(),
-            queue: gpu.queue.clone(),
-            backend: gpu.adapter.get_info().backend,
-        };
-        let device =
-            Device::wgpu_options()
-                .setup(setup)
-                .init()
-                .map_err(|e| DeviceError::Register {
-                    adapter: gpu.summary.name.clone(),
-                    reason: e.to_string(),
-                })?;
-        let label = format!(
-            "wgpu ({}, {}, {})",
-            gpu.summary.name, gpu.summary.backend, gpu.summary.device_type
-        );
-        Ok(Self {
-            device,
-            gpu: Some(Arc::new(gpu)),
-            label,
-        })
+        #[cfg(target_arch = "wasm32")]
+        {
+            // The browser build leaves burn's wgpu backend out (~25 MB of wasm; its synchronous
+            // reads cannot run in a tab anyway): training there is on the CPU engines.
+            Err(DeviceError::Register {
+                adapter: gpu.summary.name.clone(),
+                reason:
+                    "the browser build trains on the CPU engines; burn's wgpu backend is not in it"
+                        .into(),
+            })
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let setup = WgpuSetup {
+                instance: gpu.instance.clone(),
+                adapter: gpu.adapter.clone(),
+                device: gpu.device.clone(),
+                queue: gpu.queue.clone(),
+                backend: gpu.adapter.get_info().backend,
+            };
+            let device =
+                Device::wgpu_options()
+                    .setup(setup)
+                    .init()
+                    .map_err(|e| DeviceError::Register {
+                        adapter: gpu.summary.name.clone(),
+                        reason: e.to_string(),
+                    })?;
+            let label = format!(
+                "wgpu ({}, {}, {})",
+                gpu.summary.name, gpu.summary.backend, gpu.summary.device_type
+            );
+            Ok(Self {
+                device,
+                gpu: Some(Arc::new(gpu)),
+                label,
+            })
+        }
     }
 }
 
