@@ -70,8 +70,12 @@ fn compare(config: &RunConfig) -> (Vec<StepRecord>, Vec<StepRecord>) {
     assert_eq!(fused.len(), burn.len());
     for (a, b) in fused.iter().zip(burn) {
         assert_eq!(
-            a.groups.as_ref().map(|g| g.iter().map(|x| &x.responses).collect::<Vec<_>>()),
-            b.groups.as_ref().map(|g| g.iter().map(|x| &x.responses).collect::<Vec<_>>()),
+            a.groups
+                .as_ref()
+                .map(|g| g.iter().map(|x| &x.responses).collect::<Vec<_>>()),
+            b.groups
+                .as_ref()
+                .map(|g| g.iter().map(|x| &x.responses).collect::<Vec<_>>()),
             "step {}: rollouts differ",
             a.step
         );
@@ -96,7 +100,12 @@ fn compare(config: &RunConfig) -> (Vec<StepRecord>, Vec<StepRecord>) {
         // Per-token log π and log π_old of the logged groups (π_old from the sampling pass on
         // the fused engine, teacher-forced on burn's).
         for (ga, gb) in a.groups.iter().flatten().zip(b.groups.iter().flatten()) {
-            for (x, y) in ga.old_logp.iter().flatten().zip(gb.old_logp.iter().flatten()) {
+            for (x, y) in ga
+                .old_logp
+                .iter()
+                .flatten()
+                .zip(gb.old_logp.iter().flatten())
+            {
                 assert!(close(*x, *y, TOL), "step {}: log π_old {x} vs {y}", a.step);
             }
             for (x, y) in ga.logp.iter().flatten().zip(gb.logp.iter().flatten()) {
@@ -284,7 +293,10 @@ fn fused_checkpoints_resume_exactly_and_burns_continue_on_burn() {
         // Debug text: NaN fields (a length mean over no correct response) compare equal.
         assert_eq!(format!("{:?}", strip(a)), format!("{:?}", strip(b)));
     }
-    assert_eq!(whole.engine().flat_weights(), resumed.engine().flat_weights());
+    assert_eq!(
+        whole.engine().flat_weights(),
+        resumed.engine().flat_weights()
+    );
 
     // burn's checkpoint: refused by the fused engine, continued on burn's path.
     let mut off = c.clone();

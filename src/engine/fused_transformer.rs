@@ -301,6 +301,7 @@ pub struct FusedTransformer {
 }
 
 /// `y[r] = LayerNorm(x[r])·g + b` for rows of `d`, keeping `x̂` and `1/σ` for the backward.
+#[inline(always)]
 fn layer_norm(
     x: &[f32],
     g: &[f32],
@@ -333,6 +334,7 @@ fn layer_norm(
 
 /// LayerNorm's backward: `dx += ∂/∂x`, `dg`, `db` accumulate.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn layer_norm_backward(
     dy: &[f32],
     xhat: &[f32],
@@ -405,6 +407,7 @@ fn gelu_grad(x: f32) -> f32 {
 }
 
 /// `x[r] += b` for rows of `b.len()`.
+#[inline(always)]
 fn add_bias(x: &mut [f32], b: &[f32]) {
     for row in x.chunks_exact_mut(b.len()) {
         for (v, &bv) in row.iter_mut().zip(b) {
@@ -414,6 +417,7 @@ fn add_bias(x: &mut [f32], b: &[f32]) {
 }
 
 /// `db += Σ_r dy[r]`.
+#[inline(always)]
 fn bias_grad(dy: &[f32], db: &mut [f32]) {
     for row in dy.chunks_exact(db.len()) {
         for (g, &v) in db.iter_mut().zip(row) {
@@ -510,6 +514,7 @@ impl FusedTransformer {
     /// last token) with weights `w`: fills `sc` (activations, and `logits [R·T, V]` of the `T`
     /// positions that predict response tokens).
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn forward_into(
         shape: &TransformerShape,
         lay: &Layout,
@@ -529,7 +534,8 @@ impl FusedTransformer {
         let (rows, s) = (geo.total, geo.s);
         assert!(s <= shape.context, "sequence longer than the context");
         assert!(
-            responses.iter().all(|&x| (x as usize) < v) && prompts.iter().all(|&x| (x as usize) < v),
+            responses.iter().all(|&x| (x as usize) < v)
+                && prompts.iter().all(|&x| (x as usize) < v),
             "token ≥ vocab"
         );
         // Input tokens: the prompts, then each response without its last token.
@@ -680,6 +686,7 @@ impl FusedTransformer {
 
     /// Gradients of every weight from `sc.dlogits [R·T, V]` into `sc.grad` (flat layout).
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn backward(
         shape: &TransformerShape,
         lay: &Layout,
@@ -895,6 +902,75 @@ impl FusedTransformer {
         t: usize,
         temperature: f32,
     ) -> Vec<f32> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { self.token_logp_avx2(w, prompts, responses, g, t, temperature) };
+        }
+        self.token_logp_body(w, prompts, responses, g, t, temperature)
+    }
+
+    /// `token_logp` compiled with AVX2 enabled (same operations, wider vectors).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn token_logp_avx2(
+        &mut self,
+        w: Option<&[f32]>,
+        prompts: &[u32],
+        responses: &[u32],
+        g: usize,
+        t: usize,
+        temperature: f32,
+    ) -> Vec<f32> {
+        self.token_logp_body(w, prompts, responses, g, t, temperature)
+    }
+
+    /// The step's loss, scalars and gradient (read it with [`Self::gradient`]), no update.
+    pub fn loss_and_gradient(&mut self, x: &StepInput, st: &StepSettings) -> StepScalars {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { self.loss_and_gradient_avx2(x, st) };
+        }
+        self.loss_and_gradient_body(x, st)
+    }
+
+    /// `loss_and_gradient` compiled with AVX2 enabled (same operations, wider vectors).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn loss_and_gradient_avx2(&mut self, x: &StepInput, st: &StepSettings) -> StepScalars {
+        self.loss_and_gradient_body(x, st)
+    }
+
+    /// Supervised steps (the cold start): `−mean log π(target | prompt)` over every position of
+    /// each batch (as burn's `supervised_steps`: padding included), a fresh Adam, one step per
+    /// batch `(prompts [B·n], targets [B·T], T)`. Returns the last loss.
+    pub fn supervised(&mut self, batches: &[(&[u32], &[u32], usize)], lr: f64) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { self.supervised_avx2(batches, lr) };
+        }
+        self.supervised_body(batches, lr)
+    }
+
+    /// `supervised` compiled with AVX2 enabled (same operations, wider vectors).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn supervised_avx2(&mut self, batches: &[(&[u32], &[u32], usize)], lr: f64) -> f32 {
+        self.supervised_body(batches, lr)
+    }
+
+    #[inline(always)]
+    fn token_logp_body(
+        &mut self,
+        w: Option<&[f32]>,
+        prompts: &[u32],
+        responses: &[u32],
+        g: usize,
+        t: usize,
+        temperature: f32,
+    ) -> Vec<f32> {
         let mut sc = std::mem::take(&mut self.scratch);
         let w = w.unwrap_or(&self.w);
         Self::forward_into(
@@ -947,8 +1023,8 @@ impl FusedTransformer {
         &self.scratch.grad
     }
 
-    /// The step's loss, scalars and gradient (read it with [`Self::gradient`]), no update.
-    pub fn loss_and_gradient(&mut self, x: &StepInput, st: &StepSettings) -> StepScalars {
+    #[inline(always)]
+    fn loss_and_gradient_body(&mut self, x: &StepInput, st: &StepSettings) -> StepScalars {
         let (n, v) = (self.n, self.shape.vocab);
         let (g, t) = (x.g, x.t);
         let b = x.prompts.len() / n;
@@ -1056,10 +1132,8 @@ impl FusedTransformer {
         scalars
     }
 
-    /// Supervised steps (the cold start): `−mean log π(target | prompt)` over every position of
-    /// each batch (as burn's `supervised_steps`: padding included), a fresh Adam, one step per
-    /// batch `(prompts [B·n], targets [B·T], T)`. Returns the last loss.
-    pub fn supervised(&mut self, batches: &[(&[u32], &[u32], usize)], lr: f64) -> f32 {
+    #[inline(always)]
+    fn supervised_body(&mut self, batches: &[(&[u32], &[u32], usize)], lr: f64) -> f32 {
         let mut adam = AdamState::new(self.layout.total);
         let mut sc = std::mem::take(&mut self.scratch);
         let v = self.shape.vocab;
@@ -1142,6 +1216,41 @@ impl FusedTransformer {
         temperature: f32,
         with_greedy: bool,
     ) -> Generation {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe {
+                self.generate_avx2(prompts, g, max_len, pick, temperature, with_greedy)
+            };
+        }
+        self.generate_body(prompts, g, max_len, pick, temperature, with_greedy)
+    }
+
+    /// `generate` compiled with AVX2 enabled (same operations, wider vectors).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn generate_avx2(
+        &mut self,
+        prompts: &[u32],
+        g: usize,
+        max_len: usize,
+        pick: &Pick,
+        temperature: f32,
+        with_greedy: bool,
+    ) -> Generation {
+        self.generate_body(prompts, g, max_len, pick, temperature, with_greedy)
+    }
+
+    #[inline(always)]
+    fn generate_body(
+        &mut self,
+        prompts: &[u32],
+        g: usize,
+        max_len: usize,
+        pick: &Pick,
+        temperature: f32,
+        with_greedy: bool,
+    ) -> Generation {
         let (n, v, d) = (self.n, self.shape.vocab, self.shape.d_model);
         let eos = (v - 1) as u32;
         let b = prompts.len() / n;
@@ -1197,8 +1306,7 @@ impl FusedTransformer {
                     seed,
                     stream,
                 } => {
-                    let step_stream =
-                        crate::rng::counter_u32(*seed, &[*stream, t as u32, 0xA7]);
+                    let step_stream = crate::rng::counter_u32(*seed, &[*stream, t as u32, 0xA7]);
                     crate::objective::sampling::sample_independent(
                         &logits[..sampled * v],
                         sampled,
@@ -1256,6 +1364,7 @@ impl FusedTransformer {
     /// (writing this position's keys and values into it), and when `logits` the final
     /// LayerNorm and head into `cache.logits [rows, V]`. Row `i` belongs to prompt
     /// `prompt_of[i]`; positions `< n` are the prompt's (cached once per prompt).
+    #[inline(always)]
     fn decode_position(
         &self,
         tokens: &[u32],
@@ -1474,9 +1583,8 @@ mod tests {
             }
         }
         let logp = f.token_logp(None, &prompts, &responses, G, T, 0.9);
-        let mut noisy = |x: &[f32]| -> Vec<f32> {
-            x.iter().map(|v| v + 0.3 * rng.normal() as f32).collect()
-        };
+        let mut noisy =
+            |x: &[f32]| -> Vec<f32> { x.iter().map(|v| v + 0.3 * rng.normal() as f32).collect() };
         let old = noisy(&logp);
         let refl = noisy(&logp);
         let advantages = (0..6).map(|i| i as f32 * 0.4 - 1.0).collect();
@@ -1547,7 +1655,10 @@ mod tests {
             worst.0 = worst.0.max((gelu(x) as f64 - want).abs() as f32);
             worst.1 = worst.1.max((gelu_grad(x) as f64 - want_grad).abs() as f32);
         }
-        eprintln!("gelu: worst absolute error {:.2e}, of its derivative {:.2e}", worst.0, worst.1);
+        eprintln!(
+            "gelu: worst absolute error {:.2e}, of its derivative {:.2e}",
+            worst.0, worst.1
+        );
         assert!(worst.0 < 1e-6 && worst.1 < 1e-6, "{worst:?}");
     }
 
@@ -1622,7 +1733,10 @@ mod tests {
         struct Flat<'a>(&'a GradientsParams, Vec<f32>);
         impl ModuleVisitor for Flat<'_> {
             fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
-                let g = self.0.get::<D>(p.id).expect("a gradient for every parameter");
+                let g = self
+                    .0
+                    .get::<D>(p.id)
+                    .expect("a gradient for every parameter");
                 self.1.extend(g.into_data().iter::<f32>());
             }
         }
@@ -1684,8 +1798,16 @@ mod tests {
                     for (name, a, bv) in [
                         ("kl", ours.kl, out.kl.into_scalar::<f32>()),
                         ("clip_low", ours.clip_low, out.clip_low.into_scalar::<f32>()),
-                        ("clip_high", ours.clip_high, out.clip_high.into_scalar::<f32>()),
-                        ("ratio", ours.ratio_mean, out.ratio_mean.into_scalar::<f32>()),
+                        (
+                            "clip_high",
+                            ours.clip_high,
+                            out.clip_high.into_scalar::<f32>(),
+                        ),
+                        (
+                            "ratio",
+                            ours.ratio_mean,
+                            out.ratio_mean.into_scalar::<f32>(),
+                        ),
                     ] {
                         assert!(
                             (a - bv).abs() <= 1e-5 * (1.0 + bv.abs()),
@@ -1707,6 +1829,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The AVX2 build of the step and the portable one give bit-identical results.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn avx2_step_is_bit_identical_to_the_portable_step() {
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            eprintln!("no AVX2 on this CPU: nothing to compare");
+            return;
+        }
+        let mut f = fused(6);
+        let c = case(&mut f, 7);
+        let st = settings(
+            LossMode::Clipped,
+            KlEstimator::K3,
+            LossAggMode::TokenMean,
+            0.01,
+        );
+        let portable = f.loss_and_gradient_body(&input(&c), &st);
+        let g_portable = f.gradient().to_vec();
+        // SAFETY: AVX2 is present (checked at the top).
+        let wide = unsafe { f.loss_and_gradient_avx2(&input(&c), &st) };
+        assert_eq!(portable, wide);
+        assert_eq!(g_portable, f.gradient());
     }
 
     /// Generation with the KV cache reads the same log-probs as the teacher-forced pass on
