@@ -187,6 +187,25 @@ fn fused_transformer_equals_burn_for_every_aggregation_and_the_entropy_bonus() {
     }
 }
 
+/// Dynamic sampling replaces flat groups with fresh rollouts; the fused engine carries their
+/// sampling-pass log-probs and greedy answers into the batch, and still equals burn's path.
+#[test]
+fn fused_transformer_equals_burn_with_dynamic_sampling() {
+    let mut c = ragged();
+    c.task.reward = grpo_lab::config::RewardKind::Distance;
+    c.task.reward_weights.clear();
+    c.task.format_reward = 0.0;
+    c.algorithm.dynamic_sampling = true;
+    c.algorithm.max_resample_rounds = 2;
+    c.algorithm.num_generations = 3;
+    c.model.init_scale = 30.0;
+    let (fused, _) = compare(&c);
+    assert!(
+        fused.iter().any(|r| r.resample_rounds > 0),
+        "no group was resampled"
+    );
+}
+
 /// The supervised cold start on the fused engine equals burn's (the same held-out accuracy
 /// after it, the same first rollouts and metrics after it).
 #[test]

@@ -82,8 +82,9 @@ pub struct Samples {
     pub scores: Option<DeviceScores>,
     /// Greedy answer to each prompt, when it came free with the sampling pass.
     pub greedy: Option<Vec<Vec<u32>>>,
-    /// `log π` of every sampled token at the sampling weights (`[B·G·max_len]`), when it came
-    /// free with the sampling pass and equals what [`Engine::token_logp`] would compute.
+    /// `log π` of every sampled token at the sampling weights (`[B·G·T]`, padded to the longest
+    /// response), when it came free with the sampling pass and equals what
+    /// [`Engine::token_logp`] would compute on the real tokens.
     pub logp: Option<Vec<f32>>,
 }
 
