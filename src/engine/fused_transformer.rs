@@ -355,18 +355,23 @@ fn layer_norm_backward(
         .zip(rstd)
     {
         let (mut m1, mut m2) = (0.0f32, 0.0f32);
-        for i in 0..d {
-            let dh = dyr[i] * g[i];
-            dxhat[i] = dh;
-            dg[i] += dyr[i] * hr[i];
-            db[i] += dyr[i];
-            m1 += dh;
-            m2 += dh * hr[i];
+        for ((((dh, &dyv), &hv), &gv), (dgv, dbv)) in dxhat
+            .iter_mut()
+            .zip(dyr)
+            .zip(hr)
+            .zip(g)
+            .zip(dg.iter_mut().zip(db.iter_mut()))
+        {
+            *dh = dyv * gv;
+            *dgv += dyv * hv;
+            *dbv += dyv;
+            m1 += *dh;
+            m2 += *dh * hv;
         }
         m1 *= inv_d;
         m2 *= inv_d;
-        for i in 0..d {
-            dxr[i] += r * (dxhat[i] - m1 - hr[i] * m2);
+        for ((dxv, &dh), &hv) in dxr.iter_mut().zip(dxhat.iter()).zip(hr) {
+            *dxv += r * (dh - m1 - hv * m2);
         }
     }
 }
@@ -451,8 +456,8 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| x * y)
         .sum();
     for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            lanes[i] += x[i] * y[i];
+        for ((l, &xi), &yi) in lanes.iter_mut().zip(x).zip(y) {
+            *l += xi * yi;
         }
     }
     lanes.iter().sum::<f32>() + rest
