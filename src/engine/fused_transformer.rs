@@ -391,8 +391,8 @@ fn normal_cdf(x: f32) -> f32 {
                 + t * (0.096_784_18
                     + t * (-0.186_288_06
                         + t * (0.278_868_07
-                            + t * (-1.135_203_98
-                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
+                            + t * (-1.135_204
+                                + t * (1.488_515_9 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
     // erfc(z) for z = |x|/√2 ≥ 0; Φ(x) = erfc(−x/√2)/2.
     let half_erfc = 0.5 * t * exp_fast(-z * z + poly);
     if x >= 0.0 { 1.0 - half_erfc } else { half_erfc }
@@ -1421,10 +1421,10 @@ impl FusedTransformer {
                 false,
             );
             // This position's keys and values into the cache.
-            for i in 0..rows {
+            for (i, &p) in prompt_of.iter().enumerate().take(rows) {
                 let kv = &c.qkv[i * 3 * d..(i + 1) * 3 * d];
                 let (kd, vd) = if s < n {
-                    let at = (prompt_of[i] * n + s) * d;
+                    let at = (p * n + s) * d;
                     (&mut c.pk[l][at..at + d], at)
                 } else {
                     let at = (i * max_len + s - n) * d;
