@@ -393,9 +393,9 @@ pub struct RunSettings {
     /// Sampling, verifying and advantages: `gpu` (our WGSL kernels), `reference` (the plain-Rust
     /// path), `auto` (the kernels whenever the device is a wgpu adapter).
     pub kernels: KernelChoice,
-    /// The lecture model's fused CPU optimizer step (forward, backward and Adam by hand, held
-    /// equal to burn's by tests): `auto` uses it on the CPU backend when the config allows,
-    /// `off` always takes burn's autodiff path.
+    /// The fused CPU engines (the lecture model's step; the transformer's step with KV-cache
+    /// rollouts), held equal to burn's by tests: `auto` uses them on the CPU backend when the
+    /// config allows, `off` always takes burn's autodiff path.
     pub fused_step: FusedChoice,
     /// Refuse a config whose memory estimate exceeds this many MiB (0 = the memory this
     /// machine has available when the run starts).
@@ -787,7 +787,7 @@ pub const FIELDS: &[Field] = &[
     Field::new("run.kernels", "Kernels", Range::Choice(KernelChoice::NAMES),
         "Sampling, verifier and advantages in our WGSL kernels (gpu) or plain Rust (reference); auto: the kernels whenever the device is a wgpu adapter. Same tokens either way."),
     Field::new("run.fused_step", "Fused step", Range::Choice(FusedChoice::NAMES),
-        "The lecture model's fused CPU optimizer step (forward, backward and Adam by hand, held equal to burn's by tests): auto uses it on the CPU backend when the config allows; off always takes burn's autodiff path."),
+        "The fused CPU engines (the lecture model's step; the transformer's step with KV-cache rollouts): forward, backward and Adam by hand, held equal to burn's by tests. auto uses them on the CPU backend when the config allows (not with a bug-gallery switch on); off always takes burn's autodiff path."),
     Field::new("run.max_memory_mib", "Memory cap (MiB)", Range::ANY_INT,
         "A config whose memory estimate (`grpo-lab train --dry-run` prints it) exceeds this is refused before anything is allocated, naming the fields that drive it. 0 = the memory this machine has available."),
 ];

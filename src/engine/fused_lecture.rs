@@ -17,7 +17,7 @@ use crate::objective::loss::{LossSettings, reference};
 
 /// A read-only strided matrix: element `(i, j)` at `data[i·rs + j·cs]`.
 #[derive(Clone, Copy)]
-struct View<'a> {
+pub(crate) struct View<'a> {
     data: &'a [f32],
     rs: usize,
     cs: usize,
@@ -25,7 +25,7 @@ struct View<'a> {
 
 impl<'a> View<'a> {
     /// Row-major with `cols` columns.
-    fn rows(data: &'a [f32], cols: usize) -> Self {
+    pub(crate) fn rows(data: &'a [f32], cols: usize) -> Self {
         Self {
             data,
             rs: cols,
@@ -33,7 +33,7 @@ impl<'a> View<'a> {
         }
     }
     /// The transpose (no copy).
-    fn t(self) -> Self {
+    pub(crate) fn t(self) -> Self {
         Self {
             rs: self.cs,
             cs: self.rs,
@@ -41,7 +41,7 @@ impl<'a> View<'a> {
         }
     }
     /// The same strides from element `offset` on (a block of a larger matrix).
-    fn at(self, offset: usize) -> Self {
+    pub(crate) fn at(self, offset: usize) -> Self {
         Self {
             data: &self.data[offset..],
             ..self
@@ -54,7 +54,7 @@ impl<'a> View<'a> {
 
 /// `C ← A · B` (or `C += A · B` when `accumulate`): `A` is `[m, k]`, `B` `[k, n]`, `C` row-major
 /// `[m, n]` with row stride `c_rs` (a block of a wider matrix when `c_rs > n`).
-fn product_into(
+pub(crate) fn product_into(
     c: &mut [f32],
     c_rs: usize,
     a: View,
@@ -177,7 +177,7 @@ fn softmax_rows(
 /// A reduction of `x` over eight independent lanes (short rows vectorize instead of
 /// forming one long dependency chain).
 #[inline(always)]
-fn lanes8(x: &[f32], init: f32, op: impl Fn(f32, f32) -> f32) -> f32 {
+pub(crate) fn lanes8(x: &[f32], init: f32, op: impl Fn(f32, f32) -> f32) -> f32 {
     let mut lanes = [init; 8];
     let chunks = x.chunks_exact(8);
     let rest = chunks.remainder().iter().fold(init, |a, &b| op(a, b));
@@ -192,7 +192,7 @@ fn lanes8(x: &[f32], init: f32, op: impl Fn(f32, f32) -> f32) -> f32 {
 
 /// `Σ x` in f64 over eight independent lanes (vectorizes; no long dependency chain).
 #[inline(always)]
-fn sum_f64(x: &[f32]) -> f64 {
+pub(crate) fn sum_f64(x: &[f32]) -> f64 {
     let mut lanes = [0.0f64; 8];
     let chunks = x.chunks_exact(8);
     let rest: f64 = chunks.remainder().iter().map(|&v| v as f64).sum();
@@ -206,7 +206,7 @@ fn sum_f64(x: &[f32]) -> f64 {
 
 /// `Σ x²` over sixteen independent f32 lanes.
 #[inline(always)]
-fn sum_sq(x: &[f32]) -> f32 {
+pub(crate) fn sum_sq(x: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 16];
     let chunks = x.chunks_exact(16);
     let rest: f32 = chunks.remainder().iter().map(|&v| v * v).sum();
@@ -243,7 +243,7 @@ fn map3(
 
 /// `buf` as `len` zeros, reusing its allocation.
 #[inline(always)]
-fn zeroed(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+pub(crate) fn zeroed(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
     buf.clear();
     buf.resize(len, 0.0);
     buf

@@ -5,13 +5,16 @@
 //! `grpo` and never sees burn, gemm or wgpu.
 //!
 //! Engines now: [`autodiff::BurnEngine`] (burn autodiff, any burn backend, the WGSL rollout
-//! kernels on a wgpu device) and [`lecture_cpu::FusedLectureEngine`] (the lecture model's
-//! fused CPU step). [`choose`] picks the fastest one for a config on this machine.
+//! kernels on a wgpu device), [`lecture_cpu::FusedLectureEngine`] (the lecture model's fused
+//! CPU step) and [`transformer_cpu::FusedTransformerEngine`] (the transformer's fused CPU step,
+//! rollouts with a KV cache). [`kind_for`] picks the fastest one for a config on this machine.
 
 pub mod autodiff;
 pub mod burn_loss;
 pub mod fused_lecture;
+pub mod fused_transformer;
 pub mod lecture_cpu;
+pub mod transformer_cpu;
 
 use crate::config::{DeviceChoice, FusedChoice, ModelKind, RunConfig};
 use crate::gpu::{Compute, DeviceError};
@@ -79,8 +82,9 @@ pub struct Samples {
     pub scores: Option<DeviceScores>,
     /// Greedy answer to each prompt, when it came free with the sampling pass.
     pub greedy: Option<Vec<Vec<u32>>>,
-    /// `log π` of every sampled token at the sampling weights (`[B·G·max_len]`), when it came
-    /// free with the sampling pass and equals what [`Engine::token_logp`] would compute.
+    /// `log π` of every sampled token at the sampling weights (`[B·G·T]`, padded to the longest
+    /// response), when it came free with the sampling pass and equals what
+    /// [`Engine::token_logp`] would compute on the real tokens.
     pub logp: Option<Vec<f32>>,
 }
 
@@ -229,16 +233,18 @@ pub enum EngineKind {
     Burn,
     /// The lecture model's fused CPU step.
     FusedLecture,
+    /// The transformer's fused CPU step (KV-cache rollouts).
+    FusedTransformer,
 }
 
 /// The engine a config gets on a compute device: the fused CPU step where it covers the config
 /// and the device is the CPU, else burn's autodiff.
 pub fn kind_for(config: &RunConfig, compute: &Compute) -> EngineKind {
-    if config.run.fused_step == FusedChoice::Auto
-        && compute.gpu.is_none()
-        && lecture_cpu::FusedLectureEngine::covers(config)
-    {
+    let fused = config.run.fused_step == FusedChoice::Auto && compute.gpu.is_none();
+    if fused && lecture_cpu::FusedLectureEngine::covers(config) {
         EngineKind::FusedLecture
+    } else if fused && transformer_cpu::FusedTransformerEngine::covers(config) {
+        EngineKind::FusedTransformer
     } else {
         EngineKind::Burn
     }
@@ -251,6 +257,9 @@ pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + S
     }
     Ok(match kind_for(config, compute) {
         EngineKind::FusedLecture => Box::new(lecture_cpu::FusedLectureEngine::new(config)),
+        EngineKind::FusedTransformer => {
+            Box::new(transformer_cpu::FusedTransformerEngine::new(config))
+        }
         EngineKind::Burn => Box::new(autodiff::BurnEngine::new(config, compute.clone())?),
     })
 }
@@ -261,8 +270,8 @@ pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + S
 ///   training — it is 30–280× slower than the CPU engines; `--device software` still selects it.
 /// - a hardware GPU: the lecture model stays on the fused CPU step (0.01–0.9 ms per step on the
 ///   presets; burn's wgpu path costs a dispatch per op, milliseconds per step on any GPU);
-///   the transformer goes to the GPU (burn's autodiff there; on the CPU it is burn's CPU backend
-///   too, without the GPU's width).
+///   the transformer goes to the GPU (burn's autodiff there; on the CPU it runs on the fused
+///   CPU transformer engine).
 pub fn auto_device(config: &RunConfig, hardware_gpu: Option<&str>) -> (DeviceChoice, String) {
     let lecture = config.model.kind == ModelKind::Lecture;
     if config.run.kernels == crate::config::KernelChoice::Gpu {
@@ -304,6 +313,7 @@ pub fn select(choice: DeviceChoice, config: &RunConfig) -> Result<(Compute, Stri
     let compute = Compute::select(choice)?;
     let engine = match kind_for(config, &compute) {
         EngineKind::FusedLecture => "fused CPU lecture step",
+        EngineKind::FusedTransformer => "fused CPU transformer step",
         EngineKind::Burn => "burn autodiff",
     };
     Ok((

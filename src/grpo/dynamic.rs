@@ -31,6 +31,10 @@ impl Trainer {
             .filter(|i| !indices.contains(i))
             .collect();
         SplitMix64::for_stream(cfg.run.seed ^ iteration as u64, "resample").shuffle(&mut spare);
+        // Each row's log-probs from the sampling pass (its real tokens), when the engine gave
+        // them, so they survive the replacement (see `with_padding`).
+        let original = scored.logp.take();
+        let mut row_logp = original.as_ref().map(|lp| real_tokens(lp, &scored.rows));
         while !flat.is_empty() && out.rounds < a.max_resample_rounds {
             out.rounds += 1;
             let fresh: Vec<usize> = flat
@@ -39,8 +43,25 @@ impl Trainer {
                 .collect();
             let stream = counter_u32(cfg.run.seed, &[iteration as u32, out.rounds as u32, 0xD5]);
             let more = self.sample_and_verify(&fresh, stream, false)?;
+            let more_logp = more.logp.as_ref().map(|lp| real_tokens(lp, &more.rows));
+            if more_logp.is_none() {
+                row_logp = None;
+            }
+            match (&mut scored.greedy, &more.greedy) {
+                (Some(greedy), Some(fresh_greedy)) => {
+                    for (k, &gi) in flat.iter().enumerate() {
+                        greedy[gi] = fresh_greedy[k].clone();
+                    }
+                }
+                _ => scored.greedy = None,
+            }
             for (k, &gi) in flat.iter().enumerate() {
                 indices[gi] = fresh[k];
+                if let (Some(rows), Some(fresh_rows)) = (&mut row_logp, &more_logp) {
+                    for j in 0..g {
+                        rows[gi * g + j] = fresh_rows[k * g + j].clone();
+                    }
+                }
                 for j in 0..g {
                     let (dst, src) = (gi * g + j, k * g + j);
                     scored.rows[dst] = more.rows[src].clone();
@@ -52,10 +73,34 @@ impl Trainer {
             out.groups += flat.len();
             flat = zero_std_groups(&scored.rewards, g);
         }
-        // The replaced groups' advantages, log-probs and greedy answers are stale.
+        // The replaced groups' advantages are stale; log-probs and greedy answers were carried.
         scored.advantages = None;
-        scored.logp = None;
-        scored.greedy = None;
+        scored.logp = if out.rounds == 0 {
+            original
+        } else {
+            row_logp.map(|rows| with_padding(&rows))
+        };
         Ok(out)
     }
+}
+
+/// `[rows·T]` log-probs (padded to the longest row) → each row's real tokens.
+fn real_tokens(logp: &[f32], rows: &[Vec<u32>]) -> Vec<Vec<f32>> {
+    let t = logp.len() / rows.len().max(1);
+    rows.iter()
+        .enumerate()
+        .map(|(i, r)| logp[i * t..i * t + r.len().min(t)].to_vec())
+        .collect()
+}
+
+/// Rows of log-probs → `[rows·T]` padded to the longest (at least one position) with 0: the
+/// padding positions of a batch whose rows came from different sampling passes. The loss
+/// never reads them (they are masked), so no forward pass is spent on them.
+fn with_padding(rows: &[Vec<f32>]) -> Vec<f32> {
+    let t = rows.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
+    let mut out = vec![0.0f32; rows.len() * t];
+    for (i, r) in rows.iter().enumerate() {
+        out[i * t..i * t + r.len()].copy_from_slice(r);
+    }
+    out
 }

@@ -44,8 +44,9 @@ pub enum TrainError {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Timings {
     /// Rollout: sampling, verifying (and advantages when the engine computes them with the
-    /// samples), dynamic-sampling rounds included. On the fused lecture engine `log π_old` of
-    /// the sampled tokens comes free with the sampling pass and is counted here.
+    /// samples), dynamic-sampling rounds included. On the fused CPU engines `log π_old` of the
+    /// sampled tokens comes free with the sampling pass and is counted here, as is the greedy
+    /// answer to each training prompt (the transformer's rides along as extra rows).
     pub rollout: f64,
     /// Advantages computed after the rollout (when not fused into it).
     pub advantages: f64,

@@ -138,6 +138,54 @@ impl TransformerPolicy {
         }
     }
 
+    /// A policy with the given weights, flattened in the module's visiting order (`tok_emb`,
+    /// `pos_emb`, each block's `ln1_g, ln1_b, wqkv, wo, ln2_g, ln2_b, w1, b1, w2, b2`, `lnf_g`,
+    /// `lnf_b`, `head`): what `engine::autodiff::flat_params` returns.
+    pub fn from_flat(shape: TransformerShape, flat: &[f32], device: &Device) -> Self {
+        let TransformerShape {
+            vocab,
+            context,
+            d_model: d,
+            heads,
+            layers,
+            d_ff: f,
+        } = shape;
+        let mut at = 0;
+        let mut take = |count: usize| -> Vec<f32> {
+            let v = flat[at..at + count].to_vec();
+            at += count;
+            v
+        };
+        let tok_emb = param2(take(vocab * d), [vocab, d], device);
+        let pos_emb = param2(take(context * d), [context, d], device);
+        let blocks = (0..layers)
+            .map(|_| Block {
+                ln1_g: param1(take(d), device),
+                ln1_b: param1(take(d), device),
+                wqkv: param2(take(d * 3 * d), [d, 3 * d], device),
+                wo: param2(take(d * d), [d, d], device),
+                ln2_g: param1(take(d), device),
+                ln2_b: param1(take(d), device),
+                w1: param2(take(d * f), [d, f], device),
+                b1: param1(take(f), device),
+                w2: param2(take(f * d), [f, d], device),
+                b2: param1(take(d), device),
+            })
+            .collect();
+        let (lnf_g, lnf_b) = (param1(take(d), device), param1(take(d), device));
+        let head = param2(take(d * vocab), [d, vocab], device);
+        assert_eq!(at, flat.len(), "flat weights of another shape");
+        Self {
+            tok_emb,
+            pos_emb,
+            blocks,
+            lnf_g,
+            lnf_b,
+            head,
+            heads,
+        }
+    }
+
     pub fn context(&self) -> usize {
         self.pos_emb.val().dims()[0]
     }

@@ -1,0 +1,1905 @@
+//! A fused CPU path for the transformer policy (`model::transformer`): forward, loss, backward
+//! and Adam written out over plain buffers, every matrix product through `gemm`, one thread, no
+//! autodiff graph; and autoregressive generation with a KV cache (the prompt prefilled once per
+//! prompt, then one new position per response and step).
+//!
+//! The weights live in one flat array in the burn module's visiting order (`Layout`), so Adam,
+//! the gradient norm and the checkpoints are single loops over one buffer, and
+//! `engine::autodiff::flat_params` of the burn policy equals it element for element.
+//!
+//! Held equal to burn's autodiff path by `tests/fused_transformer.rs` (same rollouts, metrics
+//! and weights within stated tolerances) and to finite differences by the tests below.
+
+use super::StepScalars;
+use super::fused_lecture::{View, exp_fast, lanes8, product_into, sum_sq, zeroed};
+use crate::config::LossAggMode;
+use crate::model::TransformerShape;
+use crate::objective::loss::{LossSettings, reference};
+
+/// LayerNorm's ε (as `model::transformer::layer_norm`).
+const LN_EPS: f32 = 1e-5;
+
+/// Where each parameter array starts in the flat weights (burn's visiting order).
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub tok_emb: usize,
+    pub pos_emb: usize,
+    pub blocks: Vec<BlockLayout>,
+    pub lnf_g: usize,
+    pub lnf_b: usize,
+    pub head: usize,
+    pub total: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct BlockLayout {
+    pub ln1_g: usize,
+    pub ln1_b: usize,
+    /// `[D, 3D]`
+    pub wqkv: usize,
+    /// `[D, D]`
+    pub wo: usize,
+    pub ln2_g: usize,
+    pub ln2_b: usize,
+    /// `[D, F]`
+    pub w1: usize,
+    pub b1: usize,
+    /// `[F, D]`
+    pub w2: usize,
+    pub b2: usize,
+}
+
+impl Layout {
+    pub fn of(s: &TransformerShape) -> Self {
+        let (v, c, d, f) = (s.vocab, s.context, s.d_model, s.d_ff);
+        let mut at = 0;
+        let mut next = |len: usize| {
+            let o = at;
+            at += len;
+            o
+        };
+        let tok_emb = next(v * d);
+        let pos_emb = next(c * d);
+        let blocks = (0..s.layers)
+            .map(|_| BlockLayout {
+                ln1_g: next(d),
+                ln1_b: next(d),
+                wqkv: next(d * 3 * d),
+                wo: next(d * d),
+                ln2_g: next(d),
+                ln2_b: next(d),
+                w1: next(d * f),
+                b1: next(f),
+                w2: next(f * d),
+                b2: next(d),
+            })
+            .collect();
+        let lnf_g = next(d);
+        let lnf_b = next(d);
+        let head = next(d * v);
+        Self {
+            tok_emb,
+            pos_emb,
+            blocks,
+            lnf_g,
+            lnf_b,
+            head,
+            total: at,
+        }
+    }
+}
+
+/// Adam's state over the flat weights, as burn's `Adam` keeps it per parameter (every
+/// parameter of the transformer gets a gradient at every step, so one step count serves all).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AdamState {
+    pub m: Vec<f32>,
+    pub v: Vec<f32>,
+    pub time: i32,
+}
+
+impl AdamState {
+    fn new(len: usize) -> Self {
+        Self {
+            m: vec![0.0; len],
+            v: vec![0.0; len],
+            time: 0,
+        }
+    }
+
+    /// One step, as burn's: `m̂/(√v + ε·√(1−β2^t)) · √(1−β2^t)/(1−β1^t)`, gradients times
+    /// `scale` (global-norm clipping).
+    fn step(&mut self, w: &mut [f32], grad: &[f32], scale: f32, lr: f32, h: &Hyper) {
+        self.time += 1;
+        let bc2 = (1.0 - h.beta2.powi(self.time)).sqrt();
+        let factor = bc2 / (1.0 - h.beta1.powi(self.time));
+        let (b1, b2, eps) = (h.beta1, h.beta2, h.eps);
+        for (((x, &gi), m), vv) in w.iter_mut().zip(grad).zip(&mut self.m).zip(&mut self.v) {
+            let gs = gi * scale;
+            *m = *m * b1 + gs * (1.0 - b1);
+            *vv = *vv * b2 + gs * gs * (1.0 - b2);
+            let update = *m * factor / (vv.sqrt() + eps * bc2);
+            *x -= update * lr;
+        }
+    }
+}
+
+/// Adam's hyperparameters.
+#[derive(Debug, Clone, Copy)]
+pub struct Hyper {
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+}
+
+/// Activations of one block that the backward pass reads.
+#[derive(Debug, Clone, Default)]
+struct BlockActs {
+    xhat1: Vec<f32>,
+    rstd1: Vec<f32>,
+    a1: Vec<f32>,
+    qkv: Vec<f32>,
+    /// `[R, H, S, S]` attention probabilities (0 above the diagonal).
+    att: Vec<f32>,
+    ctx: Vec<f32>,
+    xhat2: Vec<f32>,
+    rstd2: Vec<f32>,
+    a2: Vec<f32>,
+    hpre: Vec<f32>,
+    hact: Vec<f32>,
+}
+
+/// The tokens of a teacher-forced pass: the `B·n` prompt positions once per prompt (all `G`
+/// responses to a prompt read the same prefix, so its activations are computed once and its
+/// gradients gathered from every response), then the `R·U` response positions (`R = B·G`
+/// rows, `U = T − 1`: the response without its last token). Row-major `[N, ·]` buffers hold
+/// the prompt positions first.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    n: usize,
+    g: usize,
+    t: usize,
+    /// `B·n`
+    np: usize,
+    /// `B·n + R·U`
+    total: usize,
+    /// The longest sequence a query attends over (`n + U`).
+    s: usize,
+}
+
+impl Geometry {
+    fn new(n: usize, b: usize, g: usize, t: usize) -> Self {
+        let u = t - 1;
+        Self {
+            n,
+            g,
+            t,
+            np: b * n,
+            total: b * n + b * g * u,
+            s: n + u,
+        }
+    }
+    /// The keys token `q` attends to: prompt tokens `ps..ps + pc`, then its own response's
+    /// tokens `rs..rs + rc`; and its position in the sequence.
+    #[inline(always)]
+    fn keys(&self, q: usize) -> (usize, usize, usize, usize, usize) {
+        if q < self.np {
+            let (bi, i) = (q / self.n, q % self.n);
+            (bi * self.n, i + 1, 0, 0, i)
+        } else {
+            let u = self.t - 1;
+            let (ri, j) = ((q - self.np) / u, (q - self.np) % u);
+            (
+                (ri / self.g) * self.n,
+                self.n,
+                self.np + ri * u,
+                j + 1,
+                self.n + j,
+            )
+        }
+    }
+    /// The token whose output predicts response token `i` of row `ri`.
+    #[inline(always)]
+    fn predictor(&self, ri: usize, i: usize) -> usize {
+        if i == 0 {
+            (ri / self.g) * self.n + self.n - 1
+        } else {
+            self.np + ri * (self.t - 1) + i - 1
+        }
+    }
+}
+
+/// Buffers of a teacher-forced pass and its backward (sized on first use, then reused).
+#[derive(Debug, Clone, Default)]
+struct Scratch {
+    tokens: Vec<u32>,
+    x: Vec<f32>,
+    blocks: Vec<BlockActs>,
+    /// The residual stream at the `R·T` positions that predict a response token.
+    xsel: Vec<f32>,
+    xhatf: Vec<f32>,
+    rstdf: Vec<f32>,
+    af: Vec<f32>,
+    logits: Vec<f32>,
+    // loss
+    z: Vec<f32>,
+    logz: Vec<f32>,
+    ent: Vec<f32>,
+    logp: Vec<f32>,
+    dlogits: Vec<f32>,
+    // backward
+    dx: Vec<f32>,
+    dsel: Vec<f32>,
+    da: Vec<f32>,
+    dctx: Vec<f32>,
+    dqkv: Vec<f32>,
+    dh: Vec<f32>,
+    grad: Vec<f32>,
+    tmp: Vec<f32>,
+}
+
+/// The KV cache of a generation: per block, the prompt's keys and values once per prompt
+/// (`[B, n, D]`) and each response's own (`[R, max_len, D]`).
+#[derive(Debug, Clone, Default)]
+struct Cache {
+    pk: Vec<Vec<f32>>,
+    pv: Vec<Vec<f32>>,
+    rk: Vec<Vec<f32>>,
+    rv: Vec<Vec<f32>>,
+    // one position's activations
+    x: Vec<f32>,
+    a: Vec<f32>,
+    qkv: Vec<f32>,
+    ctx: Vec<f32>,
+    h: Vec<f32>,
+    tmp: Vec<f32>,
+    scores: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+/// The inputs of a GRPO step (see [`FusedTransformer::step`]).
+#[derive(Clone, Copy)]
+pub struct StepInput<'a> {
+    /// `[B·n]`
+    pub prompts: &'a [u32],
+    /// `[B·G·T]`, padded after each response's end.
+    pub responses: &'a [u32],
+    /// `[B·G·T]`: 1 for real tokens.
+    pub mask: &'a [f32],
+    pub g: usize,
+    pub t: usize,
+    /// `[B·G]`
+    pub advantages: &'a [f32],
+    /// `[B·G·T]`
+    pub old_logp: &'a [f32],
+    pub ref_logp: &'a [f32],
+}
+
+/// What the step needs besides the batch.
+#[derive(Debug, Clone, Copy)]
+pub struct StepSettings {
+    pub loss: LossSettings,
+    pub temperature: f32,
+    pub lr: f64,
+    pub max_grad_norm: f32,
+    pub entropy_coef: f32,
+}
+
+/// The transformer's weights, Adam state and scratch on the host.
+#[derive(Debug, Clone)]
+pub struct FusedTransformer {
+    pub shape: TransformerShape,
+    pub layout: Layout,
+    /// The prompt's length.
+    pub n: usize,
+    /// Flat weights (see [`Layout`]).
+    pub w: Vec<f32>,
+    pub adam: AdamState,
+    pub hyper: Hyper,
+    scratch: Scratch,
+    cache: Cache,
+}
+
+/// `y[r] = LayerNorm(x[r])·g + b` for rows of `d`, keeping `x̂` and `1/σ` for the backward.
+#[inline(always)]
+fn layer_norm(
+    x: &[f32],
+    g: &[f32],
+    b: &[f32],
+    d: usize,
+    xhat: &mut [f32],
+    rstd: &mut [f32],
+    y: &mut [f32],
+) {
+    let inv_d = 1.0 / d as f32;
+    for (((xr, hr), yr), rs) in x
+        .chunks_exact(d)
+        .zip(xhat.chunks_exact_mut(d))
+        .zip(y.chunks_exact_mut(d))
+        .zip(rstd.iter_mut())
+    {
+        let mean = lanes8(xr, 0.0, |a, b| a + b) * inv_d;
+        for (h, &v) in hr.iter_mut().zip(xr) {
+            *h = v - mean;
+        }
+        let var = hr.iter().map(|c| c * c).sum::<f32>() * inv_d;
+        let r = 1.0 / (var + LN_EPS).sqrt();
+        *rs = r;
+        for (((h, yv), &gv), &bv) in hr.iter_mut().zip(yr.iter_mut()).zip(g).zip(b) {
+            *h *= r;
+            *yv = *h * gv + bv;
+        }
+    }
+}
+
+/// LayerNorm's backward: `dx += ∂/∂x`, `dg`, `db` accumulate.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn layer_norm_backward(
+    dy: &[f32],
+    xhat: &[f32],
+    rstd: &[f32],
+    g: &[f32],
+    d: usize,
+    dg: &mut [f32],
+    db: &mut [f32],
+    dx: &mut [f32],
+    tmp: &mut Vec<f32>,
+) {
+    let inv_d = 1.0 / d as f32;
+    let dxhat = zeroed(tmp, d);
+    for (((dyr, hr), dxr), &r) in dy
+        .chunks_exact(d)
+        .zip(xhat.chunks_exact(d))
+        .zip(dx.chunks_exact_mut(d))
+        .zip(rstd)
+    {
+        let (mut m1, mut m2) = (0.0f32, 0.0f32);
+        for ((((dh, &dyv), &hv), &gv), (dgv, dbv)) in dxhat
+            .iter_mut()
+            .zip(dyr)
+            .zip(hr)
+            .zip(g)
+            .zip(dg.iter_mut().zip(db.iter_mut()))
+        {
+            *dh = dyv * gv;
+            *dgv += dyv * hv;
+            *dbv += dyv;
+            m1 += *dh;
+            m2 += *dh * hv;
+        }
+        m1 *= inv_d;
+        m2 *= inv_d;
+        for ((dxv, &dh), &hv) in dxr.iter_mut().zip(dxhat.iter()).zip(hr) {
+            *dxv += r * (dh - m1 - hv * m2);
+        }
+    }
+}
+
+/// `Φ(x)`, the standard normal CDF, as `erfc(−x/√2)/2` with Numerical Recipes' `erfc`
+/// (fractional error < 1.2e-7 everywhere) and `exp_fast`: branch-free, so loops over it
+/// vectorize (libm's `erff`, which burn's CPU backend calls, does not, and costs as much as
+/// the rest of the MLP here). Against burn's `(1 + erf(x/√2))/2` it differs by ≲ 1e-7
+/// absolute (tested).
+#[inline(always)]
+fn normal_cdf(x: f32) -> f32 {
+    let z = x.abs() * std::f32::consts::FRAC_1_SQRT_2;
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let poly = -1.265_512_2
+        + t * (1.000_023_7
+            + t * (0.374_091_96
+                + t * (0.096_784_18
+                    + t * (-0.186_288_06
+                        + t * (0.278_868_07
+                            + t * (-1.135_204
+                                + t * (1.488_515_9 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
+    // erfc(z) for z = |x|/√2 ≥ 0; Φ(x) = erfc(−x/√2)/2.
+    let half_erfc = 0.5 * t * exp_fast(-z * z + poly);
+    if x >= 0.0 { 1.0 - half_erfc } else { half_erfc }
+}
+
+/// GELU as burn computes it: `x·Φ(x)` (the erf form, not the tanh approximation).
+#[inline(always)]
+fn gelu(x: f32) -> f32 {
+    x * normal_cdf(x)
+}
+
+/// `d gelu / dx = Φ(x) + x·φ(x)`, as burn's `gelu_backward`.
+#[inline(always)]
+fn gelu_grad(x: f32) -> f32 {
+    const INV_SQRT_2PI: f32 = 0.398_942_3;
+    normal_cdf(x) + x * INV_SQRT_2PI * exp_fast(-0.5 * x * x)
+}
+
+/// `x[r] += b` for rows of `b.len()`.
+#[inline(always)]
+fn add_bias(x: &mut [f32], b: &[f32]) {
+    for row in x.chunks_exact_mut(b.len()) {
+        for (v, &bv) in row.iter_mut().zip(b) {
+            *v += bv;
+        }
+    }
+}
+
+/// `db += Σ_r dy[r]`.
+#[inline(always)]
+fn bias_grad(dy: &[f32], db: &mut [f32]) {
+    for row in dy.chunks_exact(db.len()) {
+        for (g, &v) in db.iter_mut().zip(row) {
+            *g += v;
+        }
+    }
+}
+
+/// `z = x·inv_t` and `log Σ exp z` of one row of logits.
+#[inline(always)]
+fn row_logz(logits: &[f32], inv_t: f32, z: &mut [f32]) -> f32 {
+    for (zi, &x) in z.iter_mut().zip(logits) {
+        *zi = x * inv_t;
+    }
+    let m = lanes8(z, f32::MIN, f32::max);
+    let mut total = 0.0f32;
+    for &x in z.iter() {
+        total += exp_fast(x - m);
+    }
+    m + total.ln()
+}
+
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let rest: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for ((l, &xi), &yi) in lanes.iter_mut().zip(x).zip(y) {
+            *l += xi * yi;
+        }
+    }
+    lanes.iter().sum::<f32>() + rest
+}
+
+/// `y += a·x`.
+#[inline(always)]
+fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (yv, &xv) in y.iter_mut().zip(x) {
+        *yv += a * xv;
+    }
+}
+
+impl FusedTransformer {
+    pub fn new(shape: TransformerShape, n: usize, w: Vec<f32>, hyper: Hyper) -> Self {
+        let layout = Layout::of(&shape);
+        assert_eq!(w.len(), layout.total, "weights of another shape");
+        Self {
+            adam: AdamState::new(layout.total),
+            shape,
+            layout,
+            n,
+            w,
+            hyper,
+            scratch: Scratch::default(),
+            cache: Cache::default(),
+        }
+    }
+
+    /// Adam's state as bytes: the step count, then m and v (f32, little-endian).
+    pub fn adam_bytes(&self) -> Vec<u8> {
+        let mut out = self.adam.time.to_le_bytes().to_vec();
+        for x in self.adam.m.iter().chain(&self.adam.v) {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        out
+    }
+
+    /// Restore what `adam_bytes` wrote (for this shape).
+    pub fn load_adam_bytes(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let want = 4 + 8 * self.layout.total;
+        if bytes.len() != want {
+            return Err(format!(
+                "fused_adam.bin holds {} bytes, expected {want} for this model",
+                bytes.len()
+            ));
+        }
+        self.adam.time = i32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"));
+        let mut floats = bytes[4..]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")));
+        for x in self.adam.m.iter_mut().chain(self.adam.v.iter_mut()) {
+            *x = floats.next().expect("sized above");
+        }
+        Ok(())
+    }
+
+    /// Teacher-forced forward of `R = B·G` rows (the prompt, then the response without its
+    /// last token) with weights `w`: fills `sc` (activations, and `logits [R·T, V]` of the `T`
+    /// positions that predict response tokens).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn forward_into(
+        shape: &TransformerShape,
+        lay: &Layout,
+        n: usize,
+        w: &[f32],
+        prompts: &[u32],
+        responses: &[u32],
+        g: usize,
+        t: usize,
+        sc: &mut Scratch,
+    ) {
+        let (v, d, f, hh) = (shape.vocab, shape.d_model, shape.d_ff, shape.heads);
+        let dh = d / hh;
+        let b = prompts.len() / n;
+        let r = b * g;
+        let geo = Geometry::new(n, b, g, t);
+        let (rows, s) = (geo.total, geo.s);
+        assert!(s <= shape.context, "sequence longer than the context");
+        assert!(
+            responses.iter().all(|&x| (x as usize) < v)
+                && prompts.iter().all(|&x| (x as usize) < v),
+            "token ≥ vocab"
+        );
+        // Input tokens: the prompts, then each response without its last token.
+        sc.tokens.clear();
+        sc.tokens.extend_from_slice(prompts);
+        for ri in 0..r {
+            sc.tokens
+                .extend_from_slice(&responses[ri * t..ri * t + t - 1]);
+        }
+        let x = zeroed(&mut sc.x, rows * d);
+        for (q, (xr, &tok)) in x.chunks_exact_mut(d).zip(&sc.tokens).enumerate() {
+            let pos = geo.keys(q).4;
+            let te = &w[lay.tok_emb + tok as usize * d..][..d];
+            let pe = &w[lay.pos_emb + pos * d..][..d];
+            for ((xv, &a), &bb) in xr.iter_mut().zip(te).zip(pe) {
+                *xv = a + bb;
+            }
+        }
+        sc.blocks.resize_with(lay.blocks.len(), BlockActs::default);
+        let scale = 1.0 / (dh as f32).sqrt();
+        for (bl, acts) in lay.blocks.iter().zip(sc.blocks.iter_mut()) {
+            zeroed(&mut acts.xhat1, rows * d);
+            zeroed(&mut acts.rstd1, rows);
+            zeroed(&mut acts.a1, rows * d);
+            layer_norm(
+                &sc.x,
+                &w[bl.ln1_g..][..d],
+                &w[bl.ln1_b..][..d],
+                d,
+                &mut acts.xhat1,
+                &mut acts.rstd1,
+                &mut acts.a1,
+            );
+            let qkv = zeroed(&mut acts.qkv, rows * 3 * d);
+            product_into(
+                qkv,
+                3 * d,
+                View::rows(&acts.a1, d),
+                View::rows(&w[bl.wqkv..][..d * 3 * d], 3 * d),
+                (rows, d, 3 * d),
+                false,
+            );
+            // Causal attention of every token and head over its keys.
+            let att = zeroed(&mut acts.att, rows * hh * s);
+            let ctx = zeroed(&mut acts.ctx, rows * d);
+            let qkv = &acts.qkv;
+            for q in 0..rows {
+                let (ps, pc, rs, rc, _) = geo.keys(q);
+                let key = |j: usize| if j < pc { ps + j } else { rs + j - pc };
+                let kc = pc + rc;
+                for h in 0..hh {
+                    let qv = &qkv[q * 3 * d + h * dh..][..dh];
+                    let p = &mut att[(q * hh + h) * s..][..kc];
+                    let mut m = f32::MIN;
+                    for (j, pj) in p.iter_mut().enumerate() {
+                        let k = &qkv[key(j) * 3 * d + d + h * dh..][..dh];
+                        *pj = dot(qv, k) * scale;
+                        m = m.max(*pj);
+                    }
+                    let mut total = 0.0f32;
+                    for pj in p.iter_mut() {
+                        *pj = exp_fast(*pj - m);
+                        total += *pj;
+                    }
+                    let inv = 1.0 / total;
+                    let out = &mut ctx[q * d + h * dh..][..dh];
+                    for (j, pj) in p.iter_mut().enumerate() {
+                        *pj *= inv;
+                        let vv = &qkv[key(j) * 3 * d + 2 * d + h * dh..][..dh];
+                        axpy(out, *pj, vv);
+                    }
+                }
+            }
+            // x += ctx · Wo
+            product_into(
+                &mut sc.x,
+                d,
+                View::rows(&acts.ctx, d),
+                View::rows(&w[bl.wo..][..d * d], d),
+                (rows, d, d),
+                true,
+            );
+            zeroed(&mut acts.xhat2, rows * d);
+            zeroed(&mut acts.rstd2, rows);
+            zeroed(&mut acts.a2, rows * d);
+            layer_norm(
+                &sc.x,
+                &w[bl.ln2_g..][..d],
+                &w[bl.ln2_b..][..d],
+                d,
+                &mut acts.xhat2,
+                &mut acts.rstd2,
+                &mut acts.a2,
+            );
+            let hpre = zeroed(&mut acts.hpre, rows * f);
+            product_into(
+                hpre,
+                f,
+                View::rows(&acts.a2, d),
+                View::rows(&w[bl.w1..][..d * f], f),
+                (rows, d, f),
+                false,
+            );
+            add_bias(hpre, &w[bl.b1..][..f]);
+            let hact = zeroed(&mut acts.hact, rows * f);
+            for (y, &xv) in hact.iter_mut().zip(acts.hpre.iter()) {
+                *y = gelu(xv);
+            }
+            product_into(
+                &mut sc.x,
+                d,
+                View::rows(&acts.hact, f),
+                View::rows(&w[bl.w2..][..f * d], d),
+                (rows, f, d),
+                true,
+            );
+            add_bias(&mut sc.x, &w[bl.b2..][..d]);
+        }
+        // The final LayerNorm and the head at the `R·T` positions that predict a token.
+        let sel = r * t;
+        let xsel = zeroed(&mut sc.xsel, sel * d);
+        for (k, row) in xsel.chunks_exact_mut(d).enumerate() {
+            let from = geo.predictor(k / t, k % t) * d;
+            row.copy_from_slice(&sc.x[from..from + d]);
+        }
+        zeroed(&mut sc.xhatf, sel * d);
+        zeroed(&mut sc.rstdf, sel);
+        zeroed(&mut sc.af, sel * d);
+        layer_norm(
+            &sc.xsel,
+            &w[lay.lnf_g..][..d],
+            &w[lay.lnf_b..][..d],
+            d,
+            &mut sc.xhatf,
+            &mut sc.rstdf,
+            &mut sc.af,
+        );
+        let logits = zeroed(&mut sc.logits, sel * v);
+        product_into(
+            logits,
+            v,
+            View::rows(&sc.af, d),
+            View::rows(&w[lay.head..][..d * v], v),
+            (sel, d, v),
+            false,
+        );
+    }
+
+    /// Gradients of every weight from `sc.dlogits [R·T, V]` into `sc.grad` (flat layout).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn backward(
+        shape: &TransformerShape,
+        lay: &Layout,
+        n: usize,
+        w: &[f32],
+        r: usize,
+        g: usize,
+        t: usize,
+        sc: &mut Scratch,
+    ) {
+        let (v, d, f, hh) = (shape.vocab, shape.d_model, shape.d_ff, shape.heads);
+        let dh = d / hh;
+        let geo = Geometry::new(n, r / g, g, t);
+        let (rows, s) = (geo.total, geo.s);
+        let sel = r * t;
+        let grad = zeroed(&mut sc.grad, lay.total);
+        // logits = af · head
+        product_into(
+            &mut grad[lay.head..],
+            v,
+            View::rows(&sc.af, d).t(),
+            View::rows(&sc.dlogits, v),
+            (d, sel, v),
+            false,
+        );
+        let daf = zeroed(&mut sc.da, sel * d);
+        product_into(
+            daf,
+            d,
+            View::rows(&sc.dlogits, v),
+            View::rows(&w[lay.head..][..d * v], v).t(),
+            (sel, v, d),
+            false,
+        );
+        let dsel = zeroed(&mut sc.dsel, sel * d);
+        {
+            let (gf, rest) = grad[lay.lnf_g..].split_at_mut(d);
+            layer_norm_backward(
+                &sc.da,
+                &sc.xhatf,
+                &sc.rstdf,
+                &w[lay.lnf_g..][..d],
+                d,
+                gf,
+                &mut rest[..d],
+                dsel,
+                &mut sc.tmp,
+            );
+        }
+        let dx = zeroed(&mut sc.dx, rows * d);
+        for (k, row) in sc.dsel.chunks_exact(d).enumerate() {
+            let to = geo.predictor(k / t, k % t) * d;
+            // The prompt's last position predicts the first token of all G responses.
+            axpy(&mut dx[to..to + d], 1.0, row);
+        }
+        let scale = 1.0 / (dh as f32).sqrt();
+        for (bl, acts) in lay.blocks.iter().zip(sc.blocks.iter()).rev() {
+            // MLP: x += gelu(a2·W1 + b1)·W2 + b2
+            bias_grad(&sc.dx, &mut grad[bl.b2..][..d]);
+            product_into(
+                &mut grad[bl.w2..],
+                d,
+                View::rows(&acts.hact, f).t(),
+                View::rows(&sc.dx, d),
+                (f, rows, d),
+                false,
+            );
+            let dhid = zeroed(&mut sc.dh, rows * f);
+            product_into(
+                dhid,
+                f,
+                View::rows(&sc.dx, d),
+                View::rows(&w[bl.w2..][..f * d], d).t(),
+                (rows, d, f),
+                false,
+            );
+            for (dv, &xv) in dhid.iter_mut().zip(&acts.hpre) {
+                *dv *= gelu_grad(xv);
+            }
+            bias_grad(&sc.dh, &mut grad[bl.b1..][..f]);
+            product_into(
+                &mut grad[bl.w1..],
+                f,
+                View::rows(&acts.a2, d).t(),
+                View::rows(&sc.dh, f),
+                (d, rows, f),
+                false,
+            );
+            let da2 = zeroed(&mut sc.da, rows * d);
+            product_into(
+                da2,
+                d,
+                View::rows(&sc.dh, f),
+                View::rows(&w[bl.w1..][..d * f], f).t(),
+                (rows, f, d),
+                false,
+            );
+            {
+                let (g2, rest) = grad[bl.ln2_g..].split_at_mut(d);
+                layer_norm_backward(
+                    &sc.da,
+                    &acts.xhat2,
+                    &acts.rstd2,
+                    &w[bl.ln2_g..][..d],
+                    d,
+                    g2,
+                    &mut rest[..d],
+                    &mut sc.dx,
+                    &mut sc.tmp,
+                );
+            }
+            // Attention: x += ctx·Wo
+            product_into(
+                &mut grad[bl.wo..],
+                d,
+                View::rows(&acts.ctx, d).t(),
+                View::rows(&sc.dx, d),
+                (d, rows, d),
+                false,
+            );
+            let dctx = zeroed(&mut sc.dctx, rows * d);
+            product_into(
+                dctx,
+                d,
+                View::rows(&sc.dx, d),
+                View::rows(&w[bl.wo..][..d * d], d).t(),
+                (rows, d, d),
+                false,
+            );
+            let dqkv = zeroed(&mut sc.dqkv, rows * 3 * d);
+            let qkv = &acts.qkv;
+            let mut dp = vec![0.0f32; s];
+            for q in 0..rows {
+                let (ps, pc, rs, rc, _) = geo.keys(q);
+                let key = |j: usize| if j < pc { ps + j } else { rs + j - pc };
+                let kc = pc + rc;
+                for h in 0..hh {
+                    let p = &acts.att[(q * hh + h) * s..][..kc];
+                    let dout = &sc.dctx[q * d + h * dh..][..dh];
+                    let mut sum = 0.0f32;
+                    for j in 0..kc {
+                        let kj = key(j);
+                        let vv = &qkv[kj * 3 * d + 2 * d + h * dh..][..dh];
+                        dp[j] = dot(dout, vv);
+                        sum += p[j] * dp[j];
+                        axpy(&mut dqkv[kj * 3 * d + 2 * d + h * dh..][..dh], p[j], dout);
+                    }
+                    let qv = &qkv[q * 3 * d + h * dh..][..dh];
+                    for j in 0..kc {
+                        let kj = key(j);
+                        let ds = p[j] * (dp[j] - sum) * scale;
+                        let k = &qkv[kj * 3 * d + d + h * dh..][..dh];
+                        axpy(&mut dqkv[q * 3 * d + h * dh..][..dh], ds, k);
+                        axpy(&mut dqkv[kj * 3 * d + d + h * dh..][..dh], ds, qv);
+                    }
+                }
+            }
+            product_into(
+                &mut grad[bl.wqkv..],
+                3 * d,
+                View::rows(&acts.a1, d).t(),
+                View::rows(&sc.dqkv, 3 * d),
+                (d, rows, 3 * d),
+                false,
+            );
+            let da1 = zeroed(&mut sc.da, rows * d);
+            product_into(
+                da1,
+                d,
+                View::rows(&sc.dqkv, 3 * d),
+                View::rows(&w[bl.wqkv..][..d * 3 * d], 3 * d).t(),
+                (rows, 3 * d, d),
+                false,
+            );
+            {
+                let (g1, rest) = grad[bl.ln1_g..].split_at_mut(d);
+                layer_norm_backward(
+                    &sc.da,
+                    &acts.xhat1,
+                    &acts.rstd1,
+                    &w[bl.ln1_g..][..d],
+                    d,
+                    g1,
+                    &mut rest[..d],
+                    &mut sc.dx,
+                    &mut sc.tmp,
+                );
+            }
+        }
+        // x = tok_emb[token] + pos_emb[position]
+        for (q, (dr, &tok)) in sc.dx.chunks_exact(d).zip(&sc.tokens).enumerate() {
+            let pos = geo.keys(q).4;
+            for (gv, &dv) in grad[lay.tok_emb + tok as usize * d..][..d]
+                .iter_mut()
+                .zip(dr)
+            {
+                *gv += dv;
+            }
+            for (gv, &dv) in grad[lay.pos_emb + pos * d..][..d].iter_mut().zip(dr) {
+                *gv += dv;
+            }
+        }
+    }
+
+    /// `log π` at `temperature` of every response token with weights `w`: `prompts [B·n]`,
+    /// `responses [B·G·T]` → `[B·G·T]` (padding positions hold `log π` of the padding token).
+    pub fn token_logp(
+        &mut self,
+        w: Option<&[f32]>,
+        prompts: &[u32],
+        responses: &[u32],
+        g: usize,
+        t: usize,
+        temperature: f32,
+    ) -> Vec<f32> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { self.token_logp_avx2(w, prompts, responses, g, t, temperature) };
+        }
+        self.token_logp_body(w, prompts, responses, g, t, temperature)
+    }
+
+    /// `token_logp` compiled with AVX2 enabled (same operations, wider vectors).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn token_logp_avx2(
+        &mut self,
+        w: Option<&[f32]>,
+        prompts: &[u32],
+        responses: &[u32],
+        g: usize,
+        t: usize,
+        temperature: f32,
+    ) -> Vec<f32> {
+        self.token_logp_body(w, prompts, responses, g, t, temperature)
+    }
+
+    /// The step's loss, scalars and gradient (read it with [`Self::gradient`]), no update.
+    pub fn loss_and_gradient(&mut self, x: &StepInput, st: &StepSettings) -> StepScalars {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { self.loss_and_gradient_avx2(x, st) };
+        }
+        self.loss_and_gradient_body(x, st)
+    }
+
+    /// `loss_and_gradient` compiled with AVX2 enabled (same operations, wider vectors).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn loss_and_gradient_avx2(&mut self, x: &StepInput, st: &StepSettings) -> StepScalars {
+        self.loss_and_gradient_body(x, st)
+    }
+
+    /// Supervised steps (the cold start): `−mean log π(target | prompt)` over every position of
+    /// each batch (as burn's `supervised_steps`: padding included), a fresh Adam, one step per
+    /// batch `(prompts [B·n], targets [B·T], T)`. Returns the last loss.
+    pub fn supervised(&mut self, batches: &[(&[u32], &[u32], usize)], lr: f64) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { self.supervised_avx2(batches, lr) };
+        }
+        self.supervised_body(batches, lr)
+    }
+
+    /// `supervised` compiled with AVX2 enabled (same operations, wider vectors).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn supervised_avx2(&mut self, batches: &[(&[u32], &[u32], usize)], lr: f64) -> f32 {
+        self.supervised_body(batches, lr)
+    }
+
+    #[inline(always)]
+    fn token_logp_body(
+        &mut self,
+        w: Option<&[f32]>,
+        prompts: &[u32],
+        responses: &[u32],
+        g: usize,
+        t: usize,
+        temperature: f32,
+    ) -> Vec<f32> {
+        let mut sc = std::mem::take(&mut self.scratch);
+        let w = w.unwrap_or(&self.w);
+        Self::forward_into(
+            &self.shape,
+            &self.layout,
+            self.n,
+            w,
+            prompts,
+            responses,
+            g,
+            t,
+            &mut sc,
+        );
+        let v = self.shape.vocab;
+        let inv_t = 1.0 / temperature;
+        let mut z = vec![0.0f32; v];
+        let out = sc
+            .logits
+            .chunks_exact(v)
+            .zip(responses)
+            .map(|(row, &tok)| {
+                let lz = row_logz(row, inv_t, &mut z);
+                z[tok as usize] - lz
+            })
+            .collect();
+        self.scratch = sc;
+        out
+    }
+
+    /// One GRPO optimizer step on a ragged batch. Returns the step's scalars and `log π` of
+    /// every token (before the update). Weights stay as they were when the loss or the
+    /// gradient norm is not finite (as on burn's path; the trainer then stops the run).
+    pub fn step(&mut self, x: &StepInput, st: &StepSettings) -> (StepScalars, Vec<f32>) {
+        let scalars = self.loss_and_gradient(x, st);
+        if scalars.loss.is_finite() && scalars.grad_norm.is_finite() {
+            let scale = if st.max_grad_norm > 0.0 && scalars.grad_norm > st.max_grad_norm {
+                st.max_grad_norm / scalars.grad_norm
+            } else {
+                1.0
+            };
+            let hyper = self.hyper;
+            self.adam
+                .step(&mut self.w, &self.scratch.grad, scale, st.lr as f32, &hyper);
+        }
+        (scalars, self.scratch.logp.clone())
+    }
+
+    /// The gradient of the last [`Self::loss_and_gradient`] (flat layout).
+    pub fn gradient(&self) -> &[f32] {
+        &self.scratch.grad
+    }
+
+    #[inline(always)]
+    fn loss_and_gradient_body(&mut self, x: &StepInput, st: &StepSettings) -> StepScalars {
+        let (n, v) = (self.n, self.shape.vocab);
+        let (g, t) = (x.g, x.t);
+        let b = x.prompts.len() / n;
+        let r = b * g;
+        let tokens = r * t;
+        let mut sc = std::mem::take(&mut self.scratch);
+        Self::forward_into(
+            &self.shape,
+            &self.layout,
+            n,
+            &self.w,
+            x.prompts,
+            x.responses,
+            g,
+            t,
+            &mut sc,
+        );
+        let s = &st.loss;
+        let inv_t = 1.0 / st.temperature;
+        // Softmax statistics per position: z = logits/T, log Z, entropy.
+        zeroed(&mut sc.z, tokens * v);
+        zeroed(&mut sc.logz, tokens);
+        zeroed(&mut sc.ent, tokens);
+        zeroed(&mut sc.logp, tokens);
+        for (i, row) in sc.logits.chunks_exact(v).enumerate() {
+            let z = &mut sc.z[i * v..(i + 1) * v];
+            let lz = row_logz(row, inv_t, z);
+            sc.logz[i] = lz;
+            let mut h = 0.0f32;
+            for &zi in z.iter() {
+                let lp = zi - lz;
+                h -= exp_fast(lp) * lp;
+            }
+            sc.ent[i] = h;
+            sc.logp[i] = z[x.responses[i] as usize] - lz;
+        }
+        // Aggregation weight of every token (0 on padding), as `burn_loss::aggregate`.
+        let mask_sum: f32 = x.mask.iter().sum();
+        let token_w = 1.0 / mask_sum.max(1.0);
+        let weight = |i: usize| -> f32 {
+            if x.mask[i] == 0.0 {
+                return 0.0;
+            }
+            match s.agg {
+                LossAggMode::TokenMean => token_w,
+                LossAggMode::SeqMeanTokenMean => {
+                    let row = i / t;
+                    let len: f32 = x.mask[row * t..(row + 1) * t].iter().sum();
+                    1.0 / (len.max(1.0) * r as f32)
+                }
+                LossAggMode::SeqMeanTokenSumNorm => 1.0 / (r * s.max_len.max(t)) as f32,
+            }
+        };
+        let kl_on = s.kl_in_loss && s.beta > 0.0;
+        let beta = if kl_on { s.beta } else { 0.0 };
+        let (lo, hi) = (1.0 - s.epsilon_low, 1.0 + s.epsilon_high);
+        let c = st.entropy_coef;
+        let (mut loss, mut kl_sum, mut ratio_sum, mut ent_sum) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+        let (mut low, mut high) = (0u32, 0u32);
+        let dl = zeroed(&mut sc.dlogits, tokens * v);
+        for i in 0..tokens {
+            if x.mask[i] == 0.0 {
+                continue;
+            }
+            let wi = weight(i);
+            let a = x.advantages[i / t];
+            let lp = sc.logp[i];
+            let ratio = exp_fast(lp - x.old_logp[i]);
+            let (term, dterm) = reference::pg_term(s.mode, a, ratio, lp, lo, hi);
+            let (kl, dkl) = reference::kl_term(s.kl_estimator, lp, x.ref_logp[i], beta, exp_fast);
+            let h = sc.ent[i];
+            loss += wi as f64 * (term as f64 + if kl_on { (beta * kl) as f64 } else { 0.0 })
+                - (c * wi * h) as f64;
+            kl_sum += kl as f64;
+            ratio_sum += ratio as f64;
+            ent_sum += h as f64;
+            low += (ratio < lo && a < 0.0) as u32;
+            high += (ratio > hi && a > 0.0) as u32;
+            // ∂L/∂z_j = coef·(1[j = token] − p_j) + c·w·p_j·(log p_j + H), then /T.
+            let coef = wi * (dterm + if kl_on { dkl } else { 0.0 });
+            let cw = c * wi;
+            let z = &sc.z[i * v..(i + 1) * v];
+            let lz = sc.logz[i];
+            let drow = &mut dl[i * v..(i + 1) * v];
+            for (dv, &zi) in drow.iter_mut().zip(z) {
+                let lpj = zi - lz;
+                let p = exp_fast(lpj);
+                *dv = (-coef * p + cw * p * (lpj + h)) * inv_t;
+            }
+            drow[x.responses[i] as usize] += coef * inv_t;
+        }
+        let count = mask_sum.max(1.0) as f64;
+        Self::backward(&self.shape, &self.layout, n, &self.w, r, g, t, &mut sc);
+        let grad_norm = sum_sq(&sc.grad).sqrt();
+        let scalars = StepScalars {
+            loss: loss as f32,
+            kl: (kl_sum / count) as f32,
+            clip_low: (low as f64 / count) as f32,
+            clip_high: (high as f64 / count) as f32,
+            ratio_mean: (ratio_sum / count) as f32,
+            entropy: (ent_sum / count) as f32,
+            grad_norm,
+        };
+        self.scratch = sc;
+        scalars
+    }
+
+    #[inline(always)]
+    fn supervised_body(&mut self, batches: &[(&[u32], &[u32], usize)], lr: f64) -> f32 {
+        let mut adam = AdamState::new(self.layout.total);
+        let mut sc = std::mem::take(&mut self.scratch);
+        let v = self.shape.vocab;
+        let mut last = 0.0f32;
+        for &(prompts, targets, t) in batches {
+            Self::forward_into(
+                &self.shape,
+                &self.layout,
+                self.n,
+                &self.w,
+                prompts,
+                targets,
+                1,
+                t,
+                &mut sc,
+            );
+            let tokens = targets.len();
+            let coef = -1.0 / tokens as f32;
+            let mut total = 0.0f64;
+            let mut z = vec![0.0f32; v];
+            let dl = zeroed(&mut sc.dlogits, tokens * v);
+            for (i, row) in sc.logits.chunks_exact(v).enumerate() {
+                let lz = row_logz(row, 1.0, &mut z);
+                let tok = targets[i] as usize;
+                total += (z[tok] - lz) as f64;
+                let drow = &mut dl[i * v..(i + 1) * v];
+                for (dv, &zi) in drow.iter_mut().zip(&z) {
+                    *dv = -coef * exp_fast(zi - lz);
+                }
+                drow[tok] += coef;
+            }
+            last = (-total / tokens as f64) as f32;
+            let r = prompts.len() / self.n;
+            Self::backward(&self.shape, &self.layout, self.n, &self.w, r, 1, t, &mut sc);
+            let hyper = self.hyper;
+            adam.step(&mut self.w, &sc.grad, 1.0, lr as f32, &hyper);
+        }
+        self.scratch = sc;
+        last
+    }
+}
+
+/// How each row of a generation picks its next token.
+pub enum Pick {
+    /// Sampled with the counter-based draws of `objective::sampling` (row `r` of `B·G`).
+    Sample {
+        params: crate::objective::sampling::SamplingParams,
+        seed: u64,
+        stream: u32,
+    },
+    /// Argmax (lowest id on ties).
+    Greedy,
+}
+
+/// What a generation produced.
+#[derive(Debug, Clone, Default)]
+pub struct Generation {
+    /// Sampled rows (`B·G`), `<eos>` included when they closed.
+    pub rows: Vec<Vec<u32>>,
+    pub closed: Vec<bool>,
+    /// `log π` (at the sampling temperature) of each sampled row's tokens, `[B·G·T]` with `T`
+    /// the longest row, padding positions holding `log π(<eos>)` there (what the
+    /// teacher-forced pass computes for a batch padded with `<eos>`).
+    pub logp: Vec<f32>,
+    /// The greedy answer to each prompt, when asked for.
+    pub greedy: Option<Vec<Vec<u32>>>,
+}
+
+impl FusedTransformer {
+    /// Generate `G` sampled responses per prompt (and, if `with_greedy`, one greedy answer
+    /// per prompt in the same pass) with a KV cache: the prompts' positions once per prompt,
+    /// then one position per response and step, until every row closed or `max_len`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate(
+        &mut self,
+        prompts: &[u32],
+        g: usize,
+        max_len: usize,
+        pick: &Pick,
+        temperature: f32,
+        with_greedy: bool,
+    ) -> Generation {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe {
+                self.generate_avx2(prompts, g, max_len, pick, temperature, with_greedy)
+            };
+        }
+        self.generate_body(prompts, g, max_len, pick, temperature, with_greedy)
+    }
+
+    /// `generate` compiled with AVX2 enabled (same operations, wider vectors).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn generate_avx2(
+        &mut self,
+        prompts: &[u32],
+        g: usize,
+        max_len: usize,
+        pick: &Pick,
+        temperature: f32,
+        with_greedy: bool,
+    ) -> Generation {
+        self.generate_body(prompts, g, max_len, pick, temperature, with_greedy)
+    }
+
+    #[inline(always)]
+    fn generate_body(
+        &mut self,
+        prompts: &[u32],
+        g: usize,
+        max_len: usize,
+        pick: &Pick,
+        temperature: f32,
+        with_greedy: bool,
+    ) -> Generation {
+        let (n, v, d) = (self.n, self.shape.vocab, self.shape.d_model);
+        let eos = (v - 1) as u32;
+        let b = prompts.len() / n;
+        let sampled = b * g;
+        let greedy_rows = if with_greedy { b } else { 0 };
+        let r = sampled + greedy_rows;
+        let prompt_of: Vec<usize> = (0..r)
+            .map(|i| if i < sampled { i / g } else { i - sampled })
+            .collect();
+        let mut cache = std::mem::take(&mut self.cache);
+        let layers = self.layout.blocks.len();
+        for buf in [&mut cache.pk, &mut cache.pv, &mut cache.rk, &mut cache.rv] {
+            buf.resize_with(layers, Vec::new);
+        }
+        for l in 0..layers {
+            zeroed(&mut cache.pk[l], b * n * d);
+            zeroed(&mut cache.pv[l], b * n * d);
+            zeroed(&mut cache.rk[l], r * max_len * d);
+            zeroed(&mut cache.rv[l], r * max_len * d);
+        }
+        // Prefill: the prompts' positions, once per prompt.
+        let identity: Vec<usize> = (0..b).collect();
+        for s in 0..n {
+            let toks: Vec<u32> = (0..b).map(|bi| prompts[bi * n + s]).collect();
+            self.decode_position(&toks, &identity, s, max_len, s + 1 == n, &mut cache);
+        }
+        // Logits at position n − 1 of each prompt, broadcast to its rows.
+        let mut logits = vec![0.0f32; r * v];
+        for (i, &p) in prompt_of.iter().enumerate() {
+            logits[i * v..(i + 1) * v].copy_from_slice(&cache.logits[p * v..(p + 1) * v]);
+        }
+        let mut rows: Vec<Vec<u32>> = vec![Vec::with_capacity(max_len); r];
+        let mut closed = vec![false; r];
+        let mut logp_all = vec![0.0f32; sampled * max_len];
+        let inv_t = 1.0 / temperature;
+        let mut z = vec![0.0f32; v];
+        for t in 0..max_len {
+            if t > 0 {
+                if closed.iter().all(|c| *c) {
+                    break;
+                }
+                // A closed row keeps reading <eos> (burn's generation pads the same way).
+                let toks: Vec<u32> = rows
+                    .iter()
+                    .map(|row| row.get(t - 1).copied().unwrap_or(eos))
+                    .collect();
+                self.decode_position(&toks, &prompt_of, n + t - 1, max_len, true, &mut cache);
+                logits.copy_from_slice(&cache.logits[..r * v]);
+            }
+            let next: Vec<u32> = match pick {
+                Pick::Sample {
+                    params,
+                    seed,
+                    stream,
+                } => {
+                    let step_stream = crate::rng::counter_u32(*seed, &[*stream, t as u32, 0xA7]);
+                    crate::objective::sampling::sample_independent(
+                        &logits[..sampled * v],
+                        sampled,
+                        1,
+                        v,
+                        1,
+                        *params,
+                        *seed,
+                        step_stream,
+                    )
+                }
+                _ => crate::objective::sampling::argmax_rows(&logits[..sampled * v], v),
+            };
+            let greedy_next = crate::objective::sampling::argmax_rows(&logits[sampled * v..], v);
+            for i in 0..r {
+                let tok = if closed[i] {
+                    eos
+                } else if i < sampled {
+                    next[i]
+                } else {
+                    greedy_next[i - sampled]
+                };
+                if i < sampled {
+                    let lz = row_logz(&logits[i * v..(i + 1) * v], inv_t, &mut z);
+                    logp_all[i * max_len + t] = z[tok as usize] - lz;
+                }
+                if !closed[i] {
+                    rows[i].push(tok);
+                    closed[i] = tok == eos;
+                }
+            }
+        }
+        self.cache = cache;
+        let width = rows[..sampled]
+            .iter()
+            .map(|x| x.len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let logp = (0..sampled)
+            .flat_map(|i| logp_all[i * max_len..i * max_len + width].iter().copied())
+            .collect();
+        let greedy = with_greedy.then(|| rows[sampled..].to_vec());
+        rows.truncate(sampled);
+        closed.truncate(sampled);
+        Generation {
+            rows,
+            closed,
+            logp,
+            greedy,
+        }
+    }
+
+    /// One position `s` of every row: embed `tokens`, run the blocks against the cache
+    /// (writing this position's keys and values into it), and when `logits` the final
+    /// LayerNorm and head into `cache.logits [rows, V]`. Row `i` belongs to prompt
+    /// `prompt_of[i]`; positions `< n` are the prompt's (cached once per prompt).
+    #[inline(always)]
+    fn decode_position(
+        &self,
+        tokens: &[u32],
+        prompt_of: &[usize],
+        s: usize,
+        max_len: usize,
+        logits: bool,
+        c: &mut Cache,
+    ) {
+        let (n, v, d, f, hh) = (
+            self.n,
+            self.shape.vocab,
+            self.shape.d_model,
+            self.shape.d_ff,
+            self.shape.heads,
+        );
+        let (w, lay) = (&self.w, &self.layout);
+        let dh = d / hh;
+        let rows = tokens.len();
+        let x = zeroed(&mut c.x, rows * d);
+        for (xr, &tok) in x.chunks_exact_mut(d).zip(tokens) {
+            let te = &w[lay.tok_emb + tok as usize * d..][..d];
+            let pe = &w[lay.pos_emb + s * d..][..d];
+            for ((xv, &a), &bb) in xr.iter_mut().zip(te).zip(pe) {
+                *xv = a + bb;
+            }
+        }
+        let scale = 1.0 / (dh as f32).sqrt();
+        let mut rstd = vec![0.0f32; rows];
+        for (l, bl) in lay.blocks.iter().enumerate() {
+            zeroed(&mut c.tmp, rows * d);
+            zeroed(&mut c.a, rows * d);
+            layer_norm(
+                &c.x,
+                &w[bl.ln1_g..][..d],
+                &w[bl.ln1_b..][..d],
+                d,
+                &mut c.tmp,
+                &mut rstd,
+                &mut c.a,
+            );
+            let qkv = zeroed(&mut c.qkv, rows * 3 * d);
+            product_into(
+                qkv,
+                3 * d,
+                View::rows(&c.a, d),
+                View::rows(&w[bl.wqkv..][..d * 3 * d], 3 * d),
+                (rows, d, 3 * d),
+                false,
+            );
+            // This position's keys and values into the cache.
+            for (i, &p) in prompt_of.iter().enumerate().take(rows) {
+                let kv = &c.qkv[i * 3 * d..(i + 1) * 3 * d];
+                let (kd, vd) = if s < n {
+                    let at = (p * n + s) * d;
+                    (&mut c.pk[l][at..at + d], at)
+                } else {
+                    let at = (i * max_len + s - n) * d;
+                    (&mut c.rk[l][at..at + d], at)
+                };
+                kd.copy_from_slice(&kv[d..2 * d]);
+                if s < n {
+                    c.pv[l][vd..vd + d].copy_from_slice(&kv[2 * d..]);
+                } else {
+                    c.rv[l][vd..vd + d].copy_from_slice(&kv[2 * d..]);
+                }
+            }
+            let ctx = zeroed(&mut c.ctx, rows * d);
+            let span = s + 1;
+            c.scores.resize(span, 0.0);
+            for i in 0..rows {
+                let p = prompt_of[i];
+                for h in 0..hh {
+                    let q = &c.qkv[i * 3 * d + h * dh..][..dh];
+                    let key = |j: usize| -> &[f32] {
+                        if j < n {
+                            &c.pk[l][(p * n + j) * d + h * dh..][..dh]
+                        } else {
+                            &c.rk[l][(i * max_len + j - n) * d + h * dh..][..dh]
+                        }
+                    };
+                    let mut m = f32::MIN;
+                    for j in 0..span {
+                        let sc = dot(q, key(j)) * scale;
+                        c.scores[j] = sc;
+                        m = m.max(sc);
+                    }
+                    let mut total = 0.0f32;
+                    for sj in c.scores.iter_mut() {
+                        *sj = (*sj - m).exp();
+                        total += *sj;
+                    }
+                    let inv = 1.0 / total;
+                    let out = &mut ctx[i * d + h * dh..][..dh];
+                    for j in 0..span {
+                        let vv = if j < n {
+                            &c.pv[l][(p * n + j) * d + h * dh..][..dh]
+                        } else {
+                            &c.rv[l][(i * max_len + j - n) * d + h * dh..][..dh]
+                        };
+                        axpy(out, c.scores[j] * inv, vv);
+                    }
+                }
+            }
+            product_into(
+                &mut c.x,
+                d,
+                View::rows(&c.ctx, d),
+                View::rows(&w[bl.wo..][..d * d], d),
+                (rows, d, d),
+                true,
+            );
+            layer_norm(
+                &c.x,
+                &w[bl.ln2_g..][..d],
+                &w[bl.ln2_b..][..d],
+                d,
+                &mut c.tmp,
+                &mut rstd,
+                &mut c.a,
+            );
+            let hid = zeroed(&mut c.h, rows * f);
+            product_into(
+                hid,
+                f,
+                View::rows(&c.a, d),
+                View::rows(&w[bl.w1..][..d * f], f),
+                (rows, d, f),
+                false,
+            );
+            add_bias(hid, &w[bl.b1..][..f]);
+            for hv in hid.iter_mut() {
+                *hv = gelu(*hv);
+            }
+            product_into(
+                &mut c.x,
+                d,
+                View::rows(&c.h, f),
+                View::rows(&w[bl.w2..][..f * d], d),
+                (rows, f, d),
+                true,
+            );
+            add_bias(&mut c.x, &w[bl.b2..][..d]);
+        }
+        if logits {
+            layer_norm(
+                &c.x,
+                &w[lay.lnf_g..][..d],
+                &w[lay.lnf_b..][..d],
+                d,
+                &mut c.tmp,
+                &mut rstd,
+                &mut c.a,
+            );
+            let out = zeroed(&mut c.logits, rows * v);
+            product_into(
+                out,
+                v,
+                View::rows(&c.a, d),
+                View::rows(&w[lay.head..][..d * v], v),
+                (rows, d, v),
+                false,
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{KlEstimator, LossMode};
+    use crate::rng::SplitMix64;
+
+    fn shape() -> TransformerShape {
+        TransformerShape {
+            vocab: 6,
+            context: 10,
+            d_model: 8,
+            heads: 2,
+            layers: 2,
+            d_ff: 12,
+        }
+    }
+
+    /// A ragged batch: `B = 2` prompts of `n = 3`, `G = 3`, `T = 4`; lengths 4, 1, 2, 3, 4, 2.
+    struct Case {
+        prompts: Vec<u32>,
+        responses: Vec<u32>,
+        mask: Vec<f32>,
+        advantages: Vec<f32>,
+        old: Vec<f32>,
+        refl: Vec<f32>,
+    }
+
+    const N: usize = 3;
+    const G: usize = 3;
+    const T: usize = 4;
+
+    fn case(f: &mut FusedTransformer, seed: u64) -> Case {
+        let mut rng = SplitMix64::new(seed);
+        let v = f.shape.vocab as u64;
+        let lengths = [4usize, 1, 2, 3, 4, 2];
+        let prompts: Vec<u32> = (0..2 * N).map(|_| rng.below(v - 1) as u32).collect();
+        let mut responses = Vec::new();
+        let mut mask = Vec::new();
+        for &len in &lengths {
+            for i in 0..T {
+                responses.push(if i + 1 == len && len < T {
+                    (v - 1) as u32
+                } else if i < len {
+                    rng.below(v - 1) as u32
+                } else {
+                    (v - 1) as u32
+                });
+                mask.push((i < len) as u32 as f32);
+            }
+        }
+        let logp = f.token_logp(None, &prompts, &responses, G, T, 0.9);
+        let mut noisy =
+            |x: &[f32]| -> Vec<f32> { x.iter().map(|v| v + 0.3 * rng.normal() as f32).collect() };
+        let old = noisy(&logp);
+        let refl = noisy(&logp);
+        let advantages = (0..6).map(|i| i as f32 * 0.4 - 1.0).collect();
+        Case {
+            prompts,
+            responses,
+            mask,
+            advantages,
+            old,
+            refl,
+        }
+    }
+
+    fn input(c: &Case) -> StepInput<'_> {
+        StepInput {
+            prompts: &c.prompts,
+            responses: &c.responses,
+            mask: &c.mask,
+            g: G,
+            t: T,
+            advantages: &c.advantages,
+            old_logp: &c.old,
+            ref_logp: &c.refl,
+        }
+    }
+
+    fn settings(mode: LossMode, est: KlEstimator, agg: LossAggMode, coef: f32) -> StepSettings {
+        StepSettings {
+            loss: LossSettings {
+                mode,
+                epsilon_low: 0.2,
+                epsilon_high: 0.28,
+                beta: 0.1,
+                kl_in_loss: true,
+                kl_estimator: est,
+                agg,
+                bug_ratio_quotient: false,
+                max_len: 6,
+            },
+            temperature: 0.9,
+            lr: 1e-3,
+            max_grad_norm: 0.0,
+            entropy_coef: coef,
+        }
+    }
+
+    fn fused(seed: u64) -> FusedTransformer {
+        let device = burn::tensor::Device::flex();
+        let init = crate::model::TransformerPolicy::new(shape(), 20.0, seed, &device);
+        let w = super::super::autodiff::flat_params(&crate::model::Policy::Transformer(init));
+        let hyper = Hyper {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        };
+        FusedTransformer::new(shape(), N, w, hyper)
+    }
+
+    #[test]
+    fn gelu_matches_burns_erf_form() {
+        let mut worst = (0.0f32, 0.0f32);
+        for i in 0..=200_000 {
+            let x = -12.0 + 24.0 * i as f32 / 200_000.0;
+            let want = 0.5 * x as f64 * (1.0 + libm::erf(x as f64 / std::f64::consts::SQRT_2));
+            let pdf = (-0.5 * (x as f64).powi(2)).exp() / (2.0 * std::f64::consts::PI).sqrt();
+            let want_grad =
+                0.5 * (1.0 + libm::erf(x as f64 / std::f64::consts::SQRT_2)) + x as f64 * pdf;
+            worst.0 = worst.0.max((gelu(x) as f64 - want).abs() as f32);
+            worst.1 = worst.1.max((gelu_grad(x) as f64 - want_grad).abs() as f32);
+        }
+        eprintln!(
+            "gelu: worst absolute error {:.2e}, of its derivative {:.2e}",
+            worst.0, worst.1
+        );
+        assert!(worst.0 < 1e-6 && worst.1 < 1e-6, "{worst:?}");
+    }
+
+    /// The analytic gradient against central differences (in f64 of the f32 loss) at a few
+    /// coordinates of every parameter array; smooth settings (no clipping kink).
+    #[test]
+    fn gradient_matches_finite_differences() {
+        let mut f = fused(1);
+        let c = case(&mut f, 2);
+        let st = settings(
+            LossMode::Unclipped,
+            KlEstimator::K3,
+            LossAggMode::SeqMeanTokenMean,
+            0.05,
+        );
+        f.loss_and_gradient(&input(&c), &st);
+        let grad = f.gradient().to_vec();
+        let lay = f.layout.clone();
+        let b0 = lay.blocks[0];
+        let b1 = lay.blocks[1];
+        let starts = [
+            lay.tok_emb,
+            lay.pos_emb,
+            b0.ln1_g,
+            b0.ln1_b,
+            b0.wqkv,
+            b0.wo,
+            b0.ln2_g,
+            b0.w1,
+            b0.b1,
+            b0.w2,
+            b1.wqkv,
+            b1.b2,
+            lay.lnf_g,
+            lay.lnf_b,
+            lay.head,
+        ];
+        let mut rng = SplitMix64::new(7);
+        let mut worst = 0.0f32;
+        for &start in &starts {
+            for _ in 0..3 {
+                let i = start + rng.below(8) as usize;
+                let h = 1e-2f32;
+                let at = |f: &mut FusedTransformer, x: f32| {
+                    f.w[i] = x;
+                    f.loss_and_gradient(&input(&c), &st).loss as f64
+                };
+                let x0 = f.w[i];
+                let numeric = ((at(&mut f, x0 + h) - at(&mut f, x0 - h)) / (2.0 * h as f64)) as f32;
+                f.w[i] = x0;
+                let err = (numeric - grad[i]).abs() / (1e-3 + grad[i].abs().max(numeric.abs()));
+                worst = worst.max(err);
+                assert!(
+                    (numeric - grad[i]).abs() <= 2e-3 + 0.05 * grad[i].abs(),
+                    "weight {i} (array at {start}): numeric {numeric} vs analytic {}",
+                    grad[i]
+                );
+            }
+        }
+        eprintln!("worst relative finite-difference error {worst:.2e}");
+    }
+
+    /// Loss, metrics and the whole gradient equal burn's autodiff on the same weights, for
+    /// every loss mode, KL estimator and aggregation, with the entropy bonus.
+    #[test]
+    fn loss_and_gradient_equal_burn_autodiff() {
+        use crate::engine::burn_loss;
+        use crate::model::Policy;
+        use burn::module::{Module, ModuleVisitor, Param};
+        use burn::optim::GradientsParams;
+        use burn::tensor::{Device, Int, Tensor, TensorData};
+        struct Flat<'a>(&'a GradientsParams, Vec<f32>);
+        impl ModuleVisitor for Flat<'_> {
+            fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+                let g = self
+                    .0
+                    .get::<D>(p.id)
+                    .expect("a gradient for every parameter");
+                self.1.extend(g.into_data().iter::<f32>());
+            }
+        }
+        let mut f = fused(3);
+        let c = case(&mut f, 4);
+        let device = Device::flex().autodiff();
+        let policy = Policy::Transformer(crate::model::TransformerPolicy::from_flat(
+            shape(),
+            &f.w,
+            &device,
+        ));
+        let (b, t) = (2, T);
+        let ints = |v: &[u32], s: Vec<usize>| {
+            let v: Vec<i64> = v.iter().map(|&x| x as i64).collect();
+            TensorData::new(v, s)
+        };
+        let floats = |v: &[f32], s: [usize; 3]| {
+            Tensor::<3>::from_data(TensorData::new(v.to_vec(), s), &device)
+        };
+        let mut cases = 0;
+        for mode in [LossMode::Naive, LossMode::Unclipped, LossMode::Clipped] {
+            for est in [KlEstimator::K1, KlEstimator::K2, KlEstimator::K3] {
+                for agg in LossAggMode::ALL {
+                    let coef = if cases % 2 == 0 { 0.03 } else { 0.0 };
+                    cases += 1;
+                    let st = settings(mode, est, *agg, coef);
+                    let ours = f.loss_and_gradient(&input(&c), &st);
+                    let (logp, ent) = policy.score(
+                        Tensor::<2, Int>::from_data(ints(&c.prompts, vec![b, N]), &device),
+                        Tensor::<3, Int>::from_data(ints(&c.responses, vec![b, G, t]), &device),
+                        st.temperature,
+                    );
+                    let mask = floats(&c.mask, [b, G, t]);
+                    let adv = Tensor::<2>::from_data(
+                        TensorData::new(c.advantages.clone(), [b, G]),
+                        &device,
+                    );
+                    let out = burn_loss::grpo_loss(
+                        &st.loss,
+                        logp,
+                        floats(&c.old, [b, G, t]),
+                        floats(&c.refl, [b, G, t]),
+                        adv,
+                        mask.clone(),
+                    );
+                    let bonus = burn_loss::aggregate(*agg, ent, mask, st.loss.max_len);
+                    let loss = out.loss.sub(bonus.mul_scalar(coef));
+                    let value = loss.clone().into_scalar::<f32>();
+                    let grads = GradientsParams::from_grads(loss.backward(), &policy);
+                    let mut flat = Flat(&grads, Vec::new());
+                    policy.visit(&mut flat);
+                    let theirs = flat.1;
+                    let label = format!("{mode:?} {est:?} {agg}");
+                    assert!(
+                        (ours.loss - value).abs() <= 1e-5 * (1.0 + value.abs()),
+                        "{label}: loss {} vs {value}",
+                        ours.loss
+                    );
+                    for (name, a, bv) in [
+                        ("kl", ours.kl, out.kl.into_scalar::<f32>()),
+                        ("clip_low", ours.clip_low, out.clip_low.into_scalar::<f32>()),
+                        (
+                            "clip_high",
+                            ours.clip_high,
+                            out.clip_high.into_scalar::<f32>(),
+                        ),
+                        (
+                            "ratio",
+                            ours.ratio_mean,
+                            out.ratio_mean.into_scalar::<f32>(),
+                        ),
+                    ] {
+                        assert!(
+                            (a - bv).abs() <= 1e-5 * (1.0 + bv.abs()),
+                            "{label}: {name} {a} vs {bv}"
+                        );
+                    }
+                    let g = f.gradient();
+                    assert_eq!(g.len(), theirs.len());
+                    let scale = theirs.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+                    let worst = g
+                        .iter()
+                        .zip(&theirs)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0.0f32, f32::max);
+                    assert!(
+                        worst <= 1e-4 * scale.max(1e-3),
+                        "{label}: gradient differs by {worst} (largest component {scale})"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The AVX2 build of the step and the portable one give bit-identical results.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn avx2_step_is_bit_identical_to_the_portable_step() {
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            eprintln!("no AVX2 on this CPU: nothing to compare");
+            return;
+        }
+        let mut f = fused(6);
+        let c = case(&mut f, 7);
+        let st = settings(
+            LossMode::Clipped,
+            KlEstimator::K3,
+            LossAggMode::TokenMean,
+            0.01,
+        );
+        let portable = f.loss_and_gradient_body(&input(&c), &st);
+        let g_portable = f.gradient().to_vec();
+        // SAFETY: AVX2 is present (checked at the top).
+        let wide = unsafe { f.loss_and_gradient_avx2(&input(&c), &st) };
+        assert_eq!(portable, wide);
+        assert_eq!(g_portable, f.gradient());
+    }
+
+    /// Generation with the KV cache reads the same log-probs as the teacher-forced pass on
+    /// the generated (padded) rows, and greedy rows in the same pass equal a greedy-only pass.
+    #[test]
+    fn kv_cache_generation_equals_teacher_forced() {
+        let mut f = fused(5);
+        let prompts: Vec<u32> = vec![1, 0, 4, 3, 3, 2, 0, 1, 2];
+        let params = crate::objective::sampling::SamplingParams {
+            temperature: 0.8,
+            top_k: 0,
+            top_p: 1.0,
+        };
+        let max_len = 6;
+        let gen_out = f.generate(
+            &prompts,
+            4,
+            max_len,
+            &Pick::Sample {
+                params,
+                seed: 1,
+                stream: 2,
+            },
+            0.8,
+            true,
+        );
+        let t = gen_out.rows.iter().map(|r| r.len()).max().unwrap();
+        let eos = 5;
+        let padded: Vec<u32> = gen_out
+            .rows
+            .iter()
+            .flat_map(|r| (0..t).map(move |i| r.get(i).copied().unwrap_or(eos)))
+            .collect();
+        let forced = f.token_logp(None, &prompts, &padded, 4, t, 0.8);
+        assert_eq!(forced.len(), gen_out.logp.len());
+        let worst = forced
+            .iter()
+            .zip(&gen_out.logp)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst < 1e-5, "sampling-time log-probs differ by {worst}");
+        let greedy = f.generate(&prompts, 1, max_len, &Pick::Greedy, 1.0, false);
+        assert_eq!(gen_out.greedy.unwrap(), greedy.rows);
+    }
+}
