@@ -436,7 +436,7 @@ fn row(x: &Ctx, key: &str) -> Mapped {
             };
             let how = match fw {
                 Trl => format!(
-                    "TRL counts completions: generation_batch_size = B·G = {b}·{g} = {}; one optimizer step takes per_device_train_batch_size · processes · gradient_accumulation_steps = {g} · 1 · {b} = {} completions, the whole generation (with P processes divide gradient_accumulation_steps by P)",
+                    "TRL counts completions: generation_batch_size = B·G = {b}·{g} = {}; one optimizer step takes per_device_train_batch_size · processes · gradient_accumulation_steps = {g} · 1 · {b} = {} completions, the whole generation (with W processes divide gradient_accumulation_steps by W)",
                     b * g,
                     b * g
                 ),
