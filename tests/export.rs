@@ -6,7 +6,6 @@ mod common;
 use common::temp_dir;
 use grpo_lab::config::RunConfig;
 use grpo_lab::export::{self, Framework, Options, logs, value::Val};
-use std::path::Path;
 use std::process::Command;
 
 fn grpo_lab(args: &[&str]) -> std::process::Output {
@@ -448,8 +447,7 @@ fn python_checks_where_python_is_present() {
         String::from_utf8_lossy(&o.stderr)
     );
     // The TFRecord framing, read by Python's own struct (CRC not checked there).
-    let records = vec![];
-    let bytes = logs::tensorboard(&records, logs::Names::Trl, 1.0e9);
+    let bytes = logs::tensorboard(&[], logs::Names::Trl, 1.0e9);
     let path = out.join("events.out.tfevents.1.test");
     std::fs::write(&path, bytes).unwrap();
     let script = "import struct,sys\nb=open(sys.argv[1],'rb').read()\nn=struct.unpack('<Q',b[:8])[0]\nassert b[12:12+n].find(b'brain.Event:2')>0\nprint('ok')\n";
@@ -458,5 +456,5 @@ fn python_checks_where_python_is_present() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let _ = std::fs::remove_dir_all(Path::new(&out));
+    let _ = std::fs::remove_dir_all(&out);
 }

@@ -228,7 +228,7 @@ pub fn export(c: &RunConfig, fw: Framework, opts: &Options) -> Result<Bundle, Ex
     let mut files = vec![
         (
             fw.config_file().to_string(),
-            config_file(c, fw, &plan, &header),
+            config_file(fw, &plan, &header),
         ),
         ("reward.py".to_string(), reward_py::module(c, &header)),
         (
@@ -336,7 +336,7 @@ for split in ("train", "heldout"):
     )
 }
 
-fn config_file(c: &RunConfig, fw: Framework, plan: &Plan, header: &str) -> String {
+fn config_file(fw: Framework, plan: &Plan, header: &str) -> String {
     let settings = plan.settings();
     let note_of = |key: &str| -> String {
         plan.rows
@@ -403,7 +403,6 @@ if __name__ == "__main__":
                 out.push_str(&format!("    {k}={} \\\n", v.hydra()));
             }
             out.push_str("    \"$@\"\n");
-            let _ = c;
             out
         }
         Framework::OpenRlhf => {

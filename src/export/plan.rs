@@ -893,7 +893,7 @@ fn row(x: &Ctx, key: &str) -> Mapped {
                         s.epochs(),
                         per_episode
                     );
-                    if (it * s.b) % s.p.max(1) == 0 {
+                    if (it * s.b).is_multiple_of(s.p.max(1)) {
                         exact(vec![kv("train.num_episodes", i(s.epochs()))], note)
                     } else {
                         approx(
