@@ -64,6 +64,62 @@ enum Command {
     Bench(BenchArgs),
     /// Time rollout + verify + advantages on random logits: the WGSL kernels against the Rust reference.
     BenchRollout(BenchRolloutArgs),
+    /// Export a config (a preset, a file or a run directory) to TRL, verl or OpenRLHF: the
+    /// framework's config with every key explicit, reward.py, the prompts and MAPPING.md.
+    Export(ExportArgs),
+    /// Export a run's metrics.jsonl to TensorBoard event files or UNIPO's canonical JSON.
+    ExportLog(ExportLogArgs),
+}
+
+#[derive(Args)]
+struct ExportArgs {
+    /// trl | verl | openrlhf
+    #[arg(long, value_parser = parse_framework)]
+    to: grpo_lab::export::Framework,
+    /// A run directory: export the config it ran with (its config.toml).
+    #[arg(value_name = "RUN_DIR")]
+    run_dir: Option<PathBuf>,
+    /// A preset (lecture17, scaled, random-sort, transformer-sort, length-bias, r1-vs-r1-zero).
+    #[arg(long)]
+    preset: Option<String>,
+    /// A TOML config file (applied over the preset, if both are given).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Override one key, e.g. --set algorithm.beta=0.04 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// The pretrained policy: a Hugging Face model id or a local path.
+    #[arg(long, default_value = grpo_lab::export::DEFAULT_MODEL)]
+    model: String,
+    /// Output directory.
+    #[arg(long)]
+    out: PathBuf,
+    /// Export keys without a counterpart anyway (listed in MAPPING.md) instead of refusing.
+    #[arg(long)]
+    lenient: bool,
+    /// Overwrite an existing export in --out.
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Args)]
+struct ExportLogArgs {
+    /// tensorboard | unipo
+    #[arg(long)]
+    to: String,
+    /// The run directory (config.toml and metrics.jsonl).
+    #[arg(value_name = "RUN_DIR")]
+    run_dir: PathBuf,
+    /// Where to write (default: RUN_DIR/tensorboard/ or RUN_DIR/unipo.json).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// TensorBoard tags: trl (train/reward, ...; x = optimizer step), verl (critic/score/mean,
+    /// ...; x = iteration) or grpo-lab. Metrics without a counterpart go under grpo_lab/.
+    #[arg(long, default_value = "trl")]
+    names: String,
+    /// UNIPO: logged groups per step to include (UNIPO shows three).
+    #[arg(long, default_value_t = 3)]
+    prompts: usize,
 }
 
 #[derive(Args)]
@@ -243,6 +299,149 @@ fn parse_kernels(s: &str) -> Result<KernelChoice, String> {
 fn parse_device(s: &str) -> Result<DeviceChoice, String> {
     DeviceChoice::parse(s)
         .ok_or_else(|| format!("unknown device `{s}`; allowed: auto, gpu, software, cpu"))
+}
+
+fn parse_framework(s: &str) -> Result<grpo_lab::export::Framework, String> {
+    grpo_lab::export::Framework::parse(s).ok_or_else(|| {
+        format!(
+            "unknown framework `{s}`; allowed: {}",
+            grpo_lab::export::Framework::NAMES.join(", ")
+        )
+    })
+}
+
+fn export_cmd(a: ExportArgs) -> Result<()> {
+    use grpo_lab::export::{self, Options};
+    let config = match (&a.run_dir, &a.preset, &a.config) {
+        (Some(dir), None, None) => {
+            let path = dir.join("config.toml");
+            if !path.exists() {
+                return Err(user(format!(
+                    "{} holds no run (no config.toml)",
+                    dir.display()
+                )));
+            }
+            RunConfig::from_file(&path)
+                .and_then(|c| c.with_overrides(&a.sets))
+                .map_err(user)?
+        }
+        (Some(_), _, _) => {
+            return Err(user("give a RUN_DIR or --preset / --config, not both"));
+        }
+        (None, None, None) => {
+            return Err(user(
+                "give --preset NAME, --config FILE or a RUN_DIR (presets: lecture17, scaled, random-sort, transformer-sort, length-bias, r1-vs-r1-zero)",
+            ));
+        }
+        (None, preset, file) => {
+            RunConfig::layered(preset.as_deref(), file.as_deref(), &a.sets).map_err(user)?
+        }
+    };
+    if a.out.join("MAPPING.md").exists() && !a.force {
+        return Err(user(format!(
+            "{} already holds an export; --force overwrites it",
+            a.out.display()
+        )));
+    }
+    let command = std::env::args()
+        .skip(1)
+        .map(|w| if w.contains(' ') { format!("'{w}'") } else { w })
+        .collect::<Vec<_>>()
+        .join(" ");
+    let opts = Options {
+        model: a.model.clone(),
+        lenient: a.lenient,
+        command: format!("grpo-lab {command}"),
+    };
+    let bundle = match export::export(&config, a.to, &opts) {
+        Ok(b) => b,
+        Err(e @ export::ExportError::Io { .. }) => return Err(e.into()),
+        Err(e) => return Err(user(e)),
+    };
+    bundle.write(&a.out)?;
+    let (version, _) = a.to.version();
+    println!(
+        "exported `{}` to {version} in {}:",
+        config.run.name,
+        a.out.display()
+    );
+    for (name, _) in &bundle.files {
+        println!("  {name}");
+    }
+    for w in &bundle.warnings {
+        eprintln!("warning: {w}");
+    }
+    Ok(())
+}
+
+fn export_log_cmd(a: ExportLogArgs) -> Result<()> {
+    use grpo_lab::export::logs;
+    let metrics = a.run_dir.join("metrics.jsonl");
+    if !metrics.exists() {
+        return Err(user(format!(
+            "{} holds no run (no metrics.jsonl)",
+            a.run_dir.display()
+        )));
+    }
+    let records =
+        train::read_metrics(&metrics).map_err(|e| user(format!("{}: {e}", metrics.display())))?;
+    match a.to.as_str() {
+        "tensorboard" => {
+            let names = logs::Names::parse(&a.names).ok_or_else(|| {
+                user(format!(
+                    "unknown --names `{}`; allowed: {}",
+                    a.names,
+                    logs::Names::NAMES.join(", ")
+                ))
+            })?;
+            // The run's steps end when metrics.jsonl was last written.
+            let end = std::fs::metadata(&metrics)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0.0, |d| d.as_secs_f64());
+            let total: f64 = records
+                .iter()
+                .map(|r| r.step_time_secs.max(0.0) as f64)
+                .sum();
+            let start = end - total;
+            let dir = a.out.unwrap_or_else(|| a.run_dir.join("tensorboard"));
+            std::fs::create_dir_all(&dir)?;
+            let path = dir.join(logs::event_file_name(start, "grpo-lab"));
+            let bytes = logs::tensorboard(&records, names, start);
+            std::fs::write(&path, &bytes)?;
+            let events = logs::read_events(&bytes).map_err(anyhow::Error::msg)?;
+            println!(
+                "wrote {} ({} events, {} steps): tensorboard --logdir {}",
+                path.display(),
+                events.len(),
+                records.len(),
+                dir.display()
+            );
+        }
+        "unipo" => {
+            let config_path = a.run_dir.join("config.toml");
+            let config = RunConfig::from_file(&config_path).map_err(user)?;
+            let path = a.out.unwrap_or_else(|| a.run_dir.join("unipo.json"));
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)?;
+            }
+            let json = logs::unipo(&config, &records, a.prompts);
+            std::fs::write(&path, serde_json::to_string(&json)? + "\n")?;
+            println!(
+                "wrote {} ({} entries, algorithm {})",
+                path.display(),
+                records.len(),
+                logs::unipo_algorithm(&config)
+            );
+        }
+        other => {
+            return Err(user(format!(
+                "unknown --to `{other}`; allowed: tensorboard, unipo"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn build_config(args: &ConfigArgs) -> Result<RunConfig> {
@@ -754,6 +953,8 @@ fn main() -> ExitCode {
         }
         Some(Command::Bench(a)) => bench_cmd(a),
         Some(Command::BenchRollout(a)) => bench_rollout_cmd(a),
+        Some(Command::Export(a)) => export_cmd(a),
+        Some(Command::ExportLog(a)) => export_log_cmd(a),
     };
     match result {
         // Stopped by Ctrl-C, its metrics and checkpoint written: the shell's convention.

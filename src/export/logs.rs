@@ -1,0 +1,483 @@
+//! A run's `metrics.jsonl` for the tools people already read: TensorBoard event files (every
+//! scalar, under TRL's or verl's metric names where they have one) and UNIPO's canonical JSON
+//! (the GRPO visualizer of poloclub/unipo, `docs/canonical_schema.json`).
+//!
+//! TensorBoard's format: a TFRecord file (`u64` length, masked CRC-32C of the length, the
+//! bytes, masked CRC-32C of the bytes) of `tensorflow.Event` protobufs; the messages are
+//! hand-written `prost` structs with the field numbers of TensorFlow's `event.proto` and
+//! `summary.proto` (no protoc, no build script).
+
+use crate::config::{LossMode, RunConfig};
+use crate::metrics::{CSV_COLUMNS, StepRecord};
+use crate::task::tokenizer::{EOS_ID, MAX_NUMBERS, PAD_ID};
+use prost::Message;
+
+/// `tensorflow.Event` (event.proto): the fields TensorBoard needs for scalars.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Event {
+    #[prost(double, tag = "1")]
+    pub wall_time: f64,
+    #[prost(int64, tag = "2")]
+    pub step: i64,
+    #[prost(oneof = "event::What", tags = "3, 5")]
+    pub what: Option<event::What>,
+}
+
+pub mod event {
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum What {
+        /// The first event of a file: `brain.Event:2`.
+        #[prost(string, tag = "3")]
+        FileVersion(String),
+        #[prost(message, tag = "5")]
+        Summary(super::Summary),
+    }
+}
+
+/// `tensorflow.Summary` (summary.proto).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Summary {
+    #[prost(message, repeated, tag = "1")]
+    pub value: Vec<SummaryValue>,
+}
+
+/// `tensorflow.Summary.Value` with its `simple_value` (in the proto's `oneof value`, so a
+/// 0.0 is still written).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SummaryValue {
+    #[prost(string, tag = "1")]
+    pub tag: String,
+    #[prost(oneof = "summary_value::Value", tags = "2")]
+    pub value: Option<summary_value::Value>,
+}
+
+pub mod summary_value {
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum Value {
+        #[prost(float, tag = "2")]
+        SimpleValue(f32),
+    }
+}
+
+/// TFRecord's masked CRC-32C.
+pub fn masked_crc(bytes: &[u8]) -> u32 {
+    let crc = crc32c::crc32c(bytes);
+    crc.rotate_right(15).wrapping_add(0xa282_ead8)
+}
+
+/// One TFRecord: length, its CRC, the bytes, their CRC.
+pub fn record(data: &[u8], out: &mut Vec<u8>) {
+    let len = (data.len() as u64).to_le_bytes();
+    out.extend_from_slice(&len);
+    out.extend_from_slice(&masked_crc(&len).to_le_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(&masked_crc(data).to_le_bytes());
+}
+
+/// Read TFRecords back, checking both CRCs of each, and decode them as events.
+pub fn read_events(mut bytes: &[u8]) -> Result<Vec<Event>, String> {
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        if bytes.len() < 12 {
+            return Err(format!(
+                "{} trailing bytes: a record cut short",
+                bytes.len()
+            ));
+        }
+        let len_bytes = &bytes[..8];
+        let len = u64::from_le_bytes(len_bytes.try_into().expect("8 bytes")) as usize;
+        let len_crc = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+        if len_crc != masked_crc(len_bytes) {
+            return Err(format!(
+                "record {}: the length's CRC does not match",
+                out.len()
+            ));
+        }
+        let end = 12 + len + 4;
+        if bytes.len() < end {
+            return Err(format!("record {}: cut short", out.len()));
+        }
+        let data = &bytes[12..12 + len];
+        let crc = u32::from_le_bytes(bytes[12 + len..end].try_into().expect("4 bytes"));
+        if crc != masked_crc(data) {
+            return Err(format!(
+                "record {}: the data's CRC does not match",
+                out.len()
+            ));
+        }
+        out.push(Event::decode(data).map_err(|e| format!("record {}: {e}", out.len()))?);
+        bytes = &bytes[end..];
+    }
+    Ok(out)
+}
+
+/// Whose metric names the event file uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Names {
+    /// TRL's `GRPOTrainer` logs (`train/reward`, ...); x = optimizer step.
+    Trl,
+    /// verl's `main_ppo` logs (`critic/score/mean`, ...); x = iteration (one rollout), the
+    /// last optimizer step of each iteration.
+    Verl,
+    /// grpo-lab's own names; x = optimizer step.
+    GrpoLab,
+}
+
+impl Names {
+    pub const NAMES: &'static [&'static str] = &["trl", "verl", "grpo-lab"];
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "trl" => Some(Names::Trl),
+            "verl" => Some(Names::Verl),
+            "grpo-lab" => Some(Names::GrpoLab),
+            _ => None,
+        }
+    }
+}
+
+/// grpo-lab metric → (TRL name, verl name). TRL's names are what `GRPOTrainer` v1.9.0 logs
+/// (TensorBoard adds `train/`); verl's what v0.7.0's `metric_utils.py` and actor log. A
+/// metric without a counterpart keeps its name under `grpo_lab/`: no scalar is dropped.
+pub const METRIC_NAMES: &[(&str, Option<&str>, Option<&str>)] = &[
+    (
+        "reward/mean",
+        Some("train/reward"),
+        Some("critic/score/mean"),
+    ),
+    ("reward/std", Some("train/reward_std"), None),
+    ("reward/min", None, Some("critic/score/min")),
+    ("reward/max", None, Some("critic/score/max")),
+    (
+        "frac_reward_zero_std",
+        Some("train/frac_reward_zero_std"),
+        None,
+    ),
+    (
+        "reward/exact_match",
+        Some("train/rewards/exact_reward/mean"),
+        None,
+    ),
+    (
+        "completions/mean_length",
+        Some("train/completions/mean_length"),
+        Some("response_length/mean"),
+    ),
+    (
+        "completions/min_length",
+        Some("train/completions/min_length"),
+        Some("response_length/min"),
+    ),
+    (
+        "completions/max_length",
+        Some("train/completions/max_length"),
+        Some("response_length/max"),
+    ),
+    (
+        "completions/clipped_ratio",
+        Some("train/completions/clipped_ratio"),
+        Some("response_length/clip_ratio"),
+    ),
+    ("loss", Some("train/loss"), Some("actor/pg_loss")),
+    ("kl", Some("train/kl"), Some("actor/kl_loss")),
+    ("entropy", Some("train/entropy"), Some("actor/entropy")),
+    (
+        "clip_ratio/low",
+        Some("train/clip_ratio/low_mean"),
+        Some("actor/pg_clipfrac_lower"),
+    ),
+    (
+        "clip_ratio/high",
+        Some("train/clip_ratio/high_mean"),
+        Some("actor/pg_clipfrac"),
+    ),
+    (
+        "grad_norm",
+        Some("train/grad_norm"),
+        Some("actor/grad_norm"),
+    ),
+    ("lr", Some("train/learning_rate"), Some("actor/lr")),
+    ("step_time_secs", None, Some("timing_s/step")),
+    ("tokens_per_second", None, Some("perf/throughput")),
+];
+
+/// The tag a metric gets under a naming.
+pub fn tag(names: Names, metric: &str) -> String {
+    let theirs =
+        METRIC_NAMES
+            .iter()
+            .find(|(m, _, _)| *m == metric)
+            .and_then(|(_, t, v)| match names {
+                Names::Trl => *t,
+                Names::Verl => *v,
+                Names::GrpoLab => Some(metric),
+            });
+    match theirs {
+        Some(t) => t.to_string(),
+        None => format!("grpo_lab/{metric}"),
+    }
+}
+
+/// The event file of a run: one event per step with every scalar of [`CSV_COLUMNS`] (NaN
+/// and missing values left out), stamped from `start_wall_time` plus the steps' durations.
+pub fn tensorboard(records: &[StepRecord], names: Names, start_wall_time: f64) -> Vec<u8> {
+    let mut out = Vec::new();
+    let first = Event {
+        wall_time: start_wall_time,
+        step: 0,
+        what: Some(event::What::FileVersion("brain.Event:2".into())),
+    };
+    record(&first.encode_to_vec(), &mut out);
+    let mut wall = start_wall_time;
+    for (i, r) in records.iter().enumerate() {
+        wall += r.step_time_secs.max(0.0) as f64;
+        let last_of_iteration = records
+            .get(i + 1)
+            .is_none_or(|next| next.iteration != r.iteration);
+        let step = match names {
+            Names::Verl if !last_of_iteration => continue,
+            Names::Verl => r.iteration as i64 + 1,
+            _ => r.step as i64,
+        };
+        let value = CSV_COLUMNS
+            .iter()
+            .filter(|(name, _)| !matches!(*name, "iteration" | "step"))
+            .filter_map(|(name, get)| {
+                let v = get(r)?;
+                v.is_finite().then(|| SummaryValue {
+                    tag: tag(names, name),
+                    value: Some(summary_value::Value::SimpleValue(v)),
+                })
+            })
+            .collect();
+        let e = Event {
+            wall_time: wall,
+            step,
+            what: Some(event::What::Summary(Summary { value })),
+        };
+        record(&e.encode_to_vec(), &mut out);
+    }
+    out
+}
+
+/// The file name TensorBoard looks for.
+pub fn event_file_name(wall_time: f64, host: &str) -> String {
+    format!("events.out.tfevents.{}.{host}", wall_time as u64)
+}
+
+fn token_string(id: u32) -> String {
+    match id {
+        id if id < MAX_NUMBERS => id.to_string(),
+        EOS_ID => "<eos>".into(),
+        PAD_ID => "<pad>".into(),
+        _ => "<unk>".into(),
+    }
+}
+
+/// UNIPO's name for the algorithm a config runs (its five: reinforce, ppo, grpo, dapo, drgrpo).
+pub fn unipo_algorithm(c: &RunConfig) -> &'static str {
+    use crate::config::{AdvantageMode, LossAggMode};
+    let a = &c.algorithm;
+    if a.loss == LossMode::Naive {
+        return "reinforce";
+    }
+    match (a.advantage, a.loss_agg_mode) {
+        (AdvantageMode::Centered, LossAggMode::SeqMeanTokenSumNorm) => "drgrpo",
+        (_, LossAggMode::TokenMean) if a.epsilon_high > a.epsilon_low || a.dynamic_sampling => {
+            "dapo"
+        }
+        _ => "grpo",
+    }
+}
+
+/// UNIPO's canonical JSON of a run: the header (task, reward, algorithm, every config key as
+/// an hparam), one entry per optimizer step with its metrics, and on the last step of each
+/// iteration up to `max_prompts` logged groups with every response's tokens, log-probs
+/// (`log_probs` at that step, `old_log_probs` from the rollout), advantages and per-token
+/// objective. grpo-lab does not log reference log-probs, so `ref_log_probs` is absent.
+pub fn unipo(c: &RunConfig, records: &[StepRecord], max_prompts: usize) -> serde_json::Value {
+    use serde_json::{Value, json};
+    let mut hparams = serde_json::Map::new();
+    flatten(
+        "",
+        &serde_json::to_value(c).expect("a config serializes"),
+        &mut hparams,
+    );
+    let model = format!(
+        "grpo-lab {} (d_model {})",
+        match c.model.kind {
+            crate::config::ModelKind::Lecture => "lecture model",
+            crate::config::ModelKind::Transformer => "transformer",
+        },
+        c.model.d_model
+    );
+    let header = json!({
+        "task": format!("sorting {} numbers from 0..{} (grpo-lab GRPO-SPEC §1)", c.task.n, c.task.vocab),
+        "dataset": if c.task.prompts.is_empty() {
+            format!("grpo-lab random prompts: {} train, {} held-out", c.task.train_size, c.task.heldout_size)
+        } else {
+            format!("grpo-lab fixed prompts: {:?}", c.task.prompts)
+        },
+        "reward_strategy": format!("rule-based verifier: {}", crate::task::RewardFn::from_task(&c.task).describe()),
+        "algorithm": unipo_algorithm(c),
+        "totalSteps": records.len(),
+        "model_name": model,
+        "reference_model_name": if c.algorithm.beta > 0.0 { Value::String(model.clone()) } else { Value::Null },
+        "hparams": hparams,
+    });
+    let advantage_mode = c.algorithm.advantage.name();
+    let (lo, hi) = (
+        1.0 - c.algorithm.epsilon_low as f32,
+        1.0 + c.algorithm.epsilon_high as f32,
+    );
+    let entries: Vec<Value> = records
+        .iter()
+        .map(|r| {
+            let mut metrics = serde_json::Map::new();
+            let mut put = |k: &str, v: f32| {
+                metrics.insert(k.into(), json!(v));
+            };
+            put("policy_objective", -r.loss);
+            put("reward", r.reward_mean);
+            put("reward_std", r.reward_std);
+            put("policy_loss", r.loss);
+            put("total_loss", r.loss);
+            put("entropy", r.entropy);
+            put("kl", r.kl);
+            put("clip_fraction", r.clip_ratio_low + r.clip_ratio_high);
+            put("grad_norm", r.grad_norm);
+            put("learning_rate", r.lr);
+            put("response_length", r.mean_length);
+            put("importance_sampling_ratio", r.ratio_mean);
+            if c.algorithm.dynamic_sampling {
+                put("dynamic_sampling_pass_rate", 100.0 * (1.0 - r.zero_std_first_draw));
+            }
+            for (name, get) in CSV_COLUMNS {
+                if let Some(v) = get(r) {
+                    metrics.insert(format!("grpo_lab/{name}"), json!(v));
+                }
+            }
+            let mut entry = json!({
+                "step": r.step.saturating_sub(1),
+                "is_first_step_after_rollout_phase": r.step_in_iteration == 0,
+                "metrics": metrics,
+            });
+            if let Some(groups) = &r.groups {
+                let prompts: Vec<Value> = groups
+                    .iter()
+                    .take(max_prompts)
+                    .map(|g| {
+                        let adv = g.advantages.get(advantage_mode);
+                        let responses: Vec<Value> = g
+                            .responses
+                            .iter()
+                            .enumerate()
+                            .map(|(i, resp)| {
+                                let a = adv.and_then(|v| v.get(i)).copied().unwrap_or(f32::NAN);
+                                let logp = g.logp.get(i).cloned().unwrap_or_default();
+                                let old = g.old_logp.get(i).cloned().unwrap_or_default();
+                                let objective: Vec<f32> = logp
+                                    .iter()
+                                    .zip(&old)
+                                    .map(|(&lp, &op)| {
+                                        let ratio = (lp - op).exp();
+                                        -crate::objective::loss::reference::pg_term(
+                                            c.algorithm.loss, a, ratio, lp, lo, hi,
+                                        )
+                                        .0
+                                    })
+                                    .collect();
+                                let strings: Vec<String> =
+                                    resp.iter().map(|&t| token_string(t)).collect();
+                                json!({
+                                    "id": format!("step{}_p{}_sample{i}", r.step - 1, g.prompt_index),
+                                    "reward": g.rewards.get(i),
+                                    "advantage": a,
+                                    "response_text": strings.join(" "),
+                                    "response_length": resp.len(),
+                                    "tokens": {
+                                        "ids": resp,
+                                        "strings": strings,
+                                        "log_probs": logp,
+                                        "old_log_probs": old,
+                                        "advantages": vec![a; resp.len()],
+                                        "token_objective": objective,
+                                    },
+                                })
+                            })
+                            .collect();
+                        json!({
+                            "prompt": g.prompt.iter().map(|&t| token_string(t)).collect::<Vec<_>>().join(" "),
+                            "responses": responses,
+                        })
+                    })
+                    .collect();
+                entry["prompts"] = Value::Array(prompts);
+            }
+            entry
+        })
+        .collect();
+    json!({ "header": header, "entries": entries })
+}
+
+fn flatten(
+    prefix: &str,
+    v: &serde_json::Value,
+    out: &mut serde_json::Map<String, serde_json::Value>,
+) {
+    match v {
+        serde_json::Value::Object(m) if !prefix.ends_with("reward_weights") => {
+            for (k, x) in m {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&key, x, out);
+            }
+        }
+        other => {
+            out.insert(prefix.to_string(), other.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masked_crc_matches_tensorflow() {
+        // TensorFlow's crc32c_test: crc32c("123456789") = 0xe3069283; masking rotates right by
+        // 15 and adds 0xa282ead8.
+        assert_eq!(crc32c::crc32c(b"123456789"), 0xe306_9283);
+        let c = 0xe306_9283u32;
+        let rotated = (c >> 15) | ((c & 0x7fff) << 17);
+        assert_eq!(masked_crc(b"123456789"), rotated.wrapping_add(0xa282_ead8));
+    }
+
+    #[test]
+    fn a_zero_scalar_is_still_written() {
+        let v = SummaryValue {
+            tag: "kl".into(),
+            value: Some(summary_value::Value::SimpleValue(0.0)),
+        };
+        let back = SummaryValue::decode(v.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(back, v);
+        // tag (field 1, bytes) then simple_value (field 2, fixed32): 0x15.
+        assert_eq!(v.encode_to_vec()[4], 0x15);
+    }
+
+    #[test]
+    fn every_metric_has_a_tag_and_the_tags_are_distinct() {
+        for names in [Names::Trl, Names::Verl, Names::GrpoLab] {
+            let mut tags: Vec<String> = CSV_COLUMNS.iter().map(|(n, _)| tag(names, n)).collect();
+            let n = tags.len();
+            tags.sort();
+            tags.dedup();
+            assert_eq!(tags.len(), n, "{names:?}");
+        }
+        for (m, _, _) in METRIC_NAMES {
+            assert!(CSV_COLUMNS.iter().any(|(n, _)| n == m), "{m}");
+        }
+    }
+}

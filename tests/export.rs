@@ -1,0 +1,460 @@
+//! `grpo-lab export` and `export-log`: the written configs hold only real keys of the pinned
+//! framework versions (tests/data), read back to the same values, and the event files decode.
+
+mod common;
+
+use common::temp_dir;
+use grpo_lab::config::RunConfig;
+use grpo_lab::export::{self, Framework, Options, logs, value::Val};
+use std::process::Command;
+
+fn grpo_lab(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The key list of a framework's pinned version (`#` lines name the version and the source).
+fn real_keys(fw: Framework) -> Vec<String> {
+    let text = match fw {
+        Framework::Trl => include_str!("data/trl-1.9.0-grpo-config-keys.txt"),
+        Framework::Verl => include_str!("data/verl-0.7.0-main-ppo-keys.txt"),
+        Framework::OpenRlhf => include_str!("data/openrlhf-0.11.0-train-ppo-ray-flags.txt"),
+    };
+    let (version, _) = fw.version();
+    let first = text.lines().next().unwrap();
+    assert!(
+        first.contains(version.split(' ').nth(1).unwrap()),
+        "{first} should name {version}"
+    );
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.trim().to_string())
+        .collect()
+}
+
+const WINNER: [&str; 6] = [
+    "model.init_scale=0.3",
+    "optimizer.lr=0.01",
+    "algorithm.loss=clipped",
+    "algorithm.epsilon_low=0.2",
+    "algorithm.epsilon_high=0.2",
+    "algorithm.beta=0.04",
+];
+
+/// Configs that between them touch every mapping rule.
+fn configs() -> Vec<RunConfig> {
+    let winner = RunConfig::preset("lecture17")
+        .unwrap()
+        .with_overrides(&WINNER.map(String::from))
+        .unwrap();
+    let mut out = vec![winner.clone()];
+    for sets in [
+        vec![
+            "algorithm.advantage=centered",
+            "algorithm.loss_agg_mode=seq-mean-token-sum-norm",
+        ],
+        vec![
+            "algorithm.advantage=rloo",
+            "algorithm.kl_estimator=k2",
+            "algorithm.kl_penalty=reward",
+        ],
+        vec![
+            "algorithm.advantage=batch_normalized",
+            "sampling.top_k=3",
+            "optimizer.max_grad_norm=1.0",
+        ],
+        vec![
+            "algorithm.dynamic_sampling=true",
+            "algorithm.loss_agg_mode=token-mean",
+            "algorithm.epsilon_high=0.28",
+        ],
+    ] {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        out.push(winner.with_overrides(&sets).unwrap());
+    }
+    for preset in [
+        "transformer-sort",
+        "random-sort",
+        "r1-vs-r1-zero",
+        "length-bias",
+    ] {
+        out.push(RunConfig::preset(preset).unwrap());
+    }
+    out
+}
+
+fn lenient() -> Options {
+    Options {
+        lenient: true,
+        ..Options::default()
+    }
+}
+
+#[test]
+fn exported_keys_are_real_keys_of_the_pinned_versions() {
+    for fw in Framework::ALL {
+        let real = real_keys(fw);
+        for c in configs() {
+            let b = export::export(&c, fw, &lenient()).unwrap();
+            for (key, _) in b.plan.settings() {
+                assert!(
+                    real.contains(&key),
+                    "{} {}: `{key}` is not a key of {}",
+                    fw.name(),
+                    c.run.name,
+                    fw.version().0
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_written_config_reads_back_to_the_same_values() {
+    for fw in Framework::ALL {
+        for c in configs() {
+            let b = export::export(&c, fw, &lenient()).unwrap();
+            let written = export::parse_written(fw, b.file(fw.config_file()).unwrap());
+            let mut expected = b.plan.settings();
+            let mut got = written.clone();
+            expected.sort_by(|a, b| a.0.cmp(&b.0));
+            got.sort_by(|a, b| a.0.cmp(&b.0));
+            assert_eq!(got, expected, "{} {}", fw.name(), c.run.name);
+        }
+    }
+}
+
+#[test]
+fn the_batch_arithmetic_is_each_frameworks_own() {
+    let c = RunConfig::preset("random-sort")
+        .unwrap()
+        .with_overrides(&[
+            "algorithm.prompts_per_iteration=8".into(),
+            "algorithm.num_generations=4".into(),
+            "algorithm.mu=2".into(),
+            "run.iterations=50".into(),
+        ])
+        .unwrap();
+    let get = |fw: Framework, key: &str| -> Val {
+        let b = export::export(&c, fw, &lenient()).unwrap();
+        b.plan
+            .settings()
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .unwrap_or_else(|| panic!("{key}"))
+            .1
+    };
+    // TRL counts completions and optimizer steps.
+    assert_eq!(get(Framework::Trl, "generation_batch_size"), Val::Int(32));
+    assert_eq!(
+        get(Framework::Trl, "per_device_train_batch_size"),
+        Val::Int(4)
+    );
+    assert_eq!(
+        get(Framework::Trl, "gradient_accumulation_steps"),
+        Val::Int(8)
+    );
+    assert_eq!(get(Framework::Trl, "num_iterations"), Val::Int(2));
+    assert_eq!(get(Framework::Trl, "max_steps"), Val::Int(100));
+    // verl counts prompts and multiplies by n; steps are iterations.
+    assert_eq!(get(Framework::Verl, "data.train_batch_size"), Val::Int(8));
+    assert_eq!(
+        get(Framework::Verl, "actor_rollout_ref.rollout.n"),
+        Val::Int(4)
+    );
+    assert_eq!(
+        get(
+            Framework::Verl,
+            "actor_rollout_ref.actor.ppo_mini_batch_size"
+        ),
+        Val::Int(8)
+    );
+    assert_eq!(
+        get(Framework::Verl, "trainer.total_training_steps"),
+        Val::Int(50)
+    );
+    // OpenRLHF: prompts for rollouts, samples for training.
+    assert_eq!(get(Framework::OpenRlhf, "rollout.batch_size"), Val::Int(8));
+    assert_eq!(get(Framework::OpenRlhf, "train.batch_size"), Val::Int(32));
+    // Defaults that moved between versions are written, never left out.
+    assert_eq!(get(Framework::Trl, "beta"), Val::Float(0.0));
+    assert_eq!(get(Framework::Trl, "loss_type"), Val::str("grpo"));
+    assert_eq!(get(Framework::Trl, "scale_rewards"), Val::str("group"));
+    assert_eq!(
+        get(Framework::Verl, "algorithm.norm_adv_by_std_in_grpo"),
+        Val::Bool(true)
+    );
+}
+
+#[test]
+fn export_cli_writes_the_bundle_and_refuses_by_name() {
+    let out = temp_dir("export-cli");
+    let mut args = vec!["export", "--to", "verl", "--preset", "lecture17"];
+    for s in &WINNER {
+        args.extend(["--set", s]);
+    }
+    let dir = out.join("verl");
+    args.extend(["--out", dir.to_str().unwrap()]);
+    let o = grpo_lab(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for f in [
+        "run_verl.sh",
+        "reward.py",
+        "reward_cases.json",
+        "data/train.jsonl",
+        "data/heldout.jsonl",
+        "data/make_parquet.py",
+        "MAPPING.md",
+        "grpo-lab.toml",
+    ] {
+        assert!(dir.join(f).exists(), "{f}");
+    }
+    // Approximations are warned by name.
+    let err = stderr(&o);
+    assert!(err.contains("warning: algorithm.ref_period"), "{err}");
+    assert!(err.contains("warning: algorithm.advantage"), "{err}");
+    let train = std::fs::read_to_string(dir.join("data/train.jsonl")).unwrap();
+    assert_eq!(train.lines().count(), 3);
+    assert!(train.contains("\"ground_truth\":\"0 1 2\""), "{train}");
+    // Again without --force: refused.
+    let o = grpo_lab(&args);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    // The lecture's own config (naive loss, μ = 10): no counterpart, named, exit 2.
+    let o = grpo_lab(&[
+        "export",
+        "--to",
+        "trl",
+        "--preset",
+        "lecture17",
+        "--out",
+        out.join("trl").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("`algorithm.loss`"), "{}", stderr(&o));
+    assert!(!out.join("trl").exists());
+    // Nothing to export from.
+    let o = grpo_lab(&[
+        "export",
+        "--to",
+        "trl",
+        "--out",
+        out.join("x").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = grpo_lab(&[
+        "export",
+        "--to",
+        "nemo",
+        "--preset",
+        "lecture17",
+        "--out",
+        "x",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// A two-iteration lecture17 run (logged groups included).
+fn short_run(name: &str) -> std::path::PathBuf {
+    let out = temp_dir(name);
+    let mut args = vec![
+        "train",
+        "--preset",
+        "lecture17",
+        "--quiet",
+        "--device",
+        "cpu",
+    ];
+    for s in WINNER {
+        args.extend(["--set", s]);
+    }
+    args.extend(["--set", "run.iterations=2", "--set", "algorithm.mu=3"]);
+    args.extend(["--out", out.to_str().unwrap()]);
+    let o = grpo_lab(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    out
+}
+
+#[test]
+fn export_log_writes_tensorboard_events_that_decode_and_unipo_json() {
+    let run = short_run("export-log");
+    let records = grpo_lab::train::read_metrics(&run.join("metrics.jsonl")).unwrap();
+    assert_eq!(records.len(), 6);
+
+    // A run directory exports to every framework too.
+    let o = grpo_lab(&[
+        "export",
+        "--to",
+        "openrlhf",
+        run.to_str().unwrap(),
+        "--out",
+        run.join("openrlhf").to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let o = grpo_lab(&["export-log", "--to", "tensorboard", run.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let files: Vec<_> = std::fs::read_dir(run.join("tensorboard"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1);
+    let name = files[0].file_name().unwrap().to_str().unwrap().to_string();
+    assert!(name.starts_with("events.out.tfevents."), "{name}");
+    let bytes = std::fs::read(&files[0]).unwrap();
+    let events = logs::read_events(&bytes).unwrap();
+    // The version event, then one per optimizer step.
+    assert_eq!(events.len(), 1 + records.len());
+    assert_eq!(
+        events[0].what,
+        Some(logs::event::What::FileVersion("brain.Event:2".into()))
+    );
+    let scalars = |e: &logs::Event| -> Vec<(String, f32)> {
+        match &e.what {
+            Some(logs::event::What::Summary(s)) => s
+                .value
+                .iter()
+                .map(|v| {
+                    let Some(logs::summary_value::Value::SimpleValue(x)) = v.value else {
+                        panic!("{v:?}")
+                    };
+                    (v.tag.clone(), x)
+                })
+                .collect(),
+            other => panic!("{other:?}"),
+        }
+    };
+    for (e, r) in events[1..].iter().zip(&records) {
+        assert_eq!(e.step, r.step as i64);
+        let s = scalars(e);
+        let get = |t: &str| s.iter().find(|(k, _)| k == t).map(|(_, x)| *x);
+        assert_eq!(get("train/reward"), Some(r.reward_mean));
+        assert_eq!(get("train/kl"), Some(r.kl));
+        assert_eq!(get("train/learning_rate"), Some(r.lr));
+        assert_eq!(get("grpo_lab/accuracy/train"), Some(r.accuracy_train));
+        // Every finite scalar of the record is there.
+        let finite = grpo_lab::metrics::CSV_COLUMNS
+            .iter()
+            .filter(|(n, _)| !matches!(*n, "iteration" | "step"))
+            .filter(|(_, g)| g(r).is_some_and(f32::is_finite))
+            .count();
+        assert_eq!(s.len(), finite);
+    }
+    // A flipped byte fails the CRC.
+    let mut bad = bytes.clone();
+    let last = bad.len() - 6;
+    bad[last] ^= 1;
+    assert!(logs::read_events(&bad).unwrap_err().contains("CRC"));
+
+    // verl's names: one point per iteration, x = iteration + 1.
+    let verl_dir = run.join("tb-verl");
+    let o = grpo_lab(&[
+        "export-log",
+        "--to",
+        "tensorboard",
+        "--names",
+        "verl",
+        run.to_str().unwrap(),
+        "--out",
+        verl_dir.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let f = std::fs::read_dir(&verl_dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let events = logs::read_events(&std::fs::read(f).unwrap()).unwrap();
+    assert_eq!(
+        events.iter().skip(1).map(|e| e.step).collect::<Vec<_>>(),
+        [1, 2]
+    );
+    assert!(
+        scalars(&events[1])
+            .iter()
+            .any(|(t, _)| t == "critic/score/mean")
+    );
+
+    // UNIPO.
+    let o = grpo_lab(&["export-log", "--to", "unipo", run.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("unipo.json")).unwrap()).unwrap();
+    assert_eq!(v["header"]["algorithm"], "grpo");
+    assert_eq!(v["header"]["totalSteps"], 6);
+    assert_eq!(v["header"]["hparams"]["algorithm.beta"], 0.04);
+    let entries = v["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 6);
+    assert_eq!(entries[0]["is_first_step_after_rollout_phase"], true);
+    assert_eq!(entries[1]["is_first_step_after_rollout_phase"], false);
+    assert!(entries[0]["metrics"]["policy_objective"].is_number());
+    // The last step of an iteration carries its groups, up to three prompts.
+    let prompts = entries[2]["prompts"].as_array().unwrap();
+    assert_eq!(prompts.len(), 3);
+    let resp = &prompts[0]["responses"][0];
+    let tokens = &resp["tokens"];
+    assert_eq!(tokens["ids"].as_array().unwrap().len(), 3);
+    for k in [
+        "strings",
+        "log_probs",
+        "old_log_probs",
+        "advantages",
+        "token_objective",
+    ] {
+        assert_eq!(tokens[k].as_array().unwrap().len(), 3, "{k}");
+    }
+    assert!(entries[0].get("prompts").is_none());
+    let o = grpo_lab(&["export-log", "--to", "wandb", run.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&run);
+}
+
+/// Where python3 is installed: the exported reward module's doctests (the worked values) pass,
+/// and a minimal TFRecord reader in Python reads the event file. Skipped without python3.
+#[test]
+fn python_checks_where_python_is_present() {
+    let Ok(v) = Command::new("python3").arg("--version").output() else {
+        eprintln!("skipping: no python3");
+        return;
+    };
+    if !v.status.success() {
+        eprintln!("skipping: no python3");
+        return;
+    }
+    let out = temp_dir("export-python");
+    let c = RunConfig::preset("random-sort")
+        .unwrap()
+        .with_overrides(&["task.reward_weights={ exact = 1.0, distance = 0.25 }".into()])
+        .unwrap();
+    let b = export::export(&c, Framework::Trl, &lenient()).unwrap();
+    b.write(&out).unwrap();
+    let o = Command::new("python3")
+        .args(["-m", "doctest", "reward.py"])
+        .current_dir(&out)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // The TFRecord framing, read by Python's own struct (CRC not checked there).
+    let bytes = logs::tensorboard(&[], logs::Names::Trl, 1.0e9);
+    let path = out.join("events.out.tfevents.1.test");
+    std::fs::write(&path, bytes).unwrap();
+    let script = "import struct,sys\nb=open(sys.argv[1],'rb').read()\nn=struct.unpack('<Q',b[:8])[0]\nassert b[12:12+n].find(b'brain.Event:2')>0\nprint('ok')\n";
+    let o = Command::new("python3")
+        .args(["-c", script, path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let _ = std::fs::remove_dir_all(&out);
+}
