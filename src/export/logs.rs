@@ -4,8 +4,8 @@
 //!
 //! TensorBoard's format: a TFRecord file (`u64` length, masked CRC-32C of the length, the
 //! bytes, masked CRC-32C of the bytes) of `tensorflow.Event` protobufs; the messages are
-//! hand-written `prost` structs with the field numbers of TensorFlow's `event.proto` and
-//! `summary.proto` (no protoc, no build script).
+//! structs with the field numbers of TensorFlow's `event.proto` and `summary.proto`, encoded
+//! and decoded with `prost`'s field codecs (no protoc, no build script, no derive macro).
 
 use crate::config::{LossMode, RunConfig};
 use crate::metrics::{CSV_COLUMNS, StepRecord};
@@ -13,49 +13,190 @@ use crate::task::tokenizer::{EOS_ID, MAX_NUMBERS, PAD_ID};
 use prost::Message;
 
 /// `tensorflow.Event` (event.proto): the fields TensorBoard needs for scalars.
-#[derive(Clone, PartialEq, prost::Message)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Event {
-    #[prost(double, tag = "1")]
+    /// Field 1, `double`.
     pub wall_time: f64,
-    #[prost(int64, tag = "2")]
+    /// Field 2, `int64`.
     pub step: i64,
-    #[prost(oneof = "event::What", tags = "3, 5")]
+    /// `oneof what`: field 3 or 5.
     pub what: Option<event::What>,
 }
 
 pub mod event {
-    #[derive(Clone, PartialEq, prost::Oneof)]
+    #[derive(Debug, Clone, PartialEq)]
     pub enum What {
-        /// The first event of a file: `brain.Event:2`.
-        #[prost(string, tag = "3")]
+        /// Field 3, `string`: the first event of a file, `brain.Event:2`.
         FileVersion(String),
-        #[prost(message, tag = "5")]
+        /// Field 5, `Summary`.
         Summary(super::Summary),
     }
 }
 
 /// `tensorflow.Summary` (summary.proto).
-#[derive(Clone, PartialEq, prost::Message)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Summary {
-    #[prost(message, repeated, tag = "1")]
+    /// Field 1, `repeated Value`.
     pub value: Vec<SummaryValue>,
 }
 
 /// `tensorflow.Summary.Value` with its `simple_value` (in the proto's `oneof value`, so a
 /// 0.0 is still written).
-#[derive(Clone, PartialEq, prost::Message)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct SummaryValue {
-    #[prost(string, tag = "1")]
+    /// Field 1, `string`.
     pub tag: String,
-    #[prost(oneof = "summary_value::Value", tags = "2")]
+    /// `oneof value`: field 2.
     pub value: Option<summary_value::Value>,
 }
 
 pub mod summary_value {
-    #[derive(Clone, PartialEq, prost::Oneof)]
+    #[derive(Debug, Clone, PartialEq)]
     pub enum Value {
-        #[prost(float, tag = "2")]
+        /// Field 2, `float`.
         SimpleValue(f32),
+    }
+}
+
+// The three messages' wire format written out with prost's field codecs (prost's derive macro
+// would pull a second build of the proc-macro stack under burn's; these are the few lines it
+// would generate). Proto3: a scalar at its default is not written; a oneof member always is.
+use prost::bytes::{Buf, BufMut};
+use prost::encoding::{self as pb, DecodeContext, WireType};
+
+impl Message for Event {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        if self.wall_time != 0.0 {
+            pb::double::encode(1, &self.wall_time, buf);
+        }
+        if self.step != 0 {
+            pb::int64::encode(2, &self.step, buf);
+        }
+        match &self.what {
+            Some(event::What::FileVersion(v)) => pb::string::encode(3, v, buf),
+            Some(event::What::Summary(m)) => pb::message::encode(5, m, buf),
+            None => {}
+        }
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        match tag {
+            1 => pb::double::merge(wire_type, &mut self.wall_time, buf, ctx),
+            2 => pb::int64::merge(wire_type, &mut self.step, buf, ctx),
+            3 => {
+                let mut v = String::new();
+                pb::string::merge(wire_type, &mut v, buf, ctx)?;
+                self.what = Some(event::What::FileVersion(v));
+                Ok(())
+            }
+            5 => {
+                let mut m = match self.what.take() {
+                    Some(event::What::Summary(m)) => m,
+                    _ => Summary::default(),
+                };
+                pb::message::merge(wire_type, &mut m, buf, ctx)?;
+                self.what = Some(event::What::Summary(m));
+                Ok(())
+            }
+            _ => pb::skip_field(wire_type, tag, buf, ctx),
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        let mut n = 0;
+        if self.wall_time != 0.0 {
+            n += pb::double::encoded_len(1, &self.wall_time);
+        }
+        if self.step != 0 {
+            n += pb::int64::encoded_len(2, &self.step);
+        }
+        n + match &self.what {
+            Some(event::What::FileVersion(v)) => pb::string::encoded_len(3, v),
+            Some(event::What::Summary(m)) => pb::message::encoded_len(5, m),
+            None => 0,
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = Self::default();
+    }
+}
+
+impl Message for Summary {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        pb::message::encode_repeated(1, &self.value, buf);
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        match tag {
+            1 => pb::message::merge_repeated(wire_type, &mut self.value, buf, ctx),
+            _ => pb::skip_field(wire_type, tag, buf, ctx),
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        pb::message::encoded_len_repeated(1, &self.value)
+    }
+
+    fn clear(&mut self) {
+        self.value.clear();
+    }
+}
+
+impl Message for SummaryValue {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        if !self.tag.is_empty() {
+            pb::string::encode(1, &self.tag, buf);
+        }
+        if let Some(summary_value::Value::SimpleValue(v)) = &self.value {
+            pb::float::encode(2, v, buf);
+        }
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        match tag {
+            1 => pb::string::merge(wire_type, &mut self.tag, buf, ctx),
+            2 => {
+                let mut v = 0f32;
+                pb::float::merge(wire_type, &mut v, buf, ctx)?;
+                self.value = Some(summary_value::Value::SimpleValue(v));
+                Ok(())
+            }
+            _ => pb::skip_field(wire_type, tag, buf, ctx),
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        let mut n = 0;
+        if !self.tag.is_empty() {
+            n += pb::string::encoded_len(1, &self.tag);
+        }
+        if let Some(summary_value::Value::SimpleValue(v)) = &self.value {
+            n += pb::float::encoded_len(2, v);
+        }
+        n
+    }
+
+    fn clear(&mut self) {
+        *self = Self::default();
     }
 }
 
