@@ -60,6 +60,23 @@ fn config_from_hash() -> Option<Result<crate::config::RunConfig, String>> {
     Some(crate::app::views::parse_share_string(&text))
 }
 
+/// `?tab=plots|inspector|playground|runs`: the tab to open (links to a view, screenshots).
+fn tab_from_query() -> Option<crate::app::Tab> {
+    use crate::app::Tab;
+    let search = web_sys::window()?.location().search().ok()?;
+    let value = search
+        .trim_start_matches('?')
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("tab="))?;
+    Some(match value {
+        "plots" => Tab::Plots,
+        "inspector" => Tab::Inspector,
+        "playground" => Tab::Playground,
+        "runs" => Tab::Runs,
+        _ => return None,
+    })
+}
+
 /// Called by wasm-bindgen when the module loads.
 #[wasm_bindgen(start)]
 pub fn start() {
@@ -97,6 +114,9 @@ pub fn start() {
                             ..Default::default()
                         },
                     );
+                    if let Some(tab) = tab_from_query() {
+                        app.persisted.tab = tab;
+                    }
                     if let Some(e) = hash_error {
                         app.error = Some(format!("the link's config: {e}"));
                     }
