@@ -656,7 +656,18 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
     let mut last_kept: Option<StepRecord> = None;
     let mut sinks = if opts.resume {
         match latest_checkpoint(&out) {
-            Some(dir) => super::checkpoint::load(&mut trainer, &dir)?,
+            Some(dir) => {
+                super::checkpoint::load(&mut trainer, &dir)?;
+                // Checkpoints after this one belong to a timeline being abandoned (the
+                // metrics past it are redone): one of them must never be a later fallback.
+                if let Ok(entries) = fs::read_dir(out.join("checkpoints")) {
+                    for later in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+                        if later.is_dir() && checkpoint_number(&later) > checkpoint_number(&dir) {
+                            let _ = fs::remove_dir_all(later);
+                        }
+                    }
+                }
+            }
             // Starting again would truncate the metrics of the run it is asked to continue.
             None if jsonl_path.exists() && fs::metadata(&jsonl_path).is_ok_and(|m| m.len() > 0) => {
                 return Err(RunError::NoCheckpoint(out));
@@ -691,8 +702,14 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
     let mut status = "completed".to_string();
     let mut last: Option<StepRecord> = last_kept;
     let mut failure: Option<TrainError> = None;
-    if !trainer.is_done() && trainer.at_iteration_boundary() && trainer.iteration() == 0 {
-        // A checkpoint of the initial state, so even a run that diverges at once has one.
+    if !trainer.is_done()
+        && trainer.at_iteration_boundary()
+        && trainer.iteration() == 0
+        && super::checkpoint::verify(&checkpoint_dir(&out, 0)).is_err()
+    {
+        // A checkpoint of the initial state, so even a run that diverges at once has one — but
+        // not over the one a resume starts from: a kill mid-rewrite would leave no checkpoint
+        // that verifies (a rewrite is not byte-identical: burn records fresh parameter ids).
         write_checkpoint(&trainer, &out)?;
     }
     while !trainer.is_done() {
