@@ -497,3 +497,49 @@ fn a_checkpoint_continues_on_an_engine_that_holds_its_optimizer_state() {
     let e = resume(&on_cpu, wgpu).unwrap_err();
     assert!(e.to_string().contains("--device cpu"), "{e}");
 }
+
+/// A resume from an older checkpoint (here the initial one: `latest` still named it when a
+/// kill came between writing iter-000003 and updating `latest`) leaves that checkpoint as it
+/// is — rewritten, its bytes would differ (burn records fresh parameter ids) and a kill
+/// mid-rewrite would leave nothing that verifies — and drops the later ones at once: their
+/// timeline is abandoned, and the metrics past the resume point are redone, so they must
+/// never be a fallback. The run still ends exactly as an uninterrupted one.
+#[test]
+fn a_resume_keeps_its_checkpoint_and_drops_the_abandoned_later_ones() {
+    let mut config = short_lecture(6);
+    config.run.checkpoint_every = 3;
+    let full = temp_dir("abandon-full");
+    run_to(config.clone(), Compute::cpu(), &full);
+    let part = temp_dir("abandon-part");
+    let mut short = config.clone();
+    short.run.iterations = 4;
+    run_to(short, Compute::cpu(), &part);
+    let ck = part.join("checkpoints");
+    assert!(ck.join("iter-000003").is_dir());
+    std::fs::write(ck.join("latest"), "iter-000000").unwrap();
+    let initial = std::fs::read(ck.join("iter-000000").join("policy.bpk")).unwrap();
+    // Resumed from iter-000000 and stopped at 2 iterations: nothing past 2 may be left.
+    let mut two = config.clone();
+    two.run.iterations = 2;
+    resume_in(&two, Compute::cpu(), &part).unwrap();
+    assert_eq!(
+        std::fs::read(ck.join("iter-000000").join("policy.bpk")).unwrap(),
+        initial,
+        "the checkpoint resumed from was rewritten"
+    );
+    let left: Vec<String> = std::fs::read_dir(&ck)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("iter-") && n.as_str() > "iter-000002")
+        .collect();
+    assert!(
+        left.is_empty(),
+        "checkpoints of the abandoned timeline: {left:?}"
+    );
+    resume_in(&config, Compute::cpu(), &part).unwrap();
+    assert_eq!(
+        metrics_without_timing(&full.join("metrics.jsonl")),
+        metrics_without_timing(&part.join("metrics.jsonl"))
+    );
+}
