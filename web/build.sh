@@ -15,6 +15,8 @@ if [ -z "$version" ]; then
     echo "web/build.sh: no wasm-bindgen in Cargo.lock" >&2
     exit 1
 fi
+# cargo install puts it here, which may not be on PATH.
+export PATH="$PATH:${CARGO_HOME:-$HOME/.cargo}/bin"
 if ! command -v wasm-bindgen >/dev/null || [ "$(wasm-bindgen --version | awk '{print $2}')" != "$version" ]; then
     echo "web/build.sh: installing wasm-bindgen-cli $version (once; a few minutes)…"
     cargo install wasm-bindgen-cli --version "$version"
