@@ -160,6 +160,8 @@ fn open(browser: &str, url: &str, profile: &Path) -> Child {
         .args([
             "--headless=new",
             "--no-sandbox",
+            // Containers often have a small /dev/shm.
+            "--disable-dev-shm-usage",
             "--no-first-run",
             "--window-size=1280,800",
             &format!("--user-data-dir={}", profile.display()),
@@ -360,6 +362,8 @@ fn the_page_renders() {
         .args([
             "--headless=new",
             "--no-sandbox",
+            // Containers often have a small /dev/shm.
+            "--disable-dev-shm-usage",
             "--window-size=1280,800",
             "--virtual-time-budget=8000",
             &format!("--user-data-dir={}", dir.join("profile").display()),
