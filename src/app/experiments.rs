@@ -87,10 +87,7 @@ impl InAppExperiment {
                 self.next += 1;
                 let mut config = self.cells[cell].config.clone();
                 config.run.seed = seed;
-                let trainer = crate::engine::select(config.run.device, &config)
-                    .map_err(|e| e.to_string())
-                    .and_then(|(c, _)| Trainer::new(config, c).map_err(|e| e.to_string()));
-                match trainer {
+                match super::worker::start_trainer(&config) {
                     Ok(t) => self.current = Some((cell, t, Vec::new())),
                     Err(e) => {
                         self.error = Some(format!("{}: {e}", self.cells[cell].label));
@@ -168,8 +165,7 @@ mod tests {
         // Cell 0, seed 4, on its own.
         let mut config = e.cells[0].config.clone();
         config.run.seed = 4;
-        let (c, _) = crate::engine::select(config.run.device, &config).unwrap();
-        let mut t = Trainer::new(config, c).unwrap();
+        let mut t = super::super::worker::start_trainer(&config).unwrap();
         let mut alone = Vec::new();
         while !t.is_done() {
             let r = t.step().unwrap();

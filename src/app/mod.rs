@@ -374,38 +374,9 @@ impl GrpoApp {
         }
     }
 
-    /// One line for screen readers and tests (the browser's `#status` and title):
-    /// `grpo-lab · lecture17 · iteration 37/100 · step 370 · reward 3.41 · training · cpu`.
-    pub fn public_status(&self) -> String {
-        let name = self
-            .running
-            .as_ref()
-            .map(|c| c.run.name.as_str())
-            .unwrap_or("");
-        let it = self.run.last.as_ref().map(|r| r.iteration + 1).unwrap_or(0);
-        let total = self.running.as_ref().map(|c| c.run.iterations).unwrap_or(0);
-        let reward = self
-            .run
-            .last
-            .as_ref()
-            .map(|r| format!("{:.3}", r.reward_mean))
-            .unwrap_or_else(|| "–".into());
-        let state = if self.error.is_some() {
-            "error"
-        } else if self.finished {
-            "finished"
-        } else if self.playing {
-            "training"
-        } else {
-            "paused"
-        };
-        format!(
-            "grpo-lab · {name} · iteration {it}/{total} · step {} · reward {reward} · {state} · {}",
-            self.run.steps, self.device
-        )
-    }
-
-    fn status_line(&self) -> String {
+    /// The run's state, `iteration I/N · step S · reward R`, shared by the status line and
+    /// the public status.
+    fn progress(&self) -> (&'static str, String) {
         let it = self.run.last.as_ref().map(|r| r.iteration + 1).unwrap_or(0);
         let total = self.running.as_ref().map(|c| c.run.iterations).unwrap_or(0);
         let reward = self
@@ -421,14 +392,35 @@ impl GrpoApp {
         } else {
             "paused"
         };
+        let line = format!(
+            "iteration {it}/{total} · step {} · reward {reward}",
+            self.run.steps
+        );
+        (state, line)
+    }
+
+    /// One line for screen readers and tests (the browser's `#status` and title):
+    /// `grpo-lab · lecture17 · iteration 37/100 · step 370 · reward 3.41 · training · cpu`.
+    pub fn public_status(&self) -> String {
+        let name = self
+            .running
+            .as_ref()
+            .map(|c| c.run.name.as_str())
+            .unwrap_or("");
+        let (state, progress) = self.progress();
+        let state = if self.error.is_some() { "error" } else { state };
+        format!("grpo-lab · {name} · {progress} · {state} · {}", self.device)
+    }
+
+    fn status_line(&self) -> String {
+        let (state, progress) = self.progress();
         let rate = if self.inline || !self.playing {
             String::new()
         } else {
             format!(" · {:.0} steps/s", self.rate.2)
         };
         format!(
-            "{state} · iteration {it}/{total} · step {} · reward {reward}{rate} · seed {} · {}",
-            self.run.steps,
+            "{state} · {progress}{rate} · seed {} · {}",
             self.running.as_ref().map(|c| c.run.seed).unwrap_or(0),
             self.device
         )

@@ -37,6 +37,16 @@ pub enum Event {
     Error(String),
 }
 
+/// A trainer for `config` on the engine `--device` (auto: the fastest) picks, after the
+/// memory check a run makes; the reason, when not.
+pub(crate) fn start_trainer(config: &RunConfig) -> Result<Trainer, String> {
+    crate::train::run::check_memory(config).map_err(|e| e.to_string())?;
+    let (compute, why) =
+        crate::engine::select(config.run.device, config).map_err(|e| e.to_string())?;
+    log::info!("{why}");
+    Trainer::new(config.clone(), compute).map_err(|e| e.to_string())
+}
+
 /// The trainer state machine shared by both modes.
 struct Core {
     trainer: Option<Trainer>,
@@ -75,15 +85,7 @@ impl Core {
                 self.playing = false;
                 self.pending_steps = 0;
                 let _ = tx.send(Event::Playing(false));
-                match crate::train::run::check_memory(&config)
-                    .map_err(|e| e.to_string())
-                    .and_then(|()| {
-                        crate::engine::select(config.run.device, &config).map_err(|e| e.to_string())
-                    })
-                    .and_then(|(c, why)| {
-                        log::info!("{why}");
-                        Trainer::new(*config.clone(), c).map_err(|e| e.to_string())
-                    }) {
+                match start_trainer(&config) {
                     Ok(t) => {
                         let _ = tx.send(Event::Started {
                             device: t.engine_label(),
@@ -230,33 +232,27 @@ impl Worker {
 
     /// Inline mode: handle queued commands and run the requested steps (at most `max_steps`).
     pub fn pump(&mut self, max_steps: usize) {
+        self.pump_while(|done| done < max_steps);
+    }
+
+    /// Inline mode: handle queued commands, then step for at most `budget` (the browser's
+    /// frame loop: at least one step when one is wanted, so progress never stalls).
+    pub fn pump_for(&mut self, budget: std::time::Duration) {
+        let start = web_time::Instant::now();
+        self.pump_while(|done| done == 0 || start.elapsed() < budget);
+    }
+
+    /// Inline mode: handle queued commands, then step while steps are wanted and `more(steps
+    /// done so far)` says so.
+    fn pump_while(&mut self, mut more: impl FnMut(usize) -> bool) {
         if let Some((core, rx, etx)) = &mut self.inline {
             while let Ok(c) = rx.try_recv() {
                 core.handle(c, etx);
             }
             let mut n = 0;
-            while core.wants_step() && n < max_steps {
+            while core.wants_step() && more(n) {
                 core.do_step(etx);
                 n += 1;
-            }
-        }
-    }
-}
-
-impl Worker {
-    /// Inline mode: handle queued commands, then step for at most `budget` (the browser's
-    /// frame loop: at least one step when one is wanted, so progress never stalls).
-    pub fn pump_for(&mut self, budget: std::time::Duration) {
-        if let Some((core, rx, etx)) = &mut self.inline {
-            while let Ok(c) = rx.try_recv() {
-                core.handle(c, etx);
-            }
-            let start = web_time::Instant::now();
-            while core.wants_step() {
-                core.do_step(etx);
-                if start.elapsed() >= budget {
-                    break;
-                }
             }
         }
     }

@@ -129,6 +129,37 @@ pub fn blob<'a>(snapshot: &'a Snapshot, name: &str) -> Option<&'a [u8]> {
         .map(|(_, b)| b.as_slice())
 }
 
+/// A fused CPU engine's snapshot: policy and reference in burn's format (so a checkpoint
+/// reads the same whichever engine wrote it), and the engine's own Adam state.
+pub fn fused_snapshot(
+    policy: &Policy,
+    reference: &Policy,
+    adam: Vec<u8>,
+) -> Result<Snapshot, EngineError> {
+    Ok(vec![
+        ("policy.bpk".into(), policy_bytes(policy)?),
+        ("reference.bpk".into(), policy_bytes(reference)?),
+        ("fused_adam.bin".into(), adam),
+    ])
+}
+
+/// A fused CPU engine's snapshot read back into `template`'s shape: (policy, reference, Adam
+/// state). One written by burn's path (its optimizer state instead of ours) is refused.
+pub fn fused_restore<'a>(
+    snapshot: &'a Snapshot,
+    template: Policy,
+) -> Result<(Policy, Policy, &'a [u8]), EngineError> {
+    if blob(snapshot, "fused_adam.bin").is_none() && blob(snapshot, "optimizer.bpk").is_some() {
+        return Err(EngineError::WrittenByBurn);
+    }
+    let need = |name: &str| {
+        blob(snapshot, name).ok_or_else(|| EngineError::Snapshot(format!("{name} is missing")))
+    };
+    let policy = load_policy(template.clone(), need("policy.bpk")?)?;
+    let reference = load_policy(template, need("reference.bpk")?)?;
+    Ok((policy, reference, need("fused_adam.bin")?))
+}
+
 impl BurnEngine {
     pub fn new(config: &RunConfig, compute: Compute) -> Result<Self, EngineError> {
         let device = compute.device.clone().autodiff();

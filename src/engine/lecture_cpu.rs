@@ -3,7 +3,7 @@
 //! from the logits the rollout sampled from. No burn tensors in the loop; burn is used only
 //! for the supervised cold start and to write checkpoints in burn's format.
 
-use super::autodiff::{blob, load_policy, policy_bytes, supervised_steps};
+use super::autodiff::{fused_restore, fused_snapshot, supervised_steps};
 use super::fused_lecture::FusedLecture;
 use super::{
     Batch, Engine, EngineError, SampleRequest, Samples, Snapshot, StepOutput, StepRequest, Which,
@@ -161,34 +161,20 @@ impl Engine for FusedLectureEngine {
 
     fn snapshot(&self) -> Result<Snapshot, EngineError> {
         let device = Device::flex();
-        Ok(vec![
-            (
-                "policy.bpk".into(),
-                policy_bytes(&Self::burn_policy(&self.policy, &device))?,
-            ),
-            (
-                "reference.bpk".into(),
-                policy_bytes(&Self::burn_policy(&self.reference, &device))?,
-            ),
-            ("fused_adam.bin".into(), self.policy.adam_bytes()),
-        ])
+        fused_snapshot(
+            &Self::burn_policy(&self.policy, &device),
+            &Self::burn_policy(&self.reference, &device),
+            self.policy.adam_bytes(),
+        )
     }
 
     fn restore(&mut self, snapshot: &Snapshot) -> Result<(), EngineError> {
-        if blob(snapshot, "fused_adam.bin").is_none() && blob(snapshot, "optimizer.bpk").is_some() {
-            return Err(EngineError::WrittenByBurn);
-        }
-        let need = |name: &str| {
-            blob(snapshot, name).ok_or_else(|| EngineError::Snapshot(format!("{name} is missing")))
-        };
-        let device = Device::flex();
-        let template = Self::burn_policy(&self.policy, &device);
-        let policy = load_policy(template.clone(), need("policy.bpk")?)?;
-        let reference = load_policy(template, need("reference.bpk")?)?;
+        let template = Self::burn_policy(&self.policy, &Device::flex());
+        let (policy, reference, adam) = fused_restore(snapshot, template)?;
         Self::set_from(&mut self.policy, &policy);
         Self::set_from(&mut self.reference, &reference);
         self.policy
-            .load_adam_bytes(need("fused_adam.bin")?)
+            .load_adam_bytes(adam)
             .map_err(EngineError::Snapshot)?;
         Ok(())
     }

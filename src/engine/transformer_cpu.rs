@@ -4,7 +4,7 @@
 //! the logits the rollout sampled from. Burn is used only to draw the initial weights (the
 //! same seeded stream as burn's path) and to write checkpoints in burn's format.
 
-use super::autodiff::{blob, flat_params, load_policy, policy_bytes};
+use super::autodiff::{flat_params, fused_restore, fused_snapshot};
 use super::fused_transformer::{FusedTransformer, Hyper, Pick, StepInput, StepSettings};
 use super::{
     Batch, Engine, EngineError, SampleRequest, Samples, Snapshot, StepOutput, StepRequest, Which,
@@ -163,35 +163,21 @@ impl Engine for FusedTransformerEngine {
 
     fn snapshot(&self) -> Result<Snapshot, EngineError> {
         let device = Device::flex();
-        Ok(vec![
-            (
-                "policy.bpk".into(),
-                policy_bytes(&self.burn_policy(&self.policy.w, &device))?,
-            ),
-            (
-                "reference.bpk".into(),
-                policy_bytes(&self.burn_policy(&self.reference, &device))?,
-            ),
-            ("fused_adam.bin".into(), self.policy.adam_bytes()),
-        ])
+        fused_snapshot(
+            &self.burn_policy(&self.policy.w, &device),
+            &self.burn_policy(&self.reference, &device),
+            self.policy.adam_bytes(),
+        )
     }
 
     fn restore(&mut self, snapshot: &Snapshot) -> Result<(), EngineError> {
-        if blob(snapshot, "fused_adam.bin").is_none() && blob(snapshot, "optimizer.bpk").is_some() {
-            return Err(EngineError::WrittenByBurn);
-        }
-        let need = |name: &str| {
-            blob(snapshot, name).ok_or_else(|| EngineError::Snapshot(format!("{name} is missing")))
-        };
-        let device = Device::flex();
-        let template = self.burn_policy(&self.policy.w, &device);
-        let policy = flat_params(&load_policy(template.clone(), need("policy.bpk")?)?);
-        let reference = flat_params(&load_policy(template, need("reference.bpk")?)?);
+        let template = self.burn_policy(&self.policy.w, &Device::flex());
+        let (policy, reference, adam) = fused_restore(snapshot, template)?;
         self.policy
-            .load_adam_bytes(need("fused_adam.bin")?)
+            .load_adam_bytes(adam)
             .map_err(EngineError::Snapshot)?;
-        self.policy.w = policy;
-        self.reference = reference;
+        self.policy.w = flat_params(&policy);
+        self.reference = flat_params(&reference);
         Ok(())
     }
 
