@@ -145,10 +145,10 @@ pub fn fused_snapshot(
 
 /// A fused CPU engine's snapshot read back into `template`'s shape: (policy, reference, Adam
 /// state). One written by burn's path (its optimizer state instead of ours) is refused.
-pub fn fused_restore<'a>(
-    snapshot: &'a Snapshot,
+pub fn fused_restore(
+    snapshot: &Snapshot,
     template: Policy,
-) -> Result<(Policy, Policy, &'a [u8]), EngineError> {
+) -> Result<(Policy, Policy, &[u8]), EngineError> {
     if blob(snapshot, "fused_adam.bin").is_none() && blob(snapshot, "optimizer.bpk").is_some() {
         return Err(EngineError::WrittenByBurn);
     }
