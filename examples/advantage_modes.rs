@@ -25,7 +25,7 @@ fn main() {
             "\n{what}: rewards {rewards:?} (mean {:.3}, std {:.4})",
             s.mean, s.std
         );
-        for m in AdvantageMode::ALL {
+        for m in AdvantageMode::GROUP {
             let v: Vec<String> = all.by_mode[m.name()]
                 .iter()
                 .map(|x| format!("{x:+8.3}"))

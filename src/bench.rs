@@ -64,6 +64,8 @@ pub fn bench(config: RunConfig, compute: &Compute, options: &BenchOptions) -> Re
 pub fn time_config(mut config: RunConfig, compute: &Compute, iterations: usize) -> Result<f64> {
     config.run.iterations = iterations + 1;
     config.run.log_groups = 0;
+    // The training step is measured (and compared with PyTorch), not pass@k's evaluation.
+    config.run.eval_every = 0;
     let mu = config.algorithm.mu;
     let mut trainer = Trainer::new(config, compute.clone()).map_err(user)?;
     for _ in 0..mu {
@@ -156,6 +158,7 @@ pub fn bench_scaling(
 fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) -> Result<()> {
     config.run.iterations = options.iterations + 1;
     config.run.log_groups = 0;
+    config.run.eval_every = 0;
     let mu = config.algorithm.mu;
     let mut trainer = Trainer::new(config.clone(), compute.clone()).map_err(user)?;
     let t0 = std::time::Instant::now();

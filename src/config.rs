@@ -58,6 +58,9 @@ pub struct SftConfig {
     pub batch_size: usize,
     /// Adam learning rate of the cold start.
     pub lr: f64,
+    /// Distillation: `none` (the targets are the sorted prompts), or a preset whose policy —
+    /// trained first, with this run's seed, on the same task — samples the targets.
+    pub teacher: String,
 }
 
 impl Default for SftConfig {
@@ -67,6 +70,7 @@ impl Default for SftConfig {
             examples: 256,
             batch_size: 64,
             lr: 1e-3,
+            teacher: "none".into(),
         }
     }
 }
@@ -235,6 +239,16 @@ pub struct AlgorithmConfig {
     /// Which training prompts an iteration uses: uniform, prioritized (by 1 − success rate,
     /// Kimi k1.5) or curriculum (easy to hard by inversions). Needs prompts_per_iteration > 0.
     pub prompt_sampling: PromptSampling,
+    /// PPO's critic (`advantage = "gae"`): discount γ of GAE.
+    pub gamma: f64,
+    /// GAE's λ (1 = Monte Carlo return minus the value; 0 = one-step TD error).
+    pub lam: f64,
+    /// The critic's Adam step size.
+    pub value_lr: f64,
+    /// The critic's hidden units (one tanh layer over the state's one-hot features).
+    pub value_hidden: usize,
+    /// Full-batch Adam steps of the critic on each iteration's returns.
+    pub value_epochs: usize,
     /// Deliberate bugs for the bug gallery (spec §5); all off by default.
     pub bugs: BugSwitches,
 }
@@ -258,6 +272,11 @@ impl Default for AlgorithmConfig {
             dynamic_sampling: false,
             max_resample_rounds: 3,
             prompt_sampling: PromptSampling::Uniform,
+            gamma: 1.0,
+            lam: 0.95,
+            value_lr: 3e-3,
+            value_hidden: 64,
+            value_epochs: 8,
             bugs: BugSwitches::default(),
         }
     }
@@ -305,7 +324,21 @@ named_enum!(AdvantageMode {
     Max => "max",
     Rloo => "rloo",
     BatchNormalized => "batch_normalized",
+    Gae => "gae",
 });
+
+impl AdvantageMode {
+    /// The modes computed from a group's rewards alone (every one of them is logged for each
+    /// group, the kernels compute them all); `gae` needs a learned critic instead.
+    pub const GROUP: &'static [AdvantageMode] = &[
+        AdvantageMode::Raw,
+        AdvantageMode::Centered,
+        AdvantageMode::Normalized,
+        AdvantageMode::Max,
+        AdvantageMode::Rloo,
+        AdvantageMode::BatchNormalized,
+    ];
+}
 named_enum!(LossMode { Naive => "naive", Unclipped => "unclipped", Clipped => "clipped" });
 named_enum!(KlEstimator { K1 => "k1", K2 => "k2", K3 => "k3" });
 named_enum!(KlPenaltyMode { Loss => "loss", Reward => "reward" });
@@ -400,6 +433,16 @@ pub struct RunSettings {
     /// Refuse a config whose memory estimate exceeds this many MiB (0 = the memory this
     /// machine has available when the run starts).
     pub max_memory_mib: usize,
+    /// Every this many iterations (and at the last one), sample `pass_samples` answers to each
+    /// held-out prompt and log `eval/pass@1`, `eval/pass@4` and `eval/pass@k` (0 = never).
+    pub eval_every: usize,
+    /// The k of `eval/pass@k` (unbiased estimator from `pass_samples` answers).
+    pub pass_k: usize,
+    /// Answers sampled per held-out prompt for pass@k (0 = `pass_k`).
+    pub pass_samples: usize,
+    /// Stop once this many responses have been sampled, dynamic sampling's redraws included
+    /// (0 = no budget: `iterations` alone ends the run).
+    pub rollout_budget: usize,
 }
 
 impl Default for RunSettings {
@@ -414,6 +457,10 @@ impl Default for RunSettings {
             kernels: KernelChoice::Auto,
             fused_step: FusedChoice::Auto,
             max_memory_mib: 0,
+            eval_every: 10,
+            pass_k: 16,
+            pass_samples: 0,
+            rollout_budget: 0,
         }
     }
 }
@@ -709,7 +756,7 @@ pub const FIELDS: &[Field] = &[
     Field::new("algorithm.mu", "μ (steps per iteration)", Range::int(1, 1000),
         "Optimizer steps on one batch of rollouts, μ. Lecture: 10; GRPO paper: 1; usual 1..=4. With μ > 1 the naive loss has no off-policy correction. TRL: num_iterations; verl: actor_rollout_ref.actor.ppo_epochs."),
     Field::new("algorithm.advantage", "Advantage", Range::Choice(AdvantageMode::NAMES),
-        "How a group's rewards become advantages (GRPO-SPEC §3). raw: A = r. centered: r − mean (Dr. GRPO). normalized (GRPO): (r − mean)/(std + 1e-5). max: r where r is the group max, else 0. rloo: r − mean of the others (RLOO). batch_normalized: centered / batch std. TRL: scale_rewards (group, none, batch); verl: algorithm.adv_estimator (grpo, rloo) with algorithm.norm_adv_by_std_in_grpo. The std's ε: TRL 1e-4, verl 1e-6."),
+        "How a group's rewards become advantages (GRPO-SPEC §3). raw: A = r. centered: r − mean (Dr. GRPO). normalized (GRPO): (r − mean)/(std + 1e-5). max: r where r is the group max, else 0. rloo: r − mean of the others (RLOO). batch_normalized: centered / batch std. gae: PPO with a learned critic — per-token GAE(γ, λ) from a small value model trained on the returns, whitened over the batch (the critic GRPO removes; see algorithm.gamma, lam, value_*). TRL: scale_rewards (group, none, batch); verl: algorithm.adv_estimator (grpo, rloo) with algorithm.norm_adv_by_std_in_grpo. The std's ε: TRL 1e-4, verl 1e-6."),
     Field::new("algorithm.loss", "Loss", Range::Choice(LossMode::NAMES),
         "Per-token objective (GRPO-SPEC §4). naive: −A·log π (REINFORCE). unclipped: −A·ρ with ρ = π/π_old. clipped: PPO's −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A), what TRL and verl always use (verl: actor_rollout_ref.actor.policy_loss.loss_mode = vanilla, plus its dual clip clip_ratio_c)."),
     Field::new("algorithm.epsilon_low", "ε low", Range::float(Open(0.0), Open(1.0)),
@@ -735,6 +782,16 @@ pub const FIELDS: &[Field] = &[
     Field::new("algorithm.prompt_sampling", "prompt sampling", Range::Choice(PromptSampling::NAMES),
         "Which training prompts an iteration uses: uniform; prioritized by 1 − success rate; curriculum from the easiest quarter (fewest inversions) to every prompt at mid-run. Both after Kimi k1.5.")
         .rule("prioritized and curriculum need algorithm.prompts_per_iteration > 0"),
+    Field::new("algorithm.gamma", "γ (GAE)", Range::float(Closed(0.0), Closed(1.0)),
+        "Discount of GAE (advantage = gae only). 1 for a reward paid once at the end, as here. TRL PPO: gamma; verl: algorithm.gamma."),
+    Field::new("algorithm.lam", "λ (GAE)", Range::float(Closed(0.0), Closed(1.0)),
+        "GAE's λ (advantage = gae only): 1 = return minus the critic's value (low bias, high variance), 0 = one-step TD error (the critic carries everything). TRL PPO: lam (0.95); verl: algorithm.lam."),
+    Field::new("algorithm.value_lr", "critic lr", Range::float(Open(0.0), Open(10.0)),
+        "Adam step size of the critic (advantage = gae only). verl: critic.optim.lr."),
+    Field::new("algorithm.value_hidden", "critic width", Range::int(1, 4096),
+        "Hidden units of the critic: one tanh layer over one-hot features of the prompt, the tokens so far and the position (advantage = gae only). A separate model, not a head on the policy."),
+    Field::new("algorithm.value_epochs", "critic steps", Range::int(1, 1000),
+        "Full-batch Adam steps of the critic on each iteration's returns (advantage = gae only). verl: critic.ppo_epochs."),
     Field::new("algorithm.bugs.ratio_as_logprob_quotient", "BUG: ratio = logπ / logπ_old", Range::Bool,
         "Deliberate bug (GRPO-SPEC §5): the ratio written as log π / log π_old instead of exp(log π − log π_old); the gradient flips sign."),
     Field::new("algorithm.bugs.unfrozen_old_policy", "BUG: π_old not frozen", Range::Bool,
@@ -771,6 +828,9 @@ pub const FIELDS: &[Field] = &[
     Field::new("sft.lr", "SFT lr", Range::float(Open(0.0), Open(10.0)),
         "Adam's step size for the cold start (1e-3). TRL SFTConfig: learning_rate.")
         .only(Sft),
+    Field::new("sft.teacher", "SFT teacher", Range::Text,
+        "Distillation (DeepSeek-R1 §distillation): none = the cold start's targets are the sorted prompts; a preset name = that preset is trained first (this run's seed, on the CPU) and the cold start fine-tunes on its sampled answers, right or wrong. The teacher's task must be this run's.")
+        .rule("none, or a preset with the same task section"),
     // run
     Field::new("run.name", "Name", Range::Text,
         "Name used in run directories and chart titles."),
@@ -790,6 +850,15 @@ pub const FIELDS: &[Field] = &[
         "The fused CPU engines (the lecture model's step; the transformer's step with KV-cache rollouts): forward, backward and Adam by hand, held equal to burn's by tests. auto uses them on the CPU backend when the config allows (not with a bug-gallery switch on); off always takes burn's autodiff path."),
     Field::new("run.max_memory_mib", "Memory cap (MiB)", Range::ANY_INT,
         "A config whose memory estimate (`grpo-lab train --dry-run` prints it) exceeds this is refused before anything is allocated, naming the fields that drive it. 0 = the memory this machine has available."),
+    Field::new("run.eval_every", "pass@k every", Range::ANY_INT,
+        "Every this many iterations (and at the last), sample run.pass_samples answers per held-out prompt at the sampling temperature and log eval/pass@1, eval/pass@4 and eval/pass@k (the unbiased estimator of Chen et al. 2021). 0 = never; no held-out split: nothing logged. verl: trainer.test_freq with val_kwargs.n."),
+    Field::new("run.pass_k", "k of pass@k", Range::int(1, 1024),
+        "The k of eval/pass@k (usual 8..=64; 16 by default)."),
+    Field::new("run.pass_samples", "pass@k samples", Range::ANY_INT,
+        "Answers sampled per held-out prompt for pass@k (0 = run.pass_k); more samples lower the estimator's variance.")
+        .rule("0 or ≥ run.pass_k"),
+    Field::new("run.rollout_budget", "Rollout budget", Range::ANY_INT,
+        "Stop once this many responses have been sampled, dynamic sampling's redraws included (0 = none: run.iterations alone ends the run). Compares arms at equal sampling cost. Logged as sampling/rollouts."),
 ];
 
 /// The config reference as markdown, from [`FIELDS`] (`grpo-lab config-docs`).
@@ -1034,6 +1103,48 @@ impl RunConfig {
                 format!(
                     "`{}` chooses among the training prompts, so it needs algorithm.prompts_per_iteration > 0 (0 uses every prompt every iteration)",
                     a.prompt_sampling
+                ),
+            );
+        }
+        if self.sft.teacher != "none" {
+            match RunConfig::preset(&self.sft.teacher) {
+                Err(_) => {
+                    return bad(
+                        "sft.teacher",
+                        format!(
+                            "`{}` is not a preset; allowed: none, {}",
+                            self.sft.teacher,
+                            PRESETS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+                        ),
+                    );
+                }
+                Ok(t) if t.task != self.task => {
+                    return bad(
+                        "sft.teacher",
+                        format!(
+                            "`{}` trains on another task (it differs in {}); a teacher must answer this run's prompts",
+                            self.sft.teacher,
+                            t.differing_keys(self)
+                                .into_iter()
+                                .filter(|k| k.starts_with("task."))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    );
+                }
+                Ok(t) if t.sft.teacher != "none" => {
+                    return bad("sft.teacher", format!("`{}` has a teacher of its own; one level of distillation only", self.sft.teacher));
+                }
+                Ok(_) => {}
+            }
+        }
+        let r = &self.run;
+        if r.pass_samples != 0 && r.pass_samples < r.pass_k {
+            return bad(
+                "run.pass_samples",
+                format!(
+                    "{} < run.pass_k = {}: pass@k needs at least k answers per prompt (0 = run.pass_k)",
+                    r.pass_samples, r.pass_k
                 ),
             );
         }

@@ -162,6 +162,25 @@ pub fn estimate(c: &RunConfig) -> Estimate {
         fields: act_fields,
         bytes: backward,
     });
+    if a_is_gae(c) {
+        let critic = crate::objective::value::ValueModel::parameter_count(
+            t.n,
+            t.vocab,
+            c.max_len(),
+            c.algorithm.value_hidden,
+        );
+        // Weights, Adam's two moments, the gradient; one hidden layer per state of the batch.
+        let states = b
+            .saturating_mul(u(c.algorithm.num_generations))
+            .saturating_mul(u(c.max_len()));
+        parts.push(Part {
+            what: "PPO's critic (advantage = gae)",
+            fields: "algorithm.value_hidden, task.n, task.vocab, task.max_len",
+            bytes: u(critic)
+                .saturating_mul(4 * F32)
+                .saturating_add(states.saturating_mul(u(c.algorithm.value_hidden) * F32)),
+        });
+    }
     if c.sft.steps > 0 {
         parts.push(Part {
             what: "cold start batch",
@@ -194,4 +213,8 @@ mod tests {
         c.sft.batch_size = 1_000_000_000;
         assert!(estimate(&c).drivers().contains("sft.batch_size"));
     }
+}
+
+fn a_is_gae(c: &RunConfig) -> bool {
+    c.algorithm.advantage == crate::config::AdvantageMode::Gae
 }

@@ -21,6 +21,8 @@ pub enum ExperimentError {
     Config(#[from] ConfigError),
     #[error("--vary `{0}`: expected KEY=V1,V2,... (e.g. algorithm.advantage=raw,centered)")]
     BadVary(String),
+    #[error("report / plots: {0}")]
+    BadReport(String),
     #[error("--seeds `{0}`: expected A..B (e.g. 0..20) or a list (e.g. 1,5,9)")]
     BadSeeds(String),
     #[error("the matrix is ambiguous: {0}; each key may vary on one axis, each value once")]
@@ -154,6 +156,179 @@ pub struct Matrix {
     /// Reward threshold for "iterations to reach".
     pub threshold: Option<f64>,
     pub description: String,
+    /// The claim it tests, what to look at, what it reports (the Experiments tab's card).
+    pub card: Card,
+}
+
+/// What an experiment shows a student: the lecture's claim in one sentence with its source,
+/// where to look, and the metrics its table and charts report beyond the reward.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Card {
+    pub claim: String,
+    /// Where the claim comes from (`seeds §3.2`, `lecture 17`, a paper).
+    pub source: String,
+    pub look_at: String,
+    pub report: Vec<ReportMetric>,
+    /// Metrics drawn per iteration (mean ± std over seeds) besides `BAND_METRICS`.
+    pub plots: Vec<String>,
+}
+
+/// How one seed's run is reduced to a number for the report table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Agg {
+    /// Mean over every step where the metric was logged.
+    Mean,
+    /// Mean over the last 10 iterations' steps.
+    Last10,
+    /// The last logged value.
+    Final,
+    Max,
+    Min,
+    /// The first logged value (at the start of training: iteration 0).
+    First,
+}
+
+impl Agg {
+    pub const NAMES: &[&str] = &["mean", "last10", "final", "max", "min", "first"];
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "mean" => Agg::Mean,
+            "last10" => Agg::Last10,
+            "final" => Agg::Final,
+            "max" => Agg::Max,
+            "min" => Agg::Min,
+            "first" => Agg::First,
+            _ => return None,
+        })
+    }
+    fn words(self) -> &'static str {
+        match self {
+            Agg::Mean => "mean over the run",
+            Agg::Last10 => "mean, last 10 it.",
+            Agg::Final => "final",
+            Agg::Max => "max over the run",
+            Agg::Min => "min over the run",
+            Agg::First => "first",
+        }
+    }
+}
+
+/// A metric of the report table: `name@agg` in the file (`ratio/max@max`; `@mean` if omitted).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReportMetric {
+    pub metric: String,
+    pub agg: Agg,
+}
+
+impl ReportMetric {
+    pub fn parse(s: &str) -> Result<Self, ExperimentError> {
+        // `eval/pass@k` holds an `@` of its own: the suffix is an aggregation only when it
+        // names one.
+        let (metric, agg) = match s.rsplit_once('@') {
+            Some((m, a)) if Agg::parse(a).is_some() => (m.to_string(), Agg::parse(a)),
+            _ => (s.to_string(), Some(Agg::Mean)),
+        };
+        let agg = agg.unwrap_or(Agg::Mean);
+        if !crate::metrics::CSV_COLUMNS.iter().any(|(n, _)| *n == metric) {
+            return Err(ExperimentError::BadReport(format!(
+                "unknown metric `{metric}`; allowed: {} (each optionally @{})",
+                crate::metrics::CSV_COLUMNS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "),
+                Agg::NAMES.join("|@")
+            )));
+        }
+        Ok(Self { metric, agg })
+    }
+
+    /// The column header: `ppo_kl (max over the run)`.
+    pub fn header(&self) -> String {
+        format!("{} ({})", self.metric, self.agg.words())
+    }
+
+    /// How each run is reduced, in words (`max over the run`).
+    pub fn agg_words(&self) -> &'static str {
+        self.agg.words()
+    }
+}
+
+/// Reduces one run's records to its report numbers, one record at a time (constant memory).
+#[derive(Debug, Clone)]
+pub struct ReportAcc {
+    metrics: Vec<ReportMetric>,
+    sum: Vec<(f64, usize)>,
+    extreme: Vec<f64>,
+    last: Vec<f64>,
+    first: Vec<f64>,
+    /// Per metric: (iteration, sum, count) of the last 10 iterations seen.
+    tail: Vec<std::collections::VecDeque<(usize, f64, usize)>>,
+}
+
+impl ReportAcc {
+    pub fn new(metrics: &[ReportMetric]) -> Self {
+        let n = metrics.len();
+        Self {
+            metrics: metrics.to_vec(),
+            sum: vec![(0.0, 0); n],
+            extreme: metrics
+                .iter()
+                .map(|m| if m.agg == Agg::Min { f64::INFINITY } else { f64::NEG_INFINITY })
+                .collect(),
+            last: vec![f64::NAN; n],
+            first: vec![f64::NAN; n],
+            tail: vec![Default::default(); n],
+        }
+    }
+
+    pub fn push(&mut self, r: &StepRecord) {
+        for (k, m) in self.metrics.iter().enumerate() {
+            let Some(v) = r.scalar(&m.metric).filter(|v| v.is_finite()) else {
+                continue;
+            };
+            let v = v as f64;
+            self.sum[k].0 += v;
+            self.sum[k].1 += 1;
+            self.last[k] = v;
+            if self.sum[k].1 == 1 {
+                self.first[k] = v;
+            }
+            self.extreme[k] = if m.agg == Agg::Min { self.extreme[k].min(v) } else { self.extreme[k].max(v) };
+            let tail = &mut self.tail[k];
+            match tail.back_mut() {
+                Some(b) if b.0 == r.iteration => {
+                    b.1 += v;
+                    b.2 += 1;
+                }
+                _ => {
+                    if tail.len() == 10 {
+                        tail.pop_front();
+                    }
+                    tail.push_back((r.iteration, v, 1));
+                }
+            }
+        }
+    }
+
+    /// One number per metric (NaN where it was never logged).
+    pub fn finish(&self) -> Vec<f64> {
+        self.metrics
+            .iter()
+            .enumerate()
+            .map(|(k, m)| {
+                if self.sum[k].1 == 0 {
+                    return f64::NAN;
+                }
+                match m.agg {
+                    Agg::Mean => self.sum[k].0 / self.sum[k].1 as f64,
+                    Agg::Final => self.last[k],
+                    Agg::First => self.first[k],
+                    Agg::Max | Agg::Min => self.extreme[k],
+                    Agg::Last10 => {
+                        let (s, c) = self.tail[k].iter().fold((0.0, 0), |(s, c), x| (s + x.1, c + x.2));
+                        s / c.max(1) as f64
+                    }
+                }
+            })
+            .collect()
+    }
 }
 
 impl Matrix {
@@ -267,6 +442,16 @@ struct ExperimentSection {
     #[serde(default)]
     set: Vec<String>,
     threshold: Option<f64>,
+    #[serde(default)]
+    claim: String,
+    #[serde(default)]
+    source: String,
+    #[serde(default)]
+    look_at: String,
+    #[serde(default)]
+    report: Vec<String>,
+    #[serde(default)]
+    plots: Vec<String>,
 }
 
 /// The compiled-in experiment files.
@@ -311,6 +496,34 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
         "dynamic-sampling",
         include_str!("../assets/experiments/dynamic-sampling.toml"),
     ),
+    (
+        "reward-hacking",
+        include_str!("../assets/experiments/reward-hacking.toml"),
+    ),
+    (
+        "pass-at-k",
+        include_str!("../assets/experiments/pass-at-k.toml"),
+    ),
+    (
+        "group-size",
+        include_str!("../assets/experiments/group-size.toml"),
+    ),
+    (
+        "prompt-sampling",
+        include_str!("../assets/experiments/prompt-sampling.toml"),
+    ),
+    (
+        "ppo-vs-grpo",
+        include_str!("../assets/experiments/ppo-vs-grpo.toml"),
+    ),
+    (
+        "ppo-vs-grpo-transformer",
+        include_str!("../assets/experiments/ppo-vs-grpo-transformer.toml"),
+    ),
+    (
+        "distill-vs-rl",
+        include_str!("../assets/experiments/distill-vs-rl.toml"),
+    ),
 ];
 
 impl Matrix {
@@ -342,6 +555,21 @@ impl Matrix {
             seeds: parse_seeds(&e.seeds)?,
             threshold: e.threshold,
             description: e.description,
+            card: Card {
+                claim: e.claim,
+                source: e.source,
+                look_at: e.look_at,
+                report: e
+                    .report
+                    .iter()
+                    .map(|r| ReportMetric::parse(r))
+                    .collect::<Result<_, _>>()?,
+                plots: e
+                    .plots
+                    .iter()
+                    .map(|p| ReportMetric::parse(p).map(|m| m.metric))
+                    .collect::<Result<_, _>>()?,
+            },
         })
     }
 }
@@ -362,6 +590,68 @@ pub struct CellSummary {
     /// Mean response length over the last 10 iterations: all, correct, wrong.
     pub final_length: (f64, f64, f64),
     pub wall_secs: f64,
+    /// The card's report metrics: (mean, std) over seeds, in `Card::report` order.
+    pub report: Vec<(f64, f64)>,
+}
+
+/// Each report metric's (mean, std) over the seeds' numbers (a seed that never logged it is
+/// left out).
+pub fn report_over_seeds(per_seed: &[Vec<f64>], metrics: usize) -> Vec<(f64, f64)> {
+    (0..metrics)
+        .map(|k| {
+            let v: Vec<f64> = per_seed
+                .iter()
+                .filter_map(|r| r.get(k).copied())
+                .filter(|x| x.is_finite())
+                .collect();
+            if v.is_empty() { (f64::NAN, f64::NAN) } else { mean_std(&v) }
+        })
+        .collect()
+}
+
+impl Card {
+    /// The metrics drawn per iteration besides `BAND_METRICS`: the plots, then the report's.
+    pub fn band_metrics(&self) -> Vec<String> {
+        let mut v: Vec<String> = Vec::new();
+        for m in self.plots.iter().chain(self.report.iter().map(|r| &r.metric)) {
+            if !v.contains(m) && !BAND_METRICS.contains(&m.as_str()) {
+                v.push(m.clone());
+            }
+        }
+        v
+    }
+
+    /// The report as a markdown table (cells × metrics, mean ± std over seeds).
+    pub fn report_markdown(&self, rows: &[(String, Vec<(f64, f64)>)]) -> String {
+        if self.report.is_empty() {
+            return String::new();
+        }
+        let mut md = format!(
+            "| cell | {} |\n|---|{}\n",
+            self.report.iter().map(ReportMetric::header).collect::<Vec<_>>().join(" | "),
+            "---|".repeat(self.report.len())
+        );
+        for (label, vals) in rows {
+            md.push_str(&format!(
+                "| {label} | {} |\n",
+                vals.iter().map(|(m, s)| fmt_mean_std(*m, *s)).collect::<Vec<_>>().join(" | ")
+            ));
+        }
+        md
+    }
+}
+
+/// `0.123 ± 0.004`, with digits for the magnitude; `–` when not logged.
+pub fn fmt_mean_std(m: f64, s: f64) -> String {
+    if !m.is_finite() {
+        return "–".into();
+    }
+    let a = m.abs().max(s.abs());
+    if a >= 1e5 {
+        return format!("{m:.2e} ± {s:.2e}");
+    }
+    let d = if a >= 100.0 { 1 } else if a >= 1.0 { 2 } else if a >= 0.01 { 3 } else { 4 };
+    format!("{m:.d$} ± {s:.d$}")
 }
 
 /// Two-sided 97.5 % quantile of Student's t with `df` degrees of freedom.
@@ -390,20 +680,35 @@ pub const BAND_METRICS: [&str; 6] = [
     "accuracy/heldout",
 ];
 
-/// Per metric, per iteration: (iteration, mean, std) over the runs (seeds) of one cell,
-/// from the first record of each iteration.
-pub fn seed_bands(runs: &[Vec<StepRecord>]) -> BTreeMap<&'static str, Vec<(f64, f64, f64)>> {
-    let mut per_iter: BTreeMap<&'static str, BTreeMap<usize, Vec<f64>>> = BTreeMap::new();
-    for r in runs.iter().flatten().filter(|r| r.step_in_iteration == 0) {
-        for name in BAND_METRICS {
-            if let Some(v) = r.scalar(name).filter(|v| v.is_finite()) {
-                per_iter
-                    .entry(name)
-                    .or_default()
-                    .entry(r.iteration)
-                    .or_default()
-                    .push(v as f64);
+/// Per metric, per iteration: (iteration, mean, std) over the runs (seeds) of one cell. A
+/// run's value at an iteration is the mean over its steps there (the rollout's metrics repeat
+/// on each step; the step's own — KL, ratio, clip fractions — vary). `BAND_METRICS` and `extra`.
+pub fn seed_bands(runs: &[Vec<StepRecord>], extra: &[String]) -> BTreeMap<String, Vec<(f64, f64, f64)>> {
+    let names: Vec<&str> = BAND_METRICS
+        .iter()
+        .copied()
+        .chain(extra.iter().map(String::as_str))
+        .collect();
+    let mut per_iter: BTreeMap<&str, BTreeMap<usize, Vec<f64>>> = BTreeMap::new();
+    for run in runs {
+        // (metric, iteration) → (sum, count) within this run
+        let mut acc: BTreeMap<(&str, usize), (f64, usize)> = BTreeMap::new();
+        for r in run {
+            for &name in &names {
+                if let Some(v) = r.scalar(name).filter(|v| v.is_finite()) {
+                    let e = acc.entry((name, r.iteration)).or_default();
+                    e.0 += v as f64;
+                    e.1 += 1;
+                }
             }
+        }
+        for ((name, it), (sum, count)) in acc {
+            per_iter
+                .entry(name)
+                .or_default()
+                .entry(it)
+                .or_default()
+                .push(sum / count as f64);
         }
     }
     per_iter
@@ -416,13 +721,13 @@ pub fn seed_bands(runs: &[Vec<StepRecord>]) -> BTreeMap<&'static str, Vec<(f64, 
                     (*it as f64, m, s)
                 })
                 .collect();
-            (name, pts)
+            (name.to_string(), pts)
         })
         .collect()
 }
 
 /// Per cell: its label and, per metric, (iteration, mean, std) over its seeds.
-pub type CellBands = Vec<(String, BTreeMap<&'static str, Vec<(f64, f64, f64)>>)>;
+pub type CellBands = Vec<(String, BTreeMap<String, Vec<(f64, f64, f64)>>)>;
 
 /// A compare directory read back: each cell's runs, grouped by the run directories' names
 /// (`{cell}__seed{S}`), as bands over seeds.
@@ -448,7 +753,7 @@ pub fn load_compare_dir(dir: &Path) -> Result<CellBands, ExperimentError> {
     }
     Ok(cells
         .into_iter()
-        .map(|(cell, runs)| (cell, seed_bands(&runs)))
+        .map(|(cell, runs)| (cell, seed_bands(&runs, &[])))
         .collect())
 }
 
@@ -624,7 +929,7 @@ fn summarise(
     opts: &CompareOptions,
 ) -> Result<(Vec<CellSummary>, PathBuf, Vec<PathBuf>), ExperimentError> {
     let mut summaries = Vec::new();
-    let mut overlays: BTreeMap<&str, Vec<Series>> = BTreeMap::new();
+    let mut overlays: BTreeMap<String, Vec<Series>> = BTreeMap::new();
     for cell in cells {
         let mut finals = Vec::new();
         let mut entropies = Vec::new();
@@ -634,6 +939,7 @@ fn summarise(
         let mut heldout = Vec::new();
         let mut lengths: [Vec<f64>; 3] = Default::default();
         let mut reach = Vec::new();
+        let mut reports: Vec<Vec<f64>> = Vec::new();
         let mut seed_records: Vec<Vec<StepRecord>> = Vec::new();
         for &seed in &matrix.seeds {
             let dir = run_dir(&opts.out, cell, seed);
@@ -642,7 +948,9 @@ fn summarise(
             // decimated read the charts use.
             let (mut tail, mut zero_sum, mut firsts, mut reached) =
                 (std::collections::VecDeque::new(), 0f64, 0usize, None);
+            let mut report = ReportAcc::new(&matrix.card.report);
             let streamed = train::run::for_each_metric(&path, |r| {
+                report.push(&r);
                 if r.step_in_iteration != 0 {
                     return;
                 }
@@ -693,6 +1001,7 @@ fn summarise(
             if let Some(it) = reached {
                 reach.push(it);
             }
+            reports.push(report.finish());
             seed_records.push(records);
         }
         let fr = mean_std(&finals);
@@ -714,8 +1023,9 @@ fn summarise(
                 mean_std(&lengths[2]).0,
             ),
             wall_secs: mean_std(&walls).0,
+            report: report_over_seeds(&reports, matrix.card.report.len()),
         });
-        for (name, pts) in seed_bands(&seed_records) {
+        for (name, pts) in seed_bands(&seed_records, &matrix.card.band_metrics()) {
             let mut series =
                 Series::line(cell.label.clone(), pts.iter().map(|p| (p.0, p.1)).collect());
             series.band = Some(pts.iter().map(|p| (p.0, p.1 - p.2, p.1 + p.2)).collect());
@@ -748,6 +1058,20 @@ fn summarise(
             s.final_length.2,
             s.wall_secs
         ));
+    }
+    if !matrix.card.report.is_empty() {
+        // The report's columns after the fixed ones: `{metric}@{agg}` mean and std.
+        let mut lines: Vec<String> = csv.lines().map(str::to_string).collect();
+        for m in &matrix.card.report {
+            let name = format!("{}@{}", m.metric, Agg::NAMES[m.agg as usize]);
+            lines[0].push_str(&format!(",\"{name} mean\",\"{name} std\""));
+        }
+        for (line, s) in lines.iter_mut().skip(1).zip(&summaries) {
+            for (mean, std) in &s.report {
+                line.push_str(&format!(",{mean:.5},{std:.5}"));
+            }
+        }
+        csv = lines.join("\n") + "\n";
     }
     let csv_path = out.join("summary.csv");
     std::fs::write(&csv_path, csv).map_err(io(&csv_path))?;
@@ -799,6 +1123,20 @@ fn summarise(
             s.wall_secs
         ));
     }
+    if !matrix.card.claim.is_empty() {
+        md.push_str(&format!(
+            "\n**Claim** ({}): {}\n\n**Look at**: {}\n",
+            matrix.card.source, matrix.card.claim, matrix.card.look_at
+        ));
+    }
+    if !matrix.card.report.is_empty() {
+        md.push_str("\n## What the mechanism shows (mean ± std over seeds)\n\n");
+        let rows: Vec<(String, Vec<(f64, f64)>)> = summaries
+            .iter()
+            .map(|s| (s.label.clone(), s.report.clone()))
+            .collect();
+        md.push_str(&matrix.card.report_markdown(&rows));
+    }
     let md_path = out.join("summary.md");
     std::fs::write(&md_path, md).map_err(io(&md_path))?;
     let chart_dir = out.join("charts");
@@ -838,7 +1176,11 @@ mod tests {
 
     #[test]
     fn linked_keys_move_together() {
-        let m = Matrix::from_experiment("length-bias").unwrap();
+        let mut m = Matrix::from_experiment("length-bias").unwrap();
+        m.axes = vec![
+            Axis::parse("algorithm.advantage&algorithm.loss_agg_mode=normalized&seq-mean-token-mean,centered&seq-mean-token-sum-norm")
+                .unwrap(),
+        ];
         let cells = m.cells().unwrap();
         assert_eq!(cells.len(), 2, "two arms, not a 2×2 grid");
         assert_eq!(
@@ -872,6 +1214,7 @@ mod tests {
             axes: vec![Axis::parse("algorithm.advantag=raw").unwrap()],
             seeds: vec![0],
             threshold: None,
+            card: Card::default(),
             description: String::new(),
         };
         let e = m.cells().unwrap_err().to_string();
@@ -903,6 +1246,7 @@ mod tests {
             ],
             seeds: vec![0, 1],
             threshold: None,
+            card: Card::default(),
             description: String::new(),
         };
         let cells = m.cells().unwrap();

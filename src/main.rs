@@ -646,7 +646,7 @@ fn advantages_cmd(rewards: &str, json: bool) -> Result<()> {
                 ""
             }
         );
-        for m in AdvantageMode::ALL {
+        for m in AdvantageMode::GROUP {
             let v: Vec<String> = all.by_mode[m.name()]
                 .iter()
                 .map(|x| format!("{x:.4}"))
@@ -792,6 +792,7 @@ fn compare_cmd(a: CompareArgs) -> Result<()> {
                 seeds: parse_seeds("0..5").map_err(user)?,
                 threshold: None,
                 description: String::new(),
+                card: Default::default(),
             }
         }
     };

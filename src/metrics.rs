@@ -145,6 +145,71 @@ pub struct StepRecord {
     #[serde(deserialize_with = "f32_or_nan")]
     pub tokens_per_second: f32,
 
+    /// Responses sampled so far in the run, this iteration's included (dynamic sampling's
+    /// redraws count).
+    #[serde(rename = "sampling/rollouts")]
+    #[serde(default)]
+    pub rollouts: usize,
+    /// Standard deviation of the driving advantage over the batch's responses.
+    #[serde(rename = "advantage/std")]
+    #[serde(default = "nan_default", deserialize_with = "f32_or_nan")]
+    pub advantage_std: f32,
+    /// Smallest `π_θ / π_old` over the batch's real tokens at this step, before its update.
+    #[serde(rename = "ratio/min")]
+    #[serde(default = "nan_default", deserialize_with = "f32_or_nan")]
+    pub ratio_min: f32,
+    /// Largest `π_θ / π_old` over the batch's real tokens at this step, before its update.
+    #[serde(rename = "ratio/max")]
+    #[serde(default = "nan_default", deserialize_with = "f32_or_nan")]
+    pub ratio_max: f32,
+    /// `KL(π_old ‖ π_θ)` at this step: the mean of `log π_old − log π_θ` over the sampled real
+    /// tokens (verl's `actor/ppo_kl`); 0 on the first step of an iteration.
+    #[serde(rename = "ppo_kl")]
+    #[serde(default = "nan_default", deserialize_with = "f32_or_nan")]
+    pub ppo_kl: f32,
+    /// Held-out pass@1 from `run.pass_samples` sampled answers per prompt (unbiased
+    /// estimator), on the iterations where it is evaluated (`run.eval_every`).
+    #[serde(rename = "eval/pass@1")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_at_1: Option<f32>,
+    /// Held-out pass@4, as pass@1 (when `run.pass_samples` ≥ 4).
+    #[serde(rename = "eval/pass@4")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_at_4: Option<f32>,
+    /// Held-out pass@k at k = `run.pass_k`.
+    #[serde(rename = "eval/pass@k")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_at_k: Option<f32>,
+    /// Mean |driving advantage| of the responses in groups (with a signal) where at most a
+    /// quarter of the answers are exactly right ("hard" prompts).
+    #[serde(rename = "advantage/abs_hard")]
+    #[serde(default = "nan_default", deserialize_with = "f32_or_nan")]
+    pub advantage_abs_hard: f32,
+    /// Same, groups with between a quarter and three quarters right.
+    #[serde(rename = "advantage/abs_mid")]
+    #[serde(default = "nan_default", deserialize_with = "f32_or_nan")]
+    pub advantage_abs_mid: f32,
+    /// Same, groups with at least three quarters right ("easy" prompts).
+    #[serde(rename = "advantage/abs_easy")]
+    #[serde(default = "nan_default", deserialize_with = "f32_or_nan")]
+    pub advantage_abs_easy: f32,
+    /// 90th percentile of the wrong answers' lengths (tokens).
+    #[serde(rename = "completions/wrong_length_p90")]
+    #[serde(default = "nan_default", deserialize_with = "f32_or_nan")]
+    pub wrong_length_p90: f32,
+    /// Fraction of the wrong answers that are longer than a correct answer.
+    #[serde(rename = "completions/wrong_longer_frac")]
+    #[serde(default = "nan_default", deserialize_with = "f32_or_nan")]
+    pub wrong_longer_frac: f32,
+    /// PPO's critic (`advantage = "gae"`): mean squared error to the returns before its update.
+    #[serde(rename = "critic/vf_loss")]
+    #[serde(default = "nan_default", deserialize_with = "f32_or_nan")]
+    pub value_loss: f32,
+    /// `1 − Var(returns − values) / Var(returns)` (1 = a perfect critic, ≤ 0 = useless).
+    #[serde(rename = "critic/vf_explained_var")]
+    #[serde(default = "nan_default", deserialize_with = "f32_or_nan")]
+    pub value_explained_var: f32,
+
     /// The iteration's groups, in full (first `run.log_groups` of them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub groups: Option<Vec<GroupRecord>>,
@@ -213,6 +278,25 @@ pub const CSV_COLUMNS: &[(&str, fn(&StepRecord) -> Option<f32>)] = &[
     ("accuracy/heldout", |r| r.accuracy_heldout),
     ("step_time_secs", |r| Some(r.step_time_secs)),
     ("tokens_per_second", |r| Some(r.tokens_per_second)),
+    ("sampling/rollouts", |r| Some(r.rollouts as f32)),
+    ("advantage/std", |r| Some(r.advantage_std)),
+    ("ratio/min", |r| Some(r.ratio_min)),
+    ("ratio/max", |r| Some(r.ratio_max)),
+    ("ppo_kl", |r| Some(r.ppo_kl)),
+    ("eval/pass@1", |r| r.pass_at_1),
+    ("eval/pass@4", |r| r.pass_at_4),
+    ("eval/pass@k", |r| r.pass_at_k),
+    ("advantage/abs_hard", |r| Some(r.advantage_abs_hard)),
+    ("advantage/abs_mid", |r| Some(r.advantage_abs_mid)),
+    ("advantage/abs_easy", |r| Some(r.advantage_abs_easy)),
+    ("completions/wrong_length_p90", |r| {
+        Some(r.wrong_length_p90)
+    }),
+    ("completions/wrong_longer_frac", |r| {
+        Some(r.wrong_longer_frac)
+    }),
+    ("critic/vf_loss", |r| Some(r.value_loss)),
+    ("critic/vf_explained_var", |r| Some(r.value_explained_var)),
 ];
 
 #[cfg(test)]
@@ -280,4 +364,9 @@ pub struct RunSummary {
     pub ms_per_step: f64,
     /// Why the run ended: `completed`, `interrupted` or `diverged at step N`.
     pub status: String,
+    /// Trainable parameters of the policy, and of PPO's critic (0 without one).
+    #[serde(default)]
+    pub policy_parameters: usize,
+    #[serde(default)]
+    pub critic_parameters: usize,
 }

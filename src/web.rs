@@ -60,7 +60,7 @@ fn config_from_hash() -> Option<Result<crate::config::RunConfig, String>> {
     Some(crate::app::views::parse_share_string(&text))
 }
 
-/// `?tab=plots|inspector|playground|runs`: the tab to open (links to a view, screenshots).
+/// `?tab=plots|inspector|playground|runs|experiments`: the tab to open (links to a view, screenshots).
 fn tab_from_query() -> Option<crate::app::Tab> {
     use crate::app::Tab;
     let search = web_sys::window()?.location().search().ok()?;
@@ -73,6 +73,7 @@ fn tab_from_query() -> Option<crate::app::Tab> {
         "inspector" => Tab::Inspector,
         "playground" => Tab::Playground,
         "runs" => Tab::Runs,
+        "experiments" => Tab::Experiments,
         _ => return None,
     })
 }

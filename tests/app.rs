@@ -262,3 +262,34 @@ fn transformer_runs_in_the_app_and_the_inspector_shows_eos() {
     h.run();
     h.snapshot("plots-transformer");
 }
+
+/// The Experiments tab: a card runs its matrix here, seed after seed, and shows the bands and
+/// its result table when done.
+#[test]
+fn an_experiment_card_runs_its_matrix_and_shows_the_table() {
+    let mut h = harness(short_config());
+    h.state_mut().persisted.tab = Tab::Experiments;
+    h.run();
+    // The first card is the lecture's table: two seeds, four iterations, to keep it short.
+    let mut m = grpo_lab::experiment::Matrix::from_experiment("lecture-table").unwrap();
+    m.seeds = vec![0, 1];
+    m.base.run.iterations = 4;
+    let cells = m.cells().unwrap().len();
+    h.state_mut().start_experiment(m);
+    for _ in 0..2000 {
+        h.step();
+        if h.state().experiment.as_ref().is_some_and(|e| e.is_done()) {
+            break;
+        }
+    }
+    let e = h.state().experiment.as_ref().expect("the experiment");
+    assert!(e.is_done() && e.error.is_none(), "{:?}", e.error);
+    assert_eq!(e.table.len(), cells);
+    assert!(e.table.iter().all(|r| r.seeds == 2));
+    // Its final reward column is each cell's mean of the seeds' last rewards.
+    let last: Vec<f64> = e.table.iter().map(|r| r.values[0].0).collect();
+    assert!(last.iter().all(|x| (0.0..=5.0).contains(x)), "{last:?}");
+    h.run();
+    h.get_by_label("mean, last 10 it.");
+    h.snapshot("experiments");
+}

@@ -40,6 +40,17 @@ fn every_experiment_file_runs_at_a_tiny_budget() {
         );
         let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
         assert!(md.contains("| cell |"), "{name}: {md}");
+        let m = grpo_lab::experiment::Matrix::from_experiment(name).unwrap();
+        // A card's claim and its report table reach summary.md, one row per cell.
+        if !m.card.report.is_empty() {
+            let report = md
+                .split("What the mechanism shows")
+                .nth(1)
+                .unwrap_or_else(|| panic!("{name}: no report table in {md}"));
+            let rows = report.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| cell")).count();
+            assert_eq!(rows, m.cells().unwrap().len(), "{name}: {report}");
+            assert!(md.contains(&m.card.claim), "{name}");
+        }
         assert!(
             out.join("summary.csv").exists()
                 && out.join("charts/reward_mean.png").exists()

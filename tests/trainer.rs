@@ -233,7 +233,7 @@ fn lecture17_centered_learns_and_collapses_below_max() {
     assert_eq!(groups[0].old_logp[0].len(), 3);
     assert_eq!(groups.len(), 3);
     assert_eq!(groups[0].responses.len(), 10);
-    assert_eq!(groups[0].advantages.len(), AdvantageMode::ALL.len());
+    assert_eq!(groups[0].advantages.len(), AdvantageMode::GROUP.len());
 }
 
 #[test]

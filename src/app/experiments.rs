@@ -3,7 +3,9 @@
 //! threads) and on the desktop. Each finished seed updates the cells' mean ± std bands that
 //! the Runs tab draws, so the overlay fills in live.
 
-use crate::experiment::{Cell, CellBands, Matrix, seed_bands};
+use crate::experiment::{
+    Agg, Card, Cell, CellBands, Matrix, ReportAcc, ReportMetric, report_over_seeds, seed_bands,
+};
 use crate::grpo::Trainer;
 use crate::metrics::StepRecord;
 use web_time::{Duration, Instant};
@@ -11,32 +13,45 @@ use web_time::{Duration, Instant};
 pub struct InAppExperiment {
     pub name: String,
     pub description: String,
+    pub card: Card,
     cells: Vec<Cell>,
     seeds: Vec<u64>,
     /// The next (cell, seed) to start, as `cell · seeds + seed`.
     next: usize,
     current: Option<(usize, Trainer, Vec<StepRecord>)>,
-    /// Per cell, each finished seed's first record per iteration (groups dropped).
+    /// Per cell, each finished seed's records (groups dropped).
     finished: Vec<Vec<Vec<StepRecord>>>,
     pub error: Option<String>,
+    /// Each cell's bands and the result table over the seeds finished so far (refreshed when a
+    /// seed finishes: the frame loop only reads them).
+    pub bands: CellBands,
+    pub table: Vec<TableRow>,
+}
+
+/// One cell's row of an experiment card's table: its label, seeds finished, and per column
+/// (`InAppExperiment::columns`) the mean and std over those seeds.
+#[derive(Debug, Clone)]
+pub struct TableRow {
+    pub label: String,
+    pub seeds: usize,
+    pub values: Vec<(f64, f64)>,
 }
 
 impl InAppExperiment {
-    pub fn start(name: &str) -> Result<Self, String> {
-        Self::of(Matrix::from_experiment(name).map_err(|e| e.to_string())?)
-    }
-
     pub fn of(matrix: Matrix) -> Result<Self, String> {
         let cells = matrix.cells().map_err(|e| e.to_string())?;
         Ok(Self {
             name: matrix.name.clone(),
             description: matrix.description.clone(),
+            card: matrix.card.clone(),
             finished: vec![Vec::new(); cells.len()],
             cells,
             seeds: matrix.seeds,
             next: 0,
             current: None,
             error: None,
+            bands: Vec::new(),
+            table: Vec::new(),
         })
     }
 
@@ -100,10 +115,8 @@ impl InAppExperiment {
             };
             match t.step() {
                 Ok(mut r) => {
-                    if r.step_in_iteration == 0 {
-                        r.groups = None;
-                        records.push(r);
-                    }
+                    r.groups = None;
+                    records.push(r);
                 }
                 Err(e) => {
                     self.error = Some(format!("{}: {e}", self.cells[*cell].label));
@@ -116,11 +129,49 @@ impl InAppExperiment {
                 changed = true;
             }
         }
+        if changed {
+            self.bands = self.compute_bands();
+            self.table = self.compute_table();
+        }
         changed
     }
 
+    /// The metrics of the table: the final reward, then the card's report.
+    pub fn columns(&self) -> Vec<ReportMetric> {
+        std::iter::once(ReportMetric {
+            metric: "reward/mean".into(),
+            agg: Agg::Final,
+        })
+        .chain(self.card.report.iter().cloned())
+        .collect()
+    }
+
+    fn compute_table(&self) -> Vec<TableRow> {
+        let columns = self.columns();
+        self.cells
+            .iter()
+            .zip(&self.finished)
+            .filter(|(_, runs)| !runs.is_empty())
+            .map(|(c, runs)| {
+                let per_seed: Vec<Vec<f64>> = runs
+                    .iter()
+                    .map(|records| {
+                        let mut acc = ReportAcc::new(&columns);
+                        records.iter().for_each(|r| acc.push(r));
+                        acc.finish()
+                    })
+                    .collect();
+                TableRow {
+                    label: c.label.clone(),
+                    seeds: runs.len(),
+                    values: report_over_seeds(&per_seed, columns.len()),
+                }
+            })
+            .collect()
+    }
+
     /// Each cell's bands over the seeds finished so far.
-    pub fn bands(&self) -> CellBands {
+    fn compute_bands(&self) -> CellBands {
         self.cells
             .iter()
             .zip(&self.finished)
@@ -128,7 +179,7 @@ impl InAppExperiment {
             .map(|(c, runs)| {
                 (
                     format!("{} ({} seeds)", c.label, runs.len()),
-                    seed_bands(runs),
+                    seed_bands(runs, &self.card.band_metrics()),
                 )
             })
             .collect()
@@ -156,7 +207,9 @@ mod tests {
         }
         assert!(e.error.is_none(), "{:?}", e.error);
         assert_eq!(e.runs_done(), cells * 2);
-        let bands = e.bands();
+        let bands = e.bands.clone();
+        assert_eq!(e.table.len(), cells);
+        assert!(e.table.iter().all(|r| r.seeds == 2 && r.values[0].0.is_finite()));
         assert_eq!(bands.len(), cells);
         for (label, b) in &bands {
             assert!(label.ends_with("(2 seeds)"), "{label}");
@@ -173,7 +226,11 @@ mod tests {
                 alone.push(r.reward_mean);
             }
         }
-        let kept: Vec<f32> = e.finished[0][1].iter().map(|r| r.reward_mean).collect();
+        let kept: Vec<f32> = e.finished[0][1]
+            .iter()
+            .filter(|r| r.step_in_iteration == 0)
+            .map(|r| r.reward_mean)
+            .collect();
         assert_eq!(kept, alone);
     }
 }

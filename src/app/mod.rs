@@ -27,14 +27,16 @@ pub enum Tab {
     Inspector,
     Playground,
     Runs,
+    Experiments,
 }
 
 impl Tab {
-    const ALL: [(Tab, &'static str); 4] = [
+    const ALL: [(Tab, &'static str); 5] = [
         (Tab::Plots, "Live plots"),
         (Tab::Inspector, "Group inspector"),
         (Tab::Playground, "Advantage playground"),
         (Tab::Runs, "Runs"),
+        (Tab::Experiments, "Experiments"),
     ];
 }
 
@@ -145,6 +147,10 @@ pub struct GrpoApp {
     /// An experiment running inside the app (Runs tab), and the one picked to run.
     pub experiment: Option<experiments::InAppExperiment>,
     pub experiment_choice: String,
+    /// Experiments run earlier in this session, by name (their cards keep the results).
+    pub experiment_results: Vec<experiments::InAppExperiment>,
+    /// The compiled-in experiments, parsed once (the Experiments tab's cards).
+    pub cards: Vec<crate::experiment::Matrix>,
 }
 
 /// Errors on the window's own wgpu device (uncaptured validation errors, a lost device,
@@ -202,6 +208,31 @@ impl WindowGpuErrors {
 }
 
 impl GrpoApp {
+    /// Run an experiment's matrix inside the app (the Experiments tab's ▶, the Runs tab's
+    /// ▶ Run in the app): one at a time; the one it replaces keeps its results on its card.
+    pub fn start_experiment(&mut self, matrix: crate::experiment::Matrix) {
+        match experiments::InAppExperiment::of(matrix) {
+            Ok(e) => {
+                if let Some(old) = self.experiment.take() {
+                    self.experiment_results.retain(|r| r.name != old.name);
+                    self.experiment_results.push(old);
+                }
+                self.experiment_results.retain(|r| r.name != e.name);
+                self.compare.clear();
+                self.experiment = Some(e);
+            }
+            Err(e) => self.error = Some(e),
+        }
+    }
+
+    /// The experiment of this name that runs now or ran earlier in this session.
+    pub fn experiment_named(&self, name: &str) -> Option<&experiments::InAppExperiment> {
+        self.experiment
+            .iter()
+            .chain(&self.experiment_results)
+            .find(|e| e.name == name)
+    }
+
     pub fn new(cc: Option<&eframe::CreationContext<'_>>, options: AppOptions) -> Self {
         let persisted: Persisted = if options.fresh {
             Persisted::default()
@@ -263,6 +294,11 @@ impl GrpoApp {
             drops: files::Drops::default(),
             experiment: None,
             experiment_choice: "lecture-table".into(),
+            experiment_results: Vec::new(),
+            cards: crate::experiment::EXPERIMENTS
+                .iter()
+                .filter_map(|(name, _)| crate::experiment::Matrix::from_experiment(name).ok())
+                .collect(),
         };
         app.reset(draft);
         if options.autoplay {
@@ -566,8 +602,8 @@ impl GrpoApp {
         {
             // Seeds one after another, a slice of each frame (as the trainer in a browser).
             let budget = self.frame_budget.unwrap_or(Duration::from_millis(12));
-            if e.advance(budget) || e.is_done() {
-                self.compare = e.bands();
+            if e.advance(budget) && self.persisted.tab == Tab::Runs {
+                self.compare = e.bands.clone();
             }
             if let Some(err) = e.error.clone() {
                 self.error = Some(format!("experiment {err}"));
@@ -604,6 +640,7 @@ impl GrpoApp {
                 Tab::Inspector => views::inspector_ui(self, ui),
                 Tab::Playground => views::playground_ui(self, ui),
                 Tab::Runs => views::runs_ui(self, ui),
+                Tab::Experiments => views::experiments_ui(self, ui),
             }
         });
         if self.playing && self.frame_budget.is_some() {
@@ -760,7 +797,7 @@ pub(crate) fn choices() -> (
     Vec<(KernelChoice, &'static str)>,
 ) {
     (
-        enum_names(AdvantageMode::ALL, AdvantageMode::name),
+        enum_names(AdvantageMode::GROUP, AdvantageMode::name),
         enum_names(LossMode::ALL, LossMode::name),
         enum_names(KlEstimator::ALL, KlEstimator::name),
         enum_names(LossAggMode::ALL, LossAggMode::name),

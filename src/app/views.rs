@@ -447,12 +447,15 @@ pub fn parse_share_string(s: &str) -> Result<RunConfig, String> {
 // ---------------------------------------------------------------- plots
 
 fn plot<'a>(id: &str, link: egui::Id, width: f32) -> Plot<'a> {
+    plot_without_legend(id, link, width).legend(Legend::default())
+}
+
+fn plot_without_legend<'a>(id: &str, link: egui::Id, width: f32) -> Plot<'a> {
     Plot::new(id)
         .height(170.0)
         .width(width)
         .link_axis(link, [true, false])
         .link_cursor(link, [true, false])
-        .legend(Legend::default())
         .x_axis_label("iteration")
         .allow_scroll(false)
 }
@@ -482,7 +485,7 @@ pub fn plots_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
         .as_ref()
         .map(|c| crate::task::reward::max_reward_of(c) as f64);
     ui.horizontal(|ui| {
-        ui.label("Smoothing").on_hover_text("Exponential moving average of the mean reward (TensorBoard style); the raw curve stays faint behind.");
+        ui.label("Smoothing").on_hover_text("Exponential moving average of every curve (TensorBoard style); the raw curve stays faint behind.");
         if ui.add(egui::Slider::new(&mut app.persisted.smoothing, 0.0..=0.99).text("EMA weight")).changed() {
             app.run.set_smoothing(app.persisted.smoothing);
         }
@@ -538,7 +541,7 @@ pub fn plots_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                         && let Some(g) = groups.get(app.inspector_group.min(groups.len().saturating_sub(1)))
                     {
                         let gn = g.rewards.len();
-                        for (m, mode) in AdvantageMode::ALL.iter().enumerate() {
+                        for (m, mode) in AdvantageMode::GROUP.iter().enumerate() {
                             let values = g.advantages.get(mode.name()).cloned().unwrap_or_default();
                             let bars: Vec<Bar> = values.iter().enumerate().map(|(i, v)| Bar::new((m * (gn + 2) + i) as f64, *v as f64).width(0.8)).collect();
                             p.bar_chart(BarChart::new(mode.name(), bars).color(PALETTE[m % PALETTE.len()]));
@@ -547,20 +550,37 @@ pub fn plots_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                 });
                 png_button(ui, ui.min_rect(), "advantages");
             });
-            small_plot(ui, link, w, "length", "Response length", "Mean, min and max response length per iteration, and the mean length of correct and of wrong responses (fixed n for the lecture's model; the transformer's grow or shrink: the length story).", &[("mean", run.series("completions/mean_length"), PALETTE[0]), ("min", run.series("completions/min_length"), PALETTE[1]), ("max", run.series("completions/max_length"), PALETTE[2]), ("correct", run.series("completions/mean_length_correct"), PALETTE[3]), ("wrong", run.series("completions/mean_length_wrong"), PALETTE[4])]);
+            small_plot(ui, app.persisted.smoothing, link, w, "length", "Response length", "Mean, min and max response length per iteration, and the mean length of correct and of wrong responses (fixed n for the lecture's model; the transformer's grow or shrink: the length story).", &[("mean", run.series("completions/mean_length"), PALETTE[0]), ("min", run.series("completions/min_length"), PALETTE[1]), ("max", run.series("completions/max_length"), PALETTE[2]), ("correct", run.series("completions/mean_length_correct"), PALETTE[3]), ("wrong", run.series("completions/mean_length_wrong"), PALETTE[4])]);
             ui.end_row();
-            small_plot(ui, link, w, "kl", "KL to the reference", "Mean per-token KL estimate (the configured k1/k2/k3) from the reference policy; drops to 0 when the reference is refreshed.", &[("kl", run.series("kl"), PALETTE[3])]);
-            small_plot(ui, link, w, "entropy", "Entropy", "Mean entropy of the policy per response position (nats). Falling to 0 = entropy collapse: every response identical, all advantages 0.", &[("entropy", run.series("entropy"), PALETTE[4])]);
+            small_plot(ui, app.persisted.smoothing, link, w, "kl", "KL to the reference", "Mean per-token KL estimate (the configured k1/k2/k3) from the reference policy; drops to 0 when the reference is refreshed.", &[("kl", run.series("kl"), PALETTE[3])]);
+            small_plot(ui, app.persisted.smoothing, link, w, "entropy", "Entropy", "Mean entropy of the policy per response position (nats). Falling to 0 = entropy collapse: every response identical, all advantages 0.", &[("entropy", run.series("entropy"), PALETTE[4])]);
             ui.end_row();
-            small_plot(ui, link, w, "clip", "Clip ratio", "Fraction of tokens whose ratio is clipped: low (ρ < 1−ε_low with A < 0) and high (ρ > 1+ε_high with A > 0).", &[("low", run.series("clip_ratio/low"), PALETTE[5]), ("high", run.series("clip_ratio/high"), PALETTE[6])]);
-            small_plot(ui, link, w, "zero-std", "Groups with no learning signal", "Fraction of groups whose rewards are all equal: every centered advantage is 0 there. Also greedy accuracy.", &[("frac_reward_zero_std", run.series("frac_reward_zero_std"), PALETTE[7]), ("accuracy/train", run.series("accuracy/train"), PALETTE[2])]);
+            small_plot(ui, app.persisted.smoothing, link, w, "clip", "Clip ratio", "Fraction of tokens whose ratio is clipped: low (ρ < 1−ε_low with A < 0) and high (ρ > 1+ε_high with A > 0).", &[("low", run.series("clip_ratio/low"), PALETTE[5]), ("high", run.series("clip_ratio/high"), PALETTE[6])]);
+            small_plot(ui, app.persisted.smoothing, link, w, "zero-std", "Groups with no learning signal", "Fraction of groups whose rewards are all equal: every centered advantage is 0 there. Also greedy accuracy.", &[("frac_reward_zero_std", run.series("frac_reward_zero_std"), PALETTE[7]), ("accuracy/train", run.series("accuracy/train"), PALETTE[2])]);
             ui.end_row();
         });
     });
 }
 
+/// TensorBoard's smoothing: an exponential moving average of the points with weight `w`
+/// (NaN points are skipped).
+pub fn ema(points: &[[f64; 2]], w: f64) -> Vec<[f64; 2]> {
+    let mut last: Option<f64> = None;
+    points
+        .iter()
+        .filter(|p| p[1].is_finite())
+        .map(|p| {
+            let e = last.map_or(p[1], |prev| w * prev + (1.0 - w) * p[1]);
+            last = Some(e);
+            [p[0], e]
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
 fn small_plot(
     ui: &mut egui::Ui,
+    smoothing: f64,
     link: egui::Id,
     w: f32,
     id: &str,
@@ -576,7 +596,14 @@ fn small_plot(
         }
         pl.show(ui, |p| {
             for (name, s, color) in series {
-                p.line(line(name, s.points(), *color));
+                if smoothing > 0.0 {
+                    // The raw curve faint behind its moving average, as the reward's.
+                    let raw = s.points();
+                    p.line(line(name, ema(&raw, smoothing), *color));
+                    p.line(line(name, raw, color.gamma_multiply(0.25)));
+                } else {
+                    p.line(line(name, s.points(), *color));
+                }
             }
         });
         png_button(ui, ui.min_rect(), id);
@@ -646,13 +673,13 @@ pub fn inspector_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     egui::ScrollArea::both().show(ui, |ui| {
         egui::Grid::new("inspector")
             .striped(true)
-            .num_columns(4 + AdvantageMode::ALL.len())
+            .num_columns(4 + AdvantageMode::GROUP.len())
             .show(ui, |ui| {
                 ui.strong("#");
                 ui.strong("response");
                 ui.strong("reward");
                 ui.strong("parts");
-                for m in AdvantageMode::ALL {
+                for m in AdvantageMode::GROUP {
                     let t = if *m == config.algorithm.advantage {
                         format!("A {} ◀", m.name())
                     } else {
@@ -674,7 +701,7 @@ pub fn inspector_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                             .collect::<Vec<_>>()
                             .join(", "),
                     );
-                    for m in AdvantageMode::ALL {
+                    for m in AdvantageMode::GROUP {
                         let v = g
                             .advantages
                             .get(m.name())
@@ -955,12 +982,9 @@ fn experiment_row(app: &mut GrpoApp, ui: &mut egui::Ui) {
             .on_hover_text("Every cell × seed of the experiment, one run after another, here (the CLI's `grpo-lab compare --experiment NAME` runs them in parallel); the bands fill in as seeds finish")
             .clicked()
         {
-            match super::experiments::InAppExperiment::start(&app.experiment_choice) {
-                Ok(e) => {
-                    app.compare.clear();
-                    app.experiment = Some(e);
-                }
-                Err(e) => app.error = Some(e),
+            match crate::experiment::Matrix::from_experiment(&app.experiment_choice) {
+                Ok(m) => app.start_experiment(m),
+                Err(e) => app.error = Some(e.to_string()),
             }
         }
         if let Some(e) = &app.experiment {
@@ -987,21 +1011,129 @@ fn compare_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     let link = egui::Id::NULL.with("compare-axis");
     let w = ui.available_width();
     egui::ScrollArea::vertical().show(ui, |ui| {
-        for metric in crate::experiment::BAND_METRICS {
-            titled(ui, metric, "Per iteration: the mean over the cell's seeds; the band is ± one standard deviation");
-            plot(&format!("compare-{metric}"), link, w).show(ui, |p| {
-                for (k, (cell, bands)) in app.compare.iter().enumerate() {
-                    let Some(pts) = bands.get(metric) else { continue };
-                    let color = PALETTE[k % PALETTE.len()];
-                    let xs: Vec<f64> = pts.iter().map(|p| p.0).collect();
-                    let lo: Vec<f64> = pts.iter().map(|p| p.1 - p.2).collect();
-                    let hi: Vec<f64> = pts.iter().map(|p| p.1 + p.2).collect();
-                    p.add(egui_plot::FilledArea::new(format!("{cell} ± std"), &xs, &lo, &hi).fill_color(color.gamma_multiply(0.15)));
-                    p.line(line(cell, pts.iter().map(|p| [p.0, p.1]).collect(), color));
+        let mut metrics: Vec<String> = crate::experiment::BAND_METRICS.iter().map(|m| m.to_string()).collect();
+        for (_, bands) in &app.compare {
+            for m in bands.keys() {
+                if !metrics.contains(m) {
+                    metrics.push(m.clone());
                 }
-            });
+            }
+        }
+        for metric in &metrics {
+            titled(ui, metric, "Per iteration: the mean over the cell's seeds; the band is ± one standard deviation");
+            band_plot(plot(&format!("compare-{metric}"), link, w), ui, metric, &app.compare);
         }
     });
+}
+
+/// One metric of every cell: the mean over its seeds per iteration, with a ± std band.
+fn band_plot(pl: Plot<'_>, ui: &mut egui::Ui, metric: &str, cells: &crate::experiment::CellBands) {
+    pl.show(ui, |p| {
+        for (k, (cell, bands)) in cells.iter().enumerate() {
+            let Some(pts) = bands.get(metric) else { continue };
+            let color = PALETTE[k % PALETTE.len()];
+            let xs: Vec<f64> = pts.iter().map(|p| p.0).collect();
+            let lo: Vec<f64> = pts.iter().map(|p| p.1 - p.2).collect();
+            let hi: Vec<f64> = pts.iter().map(|p| p.1 + p.2).collect();
+            // The band under the line's name: one legend entry per cell shows or hides both.
+            p.add(egui_plot::FilledArea::new(cell.clone(), &xs, &lo, &hi).fill_color(color.gamma_multiply(0.15)));
+            p.line(line(cell, pts.iter().map(|p| [p.0, p.1]).collect(), color));
+        }
+    });
+}
+
+// ---------------------------------------------------------------- experiments
+
+/// One card per experiment: the claim and its source, what to look at, the matrix, ▶ Run
+/// (every cell × seed, here, a slice of each frame), then the curves with ± std bands and the
+/// result table as seeds finish.
+pub fn experiments_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
+    ui.label("Each card is one claim of the lectures, tested by a matrix of configs × seeds. ▶ Run trains every cell and seed here, one run after another; the curves (mean ± std over the seeds finished so far) and the table fill in as seeds finish. `grpo-lab compare --experiment NAME` runs the same matrix from the command line, in parallel, and writes the same table to summary.md.");
+    ui.add_space(4.0);
+    let mut start = None;
+    let mut stop = false;
+    egui::ScrollArea::vertical().show(ui, |ui| {
+        for (ci, m) in app.cards.iter().enumerate() {
+            egui::Frame::group(ui.style()).show(ui, |ui| {
+                ui.set_width(ui.available_width());
+                ui.horizontal(|ui| {
+                    ui.label(RichText::new(&m.name).heading());
+                    let running = app.experiment.as_ref().is_some_and(|e| e.name == m.name && !e.is_done());
+                    if running {
+                        if ui.button("■ Stop").clicked() {
+                            stop = true;
+                        }
+                    } else if ui
+                        .add_enabled(app.experiment.as_ref().is_none_or(|e| e.is_done()), egui::Button::new("▶ Run"))
+                        .on_hover_text(format!("Train every cell × seed here ({} runs), one after another", m.cells().map_or(0, |c| c.len()) * m.seeds.len()))
+                        .clicked()
+                    {
+                        start = Some(ci);
+                    }
+                });
+                if !m.card.claim.is_empty() {
+                    ui.label(RichText::new(&m.card.claim).strong());
+                    ui.label(RichText::new(format!("Source: {}", m.card.source)).small().italics());
+                }
+                if !m.card.look_at.is_empty() {
+                    ui.label(format!("Look at: {}", m.card.look_at));
+                }
+                let axes = m.axes.iter().map(|a| format!("{} ∈ {{{}}}", a.key, a.values.join(", "))).collect::<Vec<_>>().join(" × ");
+                ui.label(RichText::new(format!("Matrix: preset {} · {} · {} seeds — {}", m.base.run.name, if axes.is_empty() { "no axes".into() } else { axes }, m.seeds.len(), m.description)).small());
+                let Some(e) = app.experiment_named(&m.name) else { return };
+                ui.label(RichText::new(e.progress()).small().color(if e.error.is_some() { Color32::RED } else { ui.visuals().weak_text_color() }));
+                if e.bands.is_empty() {
+                    return;
+                }
+                let metrics: Vec<String> = std::iter::once("reward/mean".to_string()).chain(e.card.plots.iter().cloned()).take(3).collect();
+                let w = ((ui.available_width() - 24.0) / metrics.len() as f32).max(160.0);
+                let link = egui::Id::NULL.with(("experiment-axis", ci));
+                ui.horizontal(|ui| {
+                    for metric in &metrics {
+                        ui.vertical(|ui| {
+                            titled(ui, metric, "Per iteration: the mean over the cell's seeds finished so far; the band is ± one standard deviation");
+                            // No legend over a small plot: the table's cell names carry the colours.
+                            band_plot(plot_without_legend(&format!("card-{}-{metric}", m.name), link, w).height(150.0), ui, metric, &e.bands);
+                        });
+                    }
+                });
+                let columns = e.columns();
+                // A wide table scrolls inside the card instead of widening it.
+                egui::ScrollArea::horizontal().id_salt(("card-table-scroll", ci)).show(ui, |ui| {
+                egui::Grid::new(("card-table", ci)).striped(true).spacing([10.0, 2.0]).show(ui, |ui| {
+                    ui.label(RichText::new("cell").strong());
+                    ui.label(RichText::new("seeds").strong());
+                    for c in &columns {
+                        // The metric, then how each run is reduced, on a second line.
+                        ui.vertical(|ui| {
+                            ui.label(RichText::new(&c.metric).strong());
+                            ui.label(RichText::new(c.agg_words()).small());
+                        });
+                    }
+                    ui.end_row();
+                    for row in &e.table {
+                        // The colour of the cell's curves (bands are listed in the same order).
+                        let k = e.bands.iter().position(|(label, _)| label.starts_with(&format!("{} (", row.label))).unwrap_or(0);
+                        ui.label(RichText::new(format!("■ {}", row.label)).color(PALETTE[k % PALETTE.len()]));
+                        ui.label(row.seeds.to_string());
+                        for (mean, std) in &row.values {
+                            ui.label(crate::experiment::fmt_mean_std(*mean, *std));
+                        }
+                        ui.end_row();
+                    }
+                });
+                });
+            });
+            ui.add_space(6.0);
+        }
+    });
+    if stop {
+        app.experiment = None;
+    }
+    if let Some(ci) = start {
+        let m = app.cards[ci].clone();
+        app.start_experiment(m);
+    }
 }
 
 fn add_runs(app: &mut GrpoApp, inside: bool) {

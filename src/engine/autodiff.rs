@@ -431,9 +431,17 @@ impl Engine for BurnEngine {
         } else {
             f32_tensor(req.ref_logp, [b, g, t], d)
         };
-        let advantages = f32_tensor(req.advantages, [b, g], d);
         let s = &req.loss;
-        let out = burn_loss::grpo_loss(s, logp, old_logp, ref_logp, advantages, mask.clone());
+        let out = match req.token_advantages {
+            Some(per_token) => {
+                let adv = f32_tensor(per_token, [b, g, t], d);
+                burn_loss::grpo_loss_per_token(s, logp, old_logp, ref_logp, adv, mask.clone())
+            }
+            None => {
+                let advantages = f32_tensor(req.advantages, [b, g], d);
+                burn_loss::grpo_loss(s, logp, old_logp, ref_logp, advantages, mask.clone())
+            }
+        };
         let loss_t = if req.entropy_coef > 0.0 {
             // Entropy bonus: − c·H, aggregated like the loss.
             let bonus = burn_loss::aggregate(s.agg, token_entropy.clone(), mask.clone(), s.max_len);

@@ -47,6 +47,18 @@ pub fn grpo_loss(
 ) -> LossOutput {
     let [b, g, t] = logp.dims();
     let adv = advantages.unsqueeze_dim::<3>(2).expand([b, g, t]); // [B, G, T]
+    grpo_loss_per_token(s, logp, old_logp, ref_logp, adv, mask)
+}
+
+/// [`grpo_loss`] with an advantage per token, `[B, G, T]` (PPO's GAE).
+pub fn grpo_loss_per_token(
+    s: &LossSettings,
+    logp: Tensor<3>,
+    old_logp: Tensor<3>,
+    ref_logp: Tensor<3>,
+    adv: Tensor<3>,
+    mask: Tensor<3>,
+) -> LossOutput {
     let ratio = if s.bug_ratio_quotient {
         logp.clone().div(old_logp.clone())
     } else {

@@ -314,6 +314,8 @@ struct Batch<'a> {
     prompts: &'a [u32],
     responses: &'a [u32],
     advantages: &'a [f32],
+    /// `[B·G·n]` per-token advantages (GAE), replacing `advantages` when present.
+    token_advantages: Option<&'a [f32]>,
     old_logp: &'a [f32],
     ref_logp: &'a [f32],
 }
@@ -614,6 +616,7 @@ impl FusedLecture {
         prompts: &[u32],
         responses: &[u32],
         advantages: &[f32],
+        token_advantages: Option<&[f32]>,
         old_logp: &[f32],
         ref_logp: &[f32],
         s: &LossSettings,
@@ -625,6 +628,7 @@ impl FusedLecture {
             prompts,
             responses,
             advantages,
+            token_advantages,
             old_logp,
             ref_logp,
         };
@@ -663,6 +667,7 @@ impl FusedLecture {
             prompts,
             responses,
             advantages,
+            token_advantages,
             old_logp,
             ref_logp,
         } = *x;
@@ -692,11 +697,16 @@ impl FusedLecture {
             *r = exp_fast(lp - old);
         }
         // The advantage of every token.
-        for (chunk, &a) in zeroed(&mut sc.adv, tokens)
-            .chunks_exact_mut(n)
-            .zip(advantages)
-        {
-            chunk.fill(a);
+        match token_advantages {
+            Some(per_token) => zeroed(&mut sc.adv, tokens).copy_from_slice(&per_token[..tokens]),
+            None => {
+                for (chunk, &a) in zeroed(&mut sc.adv, tokens)
+                    .chunks_exact_mut(n)
+                    .zip(advantages)
+                {
+                    chunk.fill(a);
+                }
+            }
         }
         // KL per token (logged always; in the loss when β > 0 and it goes there), and β·∂k/∂logπ.
         let kl_on = s.kl_in_loss && s.beta > 0.0;
@@ -922,6 +932,7 @@ mod tests {
                 prompts: &prompts,
                 responses: &responses,
                 advantages: &advantages,
+                token_advantages: None,
                 old_logp: &old,
                 ref_logp: &reference,
             };
@@ -972,6 +983,7 @@ mod tests {
                 &prompts,
                 &responses,
                 &advantages,
+                None,
                 &logp,
                 &reference,
                 &s,

@@ -270,6 +270,8 @@ pub struct StepInput<'a> {
     pub t: usize,
     /// `[B·G]`
     pub advantages: &'a [f32],
+    /// `[B·G·T]`: per-token advantages (GAE), replacing `advantages` when present.
+    pub token_advantages: Option<&'a [f32]>,
     /// `[B·G·T]`
     pub old_logp: &'a [f32],
     pub ref_logp: &'a [f32],
@@ -1095,7 +1097,7 @@ impl FusedTransformer {
                 continue;
             }
             let wi = weight(i);
-            let a = x.advantages[i / t];
+            let a = x.token_advantages.map_or(x.advantages[i / t], |ta| ta[i]);
             let lp = sc.logp[i];
             let ratio = exp_fast(lp - x.old_logp[i]);
             let (term, dterm) = reference::pg_term(s.mode, a, ratio, lp, lo, hi);
@@ -1611,6 +1613,7 @@ mod tests {
             g: G,
             t: T,
             advantages: &c.advantages,
+            token_advantages: None,
             old_logp: &c.old,
             ref_logp: &c.refl,
         }

@@ -124,6 +124,7 @@ impl Engine for FusedLectureEngine {
             &batch.prompts,
             &batch.responses,
             req.advantages,
+            req.token_advantages,
             req.old_logp,
             req.ref_logp,
             &req.loss,

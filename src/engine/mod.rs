@@ -64,7 +64,7 @@ pub struct DeviceScores {
     pub advantages: Option<Advantages>,
 }
 
-/// Every advantage mode for `[B, G]` rewards (`AdvantageMode::ALL` order) and each group's
+/// Every advantage mode for `[B, G]` rewards (`AdvantageMode::GROUP` order) and each group's
 /// zero-std flag.
 #[derive(Debug, Clone)]
 pub struct Advantages {
@@ -151,6 +151,9 @@ pub struct StepRequest<'a> {
     pub entropy_coef: f32,
     /// `[B·G]`, the mode that drives the update.
     pub advantages: &'a [f32],
+    /// `[B·G·T]`: an advantage per token (PPO's GAE with a learned critic); when present it
+    /// replaces `advantages` in the loss.
+    pub token_advantages: Option<&'a [f32]>,
     /// `[B·G·T]`, frozen.
     pub old_logp: &'a [f32],
     pub ref_logp: &'a [f32],

@@ -128,6 +128,7 @@ impl Engine for FusedTransformerEngine {
                 g: batch.g,
                 t: batch.t,
                 advantages: req.advantages,
+                token_advantages: req.token_advantages,
                 old_logp: req.old_logp,
                 ref_logp: req.ref_logp,
             },

@@ -185,7 +185,7 @@ pub struct ScoreOutput {
 /// Outputs of the advantage kernel.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdvantageOutput {
-    /// In `AdvantageMode::ALL` order, each `[B, G]`.
+    /// In `AdvantageMode::GROUP` order, each `[B, G]`.
     pub by_mode: Vec<Vec<f32>>,
     pub groups: Vec<GroupStats>,
     pub batch_mean: f32,

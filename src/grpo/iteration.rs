@@ -6,8 +6,8 @@
 //! Everything that differs between compute paths is behind [`Engine`]; this file knows no
 //! burn, no gemm, no wgpu (a test drives it with a fake engine).
 
-use super::record::{self, RolloutStats, RolloutView, StepPosition};
-use super::trainer::{accuracy, greedy_accuracy};
+use super::record::{self, PassAtK, RatioStats, RolloutStats, RolloutView, StepPosition};
+use super::trainer::{accuracy, greedy_accuracy, is_exact};
 use super::{TrainError, Trainer};
 use crate::config::{AdvantageMode, KlPenaltyMode};
 use crate::engine::{Advantages, Batch, SampleRequest, StepRequest, Which};
@@ -43,6 +43,8 @@ pub(crate) struct Frozen {
     pub ref_logp: Vec<f32>,
     pub stats: RolloutStats,
     pub groups: Option<Vec<GroupRecord>>,
+    /// `[B·G·T]`: GAE's per-token advantages (`advantage = "gae"`).
+    pub token_advantages: Option<Vec<f32>>,
 }
 
 /// Adds the time since the last lap to a slot.
@@ -104,16 +106,34 @@ impl Trainer {
             }
             None => self.advantages(&scored.rewards, g)?,
         };
-        let mode = AdvantageMode::ALL
-            .iter()
-            .position(|m| *m == a.advantage)
-            .expect("known mode");
-        let driving = adv.by_mode[mode].clone();
+        // PPO's critic: per-token GAE from the value model (trained here on the returns); the
+        // per-response mean stands for it in the record. Else one of the group modes.
+        let (driving, token_advantages, critic) = if a.advantage == AdvantageMode::Gae {
+            let rewards = if kl_in_reward {
+                self.kl_penalized(&scored.rewards, &batch, &old_logp, &ref_logp)
+            } else {
+                scored.rewards.clone()
+            };
+            let (tokens, critic) = self.gae_advantages(&batch, &rewards);
+            let per_response = tokens
+                .chunks(batch.t.max(1))
+                .zip(&batch.lengths)
+                .map(|(c, &len)| c[..len.min(c.len())].iter().sum::<f32>() / len.max(1) as f32)
+                .collect();
+            (per_response, Some(tokens), critic)
+        } else {
+            let mode = AdvantageMode::GROUP
+                .iter()
+                .position(|m| *m == a.advantage)
+                .unwrap_or(0);
+            (adv.by_mode[mode].clone(), None, (f32::NAN, f32::NAN))
+        };
         laps.lap(&mut self.timings.advantages);
 
         // Prioritized sampling remembers each prompt's success rate; greedy accuracy.
         self.sampler.record(&indices, &scored.exact, g);
         let accuracy_heldout = self.heldout_accuracy()?;
+        let pass = self.pass_at_k(iteration)?;
         let prompts: Vec<&[u32]> = indices
             .iter()
             .map(|&i| self.prompts.train[i].as_slice())
@@ -124,7 +144,9 @@ impl Trainer {
         };
         laps.lap(&mut self.timings.evaluation);
 
-        let stats = record::rollout_stats(
+        self.rollouts += (batch.b + resampling.groups) * g;
+
+        let mut stats = record::rollout_stats(
             &RolloutView {
                 rewards: &scored.rewards,
                 exact: &scored.exact,
@@ -132,11 +154,15 @@ impl Trainer {
                 lengths: &batch.lengths,
                 driving: &driving,
                 zero_std: &adv.zero_std,
+                correct_len: cfg.task.n + usize::from(self.is_autoregressive()),
             },
             resampling,
             accuracy_train,
             accuracy_heldout,
         );
+        stats.rollouts = self.rollouts;
+        stats.pass = pass;
+        (stats.value_loss, stats.value_explained_var) = critic;
         let logged = batch.b.min(cfg.run.log_groups);
         let groups = (cfg.run.log_groups > 0).then(|| {
             let shown: Vec<Vec<u32>> = scored.rows[..logged * g]
@@ -162,7 +188,33 @@ impl Trainer {
             ref_logp,
             stats,
             groups,
+            token_advantages,
         })
+    }
+
+    /// GAE(γ, λ) per token from the critic's values, then the critic's regression on the
+    /// returns; the advantages whitened over the batch. Returns them and the critic's (squared
+    /// error before its update, explained variance).
+    fn gae_advantages(&mut self, batch: &Batch, rewards: &[f32]) -> (Vec<f32>, (f32, f32)) {
+        use crate::objective::value::{explained_variance, gae, whiten};
+        let a = self.config.algorithm.clone();
+        if self.critic.is_none() {
+            self.critic = Some(self.new_critic());
+        }
+        let critic = self.critic.as_mut().expect("made above");
+        let values = critic.values(batch);
+        let (mut adv, returns) = gae(
+            rewards,
+            &values,
+            &batch.lengths,
+            batch.t,
+            a.gamma as f32,
+            a.lam as f32,
+        );
+        let explained = explained_variance(&values, &returns, &batch.mask);
+        let loss = critic.fit(batch, &returns, a.value_lr as f32, a.value_epochs);
+        whiten(&mut adv, &batch.mask);
+        (adv, (loss, explained))
     }
 
     /// One optimizer step (step 7 of GRPO-SPEC §2), rolling out first when an iteration
@@ -192,13 +244,16 @@ impl Trainer {
                 max_grad_norm: cfg.optimizer.max_grad_norm as f32,
                 entropy_coef: a.entropy_coef as f32,
                 advantages: &frozen.advantages,
+                token_advantages: frozen.token_advantages.as_deref(),
                 old_logp: &frozen.old_logp,
                 ref_logp: &frozen.ref_logp,
                 unfrozen_old_policy: a.bugs.unfrozen_old_policy,
                 shared_reference: a.bugs.shared_reference,
-                logp_rows: if last_of_iteration { logged * g } else { 0 },
+                // Every row: the ratio's range and KL(π_old ‖ π) at this step come from them.
+                logp_rows: frozen.batch.b * g,
             },
         )?;
+        let ratio = RatioStats::of(&out.logp, &frozen.old_logp, &frozen.batch.mask);
         self.timings.step += step_started.elapsed().as_secs_f64();
         let sc = out.scalars;
         let step = self.global_step + 1;
@@ -242,6 +297,7 @@ impl Trainer {
             },
             &frozen.stats,
             &sc,
+            ratio,
             groups,
         );
         self.global_step = step;
@@ -305,6 +361,52 @@ impl Trainer {
         Ok(scored)
     }
 
+    /// Held-out pass@1 / pass@4 / pass@k when this iteration evaluates them (`run.eval_every`,
+    /// and the last iteration): `run.pass_samples` answers per held-out prompt sampled at the
+    /// run's sampling settings from a stream of their own (the training draws do not move).
+    fn pass_at_k(&mut self, iteration: usize) -> Result<Option<PassAtK>, TrainError> {
+        let cfg = &self.config;
+        let r = &cfg.run;
+        let due = r.eval_every > 0
+            && (iteration.is_multiple_of(r.eval_every) || iteration + 1 == r.iterations);
+        if !due || self.prompts.heldout.is_empty() {
+            return Ok(None);
+        }
+        let k = r.pass_k;
+        let n = if r.pass_samples == 0 { k } else { r.pass_samples };
+        let prompts: Vec<&[u32]> = self.prompts.heldout.iter().map(|p| p.as_slice()).collect();
+        let s = &cfg.sampling;
+        let samples = self.engine.sample(&SampleRequest {
+            prompts: &prompts,
+            g: n,
+            max_len: cfg.max_len(),
+            params: crate::objective::sampling::SamplingParams {
+                temperature: s.temperature as f32,
+                top_k: s.top_k,
+                top_p: s.top_p as f32,
+            },
+            seed: cfg.run.seed,
+            stream: crate::rng::counter_u32(cfg.run.seed, &[iteration as u32, 0xE7A1]),
+            verify: None,
+        })?;
+        let mut sums = [0f64; 3];
+        for (pi, prompt) in prompts.iter().enumerate() {
+            let c = samples.rows[pi * n..(pi + 1) * n]
+                .iter()
+                .filter(|row| is_exact(cfg, prompt, row))
+                .count();
+            for (sum, kk) in sums.iter_mut().zip([1, 4, k]) {
+                *sum += record::pass_at_k(n, c, kk);
+            }
+        }
+        let mean = |x: f64| (x / prompts.len() as f64) as f32;
+        Ok(Some(PassAtK {
+            at_1: mean(sums[0]),
+            at_4: (n >= 4).then(|| mean(sums[1])),
+            at_k: mean(sums[2]),
+        }))
+    }
+
     /// Every advantage mode for `[B·G]` rewards: on the engine's device where it has kernels
     /// for them, else the reference formulas.
     fn advantages(&mut self, rewards: &[f32], g: usize) -> Result<Advantages, TrainError> {
@@ -314,7 +416,7 @@ impl Trainer {
         let all = advantage::all_advantages(rewards, g);
         Ok(Advantages {
             zero_std: all.groups.iter().map(|s| s.zero_std).collect(),
-            by_mode: AdvantageMode::ALL
+            by_mode: AdvantageMode::GROUP
                 .iter()
                 .map(|m| all.by_mode[m.name()].clone())
                 .collect(),

@@ -28,6 +28,87 @@ pub struct RolloutStats {
     pub accuracy_train: f32,
     pub accuracy_heldout: Option<f32>,
     pub tokens: usize,
+    /// Standard deviation of the driving advantage over the batch.
+    pub advantage_std: f32,
+    /// Responses sampled so far in the run, this iteration's included.
+    pub rollouts: usize,
+    /// Held-out pass@1 / pass@4 / pass@k, when evaluated this iteration.
+    pub pass: Option<PassAtK>,
+    /// Mean |driving advantage| of the responses in groups (with a signal) where at most a
+    /// quarter / between / at least three quarters of the responses are exactly right.
+    pub advantage_abs_by_success: [f32; 3],
+    /// 90th percentile of the wrong answers' lengths.
+    pub wrong_length_p90: f32,
+    /// Fraction of the wrong answers longer than a correct one.
+    pub wrong_longer_frac: f32,
+    /// PPO's critic: squared error to the returns before its update, explained variance.
+    pub value_loss: f32,
+    pub value_explained_var: f32,
+}
+
+/// Held-out pass@k from `N` sampled answers per prompt (unbiased estimator, mean over prompts).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct PassAtK {
+    pub at_1: f32,
+    /// `None` when fewer than 4 answers were sampled per prompt.
+    pub at_4: Option<f32>,
+    pub at_k: f32,
+}
+
+/// The unbiased estimator of pass@k from `n` samples of which `c` are correct (Chen et al.
+/// 2021): `1 − C(n−c, k) / C(n, k)`, computed as a product to stay finite.
+pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
+    if k == 0 || k > n {
+        return f64::NAN;
+    }
+    if n - c < k {
+        return 1.0;
+    }
+    // C(n−c, k) / C(n, k) = Π_{i = n−c+1}^{n} (1 − k / i)
+    1.0 - ((n - c + 1)..=n)
+        .map(|i| 1.0 - k as f64 / i as f64)
+        .product::<f64>()
+}
+
+/// How far the policy has moved from `π_old` at a step, before its update: the range of the
+/// importance ratio and `KL(π_old ‖ π_θ)` over the real tokens of the batch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RatioStats {
+    pub min: f32,
+    pub max: f32,
+    pub ppo_kl: f32,
+}
+
+impl RatioStats {
+    pub const UNKNOWN: Self = Self {
+        min: f32::NAN,
+        max: f32::NAN,
+        ppo_kl: f32::NAN,
+    };
+
+    /// From `log π_θ` and `log π_old` of the same tokens and their mask (`[rows·T]` each; the
+    /// shortest length of the three is used).
+    pub fn of(logp: &[f32], old_logp: &[f32], mask: &[f32]) -> Self {
+        let (mut min, mut max, mut kl, mut count) = (f32::INFINITY, f32::NEG_INFINITY, 0f64, 0f64);
+        for ((&lp, &old), &m) in logp.iter().zip(old_logp).zip(mask) {
+            if m == 0.0 {
+                continue;
+            }
+            let ratio = (lp - old).exp();
+            min = min.min(ratio);
+            max = max.max(ratio);
+            kl += (old - lp) as f64;
+            count += 1.0;
+        }
+        if count == 0.0 {
+            return Self::UNKNOWN;
+        }
+        Self {
+            min,
+            max,
+            ppo_kl: (kl / count) as f32,
+        }
+    }
 }
 
 /// Dynamic sampling's counts for the record.
@@ -48,6 +129,8 @@ pub struct RolloutView<'a> {
     /// The advantage mode that drives the update, `[B·G]`.
     pub driving: &'a [f32],
     pub zero_std: &'a [bool],
+    /// Length of a correct answer in tokens (`n`, plus `<eos>` for the transformer).
+    pub correct_len: usize,
 }
 
 fn mean_or_nan(v: impl Iterator<Item = f32>) -> f32 {
@@ -66,6 +149,14 @@ pub fn rollout_stats(
     accuracy_heldout: Option<f32>,
 ) -> RolloutStats {
     let batch = GroupStats::of(r.rewards);
+    let driving_mean = r.driving.iter().sum::<f32>() / r.driving.len().max(1) as f32;
+    let advantage_std = (r
+        .driving
+        .iter()
+        .map(|a| (a - driving_mean).powi(2))
+        .sum::<f32>()
+        / r.driving.len().max(1) as f32)
+        .sqrt();
     let lengths = r.lengths;
     let length_where = |sel: &dyn Fn(usize) -> bool| {
         mean_or_nan(
@@ -94,7 +185,55 @@ pub fn rollout_stats(
         accuracy_train,
         accuracy_heldout,
         tokens: lengths.iter().sum(),
+        advantage_std,
+        rollouts: 0,
+        pass: None,
+        advantage_abs_by_success: advantage_by_success(r),
+        wrong_length_p90: {
+            let mut wrong: Vec<usize> = (0..lengths.len())
+                .filter(|&i| r.exact[i] == 0)
+                .map(|i| lengths[i])
+                .collect();
+            wrong.sort_unstable();
+            match wrong.len() {
+                0 => f32::NAN,
+                n => wrong[((n as f64 * 0.9).ceil() as usize).clamp(1, n) - 1] as f32,
+            }
+        },
+        value_loss: f32::NAN,
+        value_explained_var: f32::NAN,
+        wrong_longer_frac: mean_or_nan(
+            (0..lengths.len())
+                .filter(|&i| r.exact[i] == 0)
+                .map(|i| (lengths[i] > r.correct_len) as u8 as f32),
+        ),
     }
+}
+
+/// Mean |advantage| per group difficulty: groups with a signal whose success rate (exactly
+/// right answers) is ≤ 1/4, in between, ≥ 3/4.
+fn advantage_by_success(r: &RolloutView) -> [f32; 3] {
+    let g = r.driving.len() / r.zero_std.len().max(1);
+    let mut acc = [(0f32, 0usize); 3];
+    for (gi, &flat) in r.zero_std.iter().enumerate() {
+        if flat || g == 0 {
+            continue;
+        }
+        let span = gi * g..(gi + 1) * g;
+        let success = r.exact[span.clone()].iter().sum::<u32>() as f32 / g as f32;
+        let bin = if success <= 0.25 {
+            0
+        } else if success < 0.75 {
+            1
+        } else {
+            2
+        };
+        for a in &r.driving[span] {
+            acc[bin].0 += a.abs();
+            acc[bin].1 += 1;
+        }
+    }
+    acc.map(|(s, c)| if c == 0 { f32::NAN } else { s / c as f32 })
 }
 
 /// The first `count` groups of the batch as the record logs them: prompt, responses (as shown:
@@ -116,7 +255,7 @@ pub fn logged_groups(
             prompt: prompts[bi].to_vec(),
             responses: shown_rows[bi * g..(bi + 1) * g].to_vec(),
             rewards: rewards[bi * g..(bi + 1) * g].to_vec(),
-            advantages: AdvantageMode::ALL
+            advantages: AdvantageMode::GROUP
                 .iter()
                 .zip(by_mode)
                 .map(|(m, v)| (m.name().to_string(), v[bi * g..(bi + 1) * g].to_vec()))
@@ -142,6 +281,7 @@ pub fn step_record(
     at: StepPosition,
     stats: &RolloutStats,
     sc: &StepScalars,
+    ratio: RatioStats,
     groups: Option<Vec<GroupRecord>>,
 ) -> StepRecord {
     StepRecord {
@@ -176,6 +316,53 @@ pub fn step_record(
         accuracy_heldout: stats.accuracy_heldout,
         step_time_secs: at.step_time_secs as f32,
         tokens_per_second: (stats.tokens as f64 / at.step_time_secs.max(1e-9)) as f32,
+        rollouts: stats.rollouts,
+        advantage_std: stats.advantage_std,
+        ratio_min: ratio.min,
+        ratio_max: ratio.max,
+        ppo_kl: ratio.ppo_kl,
+        pass_at_1: stats.pass.map(|p| p.at_1),
+        pass_at_4: stats.pass.and_then(|p| p.at_4),
+        pass_at_k: stats.pass.map(|p| p.at_k),
+        advantage_abs_hard: stats.advantage_abs_by_success[0],
+        advantage_abs_mid: stats.advantage_abs_by_success[1],
+        advantage_abs_easy: stats.advantage_abs_by_success[2],
+        wrong_length_p90: stats.wrong_length_p90,
+        wrong_longer_frac: stats.wrong_longer_frac,
+        value_loss: stats.value_loss,
+        value_explained_var: stats.value_explained_var,
         groups,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pass_at_k_matches_the_closed_form() {
+        // 1 − C(n−c, k)/C(n, k) by hand: n = 5, c = 2, k = 2: 1 − C(3,2)/C(5,2) = 1 − 3/10.
+        assert!((pass_at_k(5, 2, 2) - 0.7).abs() < 1e-12);
+        // pass@1 is the fraction correct.
+        assert!((pass_at_k(16, 5, 1) - 5.0 / 16.0).abs() < 1e-12);
+        assert_eq!(pass_at_k(16, 0, 4), 0.0);
+        assert_eq!(pass_at_k(16, 13, 4), 1.0); // fewer than k wrong: some draw is right
+        // n = 16, c = 1, k = 16: every sample drawn, the correct one among them.
+        assert!((pass_at_k(16, 1, 16) - 1.0).abs() < 1e-12);
+        // n = 16, c = 1, k = 4: 4/16.
+        assert!((pass_at_k(16, 1, 4) - 0.25).abs() < 1e-12);
+        assert!(pass_at_k(3, 1, 4).is_nan());
+    }
+
+    #[test]
+    fn ratio_stats_skip_padding() {
+        let logp = [0.0f32, -1.0, 5.0];
+        let old = [0.0f32, -0.5, 0.0];
+        let mask = [1.0f32, 1.0, 0.0];
+        let r = RatioStats::of(&logp, &old, &mask);
+        assert!((r.min - (-0.5f32).exp()).abs() < 1e-6);
+        assert_eq!(r.max, 1.0);
+        assert!((r.ppo_kl - 0.25).abs() < 1e-6);
+        assert!(RatioStats::of(&logp, &old, &[0.0; 3]).min.is_nan());
     }
 }

@@ -32,6 +32,8 @@ pub enum TrainError {
     Engine(#[from] EngineError),
     #[error("checkpoint {path}: {reason}")]
     Checkpoint { path: String, reason: String },
+    #[error("sft.teacher: {0}")]
+    Teacher(String),
     #[error(
         "the run's config differs from the one its checkpoint was taken with, in {0}; a resumed run is the same run (only a longer run.iterations is allowed): undo the edit, or start a new run with --out"
     )]
@@ -79,6 +81,12 @@ pub struct TrainerState {
     /// (a hand-edited `config.toml`) is refused, except a longer `run.iterations`.
     #[serde(default)]
     pub config_toml: Option<String>,
+    /// Responses sampled so far (for `run.rollout_budget`).
+    #[serde(default)]
+    pub rollouts: usize,
+    /// PPO's critic (`advantage = "gae"`): parameters, Adam's moments and step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub critic: Option<Vec<f32>>,
 }
 
 fn yes() -> bool {
@@ -103,6 +111,10 @@ pub struct Trainer {
     pub(super) global_step: usize,
     pub(super) frozen: Option<Frozen>,
     pub(super) last_reward_mean: f32,
+    /// Responses sampled so far (dynamic sampling's redraws included).
+    pub(super) rollouts: usize,
+    /// PPO's critic (`advantage = "gae"`), made at its first use.
+    pub(super) critic: Option<crate::objective::value::ValueModel>,
     /// The supervised cold start has run (or there is none).
     sft_done: bool,
     sft_heldout_accuracy: Option<f32>,
@@ -136,6 +148,8 @@ impl Trainer {
             global_step: 0,
             frozen: None,
             last_reward_mean: f32::NAN,
+            rollouts: 0,
+            critic: None,
         })
     }
 
@@ -153,8 +167,30 @@ impl Trainer {
             .saturating_sub(self.step_in_iteration)
             .max(1)
     }
+    /// The run has done `run.iterations`, or spent `run.rollout_budget` at an iteration's end.
     pub fn is_done(&self) -> bool {
+        let budget = self.config.run.rollout_budget;
         self.iteration >= self.config.run.iterations
+            || (budget > 0 && self.rollouts >= budget && self.at_iteration_boundary())
+    }
+    /// Responses sampled so far.
+    pub fn rollouts(&self) -> usize {
+        self.rollouts
+    }
+    /// A fresh critic for this config (PPO's value model, `advantage = "gae"`).
+    pub(super) fn new_critic(&self) -> crate::objective::value::ValueModel {
+        let c = &self.config;
+        crate::objective::value::ValueModel::new(
+            c.task.n,
+            c.task.vocab,
+            c.max_len(),
+            c.algorithm.value_hidden,
+            c.run.seed,
+        )
+    }
+    /// The critic's trainable parameters (0 without one).
+    pub fn critic_parameters(&self) -> usize {
+        self.critic.as_ref().map_or(0, |c| c.parameters())
     }
     /// True between iterations: the only points where checkpoints are taken.
     pub fn at_iteration_boundary(&self) -> bool {
@@ -290,14 +326,26 @@ impl Trainer {
         SplitMix64::for_stream(self.config.run.seed, "sft").shuffle(&mut order);
         order.truncate(s.examples.max(1));
         let (eos, ar, n) = (self.eos(), self.is_autoregressive(), self.config.task.n);
+        // Distillation: a trained teacher's sampled answer to each example, right or wrong.
+        let taught = if s.teacher == "none" {
+            None
+        } else {
+            Some(self.teacher_answers(&order)?)
+        };
         let batches: Vec<Batch> = (0..s.steps)
             .map(|step| {
-                let picked: Vec<&Vec<u32>> = (0..s.batch_size)
-                    .map(|j| &self.prompts.train[order[(step * s.batch_size + j) % order.len()]])
+                let slots: Vec<usize> = (0..s.batch_size)
+                    .map(|j| (step * s.batch_size + j) % order.len())
                     .collect();
+                let picked: Vec<&Vec<u32>> =
+                    slots.iter().map(|&k| &self.prompts.train[order[k]]).collect();
                 let targets: Vec<Vec<u32>> = picked
                     .iter()
-                    .map(|p| {
+                    .zip(&slots)
+                    .map(|(p, &k)| {
+                        if let Some(answers) = &taught {
+                            return answers[k].clone();
+                        }
                         let mut t = crate::task::sort::sorted(p);
                         if ar {
                             t.push(eos);
@@ -328,6 +376,49 @@ impl Trainer {
         Ok(())
     }
 
+    /// `sft.teacher`: train the teacher preset (this run's seed, the CPU engines) to its end,
+    /// then sample one answer from it to each of the training prompts `examples`.
+    fn teacher_answers(&self, examples: &[usize]) -> Result<Vec<Vec<u32>>, TrainError> {
+        let name = &self.config.sft.teacher;
+        let mut cfg = RunConfig::preset(name).map_err(|e| TrainError::Teacher(e.to_string()))?;
+        cfg.run.seed = self.config.run.seed;
+        cfg.run.device = crate::config::DeviceChoice::Cpu;
+        cfg.run.log_groups = 0;
+        cfg.run.eval_every = 0;
+        let compute = crate::gpu::Compute::select(crate::config::DeviceChoice::Cpu)
+            .map_err(|e| TrainError::Teacher(e.to_string()))?;
+        let mut teacher = Trainer::new(cfg, compute)?;
+        while !teacher.is_done() {
+            teacher.step()?;
+        }
+        let prompts: Vec<&[u32]> = examples
+            .iter()
+            .map(|&i| self.prompts.train[i].as_slice())
+            .collect();
+        let tc = &teacher.config;
+        let samples = teacher.engine.sample(&crate::engine::SampleRequest {
+            prompts: &prompts,
+            g: 1,
+            max_len: tc.max_len(),
+            params: crate::objective::sampling::SamplingParams {
+                temperature: tc.sampling.temperature as f32,
+                top_k: tc.sampling.top_k,
+                top_p: tc.sampling.top_p as f32,
+            },
+            seed: tc.run.seed,
+            stream: crate::rng::counter_u32(tc.run.seed, &[0x7EAC]),
+            verify: None,
+        })?;
+        let right = accuracy(&self.config, &prompts, &samples.rows);
+        log::info!(
+            "teacher {name}: trained {} iterations; {:.1} % of its {} sampled answers are right",
+            teacher.iteration(),
+            100.0 * right,
+            samples.rows.len()
+        );
+        Ok(samples.rows)
+    }
+
     /// The run's state between iterations: counters and the engine's weights, reference and
     /// optimizer state. `train` writes it as a checkpoint.
     pub fn snapshot(&self) -> Result<(TrainerState, Snapshot), TrainError> {
@@ -343,6 +434,8 @@ impl Trainer {
             sft_heldout_accuracy: self.sft_heldout_accuracy,
             sft_done: self.sft_done,
             config_toml: Some(self.config.to_toml()),
+            rollouts: self.rollouts,
+            critic: self.critic.as_ref().map(|c| c.state()),
         };
         Ok((state, self.engine.snapshot()?))
     }
@@ -384,6 +477,20 @@ impl Trainer {
         }
         self.iteration = state.iteration;
         self.global_step = state.global_step;
+        self.rollouts = state.rollouts;
+        self.critic = match &state.critic {
+            Some(s) => {
+                let mut critic = self.new_critic();
+                if !critic.set_state(s) {
+                    return Err(TrainError::Checkpoint {
+                        path: "state.json".into(),
+                        reason: format!("its critic has {} numbers, this config's {}", s.len(), critic.state().len()),
+                    });
+                }
+                Some(critic)
+            }
+            None => None,
+        };
         self.last_reward_mean = state.last_reward_mean.unwrap_or(f32::NAN);
         if state.success.len() == self.sampler.success.len() {
             self.sampler.success = state.success;
@@ -398,7 +505,7 @@ impl Trainer {
 
 /// Whether `answer` (as an engine generated it) is an exactly sorted answer to `prompt`: for
 /// the transformer, sorted, of the right length and closed with `<eos>`.
-fn is_exact(config: &RunConfig, prompt: &[u32], answer: &[u32]) -> bool {
+pub(super) fn is_exact(config: &RunConfig, prompt: &[u32], answer: &[u32]) -> bool {
     if config.model.kind == ModelKind::Transformer {
         ArResponse::parse(answer, config.task.vocab as u32).exact(prompt)
     } else {

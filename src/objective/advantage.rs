@@ -95,6 +95,9 @@ pub fn advantages(mode: AdvantageMode, rewards: &[f32], g: usize) -> Vec<f32> {
                     }
                 }
                 AdvantageMode::BatchNormalized => (r - s.mean) / (bstd + STD_EPS),
+                // GAE needs the critic's values (`objective::value`, in the trainer); from the
+                // rewards alone its stand-in is the return minus a constant baseline: centered.
+                AdvantageMode::Gae => r - s.mean,
             });
         }
     }
@@ -110,7 +113,7 @@ pub struct AllAdvantages {
 
 pub fn all_advantages(rewards: &[f32], g: usize) -> AllAdvantages {
     AllAdvantages {
-        by_mode: AdvantageMode::ALL
+        by_mode: AdvantageMode::GROUP
             .iter()
             .map(|&m| (m.name(), advantages(m, rewards, g)))
             .collect(),
@@ -205,7 +208,7 @@ mod tests {
         assert_eq!(frac_zero_std(&r, 3), 0.5);
         let all = all_advantages(&r, 3);
         assert!(all.groups[0].zero_std && !all.groups[1].zero_std);
-        assert_eq!(all.by_mode.len(), AdvantageMode::ALL.len());
+        assert_eq!(all.by_mode.len(), AdvantageMode::GROUP.len());
     }
 
     #[test]

@@ -5,3 +5,4 @@
 pub mod advantage;
 pub mod loss;
 pub mod sampling;
+pub mod value;

@@ -278,7 +278,7 @@ pub fn run_charts(
     )?);
 
     // Mean |A| of the logged groups under every mode: how each mode scales the same signal.
-    let adv: Vec<Series> = AdvantageMode::ALL
+    let adv: Vec<Series> = AdvantageMode::GROUP
         .iter()
         .map(|m| {
             let pts = records

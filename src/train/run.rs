@@ -783,6 +783,8 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
             f64::NAN
         },
         status,
+        policy_parameters: trainer.engine().flat_weights().len(),
+        critic_parameters: trainer.critic_parameters(),
     };
     let summary_path = out.join("summary.json");
     fs::write(
