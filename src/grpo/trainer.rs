@@ -400,11 +400,7 @@ impl Trainer {
             prompts: &prompts,
             g: 1,
             max_len: tc.max_len(),
-            params: crate::objective::sampling::SamplingParams {
-                temperature: tc.sampling.temperature as f32,
-                top_k: tc.sampling.top_k,
-                top_p: tc.sampling.top_p as f32,
-            },
+            params: crate::objective::sampling::SamplingParams::of(&tc.sampling),
             seed: tc.run.seed,
             stream: crate::rng::counter_u32(tc.run.seed, &[0x7EAC]),
             verify: None,

@@ -13,6 +13,17 @@ pub struct SamplingParams {
     pub top_p: f32,
 }
 
+impl SamplingParams {
+    /// A run's sampling settings.
+    pub fn of(c: &crate::config::SamplingConfig) -> Self {
+        Self {
+            temperature: c.temperature as f32,
+            top_k: c.top_k,
+            top_p: c.top_p as f32,
+        }
+    }
+}
+
 /// Unnormalised weights of the distribution actually sampled from: `exp(l/T − max)`,
 /// restricted to the top-k tokens and to the top-p nucleus (0 for dropped tokens).
 /// `rank(i)` counts tokens with a larger scaled logit, or an equal one and a lower id;
