@@ -275,7 +275,7 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         }
         if let Some(p) = &report["pytorch"].as_object() {
             println!(
-                "  vectorized PyTorch {} ({} thread): {:.3} ms/step [p10 {:.3}, p90 {:.3}], first step {:.1} ms; greedy rewards at init agree",
+                "  vectorized PyTorch {} ({} thread): {:.3} ms/step [p10 {:.3}, p90 {:.3}], first step {:.1} ms; greedy answers at init agree",
                 p["torch"].as_str().unwrap_or("?"),
                 p["threads"],
                 p["ms_per_step"].as_f64().unwrap_or(f64::NAN),
@@ -283,6 +283,37 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
                 p["ms_per_step_p90"].as_f64().unwrap_or(f64::NAN),
                 p["first_step_ms"].as_f64().unwrap_or(f64::NAN),
             );
+            if let Some(parts) = p.get("parts_ms_per_step").and_then(|x| x.as_object()) {
+                let get = |k: &str| parts.get(k).and_then(|x| x.as_f64()).unwrap_or(f64::NAN);
+                println!(
+                    "  PyTorch parts per step (ms, median): rollout {:.3} · advantages {:.3} · log π_old/π_ref {:.3} · evaluation {:.3} · forward + backward {:.3} · optimizer {:.3}",
+                    get("rollout"),
+                    get("advantages"),
+                    get("old_ref_logp"),
+                    get("evaluation"),
+                    get("forward_backward"),
+                    get("optimizer"),
+                );
+                println!(
+                    "  PyTorch first step {:.1} ms, of which the cold start {:.1} ms; peak resident memory {:.0} MiB ({:.0} MiB after `import torch`)",
+                    p["first_step_ms"].as_f64().unwrap_or(f64::NAN),
+                    p["cold_start_ms"].as_f64().unwrap_or(f64::NAN),
+                    p["peak_rss_mib"].as_f64().unwrap_or(f64::NAN),
+                    p["rss_after_import_mib"].as_f64().unwrap_or(f64::NAN),
+                );
+            }
+            if let Some(r) = p.get("no_cache") {
+                let their_ms = r["ms_per_step"].as_f64().unwrap_or(f64::NAN);
+                println!(
+                    "  PyTorch recomputing the prefix (no KV cache): {:.3} ms/step [p10 {:.3}, p90 {:.3}] (rollout {:.3}, evaluation {:.3}), ratio {:.2}×",
+                    their_ms,
+                    r["ms_per_step_p10"].as_f64().unwrap_or(f64::NAN),
+                    r["ms_per_step_p90"].as_f64().unwrap_or(f64::NAN),
+                    r["parts_ms_per_step"]["rollout"].as_f64().unwrap_or(f64::NAN),
+                    r["parts_ms_per_step"]["evaluation"].as_f64().unwrap_or(f64::NAN),
+                    ms / their_ms
+                );
+            }
             if let Some(r) = p.get("reordered") {
                 let their_ms = r["ms_per_step"].as_f64().unwrap_or(f64::NAN);
                 println!(
@@ -322,10 +353,8 @@ fn pytorch_reference(
     options: &BenchOptions,
 ) -> Result<serde_json::Value> {
     use crate::model::lecture::{LecturePolicy, LectureWeights};
-    if config.model.kind != crate::config::ModelKind::Lecture {
-        return Err(user(
-            "--pytorch compares the lecture model only (model.kind = lecture)",
-        ));
+    if config.model.kind == crate::config::ModelKind::Transformer {
+        return pytorch_transformer(python, config, trainer, options);
     }
     let (t, m) = (&config.task, &config.model);
     let w = LectureWeights::init(t.vocab, t.n, m.d_model, m.init_scale, config.run.seed);
@@ -343,26 +372,7 @@ fn pytorch_reference(
         "iterations": options.iterations,
         "warmup": 2,
     });
-    let dir = std::env::temp_dir().join(format!("grpo-lab-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let spec_path = dir.join("spec.json");
-    std::fs::write(&spec_path, spec.to_string())?;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/reference/grpo_ref.py");
-    let out = std::process::Command::new(python)
-        .arg(&script)
-        .arg(&spec_path)
-        .arg("--threads")
-        .arg(options.pytorch_threads.to_string())
-        .output()
-        .map_err(|e| user(format!("cannot run {python}: {e}")))?;
-    let _ = std::fs::remove_dir_all(&dir);
-    if !out.status.success() {
-        return Err(user(format!(
-            "the PyTorch reference failed (is it installed? `{python} -m pip install ./bench/reference`):\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let report = run_reference(python, &spec, options)?;
     // The same weights must give the same greedy answers and rewards in both implementations.
     let device = burn::tensor::Device::flex();
     let model = LecturePolicy::from_weights(&w, t.vocab, t.n, m.d_model, &device);
@@ -389,6 +399,159 @@ fn pytorch_reference(
         return Err(user(format!(
             "the PyTorch reference disagrees with grpo-lab on {disagree} of {} greedy rewards at init: not comparing times",
             prompts.len()
+        )));
+    }
+    Ok(report)
+}
+
+/// Run `bench/reference/grpo_ref.py` on `spec` and parse the JSON it prints.
+fn run_reference(
+    python: &str,
+    spec: &serde_json::Value,
+    options: &BenchOptions,
+) -> Result<serde_json::Value> {
+    let dir = std::env::temp_dir().join(format!("grpo-lab-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let spec_path = dir.join("spec.json");
+    std::fs::write(&spec_path, spec.to_string())?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/reference/grpo_ref.py");
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .arg(&spec_path)
+        .arg("--threads")
+        .arg(options.pytorch_threads.to_string())
+        .output()
+        .map_err(|e| user(format!("cannot run {python}: {e}")));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = out?;
+    if !out.status.success() {
+        return Err(user(format!(
+            "the PyTorch reference failed (is it installed? `{python} -m pip install ./bench/reference`):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    serde_json::from_slice(&out.stdout)
+        .map_err(|e| user(format!("the PyTorch reference printed no report ({e})")))
+}
+
+/// What of a transformer config the PyTorch loop (`bench/reference/transformer_ref.py`) does
+/// not implement; empty when it computes the same iteration as the trainer.
+pub fn transformer_reference_gaps(c: &RunConfig) -> Vec<String> {
+    use crate::config::{AdvantageMode, LengthReward, LossAggMode, LossMode};
+    let a = &c.algorithm;
+    let mut gaps = Vec::new();
+    let mut need = |ok: bool, what: &str| {
+        if !ok {
+            gaps.push(what.to_string());
+        }
+    };
+    need(!a.dynamic_sampling, "algorithm.dynamic_sampling=false");
+    need(a.loss == LossMode::Clipped, "algorithm.loss=clipped");
+    need(a.advantage == AdvantageMode::Normalized, "algorithm.advantage=normalized");
+    need(a.loss_agg_mode == LossAggMode::TokenMean, "algorithm.loss_agg_mode=token-mean");
+    need(a.beta == 0.0, "algorithm.beta=0");
+    need(a.entropy_coef == 0.0, "algorithm.entropy_coef=0");
+    need(!a.bugs.any(), "no bug-gallery switch");
+    need(
+        c.sampling.top_k == 0 && c.sampling.top_p >= 1.0,
+        "sampling.top_k=0 and sampling.top_p=1",
+    );
+    need(c.task.length_reward == LengthReward::None, "task.length_reward=none");
+    need(
+        RewardFn::from_task(&c.task).kernel_weights()[2] == 0.0,
+        "rewards from exact and distance only",
+    );
+    need(
+        c.algorithm.prompt_sampling == crate::config::PromptSampling::Uniform,
+        "algorithm.prompt_sampling=uniform",
+    );
+    gaps
+}
+
+/// The transformer's PyTorch loop on the trainer's initial weights, prompts and held-out
+/// prompts; refuses to report unless both give the same greedy answers to every held-out
+/// prompt at init.
+fn pytorch_transformer(
+    python: &str,
+    config: &RunConfig,
+    trainer: &Trainer,
+    options: &BenchOptions,
+) -> Result<serde_json::Value> {
+    use crate::engine::Engine;
+    use crate::engine::transformer_cpu::FusedTransformerEngine;
+    let gaps = transformer_reference_gaps(config);
+    if !gaps.is_empty() {
+        return Err(user(format!(
+            "the PyTorch transformer loop implements one GRPO variant; this config also needs: {} (add --set for each)",
+            gaps.join(", ")
+        )));
+    }
+    let shape = crate::model::transformer_shape(config);
+    let mut ours = FusedTransformerEngine::new(config);
+    let weights = ours.flat_weights();
+    let heldout: Vec<Vec<u32>> = if trainer.prompts.heldout.is_empty() {
+        trainer.prompts.train.iter().take(256).cloned().collect()
+    } else {
+        trainer.prompts.heldout.clone()
+    };
+    let max_len = config.max_len();
+    let views: Vec<&[u32]> = heldout.iter().map(|p| p.as_slice()).collect();
+    let greedy = ours.greedy(&views, max_len).map_err(user)?;
+    let (t, a, o) = (&config.task, &config.algorithm, &config.optimizer);
+    let kw = RewardFn::from_task(t).kernel_weights();
+    let spec = serde_json::json!({
+        "model": "transformer",
+        "seed": config.run.seed,
+        "shape": {
+            "vocab": shape.vocab, "context": shape.context, "d_model": shape.d_model,
+            "heads": shape.heads, "layers": shape.layers, "d_ff": shape.d_ff,
+        },
+        "settings": {
+            "n": t.n, "num_generations": a.num_generations, "mu": a.mu,
+            "prompts_per_iteration": config.batch_prompts(trainer.prompts.train.len()),
+            "max_len": max_len, "temperature": config.sampling.temperature,
+            "lr": o.lr, "beta1": o.beta1, "beta2": o.beta2, "eps": o.eps,
+            "epsilon_low": a.epsilon_low, "epsilon_high": a.epsilon_high,
+            "max_grad_norm": o.max_grad_norm,
+            "reward_weights": { "distance": kw[0], "exact": kw[1] },
+            "format_reward": t.format_reward,
+            // The trainer scores log π_ref every iteration (for the logged KL) even at β = 0.
+            "ref_logp": true,
+            "sft": {
+                "steps": config.sft.steps, "examples": config.sft.examples,
+                "batch_size": config.sft.batch_size, "lr": config.sft.lr,
+            },
+        },
+        "weights": weights,
+        "prompts": trainer.prompts.train,
+        "heldout": heldout,
+        "iterations": options.iterations,
+        "warmup": 1,
+        "no_cache_iterations": options.iterations.div_ceil(3),
+    });
+    let report = run_reference(python, &spec, options)?;
+    let theirs: Vec<Vec<u32>> = report["greedy"]
+        .as_array()
+        .map(|rows| {
+            rows.iter()
+                .map(|r| {
+                    r.as_array()
+                        .map(|x| x.iter().map(|v| v.as_u64().unwrap_or(u64::MAX) as u32).collect())
+                        .unwrap_or_default()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let disagree = greedy
+        .iter()
+        .zip(&theirs)
+        .filter(|(x, y)| x != y)
+        .count()
+        + greedy.len().abs_diff(theirs.len());
+    if disagree > 0 {
+        return Err(user(format!(
+            "the PyTorch reference disagrees with grpo-lab on {disagree} of {} greedy answers at init: not comparing times",
+            greedy.len()
         )));
     }
     Ok(report)
