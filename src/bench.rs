@@ -88,6 +88,9 @@ pub fn bench_scaling(
     options: &BenchOptions,
     out: &Path,
 ) -> Result<()> {
+    if base.model.kind == crate::config::ModelKind::Transformer {
+        return bench_scaling_transformer(base, compute, options, out);
+    }
     let axes: [(&str, &str, Vec<usize>); 3] = [
         (
             "B·G",
@@ -143,6 +146,144 @@ pub fn bench_scaling(
         "scaling",
         &format!("step time vs size on {} (log10–log10)", compute.label),
         "log10(size: B·G responses, n, or D)",
+        "log10(ms per optimizer step)",
+        &series,
+    )?;
+    println!("table: {}", out.join("scaling.csv").display());
+    println!("chart: {}", charts[0].display());
+    Ok(())
+}
+
+/// One axis of the transformer's sweep: its name, the values on the fused engine and the
+/// (fewer) values on burn's path, and the overrides for one value.
+struct Axis {
+    name: &'static str,
+    fused: &'static [usize],
+    burn: &'static [usize],
+    sets: fn(usize, &RunConfig) -> Vec<String>,
+    /// The size plotted for a value (responses for B·G).
+    size: fn(usize, &RunConfig) -> usize,
+}
+
+/// The transformer's scaling sweep: D, layers, B·G and `max_len` one at a time around the
+/// preset, on the fused engine and on burn's autodiff path (`run.fused_step=off`, fewer
+/// points: it is 6× slower), without the cold start or dynamic sampling (a step's cost, not a
+/// recipe's), so responses have init's lengths (`<eos>` drawn with ≈ 1/V chance per token).
+fn bench_scaling_transformer(
+    base: &RunConfig,
+    compute: &Compute,
+    options: &BenchOptions,
+    out: &Path,
+) -> Result<()> {
+    let base = base
+        .with_overrides(&[
+            "sft.steps=0".to_string(),
+            "algorithm.dynamic_sampling=false".to_string(),
+        ])
+        .map_err(user)?;
+    let one = |v: usize, _: &RunConfig| v;
+    let axes = [
+        Axis {
+            name: "D",
+            fused: &[32, 64, 128, 256],
+            burn: &[32, 64, 128],
+            sets: |v, _| vec![format!("model.d_model={v}")],
+            size: one,
+        },
+        Axis {
+            name: "layers",
+            fused: &[1, 2, 3, 4],
+            burn: &[1, 2, 4],
+            sets: |v, _| vec![format!("model.layers={v}")],
+            size: one,
+        },
+        Axis {
+            name: "B·G",
+            fused: &[4, 16, 32, 128, 512],
+            burn: &[4, 32, 128],
+            sets: |v, c| {
+                vec![
+                    format!("algorithm.prompts_per_iteration={v}"),
+                    format!("task.train_size={}", (v * 2).max(c.task.train_size)),
+                ]
+            },
+            size: |v, c| v * c.algorithm.num_generations,
+        },
+        Axis {
+            name: "max_len",
+            fused: &[8, 16, 32, 64],
+            burn: &[8, 16, 32],
+            sets: |v, c| {
+                vec![
+                    format!("task.max_len={v}"),
+                    format!("model.context={}", (c.task.n + v).max(c.model.context)),
+                ]
+            },
+            size: one,
+        },
+    ];
+    let mut series = Vec::new();
+    let mut table = String::from("engine,axis,value,size,ms_per_step,slope\n");
+    println!(
+        "scaling around {} on {} ({} iterations per point; no cold start, no dynamic sampling):",
+        options.preset.as_deref().unwrap_or("config"),
+        compute.label,
+        options.iterations
+    );
+    for (engine, fused_step) in [("fused", "auto"), ("burn", "off")] {
+        for axis in &axes {
+            let values = if engine == "fused" {
+                axis.fused
+            } else {
+                axis.burn
+            };
+            let mut pts: Vec<(f64, f64)> = Vec::new();
+            for &v in values {
+                let mut sets = (axis.sets)(v, &base);
+                sets.push(format!("run.fused_step={fused_step}"));
+                let config = base.with_overrides(&sets).map_err(user)?;
+                let ms = time_config(config, compute, options.iterations)?;
+                let size = (axis.size)(v, &base);
+                let slope = pts
+                    .last()
+                    .map(|&(x0, y0)| (ms.log10() - y0) / ((size as f64).log10() - x0))
+                    .unwrap_or(f64::NAN);
+                println!(
+                    "  {engine:>5} {:>7} = {size:>5}: {ms:>9.3} ms/step   local slope {slope:>5.2}",
+                    axis.name
+                );
+                table.push_str(&format!(
+                    "{engine},{},{v},{size},{ms:.4},{slope:.3}\n",
+                    axis.name
+                ));
+                pts.push(((size as f64).log10(), ms.log10()));
+            }
+            let mut line = crate::report::Series::line(
+                format!(
+                    "{} ({})",
+                    axis.name,
+                    if engine == "fused" {
+                        "fused engine"
+                    } else {
+                        "burn's path, dashed"
+                    }
+                ),
+                pts,
+            );
+            line.dashed = engine == "burn";
+            series.push(line);
+        }
+    }
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join("scaling.csv"), table)?;
+    let charts = crate::report::line_chart(
+        out,
+        "scaling",
+        &format!(
+            "transformer step time vs size on {} (log10–log10)",
+            compute.label
+        ),
+        "log10(size: D, layers, B·G responses, or max_len)",
         "log10(ms per optimizer step)",
         &series,
     )?;

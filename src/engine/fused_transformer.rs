@@ -510,29 +510,66 @@ fn row_logz(logits: &[f32], inv_t: f32, z: &mut [f32]) -> f32 {
     m + total.ln()
 }
 
+/// `Σ a·b` in 8 lanes (fixed-size chunks and a pairwise reduction, so the lanes stay in a
+/// register: a short dot product — a head's 16 values — is mostly its reduction).
+/// Index loops, not iterator adapters: called per key and head, where an adapter's setup
+/// that is not inlined costs as much as the work.
 #[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
     let mut lanes = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let rest: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for ((l, &xi), &yi) in lanes.iter_mut().zip(x).zip(y) {
-            *l += xi * yi;
+    let whole = n / 8 * 8;
+    for c in (0..whole).step_by(8) {
+        let x: &[f32; 8] = a[c..c + 8].try_into().expect("8 values");
+        let y: &[f32; 8] = b[c..c + 8].try_into().expect("8 values");
+        for l in 0..8 {
+            lanes[l] += x[l] * y[l];
         }
     }
-    lanes.iter().sum::<f32>() + rest
+    let mut rest = 0.0f32;
+    for i in whole..n {
+        rest += a[i] * b[i];
+    }
+    let h = [
+        lanes[0] + lanes[4],
+        lanes[1] + lanes[5],
+        lanes[2] + lanes[6],
+        lanes[3] + lanes[7],
+    ];
+    ((h[0] + h[2]) + (h[1] + h[3])) + rest
 }
 
-/// `y += a·x`.
+/// `p ← softmax(p)` (max-subtracted, `exp_fast`).
+#[inline(always)]
+fn softmax_in_place(p: &mut [f32]) {
+    let m = p.iter().fold(f32::MIN, |a, &b| a.max(b));
+    let mut total = 0.0f32;
+    for pj in p.iter_mut() {
+        *pj = exp_fast(*pj - m);
+        total += *pj;
+    }
+    let inv = 1.0 / total;
+    for pj in p.iter_mut() {
+        *pj *= inv;
+    }
+}
+
+/// `y += a·x` (in chunks of 8, index loops: see [`dot`]).
 #[inline(always)]
 fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    for (yv, &xv) in y.iter_mut().zip(x) {
-        *yv += a * xv;
+    let n = y.len().min(x.len());
+    let (y, x) = (&mut y[..n], &x[..n]);
+    let whole = n / 8 * 8;
+    for c in (0..whole).step_by(8) {
+        let yc: &mut [f32; 8] = (&mut y[c..c + 8]).try_into().expect("8 values");
+        let xc: &[f32; 8] = x[c..c + 8].try_into().expect("8 values");
+        for l in 0..8 {
+            yc[l] += a * xc[l];
+        }
+    }
+    for i in whole..n {
+        y[i] += a * x[i];
     }
 }
 
@@ -654,30 +691,28 @@ impl FusedTransformer {
             let att = sized(&mut acts.att, rows * hh * s);
             let ctx = zeroed(&mut acts.ctx, rows * d);
             let qkv = &acts.qkv;
+            // Key by key across the heads: each key's row is read once, and the heads'
+            // accumulators are independent chains.
             for q in 0..rows {
                 let (ps, pc, rs, rc, _) = geo.keys(q);
                 let key = |j: usize| if j < pc { ps + j } else { rs + j - pc };
                 let kc = pc + rc;
+                let qrow = &qkv[q * 3 * d..][..d];
+                let arow = &mut att[q * hh * s..][..hh * s];
+                for j in 0..kc {
+                    let krow = &qkv[key(j) * 3 * d + d..][..d];
+                    for h in 0..hh {
+                        arow[h * s + j] = dot(&qrow[h * dh..][..dh], &krow[h * dh..][..dh]) * scale;
+                    }
+                }
                 for h in 0..hh {
-                    let qv = &qkv[q * 3 * d + h * dh..][..dh];
-                    let p = &mut att[(q * hh + h) * s..][..kc];
-                    let mut m = f32::MIN;
-                    for (j, pj) in p.iter_mut().enumerate() {
-                        let k = &qkv[key(j) * 3 * d + d + h * dh..][..dh];
-                        *pj = dot(qv, k) * scale;
-                        m = m.max(*pj);
-                    }
-                    let mut total = 0.0f32;
-                    for pj in p.iter_mut() {
-                        *pj = exp_fast(*pj - m);
-                        total += *pj;
-                    }
-                    let inv = 1.0 / total;
-                    let out = &mut ctx[q * d + h * dh..][..dh];
-                    for (j, pj) in p.iter_mut().enumerate() {
-                        *pj *= inv;
-                        let vv = &qkv[key(j) * 3 * d + 2 * d + h * dh..][..dh];
-                        axpy(out, *pj, vv);
+                    softmax_in_place(&mut arow[h * s..][..kc]);
+                }
+                let out = &mut ctx[q * d..][..d];
+                for j in 0..kc {
+                    let vrow = &qkv[key(j) * 3 * d + 2 * d..][..d];
+                    for h in 0..hh {
+                        axpy(&mut out[h * dh..][..dh], arow[h * s + j], &vrow[h * dh..][..dh]);
                     }
                 }
             }
@@ -1572,38 +1607,34 @@ impl FusedTransformer {
             }
             let ctx = zeroed(&mut c.ctx, rows * d);
             let span = s + 1;
-            c.scores.resize(span, 0.0);
+            let scores = sized(&mut c.scores, hh * span);
+            // As the teacher-forced pass: key by key across the heads, the same softmax.
             for i in 0..rows {
                 let (p, cr) = (prompt_of[i], cache_row[i]);
+                let (kp, vp, kr, vr) = (&c.pk[l], &c.pv[l], &c.rk[l], &c.rv[l]);
+                let at = |j: usize| {
+                    if j < n {
+                        (p * n + j) * d
+                    } else {
+                        (cr * max_len + j - n) * d
+                    }
+                };
+                let qrow = &c.qkv[i * 3 * d..][..d];
+                for j in 0..span {
+                    let krow = if j < n { &kp[at(j)..][..d] } else { &kr[at(j)..][..d] };
+                    for h in 0..hh {
+                        scores[h * span + j] =
+                            dot(&qrow[h * dh..][..dh], &krow[h * dh..][..dh]) * scale;
+                    }
+                }
                 for h in 0..hh {
-                    let q = &c.qkv[i * 3 * d + h * dh..][..dh];
-                    let key = |j: usize| -> &[f32] {
-                        if j < n {
-                            &c.pk[l][(p * n + j) * d + h * dh..][..dh]
-                        } else {
-                            &c.rk[l][(cr * max_len + j - n) * d + h * dh..][..dh]
-                        }
-                    };
-                    let mut m = f32::MIN;
-                    for j in 0..span {
-                        let sc = dot(q, key(j)) * scale;
-                        c.scores[j] = sc;
-                        m = m.max(sc);
-                    }
-                    let mut total = 0.0f32;
-                    for sj in c.scores.iter_mut() {
-                        *sj = (*sj - m).exp();
-                        total += *sj;
-                    }
-                    let inv = 1.0 / total;
-                    let out = &mut ctx[i * d + h * dh..][..dh];
-                    for j in 0..span {
-                        let vv = if j < n {
-                            &c.pv[l][(p * n + j) * d + h * dh..][..dh]
-                        } else {
-                            &c.rv[l][(cr * max_len + j - n) * d + h * dh..][..dh]
-                        };
-                        axpy(out, c.scores[j] * inv, vv);
+                    softmax_in_place(&mut scores[h * span..][..span]);
+                }
+                let out = &mut ctx[i * d..][..d];
+                for j in 0..span {
+                    let vrow = if j < n { &vp[at(j)..][..d] } else { &vr[at(j)..][..d] };
+                    for h in 0..hh {
+                        axpy(&mut out[h * dh..][..dh], scores[h * span + j], &vrow[h * dh..][..dh]);
                     }
                 }
             }
