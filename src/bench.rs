@@ -61,7 +61,18 @@ pub fn bench(config: RunConfig, compute: &Compute, options: &BenchOptions) -> Re
 
 /// Median ms per optimizer step (rollout share included) over `iterations` iterations after
 /// one warm-up iteration.
-pub fn time_config(mut config: RunConfig, compute: &Compute, iterations: usize) -> Result<f64> {
+pub fn time_config(config: RunConfig, compute: &Compute, iterations: usize) -> Result<f64> {
+    Ok(time_config_cpu(config, compute, iterations)?.0)
+}
+
+/// [`time_config`] and the median on-CPU ms per step of this process (all its threads; `None`
+/// where `/proc` does not tell): on a shared machine the wall time also counts the waits for
+/// a core, the CPU time does not.
+pub fn time_config_cpu(
+    mut config: RunConfig,
+    compute: &Compute,
+    iterations: usize,
+) -> Result<(f64, Option<f64>)> {
     config.run.iterations = iterations + 1;
     config.run.log_groups = 0;
     let mu = config.algorithm.mu;
@@ -70,14 +81,32 @@ pub fn time_config(mut config: RunConfig, compute: &Compute, iterations: usize) 
         trainer.step().map_err(user)?;
     }
     let mut per_step = Vec::new();
+    let mut cpu_per_step = Vec::new();
     for _ in 0..iterations {
+        let cpu = process_cpu_ns();
         let t = std::time::Instant::now();
         for _ in 0..mu {
             trainer.step().map_err(user)?;
         }
         per_step.push(t.elapsed().as_secs_f64() * 1000.0 / mu as f64);
+        if let (Some(a), Some(b)) = (cpu, process_cpu_ns()) {
+            cpu_per_step.push(b.saturating_sub(a) as f64 / 1e6 / mu as f64);
+        }
     }
-    Ok(median(&per_step))
+    let cpu = (cpu_per_step.len() == iterations).then(|| median(&cpu_per_step));
+    Ok((median(&per_step), cpu))
+}
+
+/// Nanoseconds this process's live threads have run on a CPU (Linux: the first field of
+/// `/proc/self/task/*/schedstat`).
+pub fn process_cpu_ns() -> Option<u64> {
+    let mut total = 0u64;
+    for entry in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = entry.ok()?.path().join("schedstat");
+        let text = std::fs::read_to_string(path).ok()?;
+        total += text.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
 }
 
 /// Step time as one dimension grows at a time around the config; the local log-log slope
@@ -223,7 +252,7 @@ fn bench_scaling_transformer(
         },
     ];
     let mut series = Vec::new();
-    let mut table = String::from("engine,axis,value,size,ms_per_step,slope\n");
+    let mut table = String::from("engine,axis,value,size,cpu_ms_per_step,wall_ms_per_step,slope\n");
     println!(
         "scaling around {} on {} ({} iterations per point; no cold start, no dynamic sampling):",
         options.preset.as_deref().unwrap_or("config"),
@@ -242,18 +271,20 @@ fn bench_scaling_transformer(
                 let mut sets = (axis.sets)(v, &base);
                 sets.push(format!("run.fused_step={fused_step}"));
                 let config = base.with_overrides(&sets).map_err(user)?;
-                let ms = time_config(config, compute, options.iterations)?;
+                let (wall, cpu) = time_config_cpu(config, compute, options.iterations)?;
+                // On-CPU time where known: the sweep runs minutes on a shared machine.
+                let ms = cpu.unwrap_or(wall);
                 let size = (axis.size)(v, &base);
                 let slope = pts
                     .last()
                     .map(|&(x0, y0)| (ms.log10() - y0) / ((size as f64).log10() - x0))
                     .unwrap_or(f64::NAN);
                 println!(
-                    "  {engine:>5} {:>7} = {size:>5}: {ms:>9.3} ms/step   local slope {slope:>5.2}",
+                    "  {engine:>5} {:>7} = {size:>5}: {ms:>9.3} ms/step on CPU (wall {wall:>9.3})   local slope {slope:>5.2}",
                     axis.name
                 );
                 table.push_str(&format!(
-                    "{engine},{},{v},{size},{ms:.4},{slope:.3}\n",
+                    "{engine},{},{v},{size},{ms:.4},{wall:.4},{slope:.3}\n",
                     axis.name
                 ));
                 pts.push(((size as f64).log10(), ms.log10()));
@@ -284,7 +315,7 @@ fn bench_scaling_transformer(
             compute.label
         ),
         "log10(size: D, layers, B·G responses, or max_len)",
-        "log10(ms per optimizer step)",
+        "log10(on-CPU ms per optimizer step)",
         &series,
     )?;
     println!("table: {}", out.join("scaling.csv").display());
@@ -310,11 +341,13 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         trainer.step().map_err(user)?;
     }
     let mut per_step = Vec::new();
+    let mut cpu_per_step = Vec::new();
     let mut rollout_steps = Vec::new();
     let mut plain_steps = Vec::new();
     let mut parts: Vec<Timings> = Vec::new();
     for _ in 0..options.iterations {
         trainer.reset_timings();
+        let cpu = process_cpu_ns();
         let t = std::time::Instant::now();
         for _ in 0..mu {
             let r = trainer.step().map_err(user)?;
@@ -325,6 +358,9 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
             }
         }
         per_step.push(t.elapsed().as_secs_f64() * 1000.0 / mu as f64);
+        if let (Some(a), Some(b)) = (cpu, process_cpu_ns()) {
+            cpu_per_step.push(b.saturating_sub(a) as f64 / 1e6 / mu as f64);
+        }
         parts.push(trainer.timings());
     }
     let ms = median(&per_step);
@@ -362,6 +398,7 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         "ms_per_step": ms,
         "ms_per_step_p10": quantile(&per_step, 0.1),
         "ms_per_step_p90": quantile(&per_step, 0.9),
+        "cpu_ms_per_step": (!cpu_per_step.is_empty()).then(|| median(&cpu_per_step)),
         "first_step_ms": first_step_ms,
         "cold_start_ms": cold_start_ms,
         "rollout_step_ms": median(&rollout_steps),
@@ -370,6 +407,11 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         "peak_rss_mib": memory_mib,
         "pytorch": pytorch,
         "ratio_vs_pytorch": pytorch.as_ref().map(|p| ms / p["ms_per_step"].as_f64().unwrap_or(f64::NAN)),
+        // The same ratio in on-CPU time (both processes), where both report it.
+        "cpu_ratio_vs_pytorch": pytorch.as_ref().and_then(|p| {
+            let theirs = p["cpu_ms_per_step"].as_f64()?;
+            Some(median(&cpu_per_step) / theirs).filter(|r| r.is_finite())
+        }),
         // The spread: our fast tail against PyTorch's slow one, and the other way round.
         "ratio_range": pytorch.as_ref().map(|p| {
             let theirs = |k: &str| p[k].as_f64().unwrap_or(f64::NAN);
@@ -472,6 +514,13 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
                 range(0),
                 range(1)
             );
+            if let Some(r) = report["cpu_ratio_vs_pytorch"].as_f64() {
+                println!(
+                    "  on-CPU time per step (waits for a core excluded): grpo-lab {:.3} ms, PyTorch {:.3} ms, ratio {r:.2}×",
+                    report["cpu_ms_per_step"].as_f64().unwrap_or(f64::NAN),
+                    p["cpu_ms_per_step"].as_f64().unwrap_or(f64::NAN),
+                );
+            }
         }
     }
     Ok(())

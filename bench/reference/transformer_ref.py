@@ -284,12 +284,13 @@ def run(spec, threads):
         first_ms = cold_ms + sum(first[0].values())
         for _ in range(spec.get("warmup", 1)):
             iteration(None)
-        per_step, parts = [], []
+        per_step, cpu_per_step, parts = [], [], []
         heldout_acc = []
         for _ in range(iterations):
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.process_time()
             laps, _, acc = iteration(None)
             per_step.append((time.perf_counter() - t) * 1000 / mu)
+            cpu_per_step.append((time.process_time() - cpu) * 1000 / mu)
             parts.append({k: v / mu for k, v in laps.items()})
             heldout_acc.append(acc)
         q = statistics.quantiles(per_step, n=10) if len(per_step) > 1 else per_step * 9
@@ -298,6 +299,7 @@ def run(spec, threads):
             "ms_per_step": statistics.median(per_step),
             "ms_per_step_p10": q[0],
             "ms_per_step_p90": q[-1],
+            "cpu_ms_per_step": statistics.median(cpu_per_step),
             "first_step_ms": first_ms,
             "cold_start_ms": cold_ms,
             "parts_ms_per_step": {k: statistics.median(p.get(k, 0.0) for p in parts) for k in names},
