@@ -492,8 +492,12 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
                     their_ms,
                     r["ms_per_step_p10"].as_f64().unwrap_or(f64::NAN),
                     r["ms_per_step_p90"].as_f64().unwrap_or(f64::NAN),
-                    r["parts_ms_per_step"]["rollout"].as_f64().unwrap_or(f64::NAN),
-                    r["parts_ms_per_step"]["evaluation"].as_f64().unwrap_or(f64::NAN),
+                    r["parts_ms_per_step"]["rollout"]
+                        .as_f64()
+                        .unwrap_or(f64::NAN),
+                    r["parts_ms_per_step"]["evaluation"]
+                        .as_f64()
+                        .unwrap_or(f64::NAN),
                     ms / their_ms
                 );
             }
@@ -637,8 +641,14 @@ pub fn transformer_reference_gaps(c: &RunConfig) -> Vec<String> {
     };
     need(!a.dynamic_sampling, "algorithm.dynamic_sampling=false");
     need(a.loss == LossMode::Clipped, "algorithm.loss=clipped");
-    need(a.advantage == AdvantageMode::Normalized, "algorithm.advantage=normalized");
-    need(a.loss_agg_mode == LossAggMode::TokenMean, "algorithm.loss_agg_mode=token-mean");
+    need(
+        a.advantage == AdvantageMode::Normalized,
+        "algorithm.advantage=normalized",
+    );
+    need(
+        a.loss_agg_mode == LossAggMode::TokenMean,
+        "algorithm.loss_agg_mode=token-mean",
+    );
     need(a.beta == 0.0, "algorithm.beta=0");
     need(a.entropy_coef == 0.0, "algorithm.entropy_coef=0");
     need(!a.bugs.any(), "no bug-gallery switch");
@@ -646,7 +656,10 @@ pub fn transformer_reference_gaps(c: &RunConfig) -> Vec<String> {
         c.sampling.top_k == 0 && c.sampling.top_p >= 1.0,
         "sampling.top_k=0 and sampling.top_p=1",
     );
-    need(c.task.length_reward == LengthReward::None, "task.length_reward=none");
+    need(
+        c.task.length_reward == LengthReward::None,
+        "task.length_reward=none",
+    );
     need(
         RewardFn::from_task(&c.task).kernel_weights()[2] == 0.0,
         "rewards from exact and distance only",
@@ -726,17 +739,17 @@ fn pytorch_transformer(
             rows.iter()
                 .map(|r| {
                     r.as_array()
-                        .map(|x| x.iter().map(|v| v.as_u64().unwrap_or(u64::MAX) as u32).collect())
+                        .map(|x| {
+                            x.iter()
+                                .map(|v| v.as_u64().unwrap_or(u64::MAX) as u32)
+                                .collect()
+                        })
                         .unwrap_or_default()
                 })
                 .collect()
         })
         .unwrap_or_default();
-    let disagree = greedy
-        .iter()
-        .zip(&theirs)
-        .filter(|(x, y)| x != y)
-        .count()
+    let disagree = greedy.iter().zip(&theirs).filter(|(x, y)| x != y).count()
         + greedy.len().abs_diff(theirs.len());
     if disagree > 0 {
         return Err(user(format!(

@@ -319,8 +319,15 @@ fn bench_json_reports_ms_per_step() {
 #[test]
 fn bench_pytorch_transformer_compares_only_equal_models() {
     let o = grpo_lab(&[
-        "bench", "--preset", "transformer-sort", "--device", "cpu", "--iterations", "1",
-        "--pytorch", "python3",
+        "bench",
+        "--preset",
+        "transformer-sort",
+        "--device",
+        "cpu",
+        "--iterations",
+        "1",
+        "--pytorch",
+        "python3",
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
@@ -343,9 +350,19 @@ fn bench_pytorch_transformer_compares_only_equal_models() {
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let o = grpo_lab(&[
-        "bench", "--preset", "transformer-sort", "--device", "cpu", "--iterations", "1",
-        "--set", "algorithm.dynamic_sampling=false", "--set", "sft.steps=2",
-        "--pytorch", fake.to_str().unwrap(),
+        "bench",
+        "--preset",
+        "transformer-sort",
+        "--device",
+        "cpu",
+        "--iterations",
+        "1",
+        "--set",
+        "algorithm.dynamic_sampling=false",
+        "--set",
+        "sft.steps=2",
+        "--pytorch",
+        fake.to_str().unwrap(),
     ]);
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
@@ -365,17 +382,37 @@ fn bench_pytorch_transformer_compares_only_equal_models() {
         return;
     }
     let o = grpo_lab(&[
-        "bench", "--preset", "transformer-sort", "--device", "cpu", "--iterations", "1",
-        "--set", "algorithm.dynamic_sampling=false", "--set", "sft.steps=4",
-        "--pytorch", "python3", "--json",
+        "bench",
+        "--preset",
+        "transformer-sort",
+        "--device",
+        "cpu",
+        "--iterations",
+        "1",
+        "--set",
+        "algorithm.dynamic_sampling=false",
+        "--set",
+        "sft.steps=4",
+        "--pytorch",
+        "python3",
+        "--json",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert!(v["ratio_vs_pytorch"].as_f64().unwrap() > 0.0, "{v}");
     assert_eq!(v["ratio_range"].as_array().unwrap().len(), 2);
     let p = &v["pytorch"];
-    for part in ["rollout", "old_ref_logp", "forward_backward", "optimizer", "evaluation"] {
-        assert!(p["parts_ms_per_step"][part].as_f64().unwrap() >= 0.0, "{part}: {p}");
+    for part in [
+        "rollout",
+        "old_ref_logp",
+        "forward_backward",
+        "optimizer",
+        "evaluation",
+    ] {
+        assert!(
+            p["parts_ms_per_step"][part].as_f64().unwrap() >= 0.0,
+            "{part}: {p}"
+        );
     }
     assert!(p["no_cache"]["ms_per_step"].as_f64().unwrap() > 0.0, "{p}");
     assert!(p["peak_rss_mib"].as_f64().unwrap() > 0.0);

@@ -712,7 +712,11 @@ impl FusedTransformer {
                 for j in 0..kc {
                     let vrow = &qkv[key(j) * 3 * d + 2 * d..][..d];
                     for h in 0..hh {
-                        axpy(&mut out[h * dh..][..dh], arow[h * s + j], &vrow[h * dh..][..dh]);
+                        axpy(
+                            &mut out[h * dh..][..dh],
+                            arow[h * s + j],
+                            &vrow[h * dh..][..dh],
+                        );
                     }
                 }
             }
@@ -1037,9 +1041,7 @@ impl FusedTransformer {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe {
-                self.token_logp_avx2(w, prompts, responses, lens, g, t, temperature)
-            };
+            return unsafe { self.token_logp_avx2(w, prompts, responses, lens, g, t, temperature) };
         }
         self.token_logp_body(w, prompts, responses, lens, g, t, temperature)
     }
@@ -1418,7 +1420,15 @@ impl FusedTransformer {
         let identity: Vec<usize> = (0..b).collect();
         for s in 0..n {
             let toks: Vec<u32> = (0..b).map(|bi| prompts[bi * n + s]).collect();
-            self.decode_position(&toks, &identity, &identity, s, max_len, s + 1 == n, &mut cache);
+            self.decode_position(
+                &toks,
+                &identity,
+                &identity,
+                s,
+                max_len,
+                s + 1 == n,
+                &mut cache,
+            );
         }
         // Logits at position n − 1 of each prompt, broadcast to its rows.
         let mut logits = vec![0.0f32; r * v];
@@ -1621,7 +1631,11 @@ impl FusedTransformer {
                 };
                 let qrow = &c.qkv[i * 3 * d..][..d];
                 for j in 0..span {
-                    let krow = if j < n { &kp[at(j)..][..d] } else { &kr[at(j)..][..d] };
+                    let krow = if j < n {
+                        &kp[at(j)..][..d]
+                    } else {
+                        &kr[at(j)..][..d]
+                    };
                     for h in 0..hh {
                         scores[h * span + j] =
                             dot(&qrow[h * dh..][..dh], &krow[h * dh..][..dh]) * scale;
@@ -1632,9 +1646,17 @@ impl FusedTransformer {
                 }
                 let out = &mut ctx[i * d..][..d];
                 for j in 0..span {
-                    let vrow = if j < n { &vp[at(j)..][..d] } else { &vr[at(j)..][..d] };
+                    let vrow = if j < n {
+                        &vp[at(j)..][..d]
+                    } else {
+                        &vr[at(j)..][..d]
+                    };
                     for h in 0..hh {
-                        axpy(&mut out[h * dh..][..dh], scores[h * span + j], &vrow[h * dh..][..dh]);
+                        axpy(
+                            &mut out[h * dh..][..dh],
+                            scores[h * span + j],
+                            &vrow[h * dh..][..dh],
+                        );
                     }
                 }
             }
