@@ -936,29 +936,49 @@ impl FusedTransformer {
             );
             let dqkv = zeroed(&mut sc.dqkv, rows * 3 * d);
             let qkv = &acts.qkv;
-            let mut dp = vec![0.0f32; s];
+            // Key by key across the heads, as the forward (the same sums in the same order).
+            let mut dp = vec![0.0f32; hh * s];
+            let mut sum = vec![0.0f32; hh];
             for q in 0..rows {
                 let (ps, pc, rs, rc, _) = geo.keys(q);
                 let key = |j: usize| if j < pc { ps + j } else { rs + j - pc };
                 let kc = pc + rc;
-                for h in 0..hh {
-                    let p = &acts.att[(q * hh + h) * s..][..kc];
-                    let dout = &sc.dctx[q * d + h * dh..][..dh];
-                    let mut sum = 0.0f32;
-                    for j in 0..kc {
-                        let kj = key(j);
-                        let vv = &qkv[kj * 3 * d + 2 * d + h * dh..][..dh];
-                        dp[j] = dot(dout, vv);
-                        sum += p[j] * dp[j];
-                        axpy(&mut dqkv[kj * 3 * d + 2 * d + h * dh..][..dh], p[j], dout);
+                let arow = &acts.att[q * hh * s..][..hh * s];
+                let dout = &sc.dctx[q * d..][..d];
+                sum.fill(0.0);
+                for j in 0..kc {
+                    let kj = key(j);
+                    let vrow = &qkv[kj * 3 * d + 2 * d..][..d];
+                    for h in 0..hh {
+                        let x = dot(&dout[h * dh..][..dh], &vrow[h * dh..][..dh]);
+                        dp[h * s + j] = x;
+                        sum[h] += arow[h * s + j] * x;
                     }
-                    let qv = &qkv[q * 3 * d + h * dh..][..dh];
-                    for j in 0..kc {
-                        let kj = key(j);
-                        let ds = p[j] * (dp[j] - sum) * scale;
-                        let k = &qkv[kj * 3 * d + d + h * dh..][..dh];
-                        axpy(&mut dqkv[q * 3 * d + h * dh..][..dh], ds, k);
-                        axpy(&mut dqkv[kj * 3 * d + d + h * dh..][..dh], ds, qv);
+                    let dv = &mut dqkv[kj * 3 * d + 2 * d..][..d];
+                    for h in 0..hh {
+                        axpy(
+                            &mut dv[h * dh..][..dh],
+                            arow[h * s + j],
+                            &dout[h * dh..][..dh],
+                        );
+                    }
+                }
+                let qrow = &qkv[q * 3 * d..][..d];
+                for j in 0..kc {
+                    let kj = key(j);
+                    let krow = &qkv[kj * 3 * d + d..][..d];
+                    for h in 0..hh {
+                        let ds = arow[h * s + j] * (dp[h * s + j] - sum[h]) * scale;
+                        axpy(
+                            &mut dqkv[q * 3 * d + h * dh..][..dh],
+                            ds,
+                            &krow[h * dh..][..dh],
+                        );
+                        axpy(
+                            &mut dqkv[kj * 3 * d + d + h * dh..][..dh],
+                            ds,
+                            &qrow[h * dh..][..dh],
+                        );
                     }
                 }
             }
