@@ -61,7 +61,18 @@ pub fn bench(config: RunConfig, compute: &Compute, options: &BenchOptions) -> Re
 
 /// Median ms per optimizer step (rollout share included) over `iterations` iterations after
 /// one warm-up iteration.
-pub fn time_config(mut config: RunConfig, compute: &Compute, iterations: usize) -> Result<f64> {
+pub fn time_config(config: RunConfig, compute: &Compute, iterations: usize) -> Result<f64> {
+    Ok(time_config_cpu(config, compute, iterations)?.0)
+}
+
+/// [`time_config`] and the median on-CPU ms per step of this process (all its threads; `None`
+/// where `/proc` does not tell): on a shared machine the wall time also counts the waits for
+/// a core, the CPU time does not.
+pub fn time_config_cpu(
+    mut config: RunConfig,
+    compute: &Compute,
+    iterations: usize,
+) -> Result<(f64, Option<f64>)> {
     config.run.iterations = iterations + 1;
     config.run.log_groups = 0;
     // The training step is measured (and compared with PyTorch), not pass@k's evaluation.
@@ -72,14 +83,32 @@ pub fn time_config(mut config: RunConfig, compute: &Compute, iterations: usize) 
         trainer.step().map_err(user)?;
     }
     let mut per_step = Vec::new();
+    let mut cpu_per_step = Vec::new();
     for _ in 0..iterations {
+        let cpu = process_cpu_ns();
         let t = std::time::Instant::now();
         for _ in 0..mu {
             trainer.step().map_err(user)?;
         }
         per_step.push(t.elapsed().as_secs_f64() * 1000.0 / mu as f64);
+        if let (Some(a), Some(b)) = (cpu, process_cpu_ns()) {
+            cpu_per_step.push(b.saturating_sub(a) as f64 / 1e6 / mu as f64);
+        }
     }
-    Ok(median(&per_step))
+    let cpu = (cpu_per_step.len() == iterations).then(|| median(&cpu_per_step));
+    Ok((median(&per_step), cpu))
+}
+
+/// Nanoseconds this process's live threads have run on a CPU (Linux: the first field of
+/// `/proc/self/task/*/schedstat`).
+pub fn process_cpu_ns() -> Option<u64> {
+    let mut total = 0u64;
+    for entry in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = entry.ok()?.path().join("schedstat");
+        let text = std::fs::read_to_string(path).ok()?;
+        total += text.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
 }
 
 /// Step time as one dimension grows at a time around the config; the local log-log slope
@@ -90,6 +119,9 @@ pub fn bench_scaling(
     options: &BenchOptions,
     out: &Path,
 ) -> Result<()> {
+    if base.model.kind == crate::config::ModelKind::Transformer {
+        return bench_scaling_transformer(base, compute, options, out);
+    }
     let axes: [(&str, &str, Vec<usize>); 3] = [
         (
             "B·G",
@@ -153,6 +185,146 @@ pub fn bench_scaling(
     Ok(())
 }
 
+/// One axis of the transformer's sweep: its name, the values on the fused engine and the
+/// (fewer) values on burn's path, and the overrides for one value.
+struct Axis {
+    name: &'static str,
+    fused: &'static [usize],
+    burn: &'static [usize],
+    sets: fn(usize, &RunConfig) -> Vec<String>,
+    /// The size plotted for a value (responses for B·G).
+    size: fn(usize, &RunConfig) -> usize,
+}
+
+/// The transformer's scaling sweep: D, layers, B·G and `max_len` one at a time around the
+/// preset, on the fused engine and on burn's autodiff path (`run.fused_step=off`, fewer
+/// points: it is 6× slower), without the cold start or dynamic sampling (a step's cost, not a
+/// recipe's), so responses have init's lengths (`<eos>` drawn with ≈ 1/V chance per token).
+fn bench_scaling_transformer(
+    base: &RunConfig,
+    compute: &Compute,
+    options: &BenchOptions,
+    out: &Path,
+) -> Result<()> {
+    let base = base
+        .with_overrides(&[
+            "sft.steps=0".to_string(),
+            "algorithm.dynamic_sampling=false".to_string(),
+        ])
+        .map_err(user)?;
+    let one = |v: usize, _: &RunConfig| v;
+    let axes = [
+        Axis {
+            name: "D",
+            fused: &[32, 64, 128, 256],
+            burn: &[32, 64, 128],
+            sets: |v, _| vec![format!("model.d_model={v}")],
+            size: one,
+        },
+        Axis {
+            name: "layers",
+            fused: &[1, 2, 3, 4],
+            burn: &[1, 2, 4],
+            sets: |v, _| vec![format!("model.layers={v}")],
+            size: one,
+        },
+        Axis {
+            name: "B·G",
+            fused: &[4, 16, 32, 128, 512],
+            burn: &[4, 32, 128],
+            sets: |v, c| {
+                vec![
+                    format!("algorithm.prompts_per_iteration={v}"),
+                    format!("task.train_size={}", (v * 2).max(c.task.train_size)),
+                ]
+            },
+            size: |v, c| v * c.algorithm.num_generations,
+        },
+        Axis {
+            name: "max_len",
+            fused: &[8, 16, 32, 64],
+            burn: &[8, 16, 32],
+            sets: |v, c| {
+                vec![
+                    format!("task.max_len={v}"),
+                    format!("model.context={}", (c.task.n + v).max(c.model.context)),
+                ]
+            },
+            size: one,
+        },
+    ];
+    let mut series = Vec::new();
+    let mut table = String::from("engine,axis,value,size,cpu_ms_per_step,wall_ms_per_step,slope\n");
+    println!(
+        "scaling around {} on {} ({} iterations per point; no cold start, no dynamic sampling):",
+        options.preset.as_deref().unwrap_or("config"),
+        compute.label,
+        options.iterations
+    );
+    for (engine, fused_step) in [("fused", "auto"), ("burn", "off")] {
+        for axis in &axes {
+            let values = if engine == "fused" {
+                axis.fused
+            } else {
+                axis.burn
+            };
+            let mut pts: Vec<(f64, f64)> = Vec::new();
+            for &v in values {
+                let mut sets = (axis.sets)(v, &base);
+                sets.push(format!("run.fused_step={fused_step}"));
+                let config = base.with_overrides(&sets).map_err(user)?;
+                let (wall, cpu) = time_config_cpu(config, compute, options.iterations)?;
+                // On-CPU time where known: the sweep runs minutes on a shared machine.
+                let ms = cpu.unwrap_or(wall);
+                let size = (axis.size)(v, &base);
+                let slope = pts
+                    .last()
+                    .map(|&(x0, y0)| (ms.log10() - y0) / ((size as f64).log10() - x0))
+                    .unwrap_or(f64::NAN);
+                println!(
+                    "  {engine:>5} {:>7} = {size:>5}: {ms:>9.3} ms/step on CPU (wall {wall:>9.3})   local slope {slope:>5.2}",
+                    axis.name
+                );
+                table.push_str(&format!(
+                    "{engine},{},{v},{size},{ms:.4},{wall:.4},{slope:.3}\n",
+                    axis.name
+                ));
+                pts.push(((size as f64).log10(), ms.log10()));
+            }
+            let mut line = crate::report::Series::line(
+                format!(
+                    "{} ({})",
+                    axis.name,
+                    if engine == "fused" {
+                        "fused engine"
+                    } else {
+                        "burn's path, dashed"
+                    }
+                ),
+                pts,
+            );
+            line.dashed = engine == "burn";
+            series.push(line);
+        }
+    }
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join("scaling.csv"), table)?;
+    let charts = crate::report::line_chart(
+        out,
+        "scaling",
+        &format!(
+            "transformer step time vs size on {} (log10–log10)",
+            compute.label
+        ),
+        "log10(size: D, layers, B·G responses, or max_len)",
+        "log10(on-CPU ms per optimizer step)",
+        &series,
+    )?;
+    println!("table: {}", out.join("scaling.csv").display());
+    println!("chart: {}", charts[0].display());
+    Ok(())
+}
+
 /// The step time of one config: median ms per optimizer step, its parts, the first step,
 /// peak memory, and optionally the PyTorch reference's on the same weights and prompts.
 fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) -> Result<()> {
@@ -172,11 +344,13 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         trainer.step().map_err(user)?;
     }
     let mut per_step = Vec::new();
+    let mut cpu_per_step = Vec::new();
     let mut rollout_steps = Vec::new();
     let mut plain_steps = Vec::new();
     let mut parts: Vec<Timings> = Vec::new();
     for _ in 0..options.iterations {
         trainer.reset_timings();
+        let cpu = process_cpu_ns();
         let t = std::time::Instant::now();
         for _ in 0..mu {
             let r = trainer.step().map_err(user)?;
@@ -187,6 +361,9 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
             }
         }
         per_step.push(t.elapsed().as_secs_f64() * 1000.0 / mu as f64);
+        if let (Some(a), Some(b)) = (cpu, process_cpu_ns()) {
+            cpu_per_step.push(b.saturating_sub(a) as f64 / 1e6 / mu as f64);
+        }
         parts.push(trainer.timings());
     }
     let ms = median(&per_step);
@@ -224,6 +401,7 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         "ms_per_step": ms,
         "ms_per_step_p10": quantile(&per_step, 0.1),
         "ms_per_step_p90": quantile(&per_step, 0.9),
+        "cpu_ms_per_step": (!cpu_per_step.is_empty()).then(|| median(&cpu_per_step)),
         "first_step_ms": first_step_ms,
         "cold_start_ms": cold_start_ms,
         "rollout_step_ms": median(&rollout_steps),
@@ -232,6 +410,11 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         "peak_rss_mib": memory_mib,
         "pytorch": pytorch,
         "ratio_vs_pytorch": pytorch.as_ref().map(|p| ms / p["ms_per_step"].as_f64().unwrap_or(f64::NAN)),
+        // The same ratio in on-CPU time (both processes), where both report it.
+        "cpu_ratio_vs_pytorch": pytorch.as_ref().and_then(|p| {
+            let theirs = p["cpu_ms_per_step"].as_f64()?;
+            Some(median(&cpu_per_step) / theirs).filter(|r| r.is_finite())
+        }),
         // The spread: our fast tail against PyTorch's slow one, and the other way round.
         "ratio_range": pytorch.as_ref().map(|p| {
             let theirs = |k: &str| p[k].as_f64().unwrap_or(f64::NAN);
@@ -278,7 +461,7 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         }
         if let Some(p) = &report["pytorch"].as_object() {
             println!(
-                "  vectorized PyTorch {} ({} thread): {:.3} ms/step [p10 {:.3}, p90 {:.3}], first step {:.1} ms; greedy rewards at init agree",
+                "  vectorized PyTorch {} ({} thread): {:.3} ms/step [p10 {:.3}, p90 {:.3}], first step {:.1} ms; greedy answers at init agree",
                 p["torch"].as_str().unwrap_or("?"),
                 p["threads"],
                 p["ms_per_step"].as_f64().unwrap_or(f64::NAN),
@@ -286,6 +469,41 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
                 p["ms_per_step_p90"].as_f64().unwrap_or(f64::NAN),
                 p["first_step_ms"].as_f64().unwrap_or(f64::NAN),
             );
+            if let Some(parts) = p.get("parts_ms_per_step").and_then(|x| x.as_object()) {
+                let get = |k: &str| parts.get(k).and_then(|x| x.as_f64()).unwrap_or(f64::NAN);
+                println!(
+                    "  PyTorch parts per step (ms, median): rollout {:.3} · advantages {:.3} · log π_old/π_ref {:.3} · evaluation {:.3} · forward + backward {:.3} · optimizer {:.3}",
+                    get("rollout"),
+                    get("advantages"),
+                    get("old_ref_logp"),
+                    get("evaluation"),
+                    get("forward_backward"),
+                    get("optimizer"),
+                );
+                println!(
+                    "  PyTorch first step {:.1} ms, of which the cold start {:.1} ms; peak resident memory {:.0} MiB ({:.0} MiB after `import torch`)",
+                    p["first_step_ms"].as_f64().unwrap_or(f64::NAN),
+                    p["cold_start_ms"].as_f64().unwrap_or(f64::NAN),
+                    p["peak_rss_mib"].as_f64().unwrap_or(f64::NAN),
+                    p["rss_after_import_mib"].as_f64().unwrap_or(f64::NAN),
+                );
+            }
+            if let Some(r) = p.get("no_cache") {
+                let their_ms = r["ms_per_step"].as_f64().unwrap_or(f64::NAN);
+                println!(
+                    "  PyTorch recomputing the prefix (no KV cache): {:.3} ms/step [p10 {:.3}, p90 {:.3}] (rollout {:.3}, evaluation {:.3}), ratio {:.2}×",
+                    their_ms,
+                    r["ms_per_step_p10"].as_f64().unwrap_or(f64::NAN),
+                    r["ms_per_step_p90"].as_f64().unwrap_or(f64::NAN),
+                    r["parts_ms_per_step"]["rollout"]
+                        .as_f64()
+                        .unwrap_or(f64::NAN),
+                    r["parts_ms_per_step"]["evaluation"]
+                        .as_f64()
+                        .unwrap_or(f64::NAN),
+                    ms / their_ms
+                );
+            }
             if let Some(r) = p.get("reordered") {
                 let their_ms = r["ms_per_step"].as_f64().unwrap_or(f64::NAN);
                 println!(
@@ -303,6 +521,13 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
                 range(0),
                 range(1)
             );
+            if let Some(r) = report["cpu_ratio_vs_pytorch"].as_f64() {
+                println!(
+                    "  on-CPU time per step (waits for a core excluded): grpo-lab {:.3} ms, PyTorch {:.3} ms, ratio {r:.2}×",
+                    report["cpu_ms_per_step"].as_f64().unwrap_or(f64::NAN),
+                    p["cpu_ms_per_step"].as_f64().unwrap_or(f64::NAN),
+                );
+            }
         }
     }
     Ok(())
@@ -325,10 +550,8 @@ fn pytorch_reference(
     options: &BenchOptions,
 ) -> Result<serde_json::Value> {
     use crate::model::lecture::{LecturePolicy, LectureWeights};
-    if config.model.kind != crate::config::ModelKind::Lecture {
-        return Err(user(
-            "--pytorch compares the lecture model only (model.kind = lecture)",
-        ));
+    if config.model.kind == crate::config::ModelKind::Transformer {
+        return pytorch_transformer(python, config, trainer, options);
     }
     let (t, m) = (&config.task, &config.model);
     let w = LectureWeights::init(t.vocab, t.n, m.d_model, m.init_scale, config.run.seed);
@@ -346,26 +569,7 @@ fn pytorch_reference(
         "iterations": options.iterations,
         "warmup": 2,
     });
-    let dir = std::env::temp_dir().join(format!("grpo-lab-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let spec_path = dir.join("spec.json");
-    std::fs::write(&spec_path, spec.to_string())?;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/reference/grpo_ref.py");
-    let out = std::process::Command::new(python)
-        .arg(&script)
-        .arg(&spec_path)
-        .arg("--threads")
-        .arg(options.pytorch_threads.to_string())
-        .output()
-        .map_err(|e| user(format!("cannot run {python}: {e}")))?;
-    let _ = std::fs::remove_dir_all(&dir);
-    if !out.status.success() {
-        return Err(user(format!(
-            "the PyTorch reference failed (is it installed? `{python} -m pip install ./bench/reference`):\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let report = run_reference(python, &spec, options)?;
     // The same weights must give the same greedy answers and rewards in both implementations.
     let device = burn::tensor::Device::flex();
     let model = LecturePolicy::from_weights(&w, t.vocab, t.n, m.d_model, &device);
@@ -392,6 +596,168 @@ fn pytorch_reference(
         return Err(user(format!(
             "the PyTorch reference disagrees with grpo-lab on {disagree} of {} greedy rewards at init: not comparing times",
             prompts.len()
+        )));
+    }
+    Ok(report)
+}
+
+/// Run `bench/reference/grpo_ref.py` on `spec` and parse the JSON it prints.
+fn run_reference(
+    python: &str,
+    spec: &serde_json::Value,
+    options: &BenchOptions,
+) -> Result<serde_json::Value> {
+    let dir = std::env::temp_dir().join(format!("grpo-lab-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let spec_path = dir.join("spec.json");
+    std::fs::write(&spec_path, spec.to_string())?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/reference/grpo_ref.py");
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .arg(&spec_path)
+        .arg("--threads")
+        .arg(options.pytorch_threads.to_string())
+        .output()
+        .map_err(|e| user(format!("cannot run {python}: {e}")));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = out?;
+    if !out.status.success() {
+        return Err(user(format!(
+            "the PyTorch reference failed (is it installed? `{python} -m pip install ./bench/reference`):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    serde_json::from_slice(&out.stdout)
+        .map_err(|e| user(format!("the PyTorch reference printed no report ({e})")))
+}
+
+/// What of a transformer config the PyTorch loop (`bench/reference/transformer_ref.py`) does
+/// not implement; empty when it computes the same iteration as the trainer.
+pub fn transformer_reference_gaps(c: &RunConfig) -> Vec<String> {
+    use crate::config::{AdvantageMode, LengthReward, LossAggMode, LossMode};
+    let a = &c.algorithm;
+    let mut gaps = Vec::new();
+    let mut need = |ok: bool, what: &str| {
+        if !ok {
+            gaps.push(what.to_string());
+        }
+    };
+    need(!a.dynamic_sampling, "algorithm.dynamic_sampling=false");
+    need(a.loss == LossMode::Clipped, "algorithm.loss=clipped");
+    need(
+        a.advantage == AdvantageMode::Normalized,
+        "algorithm.advantage=normalized",
+    );
+    need(
+        a.loss_agg_mode == LossAggMode::TokenMean,
+        "algorithm.loss_agg_mode=token-mean",
+    );
+    need(a.beta == 0.0, "algorithm.beta=0");
+    need(a.entropy_coef == 0.0, "algorithm.entropy_coef=0");
+    need(!a.bugs.any(), "no bug-gallery switch");
+    need(
+        c.sampling.top_k == 0 && c.sampling.top_p >= 1.0,
+        "sampling.top_k=0 and sampling.top_p=1",
+    );
+    need(
+        c.task.length_reward == LengthReward::None,
+        "task.length_reward=none",
+    );
+    need(
+        RewardFn::from_task(&c.task).kernel_weights()[2] == 0.0,
+        "rewards from exact and distance only",
+    );
+    need(
+        c.algorithm.prompt_sampling == crate::config::PromptSampling::Uniform,
+        "algorithm.prompt_sampling=uniform",
+    );
+    gaps
+}
+
+/// The transformer's PyTorch loop on the trainer's initial weights, prompts and held-out
+/// prompts; refuses to report unless both give the same greedy answers to every held-out
+/// prompt at init.
+fn pytorch_transformer(
+    python: &str,
+    config: &RunConfig,
+    trainer: &Trainer,
+    options: &BenchOptions,
+) -> Result<serde_json::Value> {
+    use crate::engine::Engine;
+    use crate::engine::transformer_cpu::FusedTransformerEngine;
+    let gaps = transformer_reference_gaps(config);
+    if !gaps.is_empty() {
+        return Err(user(format!(
+            "the PyTorch transformer loop implements one GRPO variant; this config also needs: {} (add --set for each)",
+            gaps.join(", ")
+        )));
+    }
+    let shape = crate::model::transformer_shape(config);
+    let mut ours = FusedTransformerEngine::new(config);
+    let weights = ours.flat_weights();
+    let heldout: Vec<Vec<u32>> = if trainer.prompts.heldout.is_empty() {
+        trainer.prompts.train.iter().take(256).cloned().collect()
+    } else {
+        trainer.prompts.heldout.clone()
+    };
+    let max_len = config.max_len();
+    let views: Vec<&[u32]> = heldout.iter().map(|p| p.as_slice()).collect();
+    let greedy = ours.greedy(&views, max_len).map_err(user)?;
+    let (t, a, o) = (&config.task, &config.algorithm, &config.optimizer);
+    let kw = RewardFn::from_task(t).kernel_weights();
+    let spec = serde_json::json!({
+        "model": "transformer",
+        "seed": config.run.seed,
+        "shape": {
+            "vocab": shape.vocab, "context": shape.context, "d_model": shape.d_model,
+            "heads": shape.heads, "layers": shape.layers, "d_ff": shape.d_ff,
+        },
+        "settings": {
+            "n": t.n, "num_generations": a.num_generations, "mu": a.mu,
+            "prompts_per_iteration": config.batch_prompts(trainer.prompts.train.len()),
+            "max_len": max_len, "temperature": config.sampling.temperature,
+            "lr": o.lr, "beta1": o.beta1, "beta2": o.beta2, "eps": o.eps,
+            "epsilon_low": a.epsilon_low, "epsilon_high": a.epsilon_high,
+            "max_grad_norm": o.max_grad_norm,
+            "reward_weights": { "distance": kw[0], "exact": kw[1] },
+            "format_reward": t.format_reward,
+            // The trainer scores log π_ref every iteration (for the logged KL) even at β = 0.
+            "ref_logp": true,
+            "sft": {
+                "steps": config.sft.steps, "examples": config.sft.examples,
+                "batch_size": config.sft.batch_size, "lr": config.sft.lr,
+            },
+        },
+        "weights": weights,
+        "prompts": trainer.prompts.train,
+        "heldout": heldout,
+        "iterations": options.iterations,
+        "warmup": 1,
+        "no_cache_iterations": options.iterations.div_ceil(3),
+    });
+    let report = run_reference(python, &spec, options)?;
+    let theirs: Vec<Vec<u32>> = report["greedy"]
+        .as_array()
+        .map(|rows| {
+            rows.iter()
+                .map(|r| {
+                    r.as_array()
+                        .map(|x| {
+                            x.iter()
+                                .map(|v| v.as_u64().unwrap_or(u64::MAX) as u32)
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let disagree = greedy.iter().zip(&theirs).filter(|(x, y)| x != y).count()
+        + greedy.len().abs_diff(theirs.len());
+    if disagree > 0 {
+        return Err(user(format!(
+            "the PyTorch reference disagrees with grpo-lab on {disagree} of {} greedy answers at init: not comparing times",
+            greedy.len()
         )));
     }
     Ok(report)

@@ -312,6 +312,113 @@ fn bench_json_reports_ms_per_step() {
     assert!(v["ms_per_step"].as_f64().unwrap() > 0.0);
 }
 
+/// `bench --pytorch` on the transformer: refused (exit 2, naming the setting) for what the
+/// PyTorch loop does not implement, refused when its greedy answers at init disagree with
+/// ours (a stand-in "python" that prints someone else's answers), and — when torch is
+/// installed — a ratio with its spread and both parts tables.
+#[test]
+fn bench_pytorch_transformer_compares_only_equal_models() {
+    let o = grpo_lab(&[
+        "bench",
+        "--preset",
+        "transformer-sort",
+        "--device",
+        "cpu",
+        "--iterations",
+        "1",
+        "--pytorch",
+        "python3",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("algorithm.dynamic_sampling=false"),
+        "{}",
+        stderr(&o)
+    );
+
+    let dir = temp_dir("cli-fake-python");
+    std::fs::create_dir_all(&dir).unwrap();
+    let fake = dir.join("python");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho '{\"model\": \"transformer\", \"greedy\": [[0, 1, 2, 3, 4, 10]], \"ms_per_step\": 1.0}'\n",
+    )
+    .unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let o = grpo_lab(&[
+        "bench",
+        "--preset",
+        "transformer-sort",
+        "--device",
+        "cpu",
+        "--iterations",
+        "1",
+        "--set",
+        "algorithm.dynamic_sampling=false",
+        "--set",
+        "sft.steps=2",
+        "--pytorch",
+        fake.to_str().unwrap(),
+    ]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("greedy answers at init: not comparing"),
+        "{}",
+        stderr(&o)
+    );
+
+    let has_torch = Command::new("python3")
+        .args(["-c", "import torch"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !has_torch {
+        eprintln!("skipped the PyTorch run: python3 cannot import torch");
+        return;
+    }
+    let o = grpo_lab(&[
+        "bench",
+        "--preset",
+        "transformer-sort",
+        "--device",
+        "cpu",
+        "--iterations",
+        "1",
+        "--set",
+        "algorithm.dynamic_sampling=false",
+        "--set",
+        "sft.steps=4",
+        "--pytorch",
+        "python3",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(v["ratio_vs_pytorch"].as_f64().unwrap() > 0.0, "{v}");
+    assert_eq!(v["ratio_range"].as_array().unwrap().len(), 2);
+    let p = &v["pytorch"];
+    for part in [
+        "rollout",
+        "old_ref_logp",
+        "forward_backward",
+        "optimizer",
+        "evaluation",
+    ] {
+        assert!(
+            p["parts_ms_per_step"][part].as_f64().unwrap() >= 0.0,
+            "{part}: {p}"
+        );
+    }
+    assert!(p["no_cache"]["ms_per_step"].as_f64().unwrap() > 0.0, "{p}");
+    assert!(p["peak_rss_mib"].as_f64().unwrap() > 0.0);
+    assert!(v["parts_ms_per_step"]["step"].as_f64().unwrap() > 0.0);
+}
+
 #[test]
 fn no_adapter_falls_back_to_the_cpu_backend_with_one_line() {
     // `auto` without a hardware GPU: the CPU engines, said once, and why.

@@ -101,6 +101,9 @@ fn a_fake_engine_drives_whole_iterations() {
     c.run.iterations = 3;
     c.algorithm.mu = 2;
     c.algorithm.ref_period = 2;
+    // pass@k's evaluation samples too (every run.eval_every iterations): off here, so the
+    // calls are the iteration's own.
+    c.run.eval_every = 0;
     let fake = Fake::default();
     let calls = fake.calls.clone();
     let mut t = Trainer::with_engine(c.clone(), Box::new(fake)).unwrap();

@@ -4,6 +4,7 @@ the same initial weights and prompts as the Rust trainer and compares the two.
 
 Input (JSON on the command line, a file): shape, weights, prompts, timing settings.
 Output (JSON on stdout): greedy responses and rewards at init, and step times.
+A spec with `"model": "transformer"` runs the transformer's loop instead (`transformer_ref.py`).
 """
 
 import argparse
@@ -56,6 +57,11 @@ def main():
     a = ap.parse_args()
     spec = json.load(open(a.input))
     torch.set_num_threads(a.threads)
+    if spec.get("model") == "transformer":
+        from transformer_ref import run
+
+        print(json.dumps(run(spec, a.threads)))
+        return
     torch.manual_seed(spec["seed"])
     s = spec["shape"]
     vocab, n, d, g, mu, b = s["vocab"], s["n"], s["d_model"], s["num_generations"], s["mu"], s["prompts_per_iteration"]

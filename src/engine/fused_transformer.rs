@@ -146,38 +146,72 @@ struct BlockActs {
     rstd2: Vec<f32>,
     a2: Vec<f32>,
     hpre: Vec<f32>,
+    /// `Φ(hpre)`, kept for GELU's backward.
+    cdf: Vec<f32>,
     hact: Vec<f32>,
 }
 
 /// The tokens of a teacher-forced pass: the `B·n` prompt positions once per prompt (all `G`
 /// responses to a prompt read the same prefix, so its activations are computed once and its
-/// gradients gathered from every response), then the `R·U` response positions (`R = B·G`
-/// rows, `U = T − 1`: the response without its last token). Row-major `[N, ·]` buffers hold
-/// the prompt positions first.
-#[derive(Debug, Clone, Copy)]
+/// gradients gathered from every response), then each response's positions (`R = B·G` rows):
+/// row `r` of `L_r` real tokens needs its first `L_r − 1` tokens as inputs, and the positions
+/// after its end (padding) are skipped — causal attention never lets them reach a real token,
+/// and the loss masks them. Row-major `[N, ·]` buffers hold the prompt positions first. The
+/// logits are computed for the `Σ L_r` real tokens only ("selected" positions, row by row).
+#[derive(Debug, Clone, Default)]
 struct Geometry {
     n: usize,
     g: usize,
     t: usize,
     /// `B·n`
     np: usize,
-    /// `B·n + R·U`
+    /// `B·n + Σ (L_r − 1)`
     total: usize,
-    /// The longest sequence a query attends over (`n + U`).
+    /// The longest sequence a query attends over (`n + T − 1`).
     s: usize,
+    /// Row `r`'s input positions start at `np + starts[r]` (`R + 1` entries).
+    starts: Vec<usize>,
+    /// The row of each response input position.
+    row_of: Vec<u32>,
+    /// Row `r`'s selected positions are `sel_starts[r]..sel_starts[r + 1]` (`R + 1` entries).
+    sel_starts: Vec<usize>,
 }
 
 impl Geometry {
-    fn new(n: usize, b: usize, g: usize, t: usize) -> Self {
-        let u = t - 1;
+    /// `lens[r]`: the real tokens of row `r` (`≤ t`).
+    fn new(n: usize, b: usize, g: usize, t: usize, lens: &[usize]) -> Self {
+        let r = b * g;
+        assert_eq!(lens.len(), r, "one length per row");
+        let mut starts = Vec::with_capacity(r + 1);
+        let mut sel_starts = Vec::with_capacity(r + 1);
+        let (mut at, mut sel) = (0, 0);
+        let mut row_of = Vec::new();
+        for (ri, &len) in lens.iter().enumerate() {
+            let len = len.min(t);
+            starts.push(at);
+            sel_starts.push(sel);
+            let u = len.saturating_sub(1);
+            row_of.extend(std::iter::repeat_n(ri as u32, u));
+            at += u;
+            sel += len;
+        }
+        starts.push(at);
+        sel_starts.push(sel);
         Self {
             n,
             g,
             t,
             np: b * n,
-            total: b * n + b * g * u,
-            s: n + u,
+            total: b * n + at,
+            s: n + t - 1,
+            starts,
+            row_of,
+            sel_starts,
         }
+    }
+    /// Selected positions (real tokens) in all.
+    fn sel(&self) -> usize {
+        self.sel_starts[self.sel_starts.len() - 1]
     }
     /// The keys token `q` attends to: prompt tokens `ps..ps + pc`, then its own response's
     /// tokens `rs..rs + rc`; and its position in the sequence.
@@ -187,12 +221,12 @@ impl Geometry {
             let (bi, i) = (q / self.n, q % self.n);
             (bi * self.n, i + 1, 0, 0, i)
         } else {
-            let u = self.t - 1;
-            let (ri, j) = ((q - self.np) / u, (q - self.np) % u);
+            let ri = self.row_of[q - self.np] as usize;
+            let j = q - self.np - self.starts[ri];
             (
                 (ri / self.g) * self.n,
                 self.n,
-                self.np + ri * u,
+                self.np + self.starts[ri],
                 j + 1,
                 self.n + j,
             )
@@ -204,14 +238,29 @@ impl Geometry {
         if i == 0 {
             (ri / self.g) * self.n + self.n - 1
         } else {
-            self.np + ri * (self.t - 1) + i - 1
+            self.np + self.starts[ri] + i - 1
         }
     }
+    /// `(selected position, flat index r·T + i, row, i)` of every real token, in order.
+    fn selected(&self) -> impl Iterator<Item = (usize, usize, usize, usize)> + '_ {
+        (0..self.sel_starts.len() - 1).flat_map(move |ri| {
+            let (a, b) = (self.sel_starts[ri], self.sel_starts[ri + 1]);
+            (a..b).map(move |k| (k, ri * self.t + k - a, ri, k - a))
+        })
+    }
+}
+
+/// The real tokens of each row: one past the last position with a nonzero mask.
+fn lengths_of(mask: &[f32], t: usize) -> Vec<usize> {
+    mask.chunks(t.max(1))
+        .map(|row| row.iter().rposition(|&m| m != 0.0).map_or(0, |i| i + 1))
+        .collect()
 }
 
 /// Buffers of a teacher-forced pass and its backward (sized on first use, then reused).
 #[derive(Debug, Clone, Default)]
 struct Scratch {
+    geo: Geometry,
     tokens: Vec<u32>,
     x: Vec<f32>,
     blocks: Vec<BlockActs>,
@@ -407,10 +456,26 @@ fn gelu(x: f32) -> f32 {
 }
 
 /// `d gelu / dx = Φ(x) + x·φ(x)`, as burn's `gelu_backward`.
+#[cfg(test)]
 #[inline(always)]
 fn gelu_grad(x: f32) -> f32 {
+    gelu_grad_from(x, normal_cdf(x))
+}
+
+/// `gelu_grad` with `Φ(x)` already known (the forward keeps it).
+#[inline(always)]
+fn gelu_grad_from(x: f32, cdf: f32) -> f32 {
     const INV_SQRT_2PI: f32 = 0.398_942_3;
-    normal_cdf(x) + x * INV_SQRT_2PI * exp_fast(-0.5 * x * x)
+    cdf + x * INV_SQRT_2PI * exp_fast(-0.5 * x * x)
+}
+
+/// `buf` resized to `len` without clearing what it held: for buffers the next pass
+/// overwrites entirely (a product without accumulation, a LayerNorm, a copy), where zeroing
+/// first is a memset of megabytes per step for nothing.
+#[inline(always)]
+fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    buf.resize(len, 0.0);
+    &mut buf[..len]
 }
 
 /// `x[r] += b` for rows of `b.len()`.
@@ -447,29 +512,66 @@ fn row_logz(logits: &[f32], inv_t: f32, z: &mut [f32]) -> f32 {
     m + total.ln()
 }
 
+/// `Σ a·b` in 8 lanes (fixed-size chunks and a pairwise reduction, so the lanes stay in a
+/// register: a short dot product — a head's 16 values — is mostly its reduction).
+/// Index loops, not iterator adapters: called per key and head, where an adapter's setup
+/// that is not inlined costs as much as the work.
 #[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
     let mut lanes = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let rest: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for ((l, &xi), &yi) in lanes.iter_mut().zip(x).zip(y) {
-            *l += xi * yi;
+    let whole = n / 8 * 8;
+    for c in (0..whole).step_by(8) {
+        let x: &[f32; 8] = a[c..c + 8].try_into().expect("8 values");
+        let y: &[f32; 8] = b[c..c + 8].try_into().expect("8 values");
+        for l in 0..8 {
+            lanes[l] += x[l] * y[l];
         }
     }
-    lanes.iter().sum::<f32>() + rest
+    let mut rest = 0.0f32;
+    for i in whole..n {
+        rest += a[i] * b[i];
+    }
+    let h = [
+        lanes[0] + lanes[4],
+        lanes[1] + lanes[5],
+        lanes[2] + lanes[6],
+        lanes[3] + lanes[7],
+    ];
+    ((h[0] + h[2]) + (h[1] + h[3])) + rest
 }
 
-/// `y += a·x`.
+/// `p ← softmax(p)` (max-subtracted, `exp_fast`).
+#[inline(always)]
+fn softmax_in_place(p: &mut [f32]) {
+    let m = p.iter().fold(f32::MIN, |a, &b| a.max(b));
+    let mut total = 0.0f32;
+    for pj in p.iter_mut() {
+        *pj = exp_fast(*pj - m);
+        total += *pj;
+    }
+    let inv = 1.0 / total;
+    for pj in p.iter_mut() {
+        *pj *= inv;
+    }
+}
+
+/// `y += a·x` (in chunks of 8, index loops: see [`dot`]).
 #[inline(always)]
 fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    for (yv, &xv) in y.iter_mut().zip(x) {
-        *yv += a * xv;
+    let n = y.len().min(x.len());
+    let (y, x) = (&mut y[..n], &x[..n]);
+    let whole = n / 8 * 8;
+    for c in (0..whole).step_by(8) {
+        let yc: &mut [f32; 8] = (&mut y[c..c + 8]).try_into().expect("8 values");
+        let xc: &[f32; 8] = x[c..c + 8].try_into().expect("8 values");
+        for l in 0..8 {
+            yc[l] += a * xc[l];
+        }
+    }
+    for i in whole..n {
+        y[i] += a * x[i];
     }
 }
 
@@ -518,8 +620,9 @@ impl FusedTransformer {
     }
 
     /// Teacher-forced forward of `R = B·G` rows (the prompt, then the response without its
-    /// last token) with weights `w`: fills `sc` (activations, and `logits [R·T, V]` of the `T`
-    /// positions that predict response tokens).
+    /// last token) with weights `w`, row `r` holding `lens[r]` real tokens: fills `sc`
+    /// (activations, the geometry, and `logits [Σ L_r, V]` of the positions that predict a
+    /// real response token, row by row).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn forward_into(
@@ -529,6 +632,7 @@ impl FusedTransformer {
         w: &[f32],
         prompts: &[u32],
         responses: &[u32],
+        lens: &[usize],
         g: usize,
         t: usize,
         sc: &mut Scratch,
@@ -537,7 +641,7 @@ impl FusedTransformer {
         let dh = d / hh;
         let b = prompts.len() / n;
         let r = b * g;
-        let geo = Geometry::new(n, b, g, t);
+        let geo = Geometry::new(n, b, g, t, lens);
         let (rows, s) = (geo.total, geo.s);
         assert!(s <= shape.context, "sequence longer than the context");
         assert!(
@@ -549,10 +653,10 @@ impl FusedTransformer {
         sc.tokens.clear();
         sc.tokens.extend_from_slice(prompts);
         for ri in 0..r {
-            sc.tokens
-                .extend_from_slice(&responses[ri * t..ri * t + t - 1]);
+            let u = geo.starts[ri + 1] - geo.starts[ri];
+            sc.tokens.extend_from_slice(&responses[ri * t..ri * t + u]);
         }
-        let x = zeroed(&mut sc.x, rows * d);
+        let x = sized(&mut sc.x, rows * d);
         for (q, (xr, &tok)) in x.chunks_exact_mut(d).zip(&sc.tokens).enumerate() {
             let pos = geo.keys(q).4;
             let te = &w[lay.tok_emb + tok as usize * d..][..d];
@@ -564,9 +668,9 @@ impl FusedTransformer {
         sc.blocks.resize_with(lay.blocks.len(), BlockActs::default);
         let scale = 1.0 / (dh as f32).sqrt();
         for (bl, acts) in lay.blocks.iter().zip(sc.blocks.iter_mut()) {
-            zeroed(&mut acts.xhat1, rows * d);
-            zeroed(&mut acts.rstd1, rows);
-            zeroed(&mut acts.a1, rows * d);
+            sized(&mut acts.xhat1, rows * d);
+            sized(&mut acts.rstd1, rows);
+            sized(&mut acts.a1, rows * d);
             layer_norm(
                 &sc.x,
                 &w[bl.ln1_g..][..d],
@@ -576,7 +680,7 @@ impl FusedTransformer {
                 &mut acts.rstd1,
                 &mut acts.a1,
             );
-            let qkv = zeroed(&mut acts.qkv, rows * 3 * d);
+            let qkv = sized(&mut acts.qkv, rows * 3 * d);
             product_into(
                 qkv,
                 3 * d,
@@ -586,33 +690,35 @@ impl FusedTransformer {
                 false,
             );
             // Causal attention of every token and head over its keys.
-            let att = zeroed(&mut acts.att, rows * hh * s);
+            let att = sized(&mut acts.att, rows * hh * s);
             let ctx = zeroed(&mut acts.ctx, rows * d);
             let qkv = &acts.qkv;
+            // Key by key across the heads: each key's row is read once, and the heads'
+            // accumulators are independent chains.
             for q in 0..rows {
                 let (ps, pc, rs, rc, _) = geo.keys(q);
                 let key = |j: usize| if j < pc { ps + j } else { rs + j - pc };
                 let kc = pc + rc;
+                let qrow = &qkv[q * 3 * d..][..d];
+                let arow = &mut att[q * hh * s..][..hh * s];
+                for j in 0..kc {
+                    let krow = &qkv[key(j) * 3 * d + d..][..d];
+                    for h in 0..hh {
+                        arow[h * s + j] = dot(&qrow[h * dh..][..dh], &krow[h * dh..][..dh]) * scale;
+                    }
+                }
                 for h in 0..hh {
-                    let qv = &qkv[q * 3 * d + h * dh..][..dh];
-                    let p = &mut att[(q * hh + h) * s..][..kc];
-                    let mut m = f32::MIN;
-                    for (j, pj) in p.iter_mut().enumerate() {
-                        let k = &qkv[key(j) * 3 * d + d + h * dh..][..dh];
-                        *pj = dot(qv, k) * scale;
-                        m = m.max(*pj);
-                    }
-                    let mut total = 0.0f32;
-                    for pj in p.iter_mut() {
-                        *pj = exp_fast(*pj - m);
-                        total += *pj;
-                    }
-                    let inv = 1.0 / total;
-                    let out = &mut ctx[q * d + h * dh..][..dh];
-                    for (j, pj) in p.iter_mut().enumerate() {
-                        *pj *= inv;
-                        let vv = &qkv[key(j) * 3 * d + 2 * d + h * dh..][..dh];
-                        axpy(out, *pj, vv);
+                    softmax_in_place(&mut arow[h * s..][..kc]);
+                }
+                let out = &mut ctx[q * d..][..d];
+                for j in 0..kc {
+                    let vrow = &qkv[key(j) * 3 * d + 2 * d..][..d];
+                    for h in 0..hh {
+                        axpy(
+                            &mut out[h * dh..][..dh],
+                            arow[h * s + j],
+                            &vrow[h * dh..][..dh],
+                        );
                     }
                 }
             }
@@ -625,9 +731,9 @@ impl FusedTransformer {
                 (rows, d, d),
                 true,
             );
-            zeroed(&mut acts.xhat2, rows * d);
-            zeroed(&mut acts.rstd2, rows);
-            zeroed(&mut acts.a2, rows * d);
+            sized(&mut acts.xhat2, rows * d);
+            sized(&mut acts.rstd2, rows);
+            sized(&mut acts.a2, rows * d);
             layer_norm(
                 &sc.x,
                 &w[bl.ln2_g..][..d],
@@ -637,7 +743,7 @@ impl FusedTransformer {
                 &mut acts.rstd2,
                 &mut acts.a2,
             );
-            let hpre = zeroed(&mut acts.hpre, rows * f);
+            let hpre = sized(&mut acts.hpre, rows * f);
             product_into(
                 hpre,
                 f,
@@ -647,9 +753,13 @@ impl FusedTransformer {
                 false,
             );
             add_bias(hpre, &w[bl.b1..][..f]);
-            let hact = zeroed(&mut acts.hact, rows * f);
-            for (y, &xv) in hact.iter_mut().zip(acts.hpre.iter()) {
-                *y = gelu(xv);
+            let hact = sized(&mut acts.hact, rows * f);
+            let cdf = sized(&mut acts.cdf, rows * f);
+            for ((y, c), &xv) in hact.iter_mut().zip(cdf.iter_mut()).zip(acts.hpre.iter()) {
+                // gelu(x) = x·Φ(x); Φ kept for the backward.
+                let p = normal_cdf(xv);
+                *c = p;
+                *y = xv * p;
             }
             product_into(
                 &mut sc.x,
@@ -661,16 +771,16 @@ impl FusedTransformer {
             );
             add_bias(&mut sc.x, &w[bl.b2..][..d]);
         }
-        // The final LayerNorm and the head at the `R·T` positions that predict a token.
-        let sel = r * t;
-        let xsel = zeroed(&mut sc.xsel, sel * d);
-        for (k, row) in xsel.chunks_exact_mut(d).enumerate() {
-            let from = geo.predictor(k / t, k % t) * d;
-            row.copy_from_slice(&sc.x[from..from + d]);
+        // The final LayerNorm and the head at the positions that predict a real token.
+        let sel = geo.sel();
+        let xsel = sized(&mut sc.xsel, sel * d);
+        for (k, _, ri, i) in geo.selected() {
+            let from = geo.predictor(ri, i) * d;
+            xsel[k * d..(k + 1) * d].copy_from_slice(&sc.x[from..from + d]);
         }
-        zeroed(&mut sc.xhatf, sel * d);
-        zeroed(&mut sc.rstdf, sel);
-        zeroed(&mut sc.af, sel * d);
+        sized(&mut sc.xhatf, sel * d);
+        sized(&mut sc.rstdf, sel);
+        sized(&mut sc.af, sel * d);
         layer_norm(
             &sc.xsel,
             &w[lay.lnf_g..][..d],
@@ -680,7 +790,7 @@ impl FusedTransformer {
             &mut sc.rstdf,
             &mut sc.af,
         );
-        let logits = zeroed(&mut sc.logits, sel * v);
+        let logits = sized(&mut sc.logits, sel * v);
         product_into(
             logits,
             v,
@@ -689,9 +799,11 @@ impl FusedTransformer {
             (sel, d, v),
             false,
         );
+        sc.geo = geo;
     }
 
-    /// Gradients of every weight from `sc.dlogits [R·T, V]` into `sc.grad` (flat layout).
+    /// Gradients of every weight from `sc.dlogits [Σ L_r, V]` into `sc.grad` (flat layout),
+    /// for the geometry of the last forward.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn backward(
@@ -706,9 +818,10 @@ impl FusedTransformer {
     ) {
         let (v, d, f, hh) = (shape.vocab, shape.d_model, shape.d_ff, shape.heads);
         let dh = d / hh;
-        let geo = Geometry::new(n, r / g, g, t);
+        let geo = std::mem::take(&mut sc.geo);
+        debug_assert!(geo.n == n && geo.g == g && geo.t == t && geo.starts.len() == r + 1);
         let (rows, s) = (geo.total, geo.s);
-        let sel = r * t;
+        let sel = geo.sel();
         let grad = zeroed(&mut sc.grad, lay.total);
         // logits = af · head
         product_into(
@@ -719,7 +832,7 @@ impl FusedTransformer {
             (d, sel, v),
             false,
         );
-        let daf = zeroed(&mut sc.da, sel * d);
+        let daf = sized(&mut sc.da, sel * d);
         product_into(
             daf,
             d,
@@ -744,10 +857,10 @@ impl FusedTransformer {
             );
         }
         let dx = zeroed(&mut sc.dx, rows * d);
-        for (k, row) in sc.dsel.chunks_exact(d).enumerate() {
-            let to = geo.predictor(k / t, k % t) * d;
+        for (k, _, ri, i) in geo.selected() {
+            let to = geo.predictor(ri, i) * d;
             // The prompt's last position predicts the first token of all G responses.
-            axpy(&mut dx[to..to + d], 1.0, row);
+            axpy(&mut dx[to..to + d], 1.0, &sc.dsel[k * d..(k + 1) * d]);
         }
         let scale = 1.0 / (dh as f32).sqrt();
         for (bl, acts) in lay.blocks.iter().zip(sc.blocks.iter()).rev() {
@@ -761,7 +874,7 @@ impl FusedTransformer {
                 (f, rows, d),
                 false,
             );
-            let dhid = zeroed(&mut sc.dh, rows * f);
+            let dhid = sized(&mut sc.dh, rows * f);
             product_into(
                 dhid,
                 f,
@@ -770,8 +883,8 @@ impl FusedTransformer {
                 (rows, d, f),
                 false,
             );
-            for (dv, &xv) in dhid.iter_mut().zip(&acts.hpre) {
-                *dv *= gelu_grad(xv);
+            for ((dv, &xv), &p) in dhid.iter_mut().zip(&acts.hpre).zip(&acts.cdf) {
+                *dv *= gelu_grad_from(xv, p);
             }
             bias_grad(&sc.dh, &mut grad[bl.b1..][..f]);
             product_into(
@@ -782,7 +895,7 @@ impl FusedTransformer {
                 (d, rows, f),
                 false,
             );
-            let da2 = zeroed(&mut sc.da, rows * d);
+            let da2 = sized(&mut sc.da, rows * d);
             product_into(
                 da2,
                 d,
@@ -814,7 +927,7 @@ impl FusedTransformer {
                 (d, rows, d),
                 false,
             );
-            let dctx = zeroed(&mut sc.dctx, rows * d);
+            let dctx = sized(&mut sc.dctx, rows * d);
             product_into(
                 dctx,
                 d,
@@ -825,29 +938,49 @@ impl FusedTransformer {
             );
             let dqkv = zeroed(&mut sc.dqkv, rows * 3 * d);
             let qkv = &acts.qkv;
-            let mut dp = vec![0.0f32; s];
+            // Key by key across the heads, as the forward (the same sums in the same order).
+            let mut dp = vec![0.0f32; hh * s];
+            let mut sum = vec![0.0f32; hh];
             for q in 0..rows {
                 let (ps, pc, rs, rc, _) = geo.keys(q);
                 let key = |j: usize| if j < pc { ps + j } else { rs + j - pc };
                 let kc = pc + rc;
-                for h in 0..hh {
-                    let p = &acts.att[(q * hh + h) * s..][..kc];
-                    let dout = &sc.dctx[q * d + h * dh..][..dh];
-                    let mut sum = 0.0f32;
-                    for j in 0..kc {
-                        let kj = key(j);
-                        let vv = &qkv[kj * 3 * d + 2 * d + h * dh..][..dh];
-                        dp[j] = dot(dout, vv);
-                        sum += p[j] * dp[j];
-                        axpy(&mut dqkv[kj * 3 * d + 2 * d + h * dh..][..dh], p[j], dout);
+                let arow = &acts.att[q * hh * s..][..hh * s];
+                let dout = &sc.dctx[q * d..][..d];
+                sum.fill(0.0);
+                for j in 0..kc {
+                    let kj = key(j);
+                    let vrow = &qkv[kj * 3 * d + 2 * d..][..d];
+                    for h in 0..hh {
+                        let x = dot(&dout[h * dh..][..dh], &vrow[h * dh..][..dh]);
+                        dp[h * s + j] = x;
+                        sum[h] += arow[h * s + j] * x;
                     }
-                    let qv = &qkv[q * 3 * d + h * dh..][..dh];
-                    for j in 0..kc {
-                        let kj = key(j);
-                        let ds = p[j] * (dp[j] - sum) * scale;
-                        let k = &qkv[kj * 3 * d + d + h * dh..][..dh];
-                        axpy(&mut dqkv[q * 3 * d + h * dh..][..dh], ds, k);
-                        axpy(&mut dqkv[kj * 3 * d + d + h * dh..][..dh], ds, qv);
+                    let dv = &mut dqkv[kj * 3 * d + 2 * d..][..d];
+                    for h in 0..hh {
+                        axpy(
+                            &mut dv[h * dh..][..dh],
+                            arow[h * s + j],
+                            &dout[h * dh..][..dh],
+                        );
+                    }
+                }
+                let qrow = &qkv[q * 3 * d..][..d];
+                for j in 0..kc {
+                    let kj = key(j);
+                    let krow = &qkv[kj * 3 * d + d..][..d];
+                    for h in 0..hh {
+                        let ds = arow[h * s + j] * (dp[h * s + j] - sum[h]) * scale;
+                        axpy(
+                            &mut dqkv[q * 3 * d + h * dh..][..dh],
+                            ds,
+                            &krow[h * dh..][..dh],
+                        );
+                        axpy(
+                            &mut dqkv[kj * 3 * d + d + h * dh..][..dh],
+                            ds,
+                            &qrow[h * dh..][..dh],
+                        );
                     }
                 }
             }
@@ -859,7 +992,7 @@ impl FusedTransformer {
                 (d, rows, 3 * d),
                 false,
             );
-            let da1 = zeroed(&mut sc.da, rows * d);
+            let da1 = sized(&mut sc.da, rows * d);
             product_into(
                 da1,
                 d,
@@ -896,10 +1029,11 @@ impl FusedTransformer {
                 *gv += dv;
             }
         }
+        sc.geo = geo;
     }
 
     /// `log π` at `temperature` of every response token with weights `w`: `prompts [B·n]`,
-    /// `responses [B·G·T]` → `[B·G·T]` (padding positions hold `log π` of the padding token).
+    /// `responses [B·G·T]` → `[B·G·T]`, every position counted as real.
     pub fn token_logp(
         &mut self,
         w: Option<&[f32]>,
@@ -909,27 +1043,46 @@ impl FusedTransformer {
         t: usize,
         temperature: f32,
     ) -> Vec<f32> {
+        let full = vec![t; responses.len() / t.max(1)];
+        self.token_logp_ragged(w, prompts, responses, &full, g, t, temperature)
+    }
+
+    /// `token_logp` of rows holding `lens[r]` real tokens: the positions after a row's end
+    /// are not computed and hold 0.
+    #[allow(clippy::too_many_arguments)]
+    pub fn token_logp_ragged(
+        &mut self,
+        w: Option<&[f32]>,
+        prompts: &[u32],
+        responses: &[u32],
+        lens: &[usize],
+        g: usize,
+        t: usize,
+        temperature: f32,
+    ) -> Vec<f32> {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { self.token_logp_avx2(w, prompts, responses, g, t, temperature) };
+            return unsafe { self.token_logp_avx2(w, prompts, responses, lens, g, t, temperature) };
         }
-        self.token_logp_body(w, prompts, responses, g, t, temperature)
+        self.token_logp_body(w, prompts, responses, lens, g, t, temperature)
     }
 
     /// `token_logp` compiled with AVX2 enabled (same operations, wider vectors).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
+    #[allow(clippy::too_many_arguments)]
     fn token_logp_avx2(
         &mut self,
         w: Option<&[f32]>,
         prompts: &[u32],
         responses: &[u32],
+        lens: &[usize],
         g: usize,
         t: usize,
         temperature: f32,
     ) -> Vec<f32> {
-        self.token_logp_body(w, prompts, responses, g, t, temperature)
+        self.token_logp_body(w, prompts, responses, lens, g, t, temperature)
     }
 
     /// The step's loss, scalars and gradient (read it with [`Self::gradient`]), no update.
@@ -969,11 +1122,13 @@ impl FusedTransformer {
     }
 
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn token_logp_body(
         &mut self,
         w: Option<&[f32]>,
         prompts: &[u32],
         responses: &[u32],
+        lens: &[usize],
         g: usize,
         t: usize,
         temperature: f32,
@@ -987,6 +1142,7 @@ impl FusedTransformer {
             w,
             prompts,
             responses,
+            lens,
             g,
             t,
             &mut sc,
@@ -994,15 +1150,11 @@ impl FusedTransformer {
         let v = self.shape.vocab;
         let inv_t = 1.0 / temperature;
         let mut z = vec![0.0f32; v];
-        let out = sc
-            .logits
-            .chunks_exact(v)
-            .zip(responses)
-            .map(|(row, &tok)| {
-                let lz = row_logz(row, inv_t, &mut z);
-                z[tok as usize] - lz
-            })
-            .collect();
+        let mut out = vec![0.0f32; responses.len()];
+        for (k, i, _, _) in sc.geo.selected() {
+            let lz = row_logz(&sc.logits[k * v..(k + 1) * v], inv_t, &mut z);
+            out[i] = z[responses[i] as usize] - lz;
+        }
         self.scratch = sc;
         out
     }
@@ -1038,6 +1190,7 @@ impl FusedTransformer {
         let r = b * g;
         let tokens = r * t;
         let mut sc = std::mem::take(&mut self.scratch);
+        let lens = lengths_of(x.mask, t);
         Self::forward_into(
             &self.shape,
             &self.layout,
@@ -1045,27 +1198,30 @@ impl FusedTransformer {
             &self.w,
             x.prompts,
             x.responses,
+            &lens,
             g,
             t,
             &mut sc,
         );
+        let geo = std::mem::take(&mut sc.geo);
+        let sel = geo.sel();
         let s = &st.loss;
         let inv_t = 1.0 / st.temperature;
-        // Softmax statistics per position: z = logits/T, log Z, entropy.
-        zeroed(&mut sc.z, tokens * v);
-        zeroed(&mut sc.logz, tokens);
-        zeroed(&mut sc.ent, tokens);
+        // Softmax statistics per real token: z = logits/T, log Z, entropy (padding: log π 0).
+        sized(&mut sc.z, sel * v);
+        sized(&mut sc.logz, sel);
+        sized(&mut sc.ent, sel);
         zeroed(&mut sc.logp, tokens);
-        for (i, row) in sc.logits.chunks_exact(v).enumerate() {
-            let z = &mut sc.z[i * v..(i + 1) * v];
-            let lz = row_logz(row, inv_t, z);
-            sc.logz[i] = lz;
+        for (k, i, _, _) in geo.selected() {
+            let z = &mut sc.z[k * v..(k + 1) * v];
+            let lz = row_logz(&sc.logits[k * v..(k + 1) * v], inv_t, z);
+            sc.logz[k] = lz;
             let mut h = 0.0f32;
             for &zi in z.iter() {
                 let lp = zi - lz;
                 h -= exp_fast(lp) * lp;
             }
-            sc.ent[i] = h;
+            sc.ent[k] = h;
             sc.logp[i] = z[x.responses[i] as usize] - lz;
         }
         // Aggregation weight of every token (0 on padding), as `burn_loss::aggregate`.
@@ -1091,8 +1247,8 @@ impl FusedTransformer {
         let c = st.entropy_coef;
         let (mut loss, mut kl_sum, mut ratio_sum, mut ent_sum) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
         let (mut low, mut high) = (0u32, 0u32);
-        let dl = zeroed(&mut sc.dlogits, tokens * v);
-        for i in 0..tokens {
+        let dl = zeroed(&mut sc.dlogits, sel * v);
+        for (k, i, _, _) in geo.selected() {
             if x.mask[i] == 0.0 {
                 continue;
             }
@@ -1102,7 +1258,7 @@ impl FusedTransformer {
             let ratio = exp_fast(lp - x.old_logp[i]);
             let (term, dterm) = reference::pg_term(s.mode, a, ratio, lp, lo, hi);
             let (kl, dkl) = reference::kl_term(s.kl_estimator, lp, x.ref_logp[i], beta, exp_fast);
-            let h = sc.ent[i];
+            let h = sc.ent[k];
             loss += wi as f64 * (term as f64 + if kl_on { (beta * kl) as f64 } else { 0.0 })
                 - (c * wi * h) as f64;
             kl_sum += kl as f64;
@@ -1113,9 +1269,9 @@ impl FusedTransformer {
             // ∂L/∂z_j = coef·(1[j = token] − p_j) + c·w·p_j·(log p_j + H), then /T.
             let coef = wi * (dterm + if kl_on { dkl } else { 0.0 });
             let cw = c * wi;
-            let z = &sc.z[i * v..(i + 1) * v];
-            let lz = sc.logz[i];
-            let drow = &mut dl[i * v..(i + 1) * v];
+            let z = &sc.z[k * v..(k + 1) * v];
+            let lz = sc.logz[k];
+            let drow = &mut dl[k * v..(k + 1) * v];
             for (dv, &zi) in drow.iter_mut().zip(z) {
                 let lpj = zi - lz;
                 let p = exp_fast(lpj);
@@ -1124,6 +1280,7 @@ impl FusedTransformer {
             drow[x.responses[i] as usize] += coef * inv_t;
         }
         let count = mask_sum.max(1.0) as f64;
+        sc.geo = geo;
         Self::backward(&self.shape, &self.layout, n, &self.w, r, g, t, &mut sc);
         let grad_norm = sum_sq(&sc.grad).sqrt();
         let scalars = StepScalars {
@@ -1146,6 +1303,8 @@ impl FusedTransformer {
         let v = self.shape.vocab;
         let mut last = 0.0f32;
         for &(prompts, targets, t) in batches {
+            // Every position counts, padding included (as burn's `supervised_steps`).
+            let full = vec![t; targets.len() / t.max(1)];
             Self::forward_into(
                 &self.shape,
                 &self.layout,
@@ -1153,6 +1312,7 @@ impl FusedTransformer {
                 &self.w,
                 prompts,
                 targets,
+                &full,
                 1,
                 t,
                 &mut sc,
@@ -1161,7 +1321,7 @@ impl FusedTransformer {
             let coef = -1.0 / tokens as f32;
             let mut total = 0.0f64;
             let mut z = vec![0.0f32; v];
-            let dl = zeroed(&mut sc.dlogits, tokens * v);
+            let dl = sized(&mut sc.dlogits, tokens * v);
             for (i, row) in sc.logits.chunks_exact(v).enumerate() {
                 let lz = row_logz(row, 1.0, &mut z);
                 let tok = targets[i] as usize;
@@ -1202,8 +1362,8 @@ pub struct Generation {
     pub rows: Vec<Vec<u32>>,
     pub closed: Vec<bool>,
     /// `log π` (at the sampling temperature) of each sampled row's tokens, `[B·G·T]` with `T`
-    /// the longest row, padding positions holding `log π(<eos>)` there (what the
-    /// teacher-forced pass computes for a batch padded with `<eos>`).
+    /// the longest row, padding positions (after a row's end) holding 0, as the ragged
+    /// teacher-forced pass ([`FusedTransformer::token_logp_ragged`]) leaves them.
     pub logp: Vec<f32>,
     /// The greedy answer to each prompt, when asked for.
     pub greedy: Option<Vec<Vec<u32>>>,
@@ -1273,16 +1433,24 @@ impl FusedTransformer {
             buf.resize_with(layers, Vec::new);
         }
         for l in 0..layers {
-            zeroed(&mut cache.pk[l], b * n * d);
-            zeroed(&mut cache.pv[l], b * n * d);
-            zeroed(&mut cache.rk[l], r * max_len * d);
-            zeroed(&mut cache.rv[l], r * max_len * d);
+            sized(&mut cache.pk[l], b * n * d);
+            sized(&mut cache.pv[l], b * n * d);
+            sized(&mut cache.rk[l], r * max_len * d);
+            sized(&mut cache.rv[l], r * max_len * d);
         }
         // Prefill: the prompts' positions, once per prompt.
         let identity: Vec<usize> = (0..b).collect();
         for s in 0..n {
             let toks: Vec<u32> = (0..b).map(|bi| prompts[bi * n + s]).collect();
-            self.decode_position(&toks, &identity, s, max_len, s + 1 == n, &mut cache);
+            self.decode_position(
+                &toks,
+                &identity,
+                &identity,
+                s,
+                max_len,
+                s + 1 == n,
+                &mut cache,
+            );
         }
         // Logits at position n − 1 of each prompt, broadcast to its rows.
         let mut logits = vec![0.0f32; r * v];
@@ -1294,18 +1462,38 @@ impl FusedTransformer {
         let mut logp_all = vec![0.0f32; sampled * max_len];
         let inv_t = 1.0 / temperature;
         let mut z = vec![0.0f32; v];
+        let mut active: Vec<usize> = Vec::with_capacity(r);
+        let mut active_prompt: Vec<usize> = Vec::with_capacity(r);
+        let mut toks: Vec<u32> = Vec::with_capacity(r);
         for t in 0..max_len {
             if t > 0 {
-                if closed.iter().all(|c| *c) {
+                // Only the rows still open: a closed row's later positions are padding, which
+                // nothing reads (its logits here stay stale and its draws are discarded).
+                active.clear();
+                active_prompt.clear();
+                toks.clear();
+                for (i, row) in rows.iter().enumerate() {
+                    if !closed[i] {
+                        active.push(i);
+                        active_prompt.push(prompt_of[i]);
+                        toks.push(row[t - 1]);
+                    }
+                }
+                if active.is_empty() {
                     break;
                 }
-                // A closed row keeps reading <eos> (burn's generation pads the same way).
-                let toks: Vec<u32> = rows
-                    .iter()
-                    .map(|row| row.get(t - 1).copied().unwrap_or(eos))
-                    .collect();
-                self.decode_position(&toks, &prompt_of, n + t - 1, max_len, true, &mut cache);
-                logits.copy_from_slice(&cache.logits[..r * v]);
+                self.decode_position(
+                    &toks,
+                    &active_prompt,
+                    &active,
+                    n + t - 1,
+                    max_len,
+                    true,
+                    &mut cache,
+                );
+                for (k, &i) in active.iter().enumerate() {
+                    logits[i * v..(i + 1) * v].copy_from_slice(&cache.logits[k * v..(k + 1) * v]);
+                }
             }
             let next: Vec<u32> = match pick {
                 Pick::Sample {
@@ -1336,7 +1524,7 @@ impl FusedTransformer {
                 } else {
                     greedy_next[i - sampled]
                 };
-                if i < sampled {
+                if i < sampled && !closed[i] {
                     let lz = row_logz(&logits[i * v..(i + 1) * v], inv_t, &mut z);
                     logp_all[i * max_len + t] = z[tok as usize] - lz;
                 }
@@ -1370,12 +1558,15 @@ impl FusedTransformer {
     /// One position `s` of every row: embed `tokens`, run the blocks against the cache
     /// (writing this position's keys and values into it), and when `logits` the final
     /// LayerNorm and head into `cache.logits [rows, V]`. Row `i` belongs to prompt
-    /// `prompt_of[i]`; positions `< n` are the prompt's (cached once per prompt).
+    /// `prompt_of[i]` and keeps its own positions in cache row `cache_row[i]`; positions `< n`
+    /// are the prompt's (cached once per prompt).
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn decode_position(
         &self,
         tokens: &[u32],
         prompt_of: &[usize],
+        cache_row: &[usize],
         s: usize,
         max_len: usize,
         logits: bool,
@@ -1391,7 +1582,7 @@ impl FusedTransformer {
         let (w, lay) = (&self.w, &self.layout);
         let dh = d / hh;
         let rows = tokens.len();
-        let x = zeroed(&mut c.x, rows * d);
+        let x = sized(&mut c.x, rows * d);
         for (xr, &tok) in x.chunks_exact_mut(d).zip(tokens) {
             let te = &w[lay.tok_emb + tok as usize * d..][..d];
             let pe = &w[lay.pos_emb + s * d..][..d];
@@ -1401,9 +1592,10 @@ impl FusedTransformer {
         }
         let scale = 1.0 / (dh as f32).sqrt();
         let mut rstd = vec![0.0f32; rows];
+        let layers = lay.blocks.len();
         for (l, bl) in lay.blocks.iter().enumerate() {
-            zeroed(&mut c.tmp, rows * d);
-            zeroed(&mut c.a, rows * d);
+            sized(&mut c.tmp, rows * d);
+            sized(&mut c.a, rows * d);
             layer_norm(
                 &c.x,
                 &w[bl.ln1_g..][..d],
@@ -1413,7 +1605,7 @@ impl FusedTransformer {
                 &mut rstd,
                 &mut c.a,
             );
-            let qkv = zeroed(&mut c.qkv, rows * 3 * d);
+            let qkv = sized(&mut c.qkv, rows * 3 * d);
             product_into(
                 qkv,
                 3 * d,
@@ -1429,7 +1621,7 @@ impl FusedTransformer {
                     let at = (p * n + s) * d;
                     (&mut c.pk[l][at..at + d], at)
                 } else {
-                    let at = (i * max_len + s - n) * d;
+                    let at = (cache_row[i] * max_len + s - n) * d;
                     (&mut c.rk[l][at..at + d], at)
                 };
                 kd.copy_from_slice(&kv[d..2 * d]);
@@ -1439,40 +1631,54 @@ impl FusedTransformer {
                     c.rv[l][vd..vd + d].copy_from_slice(&kv[2 * d..]);
                 }
             }
+            if !logits && l + 1 == layers {
+                // The last block's output here would feed only this position's logits, which
+                // are not wanted (a prompt position before the last): its keys and values are
+                // all later positions read.
+                break;
+            }
             let ctx = zeroed(&mut c.ctx, rows * d);
             let span = s + 1;
-            c.scores.resize(span, 0.0);
+            let scores = sized(&mut c.scores, hh * span);
+            // As the teacher-forced pass: key by key across the heads, the same softmax.
             for i in 0..rows {
-                let p = prompt_of[i];
-                for h in 0..hh {
-                    let q = &c.qkv[i * 3 * d + h * dh..][..dh];
-                    let key = |j: usize| -> &[f32] {
-                        if j < n {
-                            &c.pk[l][(p * n + j) * d + h * dh..][..dh]
-                        } else {
-                            &c.rk[l][(i * max_len + j - n) * d + h * dh..][..dh]
-                        }
+                let (p, cr) = (prompt_of[i], cache_row[i]);
+                let (kp, vp, kr, vr) = (&c.pk[l], &c.pv[l], &c.rk[l], &c.rv[l]);
+                let at = |j: usize| {
+                    if j < n {
+                        (p * n + j) * d
+                    } else {
+                        (cr * max_len + j - n) * d
+                    }
+                };
+                let qrow = &c.qkv[i * 3 * d..][..d];
+                for j in 0..span {
+                    let krow = if j < n {
+                        &kp[at(j)..][..d]
+                    } else {
+                        &kr[at(j)..][..d]
                     };
-                    let mut m = f32::MIN;
-                    for j in 0..span {
-                        let sc = dot(q, key(j)) * scale;
-                        c.scores[j] = sc;
-                        m = m.max(sc);
+                    for h in 0..hh {
+                        scores[h * span + j] =
+                            dot(&qrow[h * dh..][..dh], &krow[h * dh..][..dh]) * scale;
                     }
-                    let mut total = 0.0f32;
-                    for sj in c.scores.iter_mut() {
-                        *sj = (*sj - m).exp();
-                        total += *sj;
-                    }
-                    let inv = 1.0 / total;
-                    let out = &mut ctx[i * d + h * dh..][..dh];
-                    for j in 0..span {
-                        let vv = if j < n {
-                            &c.pv[l][(p * n + j) * d + h * dh..][..dh]
-                        } else {
-                            &c.rv[l][(i * max_len + j - n) * d + h * dh..][..dh]
-                        };
-                        axpy(out, c.scores[j] * inv, vv);
+                }
+                for h in 0..hh {
+                    softmax_in_place(&mut scores[h * span..][..span]);
+                }
+                let out = &mut ctx[i * d..][..d];
+                for j in 0..span {
+                    let vrow = if j < n {
+                        &vp[at(j)..][..d]
+                    } else {
+                        &vr[at(j)..][..d]
+                    };
+                    for h in 0..hh {
+                        axpy(
+                            &mut out[h * dh..][..dh],
+                            scores[h * span + j],
+                            &vrow[h * dh..][..dh],
+                        );
                     }
                 }
             }
@@ -1493,7 +1699,7 @@ impl FusedTransformer {
                 &mut rstd,
                 &mut c.a,
             );
-            let hid = zeroed(&mut c.h, rows * f);
+            let hid = sized(&mut c.h, rows * f);
             product_into(
                 hid,
                 f,
@@ -1526,7 +1732,7 @@ impl FusedTransformer {
                 &mut rstd,
                 &mut c.a,
             );
-            let out = zeroed(&mut c.logits, rows * v);
+            let out = sized(&mut c.logits, rows * v);
             product_into(
                 out,
                 v,
@@ -1894,7 +2100,8 @@ mod tests {
             .iter()
             .flat_map(|r| (0..t).map(move |i| r.get(i).copied().unwrap_or(eos)))
             .collect();
-        let forced = f.token_logp(None, &prompts, &padded, 4, t, 0.8);
+        let lens: Vec<usize> = gen_out.rows.iter().map(|r| r.len()).collect();
+        let forced = f.token_logp_ragged(None, &prompts, &padded, &lens, 4, t, 0.8);
         assert_eq!(forced.len(), gen_out.logp.len());
         let worst = forced
             .iter()

@@ -105,10 +105,12 @@ impl Engine for FusedTransformerEngine {
             Which::Policy => None,
             Which::Reference => Some(std::mem::take(&mut self.reference)),
         };
-        let out = self.policy.token_logp(
+        // Positions after a row's end are masked everywhere they are read: not computed.
+        let out = self.policy.token_logp_ragged(
             w.as_deref(),
             &batch.prompts,
             &batch.responses,
+            &batch.lengths,
             batch.g,
             batch.t,
             temperature,
