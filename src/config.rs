@@ -433,7 +433,7 @@ pub struct RunSettings {
     /// Refuse a config whose memory estimate exceeds this many MiB (0 = the memory this
     /// machine has available when the run starts).
     pub max_memory_mib: usize,
-    /// Every this many iterations (and at the last one), sample `pass_samples` answers to each
+    /// Every this many iterations (from iteration 0), sample `pass_samples` answers to each
     /// held-out prompt and log `eval/pass@1`, `eval/pass@4` and `eval/pass@k` (0 = never).
     pub eval_every: usize,
     /// The k of `eval/pass@k` (unbiased estimator from `pass_samples` answers).
@@ -851,7 +851,7 @@ pub const FIELDS: &[Field] = &[
     Field::new("run.max_memory_mib", "Memory cap (MiB)", Range::ANY_INT,
         "A config whose memory estimate (`grpo-lab train --dry-run` prints it) exceeds this is refused before anything is allocated, naming the fields that drive it. 0 = the memory this machine has available."),
     Field::new("run.eval_every", "pass@k every", Range::ANY_INT,
-        "Every this many iterations (and at the last), sample run.pass_samples answers per held-out prompt at the sampling temperature and log eval/pass@1, eval/pass@4 and eval/pass@k (the unbiased estimator of Chen et al. 2021). 0 = never; no held-out split: nothing logged. verl: trainer.test_freq with val_kwargs.n."),
+        "Every this many iterations, from iteration 0 (so a run of 61 iterations ends with one after 60), sample run.pass_samples answers per held-out prompt at the sampling temperature and log eval/pass@1, eval/pass@4 and eval/pass@k (the unbiased estimator of Chen et al. 2021). 0 = never; no held-out split: nothing logged. verl: trainer.test_freq with val_kwargs.n."),
     Field::new("run.pass_k", "k of pass@k", Range::int(1, 1024),
         "The k of eval/pass@k (usual 8..=64; 16 by default)."),
     Field::new("run.pass_samples", "pass@k samples", Range::ANY_INT,

@@ -40,7 +40,7 @@ fn pass_at_k_is_logged_at_each_evaluation_and_leaves_training_alone() {
         .filter(|r| r.pass_at_1.is_some())
         .map(|r| r.iteration)
         .collect();
-    // Iterations 0, 2, 4 (the last), on each of their μ steps.
+    // Iterations 0, 2, 4, on each of their μ steps.
     let mu = c.algorithm.mu;
     assert_eq!(evaluated, [0, 2, 4].iter().flat_map(|&i| vec![i; mu]).collect::<Vec<_>>());
     for r in with.iter().filter(|r| r.pass_at_1.is_some()) {

@@ -357,14 +357,15 @@ impl Trainer {
         Ok(scored)
     }
 
-    /// Held-out pass@1 / pass@4 / pass@k when this iteration evaluates them (`run.eval_every`,
-    /// and the last iteration): `run.pass_samples` answers per held-out prompt sampled at the
+    /// Held-out pass@1 / pass@4 / pass@k when this iteration evaluates them (every
+    /// `run.eval_every`, from iteration 0): `run.pass_samples` answers per held-out prompt sampled at the
     /// run's sampling settings from a stream of their own (the training draws do not move).
     fn pass_at_k(&mut self, iteration: usize) -> Result<Option<PassAtK>, TrainError> {
         let cfg = &self.config;
         let r = &cfg.run;
-        let due = r.eval_every > 0
-            && (iteration.is_multiple_of(r.eval_every) || iteration + 1 == r.iterations);
+        // Not "and at the last iteration": which iteration is last changes when a resumed run
+        // is lengthened, and a resumed run must log what the uninterrupted one does.
+        let due = r.eval_every > 0 && iteration.is_multiple_of(r.eval_every);
         if !due || self.prompts.heldout.is_empty() {
             return Ok(None);
         }
