@@ -292,11 +292,16 @@ pub struct BugSwitches {
     pub unfrozen_old_policy: bool,
     /// BUG: the reference shares the policy's weights instead of being a copy.
     pub shared_reference: bool,
+    /// BUG: normalized advantages divided by the group's std with no ε.
+    pub std_without_eps: bool,
 }
 
 impl BugSwitches {
     pub fn any(&self) -> bool {
-        self.ratio_as_logprob_quotient || self.unfrozen_old_policy || self.shared_reference
+        self.ratio_as_logprob_quotient
+            || self.unfrozen_old_policy
+            || self.shared_reference
+            || self.std_without_eps
     }
 }
 
@@ -798,6 +803,8 @@ pub const FIELDS: &[Field] = &[
         "Deliberate bug (GRPO-SPEC §5): π_old recomputed with gradient each step instead of frozen at rollout; the ratio's gradient vanishes and nothing is learned."),
     Field::new("algorithm.bugs.shared_reference", "BUG: reference shared, not copied", Range::Bool,
         "Deliberate bug (GRPO-SPEC §5): the reference shares the policy's weights instead of being a copy; the KL is always 0, the penalty silently off."),
+    Field::new("algorithm.bugs.std_without_eps", "BUG: std without ε", Range::Bool,
+        "Deliberate bug: normalized advantages (r − mean)/std with no ε. A flat group divides 0 by 0 (NaN: the run stops); a nearly flat one (a KL penalty in the reward, tiny differences) has its noise blown up to advantages of size 1."),
     // optimizer
     Field::new("optimizer.lr", "learning rate", Range::float(Open(0.0), Open(10.0)),
         "Adam's step size. Lecture: 1e-3; usual 1e-5..=1e-2 (LLMs: ~1e-6). TRL: learning_rate; verl: actor_rollout_ref.actor.optim.lr."),

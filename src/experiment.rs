@@ -524,6 +524,10 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
         "distill-vs-rl",
         include_str!("../assets/experiments/distill-vs-rl.toml"),
     ),
+    (
+        "std-blowup",
+        include_str!("../assets/experiments/std-blowup.toml"),
+    ),
 ];
 
 impl Matrix {

@@ -301,6 +301,10 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                     "algorithm.bugs.shared_reference",
                     &mut a.bugs.shared_reference,
                 ),
+                (
+                    "algorithm.bugs.std_without_eps",
+                    &mut a.bugs.std_without_eps,
+                ),
             ] {
                 if let Some(f) = field_info(key) {
                     ui.checkbox(on, f.label).on_hover_text(f.tooltip());

@@ -75,7 +75,7 @@ impl Trainer {
         // 3. Roll out G responses per prompt from π_old, and 4. verify them (with the
         // advantages on the device when they do not wait for anything else).
         let kl_in_reward = a.kl_penalty == KlPenaltyMode::Reward && a.beta > 0.0;
-        let advantages_now = !kl_in_reward && !a.dynamic_sampling;
+        let advantages_now = !kl_in_reward && !a.dynamic_sampling && !a.bugs.std_without_eps;
         let mut scored = self.sample_and_verify(&indices, iteration as u32, advantages_now)?;
         let resampling = self.resample_flat_groups(&mut indices, &mut scored)?;
         laps.lap(&mut self.timings.rollout);
@@ -403,16 +403,32 @@ impl Trainer {
     /// Every advantage mode for `[B·G]` rewards: on the engine's device where it has kernels
     /// for them, else the reference formulas.
     fn advantages(&mut self, rewards: &[f32], g: usize) -> Result<Advantages, TrainError> {
-        if let Some(done) = self.engine.device_advantages(rewards, g) {
+        let no_eps = self.config.algorithm.bugs.std_without_eps;
+        if !no_eps && let Some(done) = self.engine.device_advantages(rewards, g) {
             return Ok(done?);
         }
         let all = advantage::all_advantages(rewards, g);
+        let mut by_mode: Vec<Vec<f32>> = AdvantageMode::GROUP
+            .iter()
+            .map(|m| all.by_mode[m.name()].clone())
+            .collect();
+        if no_eps {
+            // BUG (gallery): (r − mean) / std with no ε.
+            let k = AdvantageMode::GROUP
+                .iter()
+                .position(|m| *m == AdvantageMode::Normalized)
+                .unwrap_or(0);
+            by_mode[k] = rewards
+                .chunks(g)
+                .flat_map(|group| {
+                    let s = crate::objective::advantage::GroupStats::of(group);
+                    group.iter().map(move |r| (r - s.mean) / s.std)
+                })
+                .collect();
+        }
         Ok(Advantages {
             zero_std: all.groups.iter().map(|s| s.zero_std).collect(),
-            by_mode: AdvantageMode::GROUP
-                .iter()
-                .map(|m| all.by_mode[m.name()].clone())
-                .collect(),
+            by_mode,
         })
     }
 
