@@ -162,7 +162,7 @@ pub fn estimate(c: &RunConfig) -> Estimate {
         fields: act_fields,
         bytes: backward,
     });
-    if a_is_gae(c) {
+    if c.algorithm.advantage == crate::config::AdvantageMode::Gae {
         let critic = crate::objective::value::ValueModel::parameter_count(
             t.n,
             t.vocab,
@@ -213,8 +213,4 @@ mod tests {
         c.sft.batch_size = 1_000_000_000;
         assert!(estimate(&c).drivers().contains("sft.batch_size"));
     }
-}
-
-fn a_is_gae(c: &RunConfig) -> bool {
-    c.algorithm.advantage == crate::config::AdvantageMode::Gae
 }
