@@ -15,8 +15,9 @@ pub mod fused_lecture;
 pub mod fused_transformer;
 pub mod lecture_cpu;
 pub mod transformer_cpu;
+pub mod wgsl_lecture;
 
-use crate::config::{DeviceChoice, FusedChoice, ModelKind, RunConfig};
+use crate::config::{DeviceChoice, EngineChoice, FusedChoice, ModelKind, RunConfig};
 use crate::gpu::{Compute, DeviceError};
 use crate::objective::loss::LossSettings;
 use crate::objective::sampling::SamplingParams;
@@ -30,6 +31,8 @@ pub enum EngineError {
         "run.kernels = gpu needs a wgpu device, but the run is on {0}; use --kernels reference or --device software|gpu"
     )]
     KernelsNeedWgpu(String),
+    #[error("run.engine = wgsl {0}; use run.engine = auto or burn")]
+    WgslUnavailable(String),
     #[error("checkpoint: {0}")]
     Snapshot(String),
     /// The snapshot holds burn's optimizer state, which this engine cannot continue exactly;
@@ -235,11 +238,20 @@ pub enum EngineKind {
     FusedLecture,
     /// The transformer's fused CPU step (KV-cache rollouts).
     FusedTransformer,
+    /// The lecture model's WGSL engine (forward, backward and Adam as dispatches).
+    Wgsl,
 }
 
-/// The engine a config gets on a compute device: the fused CPU step where it covers the config
-/// and the device is the CPU, else burn's autodiff.
+/// The engine a config gets on a compute device: on a wgpu device the WGSL lecture engine
+/// where it covers the config (unless `run.engine = burn`); on the CPU the fused CPU step
+/// where it covers the config; else burn's autodiff.
 pub fn kind_for(config: &RunConfig, compute: &Compute) -> EngineKind {
+    if compute.gpu.is_some()
+        && config.run.engine != EngineChoice::Burn
+        && wgsl_lecture::WgslLectureEngine::covers(config)
+    {
+        return EngineKind::Wgsl;
+    }
     let fused = config.run.fused_step == FusedChoice::Auto && compute.gpu.is_none();
     if fused && lecture_cpu::FusedLectureEngine::covers(config) {
         EngineKind::FusedLecture
@@ -255,7 +267,24 @@ pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + S
     if config.run.kernels == crate::config::KernelChoice::Gpu && compute.gpu.is_none() {
         return Err(EngineError::KernelsNeedWgpu(compute.label.clone()));
     }
+    if config.run.engine == EngineChoice::Wgsl {
+        if compute.gpu.is_none() {
+            return Err(EngineError::WgslUnavailable(format!(
+                "needs a wgpu device, but the run is on {}: use --device gpu or --device software",
+                compute.label
+            )));
+        }
+        if !wgsl_lecture::WgslLectureEngine::covers(config) {
+            return Err(EngineError::WgslUnavailable(
+                "covers the lecture model without bug-gallery switches, without the entropy bonus and with run.kernels other than reference".into(),
+            ));
+        }
+    }
     Ok(match kind_for(config, compute) {
+        EngineKind::Wgsl => {
+            let gpu = compute.gpu.clone().expect("kind_for: a wgpu device");
+            Box::new(wgsl_lecture::WgslLectureEngine::new(config, gpu)?)
+        }
         EngineKind::FusedLecture => Box::new(lecture_cpu::FusedLectureEngine::new(config)),
         EngineKind::FusedTransformer => {
             Box::new(transformer_cpu::FusedTransformerEngine::new(config))
@@ -274,6 +303,19 @@ pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + S
 ///   CPU transformer engine).
 pub fn auto_device(config: &RunConfig, hardware_gpu: Option<&str>) -> (DeviceChoice, String) {
     let lecture = config.model.kind == ModelKind::Lecture;
+    if config.run.engine == EngineChoice::Wgsl {
+        // The WGSL engine was asked for: it needs a wgpu device, lavapipe if nothing else.
+        return match hardware_gpu {
+            Some(name) => (
+                DeviceChoice::Gpu,
+                format!("run.engine = wgsl, on the hardware GPU {name}"),
+            ),
+            None => (
+                DeviceChoice::Software,
+                "run.engine = wgsl and no hardware GPU, so lavapipe".into(),
+            ),
+        };
+    }
     if config.run.kernels == crate::config::KernelChoice::Gpu {
         // The WGSL kernels were asked for: they need a wgpu device, lavapipe if nothing else.
         return match hardware_gpu {
@@ -315,6 +357,7 @@ pub fn select(choice: DeviceChoice, config: &RunConfig) -> Result<(Compute, Stri
         EngineKind::FusedLecture => "fused CPU lecture step",
         EngineKind::FusedTransformer => "fused CPU transformer step",
         EngineKind::Burn => "burn autodiff",
+        EngineKind::Wgsl => "WGSL lecture engine",
     };
     Ok((
         compute.clone(),
