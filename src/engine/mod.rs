@@ -227,6 +227,22 @@ pub trait Engine {
     fn restore(&mut self, snapshot: &Snapshot) -> Result<(), EngineError>;
     /// Whether this engine computes exactly what `config` asks (after a live change).
     fn supports(&self, config: &RunConfig) -> bool;
+    /// For engines that drive a device by hand (the WGSL engine): command submissions so far
+    /// and dispatches per optimizer step (`bench` reports them).
+    fn device_counts(&self) -> Option<DeviceCounts> {
+        None
+    }
+}
+
+/// What an engine that drives a device by hand has sent it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceCounts {
+    /// Command submissions since the engine was built.
+    pub submissions: usize,
+    /// Compute dispatches in one optimizer step.
+    pub dispatches_per_step: usize,
+    /// Compute dispatches in one rollout (sampling, log π_old, log π_ref).
+    pub dispatches_per_rollout: usize,
 }
 
 /// Which engine kind a config runs on.
@@ -298,7 +314,10 @@ pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + S
 /// - no hardware GPU: the CPU. Lavapipe (a CPU emulating a GPU) is never the default for
 ///   training — it is 30–280× slower than the CPU engines; `--device software` still selects it.
 /// - a hardware GPU: the lecture model stays on the fused CPU step (0.01–0.9 ms per step on the
-///   presets; burn's wgpu path costs a dispatch per op, milliseconds per step on any GPU);
+///   presets). The WGSL engine (19 dispatches, one submission per step) has been measured on
+///   lavapipe only, where the fused CPU step is faster at every preset shape; `auto` moves the
+///   lecture model to it on a hardware GPU once `bench/gpu.sh` shows it winning there.
+///   `run.engine = wgsl` asks for it (lavapipe without a hardware GPU);
 ///   the transformer goes to the GPU (burn's autodiff there; on the CPU it runs on the fused
 ///   CPU transformer engine).
 pub fn auto_device(config: &RunConfig, hardware_gpu: Option<&str>) -> (DeviceChoice, String) {
@@ -380,6 +399,10 @@ mod tests {
             auto_device(&transformer, Some("a GPU")).0,
             DeviceChoice::Gpu
         );
+        let mut wgsl = lecture.clone();
+        wgsl.run.engine = EngineChoice::Wgsl;
+        assert_eq!(auto_device(&wgsl, None).0, DeviceChoice::Software);
+        assert_eq!(auto_device(&wgsl, Some("a GPU")).0, DeviceChoice::Gpu);
         let mut kernels = lecture.clone();
         kernels.run.kernels = crate::config::KernelChoice::Gpu;
         assert_eq!(auto_device(&kernels, None).0, DeviceChoice::Software);

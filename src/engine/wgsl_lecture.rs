@@ -1067,7 +1067,14 @@ fn read_staging(
     let mut out = Vec::with_capacity(reads.len());
     let mut offset = 0usize;
     for r in reads {
-        out.push(mapped[offset..offset + r.2 * 4].to_vec());
+        let Some(bytes) = mapped.get(offset..offset + r.2 * 4) else {
+            return Err(readback(format!(
+                "a read of {} bytes past the {} staged",
+                r.2 * 4,
+                mapped.len()
+            )));
+        };
+        out.push(bytes.to_vec());
         offset += r.2 * 4;
     }
     drop(mapped);
@@ -1612,6 +1619,14 @@ impl Engine for WgslLectureEngine {
         Ok(())
     }
 
+    fn device_counts(&self) -> Option<super::DeviceCounts> {
+        Some(super::DeviceCounts {
+            submissions: self.submissions,
+            dispatches_per_step: DISPATCHES_PER_STEP,
+            dispatches_per_rollout: DISPATCHES_PER_SAMPLE,
+        })
+    }
+
     fn supports(&self, config: &RunConfig) -> bool {
         Self::covers(config)
             && config.task.vocab == self.vocab
@@ -1623,8 +1638,13 @@ impl Engine for WgslLectureEngine {
 impl WgslLectureEngine {
     /// The whole `model` buffer, read back.
     fn read_model(&self) -> Result<Vec<f32>, EngineError> {
+        self.read_model_part(4)
+    }
+
+    /// The first `copies` weight-sized parts of `model` (1: the policy), read back.
+    fn read_model_part(&self, copies: usize) -> Result<Vec<f32>, EngineError> {
         let device = &self.ctx.device;
-        let bytes = (4 * self.params * 4) as u64;
+        let bytes = (copies * self.params * 4) as u64;
         let staging = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wgsl_lecture.model_staging"),
             size: bytes,
@@ -1640,14 +1660,14 @@ impl WgslLectureEngine {
             &self.ctx,
             &staging,
             bytes,
-            &[(Reads::Work, 0, 4 * self.params)],
+            &[(Reads::Work, 0, copies * self.params)],
         )?;
         Ok(f32s(&out[0]))
     }
 
     /// The policy's weights into a host copy.
     fn load_host(&self, host: &mut FusedLecture) -> Result<(), EngineError> {
-        let all = self.read_model()?;
+        let all = self.read_model_part(1)?;
         set_flat(host, &all[..self.params]);
         Ok(())
     }
