@@ -15,7 +15,6 @@
 //   token_grad   [tokens]   log π, ρ, loss term, KL, clip flags (stats channels) and
 //                           coef = (∂term/∂logπ + β·∂KL/∂logπ) · w / T
 //   dlogits      [rows·V]   Σ_g coef·(onehot − softmax)
-//   table_grad   [V·n·D]    dT_p[u] = Σ_b [x_bp = u] · d_enc[b]          (gather, no races)
 //   argmax       [rows]     greedy token per row (first maximum)
 //   reduce_partial / reduce_final: deterministic two-level sums of channels
 //   adam         [P]        grad-norm clip and Adam, as burn's
@@ -163,21 +162,6 @@ fn dlogits(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     }
     let prob = exp(work[lp.logits_off + i] * lp.inv_t - work[lp.logz_off + r]);
     work[lp.dl_off + i] = onehot - row_coef * prob;
-}
-
-@compute @workgroup_size(64)
-fn table_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = index(gid, nwg);
-    let nd = lp.n * lp.d;
-    if (i >= lp.v * nd) { return; }
-    let u = i / nd;
-    let pos = (i % nd) / lp.d;
-    let j = i % lp.d;
-    var acc = 0.0;
-    for (var bi = 0u; bi < lp.b; bi++) {
-        if (ints[lp.i_prompts + bi * lp.n + pos] == u) { acc += work[lp.denc_off + bi * lp.d + j]; }
-    }
-    work[lp.dt_off + i] = acc;
 }
 
 @compute @workgroup_size(64)

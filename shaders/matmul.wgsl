@@ -11,9 +11,13 @@
 //     so a sum over positions lands in one output without races.
 // Flag bit 0: accumulate into C instead of overwriting it.
 // A and B are read from `model` (weights) or `work` (activations) as the pipeline
-// constants A_SRC / B_SRC say (0 model, 1 work); C is always in `work`.
-// The tile: WG×WG invocations (WG from the adapter's limits; 16 under WebGPU's defaults),
-// each computing R×R outputs, a K-slice of TK through workgroup memory.
+// constants A_SRC / B_SRC say (0 model, 1 work); C is always in `work`. A_SRC = 2 is a
+// one-hot A built from token ids: A[z](i, k) = 1 if ints[a_off + z·a_bs + k·a_cs] == i
+// (the scatter of a gather, dT_p = onehot(x_p)ᵀ · d_enc, as a product without races).
+// The tile: TILE×TILE outputs (TILE = 4·WG) from WG×WG invocations, each computing a 4×4
+// block as four vec4 rows; K-slices of TK through workgroup memory. WG comes from the
+// adapter's limits (8: 64 invocations and 4 KiB of workgroup memory, within WebGPU's
+// defaults; 16 where the adapter allows 256 invocations and is a GPU).
 
 struct Mm {
     m: u32, n: u32, k: u32, batch: u32,
@@ -25,21 +29,28 @@ struct Mm {
 @group(0) @binding(0) var<uniform> mm: Mm;
 @group(0) @binding(1) var<storage, read_write> model: array<f32>;
 @group(0) @binding(2) var<storage, read_write> work: array<f32>;
+@group(0) @binding(3) var<storage, read_write> ints: array<u32>;
 
 override A_SRC: u32 = 0u;
 override B_SRC: u32 = 0u;
 
-const WG: u32 = 16u;
-const R: u32 = 2u;
-const TILE: u32 = WG * R;
+const WG: u32 = 8u;
+const TILE: u32 = WG * 4u;
 const TK: u32 = 16u;
 
-var<workgroup> ta: array<f32, TILE * TK>; // [TILE][TK]
-var<workgroup> tb: array<f32, TK * TILE>; // [TK][TILE]
+var<workgroup> ta: array<f32, TILE * TK>;          // [TILE rows][TK]
+var<workgroup> tb: array<vec4<f32>, TK * WG>;      // [TK][WG column quads]
 
 fn load_a(i: u32) -> f32 {
     if (A_SRC == 0u) { return model[i]; }
     return work[i];
+}
+
+fn a_at(zz: u32, gi: u32, kq: u32) -> f32 {
+    if (A_SRC == 2u) {
+        return select(0.0, 1.0, ints[mm.a_off + zz * mm.a_bs + kq * mm.a_cs] == gi);
+    }
+    return load_a(mm.a_off + zz * mm.a_bs + gi * mm.a_rs + kq * mm.a_cs);
 }
 
 fn load_b(i: u32) -> f32 {
@@ -47,6 +58,16 @@ fn load_b(i: u32) -> f32 {
     return work[i];
 }
 
+fn b_at(z: u32, reduce: bool, gk: u32, kk: u32, gj: u32) -> f32 {
+    if (gj >= mm.n || gk >= kk) { return 0.0; }
+    var zz = z;
+    var kq = gk;
+    if (reduce) { zz = gk / mm.k; kq = gk % mm.k; }
+    return load_b(mm.b_off + zz * mm.b_bs + kq * mm.b_rs + gj * mm.b_cs);
+}
+
+// Invocation (x, y) computes rows y, y + WG, y + 2·WG, y + 3·WG of the tile and the four
+// adjacent columns 4x .. 4x + 3 (one vec4 per row).
 @compute @workgroup_size(WG, WG)
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let reduce = (mm.flags & 2u) != 0u;
@@ -56,7 +77,10 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
     let row0 = wid.y * TILE;
     let col0 = wid.x * TILE;
     let tid = lid.y * WG + lid.x;
-    var acc: array<f32, 4>; // R·R
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
     for (var k0 = 0u; k0 < kk; k0 += TK) {
         for (var e = tid; e < TILE * TK; e += WG * WG) {
             let gi = row0 + e / TK;
@@ -66,49 +90,45 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
                 var zz = z;
                 var kq = gk;
                 if (reduce) { zz = gk / mm.k; kq = gk % mm.k; }
-                v = load_a(mm.a_off + zz * mm.a_bs + gi * mm.a_rs + kq * mm.a_cs);
+                v = a_at(zz, gi, kq);
             }
             ta[e] = v;
         }
-        for (var e = tid; e < TK * TILE; e += WG * WG) {
-            let gk = k0 + e / TILE;
-            let gj = col0 + e % TILE;
-            var v = 0.0;
-            if (gj < mm.n && gk < kk) {
-                var zz = z;
-                var kq = gk;
-                if (reduce) { zz = gk / mm.k; kq = gk % mm.k; }
-                v = load_b(mm.b_off + zz * mm.b_bs + kq * mm.b_rs + gj * mm.b_cs);
-            }
-            tb[e] = v;
+        for (var e = tid; e < TK * WG; e += WG * WG) {
+            let gk = k0 + e / WG;
+            let gj = col0 + (e % WG) * 4u;
+            tb[e] = vec4<f32>(
+                b_at(z, reduce, gk, kk, gj),
+                b_at(z, reduce, gk, kk, gj + 1u),
+                b_at(z, reduce, gk, kk, gj + 2u),
+                b_at(z, reduce, gk, kk, gj + 3u),
+            );
         }
         workgroupBarrier();
         for (var kc = 0u; kc < TK; kc++) {
-            var av: array<f32, 2>; // R
-            var bv: array<f32, 2>;
-            for (var r = 0u; r < R; r++) {
-                av[r] = ta[(lid.y + r * WG) * TK + kc];
-                bv[r] = tb[kc * TILE + lid.x + r * WG];
-            }
-            for (var i = 0u; i < R; i++) {
-                for (var j = 0u; j < R; j++) {
-                    acc[i * R + j] = fma(av[i], bv[j], acc[i * R + j]);
-                }
-            }
+            let bv = tb[kc * WG + lid.x];
+            acc0 = fma(vec4<f32>(ta[lid.y * TK + kc]), bv, acc0);
+            acc1 = fma(vec4<f32>(ta[(lid.y + WG) * TK + kc]), bv, acc1);
+            acc2 = fma(vec4<f32>(ta[(lid.y + 2u * WG) * TK + kc]), bv, acc2);
+            acc3 = fma(vec4<f32>(ta[(lid.y + 3u * WG) * TK + kc]), bv, acc3);
         }
         workgroupBarrier();
     }
-    for (var i = 0u; i < R; i++) {
-        let gi = row0 + lid.y + i * WG;
-        for (var j = 0u; j < R; j++) {
-            let gj = col0 + lid.x + j * WG;
-            if (gi < mm.m && gj < mm.n) {
-                let at = mm.c_off + z * mm.c_bs + gi * mm.c_rs + gj;
-                if ((mm.flags & 1u) != 0u) {
-                    work[at] = work[at] + acc[i * R + j];
-                } else {
-                    work[at] = acc[i * R + j];
-                }
+    store_row(row0 + lid.y, col0 + lid.x * 4u, z, acc0);
+    store_row(row0 + lid.y + WG, col0 + lid.x * 4u, z, acc1);
+    store_row(row0 + lid.y + 2u * WG, col0 + lid.x * 4u, z, acc2);
+    store_row(row0 + lid.y + 3u * WG, col0 + lid.x * 4u, z, acc3);
+}
+
+fn store_row(gi: u32, gj: u32, z: u32, acc: vec4<f32>) {
+    if (gi >= mm.m) { return; }
+    for (var c = 0u; c < 4u; c++) {
+        if (gj + c < mm.n) {
+            let at = mm.c_off + z * mm.c_bs + gi * mm.c_rs + gj + c;
+            if ((mm.flags & 1u) != 0u) {
+                work[at] = work[at] + acc[c];
+            } else {
+                work[at] = acc[c];
             }
         }
     }

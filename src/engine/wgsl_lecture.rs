@@ -41,7 +41,7 @@ const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
 const STEP: &str = include_str!("../../shaders/lecture_step.wgsl");
 
 /// Dispatches in one optimizer step: forward (4), row statistics, per-token terms, dlogits,
-/// backward (7), two reductions (2 each), Adam.
+/// backward (7 products), two reductions (2 each), Adam.
 pub const DISPATCHES_PER_STEP: usize = 19;
 /// Dispatches in one `sample` submission: the policy's forward (4), sampling (2), its row
 /// statistics, log π_old, greedy, the reference's forward (4), its row statistics and log π_ref.
@@ -270,17 +270,16 @@ struct Programs {
     sample_layout: wgpu::BindGroupLayout,
     row_weights: wgpu::ComputePipeline,
     draw: wgpu::ComputePipeline,
-    /// The matmul tile edge (workgroup edge × 2).
+    /// The matmul tile edge (workgroup edge × 4).
     tile: u32,
 }
 
-const STEP_ENTRIES: [&str; 11] = [
+const STEP_ENTRIES: [&str; 10] = [
     "gather_enc",
     "row_stats",
     "gather_logp",
     "token_grad",
     "dlogits",
-    "table_grad",
     "argmax",
     "reduce_partial",
     "reduce_final",
@@ -305,18 +304,18 @@ fn layout_entry(
     }
 }
 
-/// The matmul workgroup edge this adapter allows: 16×16 invocations (WebGPU's default
-/// limit is 256 per workgroup, 16 KiB of workgroup memory; a 32×32 tile with K-slices of 16
-/// needs 4 KiB), else 8×8.
-pub fn matmul_workgroup_edge(limits: &wgpu::Limits) -> u32 {
+/// The matmul workgroup edge for an adapter: 8×8 invocations (a 32×32 tile, 4 KiB of
+/// workgroup memory: within WebGPU's default limits, and the faster choice on CPU adapters
+/// such as lavapipe, measured), or 16×16 (a 64×64 tile, 8 KiB) on a GPU whose limits allow it.
+pub fn matmul_workgroup_edge(limits: &wgpu::Limits, cpu_adapter: bool) -> u32 {
     let fits = |wg: u32| {
-        let tile = wg * 2;
+        let tile = wg * 4;
         limits.max_compute_invocations_per_workgroup >= wg * wg
             && limits.max_compute_workgroup_size_x >= wg
             && limits.max_compute_workgroup_size_y >= wg
             && limits.max_compute_workgroup_storage_size >= 2 * tile * 16 * 4
     };
-    if fits(16) { 16 } else { 8 }
+    if !cpu_adapter && fits(16) { 16 } else { 8 }
 }
 
 impl Programs {
@@ -329,7 +328,7 @@ impl Programs {
                 "the WGSL engine needs 64-wide workgroups and 3 storage buffers per stage",
             ));
         }
-        let wg = matmul_workgroup_edge(&limits);
+        let wg = matmul_workgroup_edge(&limits, ctx.summary.is_software());
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         use wgpu::BufferBindingType::{Storage, Uniform};
         let rw = Storage { read_only: false };
@@ -365,7 +364,7 @@ impl Programs {
                 source: wgpu::ShaderSource::Wgsl(src.into()),
             })
         };
-        let matmul_src = MATMUL.replace("const WG: u32 = 16u;", &format!("const WG: u32 = {wg}u;"));
+        let matmul_src = MATMUL.replace("const WG: u32 = 8u;", &format!("const WG: u32 = {wg}u;"));
         let matmul_module = module("matmul.wgsl", matmul_src);
         let step_module = module("lecture_step.wgsl", STEP.to_string());
         let sample_module = module("sample.wgsl", format!("{COMMON}\n{SAMPLE}"));
@@ -386,7 +385,7 @@ impl Programs {
             })
         };
         let mut matmul = HashMap::new();
-        for a in 0..2u32 {
+        for a in 0..3u32 {
             for b in 0..2u32 {
                 let consts = [("A_SRC", a as f64), ("B_SRC", b as f64)];
                 matmul.insert(
@@ -415,7 +414,7 @@ impl Programs {
             sample_layout,
             row_weights,
             draw,
-            tile: wg * 2,
+            tile: wg * 4,
         })
     }
 }
@@ -1422,8 +1421,21 @@ impl Engine for WgslLectureEngine {
                 ..Default::default()
             },
         );
-        // enc[b] = Σ_p T_p[x_bp]: dT.
-        rec.step(p, "table_grad", base, v * n * d);
+        // enc[b] = Σ_p T_p[x_bp]: dT_p = onehot(x_p)ᵀ · d_enc (a product, no scatter).
+        rec.matmul(
+            p,
+            (2, 1),
+            MatmulParams {
+                m: u(v),
+                n: u(d),
+                k: u(b),
+                batch: u(n),
+                a: [u(l.i_prompts), 0, u(n), 1],
+                b: [u(l.denc), u(d), 1, 0],
+                c: [u(l.dt), u(n * d), u(d)],
+                ..Default::default()
+            },
+        );
         // M_p = decode_p · Eᵀ: ∂decode_p = dM_p · E, ∂E = Σ_p dM_pᵀ · decode_p.
         rec.matmul(
             p,
@@ -1719,7 +1731,8 @@ pub mod reference {
         pub ints: Vec<u32>,
     }
 
-    /// `matmul` with `A` and `B` read from model (0) or work (1).
+    /// `matmul` with `A` and `B` read from model (0) or work (1); `A` may be a one-hot of
+    /// token ids in `ints` (2).
     pub fn matmul(buf: &mut Buffers, mm: &MatmulParams, src: (u32, u32)) {
         let read = |buf: &Buffers, s: u32, i: usize| {
             if s == 0 { buf.model[i] } else { buf.work[i] }
@@ -1745,7 +1758,12 @@ pub mod reference {
                     };
                     for zz in zs {
                         for kk in 0..k {
-                            let a = read(buf, src.0, ao + zz * abs + i * ars + kk * acs);
+                            let a = if src.0 == 2 {
+                                // one-hot of token ids
+                                (buf.ints[ao + zz * abs + kk * acs] as usize == i) as u32 as f32
+                            } else {
+                                read(buf, src.0, ao + zz * abs + i * ars + kk * acs)
+                            };
                             let b = read(buf, src.1, bo + zz * bbs + kk * brs + j * bcs);
                             acc = a.mul_add(b, acc);
                         }
@@ -1859,19 +1877,6 @@ pub mod reference {
                         - buf.work[w(lp.logz_off) + r])
                         .exp();
                     buf.work[w(lp.dl_off) + i] = oh - rc * prob;
-                }
-            }
-            "table_grad" => {
-                let nd = n * d;
-                for i in 0..v * nd {
-                    let (u, pos, j) = (i / nd, (i % nd) / d, i % d);
-                    let mut acc = 0.0f32;
-                    for bi in 0..b {
-                        if buf.ints[w(lp.i_prompts) + bi * n + pos] as usize == u {
-                            acc += buf.work[w(lp.denc_off) + bi * d + j];
-                        }
-                    }
-                    buf.work[w(lp.dt_off) + i] = acc;
                 }
             }
             "argmax" => {
