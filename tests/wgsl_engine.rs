@@ -535,6 +535,14 @@ fn wgsl_engine_is_deterministic_and_snapshots_round_trip() {
         (losses, t.engine().flat_weights(), t)
     };
     let (l1, w1, t1) = run(&c);
+    // An iteration is two submissions (the rollout with log π_old / log π_ref; the μ steps),
+    // plus one when the reference is refreshed.
+    let counts = t1.engine().device_counts().expect("the WGSL engine counts");
+    assert!(
+        counts.submissions <= 3 * 3 && counts.submissions >= 2 * 3,
+        "{counts:?} over 3 iterations"
+    );
+    assert_eq!(counts.dispatches_per_step, 19);
     let (l2, w2, _) = run(&c);
     assert_eq!(l1, l2, "same seed, same backend: same curve");
     assert_eq!(w1, w2);

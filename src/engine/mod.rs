@@ -214,6 +214,31 @@ pub trait Engine {
     ) -> Result<Vec<f32>, EngineError>;
     /// One optimizer step of the GRPO loss on a frozen batch.
     fn step(&mut self, batch: &Batch, req: &StepRequest) -> Result<StepOutput, EngineError>;
+    /// Whether this engine takes an iteration's optimizer steps in one go ([`Engine::steps`]:
+    /// one device submission for the WGSL engine). The trainer then asks for all of them on
+    /// the iteration's first step and hands the outputs out one step at a time, so a live
+    /// config change applies from the next iteration.
+    fn batches_steps(&self) -> bool {
+        false
+    }
+    /// `count` optimizer steps on the same frozen batch with the same request, in order;
+    /// `req.logp_rows` applies to the last one.
+    fn steps(
+        &mut self,
+        batch: &Batch,
+        req: &StepRequest,
+        count: usize,
+    ) -> Result<Vec<StepOutput>, EngineError> {
+        let mut out = Vec::with_capacity(count);
+        for k in 0..count {
+            let r = StepRequest {
+                logp_rows: if k + 1 == count { req.logp_rows } else { 0 },
+                ..*req
+            };
+            out.push(self.step(batch, &r)?);
+        }
+        Ok(out)
+    }
     /// Supervised steps (the cold start): cross-entropy of each target given its prompt, a fresh
     /// Adam with `lr`, one step per batch. Returns the last step's loss.
     fn supervised(&mut self, batches: &[Batch], lr: f64) -> Result<f32, EngineError>;

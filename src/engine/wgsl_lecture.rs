@@ -47,6 +47,9 @@ pub const DISPATCHES_PER_STEP: usize = 19;
 /// statistics, log π_old, greedy, the reference's forward (4), its row statistics and log π_ref.
 pub const DISPATCHES_PER_SAMPLE: usize = 15;
 
+/// Optimizer steps one submission takes at most (`steps` splits longer runs).
+pub const MAX_STEPS_PER_SUBMISSION: usize = 64;
+
 /// Bytes of one uniform slot (one dispatch's parameters); a multiple of every adapter's
 /// `min_uniform_buffer_offset_alignment` (WebGPU's limit is at most 256).
 const SLOT: u64 = 256;
@@ -229,7 +232,7 @@ impl Layout {
         l.dt = take(v * n * d);
         l.grad = take(params);
         l.part = take(CHANNELS * tokens.max(params).div_ceil(CHUNK));
-        l.sums = take(8);
+        l.sums = take(8 * MAX_STEPS_PER_SUBMISSION);
         l.len = at;
         l.i_prompts = 0;
         l.i_tokens = rows;
@@ -570,7 +573,7 @@ impl WgslLectureEngine {
         let sample_logits = Self::storage(&ctx, "wgsl_lecture.sample_logits", b * n * v)?;
         let sample_weights = Self::storage(&ctx, "wgsl_lecture.sample_weights", b * n * v)?;
         let sample_tokens = Self::storage(&ctx, "wgsl_lecture.sample_tokens", b * g * n)?;
-        let slots = 64u64;
+        let slots = (DISPATCHES_PER_STEP * MAX_STEPS_PER_SUBMISSION + 32) as u64;
         let uniform = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wgsl_lecture.uniform"),
             size: slots * SLOT,
@@ -1312,224 +1315,33 @@ impl Engine for WgslLectureEngine {
     }
 
     fn step(&mut self, batch: &Batch, req: &StepRequest) -> Result<StepOutput, EngineError> {
-        self.check_batch(batch)?;
-        let (b, g, n) = (batch.b, batch.g, self.n);
-        let tokens = b * g * n;
-        if req.advantages.len() != b * g
-            || req.old_logp.len() != tokens
-            || req.ref_logp.len() != tokens
-        {
-            return Err(kerr(
-                "step",
-                format!(
-                    "advantages / log π_old / log π_ref must hold {} / {tokens} / {tokens} values, got {} / {} / {}",
-                    b * g,
-                    req.advantages.len(),
-                    req.old_logp.len(),
-                    req.ref_logp.len()
-                ),
-            ));
-        }
-        if !(req.temperature.is_finite() && req.temperature > 0.0) {
-            return Err(kerr(
-                "temperature",
-                format!("{}: must be > 0", req.temperature),
-            ));
-        }
-        self.plan(b, g)?;
-        let plan = self.plan.take().expect("planned");
-        let l = plan.layout;
-        let mut dp = std::mem::take(&mut self.dev_prompts);
-        let mut dt = std::mem::take(&mut self.dev_tokens);
-        let mut da = std::mem::take(&mut self.dev_adv);
-        let mut dold = std::mem::take(&mut self.dev_old);
-        let mut dref = std::mem::take(&mut self.dev_ref);
-        let stale_old = dold.len() != req.old_logp.len()
-            || dold
-                .iter()
-                .zip(req.old_logp)
-                .any(|(a, b)| a.to_bits() != b.to_bits());
-        self.sync_ints(&plan, &mut dp, &batch.prompts, l.i_prompts);
-        self.sync_ints(&plan, &mut dt, &batch.responses, l.i_tokens);
-        self.sync_work(&plan, &mut da, req.advantages, l.adv);
-        self.sync_work(&plan, &mut dold, req.old_logp, l.old);
-        self.sync_work(&plan, &mut dref, req.ref_logp, l.rf);
-        (
-            self.dev_prompts,
-            self.dev_tokens,
-            self.dev_adv,
-            self.dev_old,
-            self.dev_ref,
-        ) = (dp, dt, da, dold, dref);
-        if stale_old {
-            self.old_is_current = false;
-        }
-        self.plan = Some(plan);
-
-        let mut base = self.base_params(&l);
-        let inv_t = 1.0 / req.temperature;
-        base.inv_t = inv_t;
-        // Every aggregation is the mean over the B·G·n tokens: every response has n tokens.
-        base.cw = inv_t / tokens as f32;
-        loss_params(&mut base, &req.loss);
-        self.time += 1;
-        let bc2 = (1.0 - self.beta2.powi(self.time)).sqrt();
-        base.bc2 = bc2;
-        base.factor = bc2 / (1.0 - self.beta1.powi(self.time));
-        base.lr = req.lr as f32;
-        base.b1 = self.beta1;
-        base.b2 = self.beta2;
-        base.eps = self.eps;
-        base.max_norm = req.max_grad_norm;
-
-        let (v, d) = (self.vocab, self.d);
-        let rows = b * n;
-        let (vd, ndd) = (v * d, n * d * d);
-        let u = |x: usize| x as u32;
-        let mut rec = Recorder::default();
-        self.record_forward(&mut rec, &base, 0);
-        let p = &self.programs;
-        rec.step(p, "row_stats", base, rows);
-        rec.step(p, "token_grad", base, tokens);
-        rec.step(p, "dlogits", base, rows * v);
-        // logits = enc · M: dM = encᵀ · dlogits, d_enc = dlogits · Mᵀ.
-        rec.matmul(
-            p,
-            (1, 1),
-            MatmulParams {
-                m: u(d),
-                n: u(n * v),
-                k: u(b),
-                batch: 1,
-                a: [u(l.enc), 1, u(d), 0],
-                b: [u(l.dl), u(n * v), 1, 0],
-                c: [u(l.dm), u(n * v), 0],
-                ..Default::default()
-            },
-        );
-        rec.matmul(
-            p,
-            (1, 1),
-            MatmulParams {
-                m: u(b),
-                n: u(d),
-                k: u(n * v),
-                batch: 1,
-                a: [u(l.dl), u(n * v), 1, 0],
-                b: [u(l.m), 1, u(n * v), 0],
-                c: [u(l.denc), u(d), 0],
-                ..Default::default()
-            },
-        );
-        // enc[b] = Σ_p T_p[x_bp]: dT_p = onehot(x_p)ᵀ · d_enc (a product, no scatter).
-        rec.matmul(
-            p,
-            (2, 1),
-            MatmulParams {
-                m: u(v),
-                n: u(d),
-                k: u(b),
-                batch: u(n),
-                a: [u(l.i_prompts), 0, u(n), 1],
-                b: [u(l.denc), u(d), 1, 0],
-                c: [u(l.dt), u(n * d), u(d)],
-                ..Default::default()
-            },
-        );
-        // M_p = decode_p · Eᵀ: ∂decode_p = dM_p · E, ∂E = Σ_p dM_pᵀ · decode_p.
-        rec.matmul(
-            p,
-            (1, 0),
-            MatmulParams {
-                m: u(d),
-                n: u(d),
-                k: u(v),
-                batch: u(n),
-                a: [u(l.dm), u(n * v), 1, u(v)],
-                b: [0, u(d), 1, 0],
-                c: [u(l.grad + vd + ndd), u(n * d), u(d)],
-                ..Default::default()
-            },
-        );
-        rec.matmul(
-            p,
-            (1, 0),
-            MatmulParams {
-                m: u(v),
-                n: u(d),
-                k: u(d),
-                batch: u(n),
-                a: [u(l.dm), 1, u(n * v), u(v)],
-                b: [u(vd + ndd), u(n * d), 1, u(d)],
-                c: [u(l.grad), u(d), 0],
-                reduce: true,
-                ..Default::default()
-            },
-        );
-        // T_p = E · encode_p: ∂encode_p = Eᵀ · dT_p, ∂E += Σ_p dT_p · encode_pᵀ.
-        rec.matmul(
-            p,
-            (0, 1),
-            MatmulParams {
-                m: u(d),
-                n: u(d),
-                k: u(v),
-                batch: u(n),
-                a: [0, 1, u(d), 0],
-                b: [u(l.dt), u(n * d), 1, u(d)],
-                c: [u(l.grad + vd), u(d), u(d * d)],
-                ..Default::default()
-            },
-        );
-        rec.matmul(
-            p,
-            (1, 0),
-            MatmulParams {
-                m: u(v),
-                n: u(d),
-                k: u(d),
-                batch: u(n),
-                a: [u(l.dt), u(n * d), 1, u(d)],
-                b: [u(vd), 1, u(d), u(d * d)],
-                c: [u(l.grad), u(d), 0],
-                accumulate: true,
-                reduce: true,
-            },
-        );
-        rec.reduce(p, base, l.stats, tokens, CHANNELS, 0, false);
-        rec.reduce(p, base, l.grad, self.params, 1, 6, true);
-        rec.step(p, "adam", base, self.params);
-        debug_assert_eq!(rec.dispatches, DISPATCHES_PER_STEP);
-        let logp_rows = req.logp_rows.min(b * g) * n;
-        let (slots, ops) = (rec.slots, rec.ops);
-        let out = self.submit(
-            &slots,
-            ops,
-            &[(Reads::Work, l.sums, 7), (Reads::Work, l.logp, logp_rows)],
-        )?;
-        self.old_is_current = false;
-        let s = f32s(&out[0]);
-        let tk = tokens as f64;
-        let kl_part = if base.kl_on == 1 {
-            base.beta as f64 * s[1] as f64
-        } else {
-            0.0
-        };
-        let scalars = StepScalars {
-            loss: ((s[0] as f64 + kl_part) / tk) as f32,
-            kl: (s[1] as f64 / tk) as f32,
-            ratio_mean: (s[2] as f64 / tk) as f32,
-            clip_low: (s[3] as f64 / tk) as f32,
-            clip_high: (s[4] as f64 / tk) as f32,
-            entropy: (s[5] as f64 / tk) as f32,
-            grad_norm: s[6].sqrt(),
-        };
-        Ok(StepOutput {
-            scalars,
-            logp: f32s(&out[1]),
-        })
+        let mut out = self.run_steps(batch, req, 1)?;
+        Ok(out.pop().expect("one step"))
     }
 
+    fn batches_steps(&self) -> bool {
+        true
+    }
+
+    fn steps(
+        &mut self,
+        batch: &Batch,
+        req: &StepRequest,
+        count: usize,
+    ) -> Result<Vec<StepOutput>, EngineError> {
+        let mut out = Vec::with_capacity(count);
+        let mut left = count;
+        while left > 0 {
+            let now = left.min(MAX_STEPS_PER_SUBMISSION);
+            let r = StepRequest {
+                logp_rows: if now == left { req.logp_rows } else { 0 },
+                ..*req
+            };
+            out.extend(self.run_steps(batch, &r, now)?);
+            left -= now;
+        }
+        Ok(out)
+    }
     fn supervised(&mut self, batches: &[Batch], lr: f64) -> Result<f32, EngineError> {
         // The cold start runs through burn's autodiff on the CPU (a handful of steps), as on
         // the fused CPU engine; the device weights then continue from its result.
@@ -1648,6 +1460,258 @@ impl Engine for WgslLectureEngine {
 }
 
 impl WgslLectureEngine {
+    /// `count` optimizer steps on one frozen batch in one submission; one read-back of every
+    /// step's sums (and the last step's logged log π rows).
+    fn run_steps(
+        &mut self,
+        batch: &Batch,
+        req: &StepRequest,
+        count: usize,
+    ) -> Result<Vec<StepOutput>, EngineError> {
+        self.check_batch(batch)?;
+        let (b, g, n) = (batch.b, batch.g, self.n);
+        let tokens = b * g * n;
+        if req.advantages.len() != b * g
+            || req.old_logp.len() != tokens
+            || req.ref_logp.len() != tokens
+        {
+            return Err(kerr(
+                "step",
+                format!(
+                    "advantages / log π_old / log π_ref must hold {} / {tokens} / {tokens} values, got {} / {} / {}",
+                    b * g,
+                    req.advantages.len(),
+                    req.old_logp.len(),
+                    req.ref_logp.len()
+                ),
+            ));
+        }
+        if !(req.temperature.is_finite() && req.temperature > 0.0) {
+            return Err(kerr(
+                "temperature",
+                format!("{}: must be > 0", req.temperature),
+            ));
+        }
+        self.plan(b, g)?;
+        let plan = self.plan.take().expect("planned");
+        let l = plan.layout;
+        let mut dp = std::mem::take(&mut self.dev_prompts);
+        let mut dt = std::mem::take(&mut self.dev_tokens);
+        let mut da = std::mem::take(&mut self.dev_adv);
+        let mut dold = std::mem::take(&mut self.dev_old);
+        let mut dref = std::mem::take(&mut self.dev_ref);
+        let stale_old = dold.len() != req.old_logp.len()
+            || dold
+                .iter()
+                .zip(req.old_logp)
+                .any(|(a, b)| a.to_bits() != b.to_bits());
+        self.sync_ints(&plan, &mut dp, &batch.prompts, l.i_prompts);
+        self.sync_ints(&plan, &mut dt, &batch.responses, l.i_tokens);
+        self.sync_work(&plan, &mut da, req.advantages, l.adv);
+        self.sync_work(&plan, &mut dold, req.old_logp, l.old);
+        self.sync_work(&plan, &mut dref, req.ref_logp, l.rf);
+        (
+            self.dev_prompts,
+            self.dev_tokens,
+            self.dev_adv,
+            self.dev_old,
+            self.dev_ref,
+        ) = (dp, dt, da, dold, dref);
+        if stale_old {
+            self.old_is_current = false;
+        }
+        self.plan = Some(plan);
+
+        let mut base = self.base_params(&l);
+        let inv_t = 1.0 / req.temperature;
+        base.inv_t = inv_t;
+        // Every aggregation is the mean over the B·G·n tokens: every response has n tokens.
+        base.cw = inv_t / tokens as f32;
+        loss_params(&mut base, &req.loss);
+        base.lr = req.lr as f32;
+        base.b1 = self.beta1;
+        base.b2 = self.beta2;
+        base.eps = self.eps;
+        base.max_norm = req.max_grad_norm;
+        let mut rec = Recorder::default();
+        for k in 0..count {
+            // Adam's bias corrections for this step's count; its sums in their own slot.
+            let time = self.time + 1 + k as i32;
+            let bc2 = (1.0 - self.beta2.powi(time)).sqrt();
+            let step = StepParams {
+                bc2,
+                factor: bc2 / (1.0 - self.beta1.powi(time)),
+                sums_off: (l.sums + 8 * k) as u32,
+                ..base
+            };
+            self.record_step(&mut rec, &step, &l, b);
+        }
+        debug_assert_eq!(rec.dispatches, DISPATCHES_PER_STEP * count);
+        let logp_rows = req.logp_rows.min(b * g) * n;
+        let (slots, ops) = (rec.slots, rec.ops);
+        let out = self.submit(
+            &slots,
+            ops,
+            &[
+                (Reads::Work, l.sums, 8 * count),
+                (Reads::Work, l.logp, logp_rows),
+            ],
+        )?;
+        self.time += count as i32;
+        self.old_is_current = false;
+        let sums = f32s(&out[0]);
+        let last_logp = f32s(&out[1]);
+        let tk = tokens as f64;
+        Ok((0..count)
+            .map(|k| {
+                let s = &sums[8 * k..8 * k + 8];
+                let kl_part = if base.kl_on == 1 {
+                    base.beta as f64 * s[1] as f64
+                } else {
+                    0.0
+                };
+                StepOutput {
+                    scalars: StepScalars {
+                        loss: ((s[0] as f64 + kl_part) / tk) as f32,
+                        kl: (s[1] as f64 / tk) as f32,
+                        ratio_mean: (s[2] as f64 / tk) as f32,
+                        clip_low: (s[3] as f64 / tk) as f32,
+                        clip_high: (s[4] as f64 / tk) as f32,
+                        entropy: (s[5] as f64 / tk) as f32,
+                        grad_norm: s[6].sqrt(),
+                    },
+                    logp: if k + 1 == count {
+                        last_logp.clone()
+                    } else {
+                        Vec::new()
+                    },
+                }
+            })
+            .collect())
+    }
+
+    /// One optimizer step's dispatches: forward → per-token loss and derivative → backward →
+    /// grad norm → clip → Adam.
+    fn record_step(&self, rec: &mut Recorder, base: &StepParams, l: &Layout, b: usize) {
+        let (v, n, d) = (self.vocab, self.n, self.d);
+        let (rows, tokens) = (b * n, b * l.g * n);
+        let (vd, ndd) = (v * d, n * d * d);
+        let u = |x: usize| x as u32;
+        let base = *base;
+        self.record_forward(rec, &base, 0);
+        let p = &self.programs;
+        rec.step(p, "row_stats", base, rows);
+        rec.step(p, "token_grad", base, tokens);
+        rec.step(p, "dlogits", base, rows * v);
+        // logits = enc · M: dM = encᵀ · dlogits, d_enc = dlogits · Mᵀ.
+        rec.matmul(
+            p,
+            (1, 1),
+            MatmulParams {
+                m: u(d),
+                n: u(n * v),
+                k: u(b),
+                batch: 1,
+                a: [u(l.enc), 1, u(d), 0],
+                b: [u(l.dl), u(n * v), 1, 0],
+                c: [u(l.dm), u(n * v), 0],
+                ..Default::default()
+            },
+        );
+        rec.matmul(
+            p,
+            (1, 1),
+            MatmulParams {
+                m: u(b),
+                n: u(d),
+                k: u(n * v),
+                batch: 1,
+                a: [u(l.dl), u(n * v), 1, 0],
+                b: [u(l.m), 1, u(n * v), 0],
+                c: [u(l.denc), u(d), 0],
+                ..Default::default()
+            },
+        );
+        // enc[b] = Σ_p T_p[x_bp]: dT_p = onehot(x_p)ᵀ · d_enc (a product, no scatter).
+        rec.matmul(
+            p,
+            (2, 1),
+            MatmulParams {
+                m: u(v),
+                n: u(d),
+                k: u(b),
+                batch: u(n),
+                a: [u(l.i_prompts), 0, u(n), 1],
+                b: [u(l.denc), u(d), 1, 0],
+                c: [u(l.dt), u(n * d), u(d)],
+                ..Default::default()
+            },
+        );
+        // M_p = decode_p · Eᵀ: ∂decode_p = dM_p · E, ∂E = Σ_p dM_pᵀ · decode_p.
+        rec.matmul(
+            p,
+            (1, 0),
+            MatmulParams {
+                m: u(d),
+                n: u(d),
+                k: u(v),
+                batch: u(n),
+                a: [u(l.dm), u(n * v), 1, u(v)],
+                b: [0, u(d), 1, 0],
+                c: [u(l.grad + vd + ndd), u(n * d), u(d)],
+                ..Default::default()
+            },
+        );
+        rec.matmul(
+            p,
+            (1, 0),
+            MatmulParams {
+                m: u(v),
+                n: u(d),
+                k: u(d),
+                batch: u(n),
+                a: [u(l.dm), 1, u(n * v), u(v)],
+                b: [u(vd + ndd), u(n * d), 1, u(d)],
+                c: [u(l.grad), u(d), 0],
+                reduce: true,
+                ..Default::default()
+            },
+        );
+        // T_p = E · encode_p: ∂encode_p = Eᵀ · dT_p, ∂E += Σ_p dT_p · encode_pᵀ.
+        rec.matmul(
+            p,
+            (0, 1),
+            MatmulParams {
+                m: u(d),
+                n: u(d),
+                k: u(v),
+                batch: u(n),
+                a: [0, 1, u(d), 0],
+                b: [u(l.dt), u(n * d), 1, u(d)],
+                c: [u(l.grad + vd), u(d), u(d * d)],
+                ..Default::default()
+            },
+        );
+        rec.matmul(
+            p,
+            (1, 0),
+            MatmulParams {
+                m: u(v),
+                n: u(d),
+                k: u(d),
+                batch: u(n),
+                a: [u(l.dt), u(n * d), 1, u(d)],
+                b: [u(vd), 1, u(d), u(d * d)],
+                c: [u(l.grad), u(d), 0],
+                accumulate: true,
+                reduce: true,
+            },
+        );
+        rec.reduce(p, base, l.stats, tokens, CHANNELS, 0, false);
+        rec.reduce(p, base, l.grad, self.params, 1, 6, true);
+        rec.step(p, "adam", base, self.params);
+    }
+
     /// The whole `model` buffer, read back.
     fn read_model(&self) -> Result<Vec<f32>, EngineError> {
         self.read_model_part(4)

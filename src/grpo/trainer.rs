@@ -102,6 +102,9 @@ pub struct Trainer {
     pub(super) step_in_iteration: usize,
     pub(super) global_step: usize,
     pub(super) frozen: Option<Frozen>,
+    /// The rest of the iteration's optimizer steps, when the engine took them in one go
+    /// (`Engine::batches_steps`), handed out one per `step`.
+    pub(super) pending: std::collections::VecDeque<crate::engine::StepOutput>,
     pub(super) last_reward_mean: f32,
     /// The supervised cold start has run (or there is none).
     sft_done: bool,
@@ -135,6 +138,7 @@ impl Trainer {
             step_in_iteration: 0,
             global_step: 0,
             frozen: None,
+            pending: Default::default(),
             last_reward_mean: f32::NAN,
         })
     }
