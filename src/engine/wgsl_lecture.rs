@@ -6,18 +6,24 @@
 //! The products are taken in the order of [`super::fused_lecture`] (per-position tables,
 //! gather, one product), each through a tiled matrix product in workgroup memory.
 //!
-//! Submissions, as the engine seam asks (`grpo::iteration` calls `sample`, `token_logp` and
-//! `step` separately and needs each step's scalars before the next):
+//! Submissions (`grpo::iteration` calls `sample`, `token_logp` and `steps` separately; the
+//! host verifies the responses and computes the advantages in between):
 //! - `sample`: one submission — the policy's forward, sampling, log π_old, greedy answers,
 //!   the reference's forward and log π_ref; one read-back of tokens and log-probs.
 //!   `token_logp(Reference)` and `token_logp(Policy)` on that batch then come from it.
-//! - `step`: one submission of [`DISPATCHES_PER_STEP`] dispatches (forward → per-token loss
-//!   and derivative → backward → grad norm → clip → Adam); one read-back of its scalars
+//! - `steps` (the iteration's μ optimizer steps, [`Engine::batches_steps`]): one submission of
+//!   μ × [`DISPATCHES_PER_STEP`] dispatches (forward → per-token loss and derivative →
+//!   backward → grad norm → clip → Adam, μ times); one read-back of every step's scalars
 //!   (and the logged rows' log π).
 //!
-//! So an iteration is `1 + μ` submissions. Each read-back is a few floats; nothing else
-//! crosses to the host. Held equal to the fused CPU step by `tests/wgsl_engine.rs`, kernel by
-//! kernel against [`reference`] and as a whole engine.
+//! So an iteration is two submissions (three when the reference is refreshed, four with a
+//! held-out evaluation, which reads the policy's weights back). Each read-back is a few
+//! floats and the sampled tokens; nothing else crosses to the host. Not yet on the device:
+//! verifying and the advantages (host, between the two submissions), the held-out greedy
+//! evaluation (host forward on weights read back).
+//!
+//! Held equal to the fused CPU step by `tests/wgsl_engine.rs`, kernel by kernel against
+//! [`reference`] and as a whole engine.
 
 use super::autodiff::{fused_restore, fused_snapshot, supervised_steps};
 use super::fused_lecture::FusedLecture;
