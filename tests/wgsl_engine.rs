@@ -734,3 +734,72 @@ fn profile_kernels_at_scaled_shape() {
         eprintln!("{name:>14}: {:.3} ms per dispatch", (many - one) / 20.0);
     }
 }
+
+/// Bad input comes back as an error naming what is wrong, never a panic or a device error.
+#[test]
+fn bad_input_is_refused_with_clear_errors() {
+    use grpo_lab::engine::{Batch, SampleRequest, StepRequest, Which};
+    use grpo_lab::objective::loss::LossSettings;
+    use grpo_lab::objective::sampling::SamplingParams;
+    let Some(wgpu) = wgpu_compute() else { return };
+    let mut c = RunConfig::preset("lecture17").unwrap();
+    c.run.engine = EngineChoice::Wgsl;
+    let mut e = grpo_lab::engine::build(&c, &wgpu).unwrap();
+    let (n, v) = (c.task.n, c.task.vocab as u32);
+    let params = SamplingParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+    };
+    let sample = |e: &mut Box<dyn grpo_lab::engine::Engine + Send>, prompt: &[u32], t: f32| {
+        e.sample(&SampleRequest {
+            prompts: &[prompt],
+            g: 2,
+            max_len: n,
+            params: SamplingParams {
+                temperature: t,
+                ..params
+            },
+            seed: 1,
+            stream: 0,
+            verify: None,
+        })
+        .map(|_| ())
+        .map_err(|x| x.to_string())
+    };
+    let bad_token = sample(&mut e, &[0, v, 1], 1.0).unwrap_err();
+    assert!(bad_token.contains("outside the vocabulary"), "{bad_token}");
+    let short = sample(&mut e, &[0, 1], 1.0).unwrap_err();
+    assert!(short.contains("2 tokens"), "{short}");
+    let cold = sample(&mut e, &[0, 1, 2], 0.0).unwrap_err();
+    assert!(cold.contains("temperature"), "{cold}");
+    // A well-formed batch, then broken copies of it.
+    let rows = vec![vec![0u32, 1, 2], vec![2, 1, 0]];
+    let batch = Batch::padded(vec![1, 0, 2], n, &rows, 2, v);
+    let logp = e.token_logp(Which::Policy, &batch, 1.0).unwrap();
+    assert_eq!(logp.len(), 6);
+    let mut outside = batch.clone();
+    outside.responses[4] = 99;
+    let err = e
+        .token_logp(Which::Reference, &outside, 1.0)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("outside the vocabulary"), "{err}");
+    let req = |adv: &'static [f32]| StepRequest {
+        loss: LossSettings::of(&c),
+        temperature: 1.0,
+        lr: 1e-3,
+        max_grad_norm: 0.0,
+        entropy_coef: 0.0,
+        advantages: adv,
+        old_logp: Box::leak(logp.clone().into_boxed_slice()),
+        ref_logp: Box::leak(logp.clone().into_boxed_slice()),
+        unfrozen_old_policy: false,
+        shared_reference: false,
+        logp_rows: 0,
+    };
+    let err = e.step(&batch, &req(&[1.0])).unwrap_err().to_string();
+    assert!(err.contains("advantages"), "{err}");
+    let ok = e.step(&batch, &req(&[1.0, -1.0])).unwrap();
+    assert!(ok.scalars.loss.is_finite());
+}

@@ -396,6 +396,7 @@ impl Trainer {
         self.sft_done = state.sft_done || self.config.sft.steps == 0;
         self.step_in_iteration = 0;
         self.frozen = None;
+        self.pending.clear();
         Ok(())
     }
 }
