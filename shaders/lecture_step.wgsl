@@ -1,7 +1,8 @@
 // The lecture model's GRPO step on the device, between the products of matmul.wgsl
 // (GRPO-SPEC §2 steps 5–6, §4). Reference: engine::wgsl_lecture::reference (one plain-Rust
-// function per entry point, the pieces of engine::fused_lecture's step) and
-// objective::loss::reference (pg_term, kl_term: the per-token loss and its derivative).
+// function per entry point, the pieces of engine::fused_lecture's step). The per-token loss
+// and its derivative are common.wgsl's pg_term / kl_term (the formulas token_loss.wgsl logs
+// with; reference: objective::loss::reference).
 //
 // Every float lives in one of two buffers: `model` (weights, the reference copy, Adam's
 // moments) and `work` (activations, per-token terms, gradients, sums), at the element
@@ -43,13 +44,10 @@ struct Lp {
 @group(0) @binding(2) var<storage, read_write> work: array<f32>;
 @group(0) @binding(3) var<storage, read_write> ints: array<u32>;
 
-fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return gid.x + gid.y * nwg.x * 64u;
-}
 
 @compute @workgroup_size(64)
 fn gather_enc(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = index(gid, nwg);
+    let i = flat_index(gid, nwg);
     if (i >= lp.b * lp.d) { return; }
     let b = i / lp.d;
     let j = i % lp.d;
@@ -64,7 +62,7 @@ fn gather_enc(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
 
 @compute @workgroup_size(64)
 fn row_stats(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let r = index(gid, nwg);
+    let r = flat_index(gid, nwg);
     if (r >= lp.rows) { return; }
     let base = lp.logits_off + r * lp.v;
     var m = -3.4028235e38;
@@ -91,35 +89,14 @@ fn token_logp(i: u32) -> f32 {
 
 @compute @workgroup_size(64)
 fn gather_logp(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = index(gid, nwg);
+    let i = flat_index(gid, nwg);
     if (i >= lp.tokens) { return; }
     work[lp.out_off + i] = token_logp(i);
 }
 
-// objective::loss::reference::pg_term: (term, ∂term/∂logπ).
-fn pg_term(a: f32, r: f32, l: f32) -> vec2<f32> {
-    if (lp.mode == 0u) { return vec2<f32>(-a * l, -a); }
-    if (lp.mode == 1u) { return vec2<f32>(-a * r, -a * r); }
-    let u = r * a;
-    let c = clamp(r, lp.lo, lp.hi) * a;
-    let live = u <= c || (r > lp.lo && r < lp.hi);
-    var d = 0.0;
-    if (live) { d = -a * r; }
-    return vec2<f32>(-min(u, c), d);
-}
-
-// objective::loss::reference::kl_term: (KL, β·∂KL/∂logπ).
-fn kl_term(l: f32, rf: f32, beta: f32) -> vec2<f32> {
-    if (lp.estimator == 0u) { return vec2<f32>(l - rf, beta); }
-    let delta = rf - l;
-    if (lp.estimator == 1u) { return vec2<f32>(delta * delta / 2.0, -beta * delta); }
-    let e = exp(delta);
-    return vec2<f32>(e - delta - 1.0, beta * (1.0 - e));
-}
-
 @compute @workgroup_size(64)
 fn token_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = index(gid, nwg);
+    let i = flat_index(gid, nwg);
     let count = lp.tokens;
     if (i >= count) { return; }
     let l = token_logp(i);
@@ -128,10 +105,10 @@ fn token_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     let a = work[lp.adv_off + i / lp.n];
     var beta = 0.0;
     if (lp.kl_on == 1u) { beta = lp.beta; }
-    let kl = kl_term(l, work[lp.rf_off + i], beta);
+    let kl = kl_term(lp.estimator, l, work[lp.rf_off + i], beta);
     var dkl = kl.y;
     if (lp.kl_on == 0u) { dkl = 0.0; }
-    let pg = pg_term(a, ratio, l);
+    let pg = pg_term(lp.mode, a, ratio, l, lp.lo, lp.hi);
     work[lp.coef_off + i] = (pg.y + dkl) * lp.cw;
     let s = lp.stats_off;
     work[s + i] = pg.x;
@@ -146,7 +123,7 @@ fn token_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
 
 @compute @workgroup_size(64)
 fn dlogits(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = index(gid, nwg);
+    let i = flat_index(gid, nwg);
     if (i >= lp.rows * lp.v) { return; }
     let r = i / lp.v;
     let u = i % lp.v;
@@ -166,7 +143,7 @@ fn dlogits(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
 
 @compute @workgroup_size(64)
 fn argmax(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let r = index(gid, nwg);
+    let r = flat_index(gid, nwg);
     if (r >= lp.rows) { return; }
     let base = lp.logits_off + r * lp.v;
     var best = 0u;
@@ -219,7 +196,7 @@ fn reduce_final(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
 // (engine::fused_lecture's step). The squared norm is work[sums_off + 6].
 @compute @workgroup_size(64)
 fn adam(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = index(gid, nwg);
+    let i = flat_index(gid, nwg);
     if (i >= lp.p_count) { return; }
     let norm = sqrt(work[lp.sums_off + 6u]);
     var scale = 1.0;
@@ -235,7 +212,7 @@ fn adam(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 
 @compute @workgroup_size(64)
 fn copy_ref(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = index(gid, nwg);
+    let i = flat_index(gid, nwg);
     if (i >= lp.p_count) { return; }
     model[lp.ref_off + i] = model[lp.w_off + i];
 }

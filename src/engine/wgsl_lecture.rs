@@ -375,7 +375,7 @@ impl Programs {
         };
         let matmul_src = MATMUL.replace("const WG: u32 = 8u;", &format!("const WG: u32 = {wg}u;"));
         let matmul_module = module("matmul.wgsl", matmul_src);
-        let step_module = module("lecture_step.wgsl", STEP.to_string());
+        let step_module = module("lecture_step.wgsl", format!("{COMMON}\n{STEP}"));
         let sample_module = module("sample.wgsl", format!("{COMMON}\n{SAMPLE}"));
         let pipeline = |layout: &wgpu::PipelineLayout,
                         m: &wgpu::ShaderModule,
