@@ -311,13 +311,13 @@ pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + S
     if config.run.engine == EngineChoice::Wgsl {
         if compute.gpu.is_none() {
             return Err(EngineError::WgslUnavailable(format!(
-                "needs a wgpu device, but the run is on {}: use --device gpu or --device software",
+                "needs a wgpu device, but the run is on {}: use --device gpu or --device software (or run.engine = auto)",
                 compute.label
             )));
         }
         if !wgsl_lecture::WgslLectureEngine::covers(config) {
             return Err(EngineError::WgslUnavailable(
-                "covers the lecture model without bug-gallery switches, without the entropy bonus and with run.kernels other than reference".into(),
+                "covers the lecture model without bug-gallery switches, without the entropy bonus and with run.kernels other than reference; use run.engine = auto or burn".into(),
             ));
         }
     }
@@ -398,6 +398,9 @@ pub fn select(choice: DeviceChoice, config: &RunConfig) -> Result<(Compute, Stri
     };
     let compute = Compute::select(choice)?;
     let engine = match kind_for(config, &compute) {
+        _ if config.run.engine == EngineChoice::Wgsl && compute.gpu.is_none() => {
+            "none (run.engine = wgsl needs a wgpu device)"
+        }
         EngineKind::FusedLecture => "fused CPU lecture step",
         EngineKind::FusedTransformer => "fused CPU transformer step",
         EngineKind::Burn => "burn autodiff",
