@@ -521,6 +521,17 @@ fn wgsl_engine_equals_fused_cpu_with_each_loss_and_kl_estimator() {
 }
 
 #[test]
+fn wgsl_engine_equals_fused_cpu_with_temperature_top_k_and_top_p() {
+    let mut c = RunConfig::preset("random-sort").unwrap();
+    c.sampling.temperature = 0.7;
+    c.sampling.top_k = 3;
+    c.sampling.top_p = 0.9;
+    c.algorithm.loss = LossMode::Clipped;
+    c.algorithm.mu = 2;
+    compare(c, 3, 2e-3);
+}
+
+#[test]
 fn wgsl_engine_is_deterministic_and_snapshots_round_trip() {
     let Some(wgpu) = wgpu_compute() else { return };
     let mut c = RunConfig::preset("lecture17").unwrap();
