@@ -13,9 +13,10 @@
 //   gather_enc   [B·D]      enc[b] = Σ_p T_p[x_bp]                     (T = [V, n·D])
 //   row_stats    [rows]     log Z of softmax(logits/T) per row, and its entropy
 //   gather_logp  [tokens]   log π of each token → work[out]
-//   token_grad   [tokens]   log π, ρ, loss term, KL, clip flags (stats channels) and
-//                           coef = (∂term/∂logπ + β·∂KL/∂logπ) · w / T
-//   dlogits      [rows·V]   Σ_g coef·(onehot − softmax)
+//   row_step     [rows]     per row: log Z and the entropy; per token of the row log π, ρ,
+//                           the loss term, KL and clip flags (summed over the row into the
+//                           stats channels) and coef = (∂term/∂logπ + β·∂KL/∂logπ) · w / T;
+//                           then dlogits = Σ_g coef·(onehot − softmax)
 //   argmax       [rows]     greedy token per row (first maximum)
 //   reduce_partial / reduce_final: deterministic two-level sums of channels
 //   adam         [P]        grad-norm clip and Adam, as burn's
@@ -94,51 +95,69 @@ fn gather_logp(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     work[lp.out_off + i] = token_logp(i);
 }
 
+// The step's per-row work in one pass: per
+// (prompt, position) row, log Z and the entropy, then for each of its G tokens log π, the
+// loss terms and coef, then dlogits of the row; the stats channels are summed over the row's
+// G tokens (`stats[c·rows + row]`; the entropy as G × the row's, as G tokens see it).
 @compute @workgroup_size(64)
-fn token_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(gid, nwg);
-    let count = lp.tokens;
-    if (i >= count) { return; }
-    let l = token_logp(i);
-    work[lp.out_off + i] = l;
-    let ratio = exp(l - work[lp.old_off + i]);
-    let a = work[lp.adv_off + i / lp.n];
-    var beta = 0.0;
-    if (lp.kl_on == 1u) { beta = lp.beta; }
-    let kl = kl_term(lp.estimator, l, work[lp.rf_off + i], beta);
-    var dkl = kl.y;
-    if (lp.kl_on == 0u) { dkl = 0.0; }
-    let pg = pg_term(lp.mode, a, ratio, l, lp.lo, lp.hi);
-    work[lp.coef_off + i] = (pg.y + dkl) * lp.cw;
-    let s = lp.stats_off;
-    work[s + i] = pg.x;
-    work[s + count + i] = kl.x;
-    work[s + 2u * count + i] = ratio;
-    work[s + 3u * count + i] = select(0.0, 1.0, ratio < lp.lo && a < 0.0);
-    work[s + 4u * count + i] = select(0.0, 1.0, ratio > lp.hi && a > 0.0);
-    // Each row's entropy once per response (the mean over tokens equals the mean over rows).
-    let bi = i / (lp.g * lp.n);
-    work[s + 5u * count + i] = work[lp.ent_off + bi * lp.n + i % lp.n];
-}
-
-@compute @workgroup_size(64)
-fn dlogits(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(gid, nwg);
-    if (i >= lp.rows * lp.v) { return; }
-    let r = i / lp.v;
-    let u = i % lp.v;
+fn row_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = flat_index(gid, nwg);
+    if (r >= lp.rows) { return; }
+    let base = lp.logits_off + r * lp.v;
+    var m = -3.4028235e38;
+    for (var u = 0u; u < lp.v; u++) { m = max(m, work[base + u] * lp.inv_t); }
+    var total = 0.0;
+    for (var u = 0u; u < lp.v; u++) { total += exp(work[base + u] * lp.inv_t - m); }
+    let lz = m + log(total);
+    var h = 0.0;
+    for (var u = 0u; u < lp.v; u++) {
+        let z = work[base + u] * lp.inv_t;
+        let e = exp(z - m);
+        if (e > 0.0) { h -= e / total * (z - lz); }
+    }
     let bi = r / lp.n;
     let pos = r % lp.n;
+    var beta = 0.0;
+    if (lp.kl_on == 1u) { beta = lp.beta; }
     var row_coef = 0.0;
-    var onehot = 0.0;
+    var s_term = 0.0; var s_kl = 0.0; var s_ratio = 0.0; var s_low = 0.0; var s_high = 0.0;
     for (var gi = 0u; gi < lp.g; gi++) {
         let t = (bi * lp.g + gi) * lp.n + pos;
-        let c = work[lp.coef_off + t];
+        let tok = ints[lp.i_tokens + t];
+        let l = work[base + tok] * lp.inv_t - lz;
+        work[lp.out_off + t] = l;
+        let ratio = exp(l - work[lp.old_off + t]);
+        let a = work[lp.adv_off + t / lp.n];
+        let kl = kl_term(lp.estimator, l, work[lp.rf_off + t], beta);
+        var dkl = kl.y;
+        if (lp.kl_on == 0u) { dkl = 0.0; }
+        let pg = pg_term(lp.mode, a, ratio, l, lp.lo, lp.hi);
+        let c = (pg.y + dkl) * lp.cw;
+        work[lp.coef_off + t] = c;
         row_coef += c;
-        if (ints[lp.i_tokens + t] == u) { onehot += c; }
+        s_term += pg.x;
+        s_kl += kl.x;
+        s_ratio += ratio;
+        s_low += select(0.0, 1.0, ratio < lp.lo && a < 0.0);
+        s_high += select(0.0, 1.0, ratio > lp.hi && a > 0.0);
     }
-    let prob = exp(work[lp.logits_off + i] * lp.inv_t - work[lp.logz_off + r]);
-    work[lp.dl_off + i] = onehot - row_coef * prob;
+    let s = lp.stats_off;
+    let rows = lp.rows;
+    work[s + r] = s_term;
+    work[s + rows + r] = s_kl;
+    work[s + 2u * rows + r] = s_ratio;
+    work[s + 3u * rows + r] = s_low;
+    work[s + 4u * rows + r] = s_high;
+    work[s + 5u * rows + r] = h * f32(lp.g);
+    for (var u = 0u; u < lp.v; u++) {
+        var onehot = 0.0;
+        for (var gi = 0u; gi < lp.g; gi++) {
+            let t = (bi * lp.g + gi) * lp.n + pos;
+            if (ints[lp.i_tokens + t] == u) { onehot += work[lp.coef_off + t]; }
+        }
+        let prob = exp(work[base + u] * lp.inv_t - lz);
+        work[lp.dl_off + r * lp.v + u] = onehot - row_coef * prob;
+    }
 }
 
 @compute @workgroup_size(64)

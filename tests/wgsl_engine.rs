@@ -341,8 +341,8 @@ fn gather_logp_matches_reference() {
 }
 
 #[test]
-fn token_grad_matches_reference() {
-    step_kernel_cases(24, "token_grad", false, |rng, p, _| {
+fn row_step_matches_reference() {
+    step_kernel_cases(31, "row_step", false, |rng, p, _| {
         p.mode = rng.below(3) as u32;
         p.estimator = rng.below(3) as u32;
         p.kl_on = rng.below(2) as u32;
@@ -351,13 +351,8 @@ fn token_grad_matches_reference() {
         p.lo = 1.0 - lo;
         p.hi = 1.0 + hi;
         p.cw = p.inv_t / p.tokens as f32;
-        p.tokens as usize
+        p.rows as usize
     });
-}
-
-#[test]
-fn dlogits_matches_reference() {
-    step_kernel_cases(25, "dlogits", false, |_, p, _| (p.rows * p.v) as usize);
 }
 
 #[test]
@@ -553,7 +548,7 @@ fn wgsl_engine_is_deterministic_and_snapshots_round_trip() {
         counts.submissions <= 3 * 3 && counts.submissions >= 2 * 3,
         "{counts:?} over 3 iterations"
     );
-    assert_eq!(counts.dispatches_per_step, 19);
+    assert_eq!(counts.dispatches_per_step, 17);
     let (l2, w2, _) = run(&c);
     assert_eq!(l1, l2, "same seed, same backend: same curve");
     assert_eq!(w1, w2);
@@ -716,8 +711,7 @@ fn profile_kernels_at_scaled_shape() {
         ("matmul reduce", HarnessOp::Matmul(reduce_mm, (0, 0))),
         ("gather_enc", HarnessOp::Step("gather_enc", p, b * d)),
         ("row_stats", HarnessOp::Step("row_stats", p, rows)),
-        ("token_grad", HarnessOp::Step("token_grad", p, tokens)),
-        ("dlogits", HarnessOp::Step("dlogits", p, rows * v)),
+        ("row_step", HarnessOp::Step("row_step", p, rows)),
         (
             "reduce",
             HarnessOp::Step(

@@ -46,9 +46,9 @@ const SAMPLE: &str = include_str!("../../shaders/sample.wgsl");
 const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
 const STEP: &str = include_str!("../../shaders/lecture_step.wgsl");
 
-/// Dispatches in one optimizer step: forward (4), row statistics, per-token terms, dlogits,
-/// backward (7 products), two reductions (2 each), Adam.
-pub const DISPATCHES_PER_STEP: usize = 19;
+/// Dispatches in one optimizer step: forward (4), the per-row pass (log Z, per-token terms,
+/// dlogits), backward (7 products), two reductions (2 each), Adam.
+pub const DISPATCHES_PER_STEP: usize = 17;
 /// Dispatches in one `sample` submission: the policy's forward (4), sampling (2), its row
 /// statistics, log π_old, greedy, the reference's forward (4), its row statistics and log π_ref.
 pub const DISPATCHES_PER_SAMPLE: usize = 15;
@@ -283,12 +283,11 @@ struct Programs {
     tile: u32,
 }
 
-const STEP_ENTRIES: [&str; 10] = [
+const STEP_ENTRIES: [&str; 9] = [
     "gather_enc",
     "row_stats",
     "gather_logp",
-    "token_grad",
-    "dlogits",
+    "row_step",
     "argmax",
     "reduce_partial",
     "reduce_final",
@@ -1606,9 +1605,8 @@ impl WgslLectureEngine {
         let base = *base;
         self.record_forward(rec, &base, 0);
         let p = &self.programs;
-        rec.step(p, "row_stats", base, rows);
-        rec.step(p, "token_grad", base, tokens);
-        rec.step(p, "dlogits", base, rows * v);
+        // log Z, log π, the loss terms and their derivative, dlogits: one pass per row.
+        rec.step(p, "row_step", base, rows);
         // logits = enc · M: dM = encᵀ · dlogits, d_enc = dlogits · Mᵀ.
         rec.matmul(
             p,
@@ -1713,7 +1711,7 @@ impl WgslLectureEngine {
                 reduce: true,
             },
         );
-        rec.reduce(p, base, l.stats, tokens, CHANNELS, 0, false);
+        rec.reduce(p, base, l.stats, rows, CHANNELS, 0, false);
         rec.reduce(p, base, l.grad, self.params, 1, 6, true);
         rec.step(p, "adam", base, self.params);
     }
@@ -1905,48 +1903,67 @@ pub mod reference {
                     buf.work[w(lp.out_off) + i] = token_logp(lp, buf, i);
                 }
             }
-            "token_grad" => {
+            "row_step" => {
                 let mode = [LossMode::Naive, LossMode::Unclipped, LossMode::Clipped][w(lp.mode)];
                 let est = [KlEstimator::K1, KlEstimator::K2, KlEstimator::K3][w(lp.estimator)];
                 let beta = if lp.kl_on == 1 { lp.beta } else { 0.0 };
-                for i in 0..tokens {
-                    let l = token_logp(lp, buf, i);
-                    buf.work[w(lp.out_off) + i] = l;
-                    let ratio = (l - buf.work[w(lp.old_off) + i]).exp();
-                    let a = buf.work[w(lp.adv_off) + i / n];
-                    let (kl, mut dkl) = kl_term(est, l, buf.work[w(lp.rf_off) + i], beta, f32::exp);
-                    if lp.kl_on == 0 {
-                        dkl = 0.0;
-                    }
-                    let (term, dterm) = pg_term(mode, a, ratio, l, lp.lo, lp.hi);
-                    buf.work[w(lp.coef_off) + i] = (dterm + dkl) * lp.cw;
-                    let s = w(lp.stats_off);
-                    buf.work[s + i] = term;
-                    buf.work[s + tokens + i] = kl;
-                    buf.work[s + 2 * tokens + i] = ratio;
-                    buf.work[s + 3 * tokens + i] = (ratio < lp.lo && a < 0.0) as u32 as f32;
-                    buf.work[s + 4 * tokens + i] = (ratio > lp.hi && a > 0.0) as u32 as f32;
-                    let row = i / (g * n) * n + i % n;
-                    buf.work[s + 5 * tokens + i] = buf.work[w(lp.ent_off) + row];
-                }
-            }
-            "dlogits" => {
-                for i in 0..rows * v {
-                    let (r, u) = (i / v, i % v);
-                    let (bi, pos) = (r / n, r % n);
-                    let (mut rc, mut oh) = (0.0f32, 0.0f32);
-                    for gi in 0..g {
-                        let t = (bi * g + gi) * n + pos;
-                        let c = buf.work[w(lp.coef_off) + t];
-                        rc += c;
-                        if buf.ints[w(lp.i_tokens) + t] as usize == u {
-                            oh += c;
+                for r in 0..rows {
+                    let base = w(lp.logits_off) + r * v;
+                    let x: Vec<f32> = buf.work[base..base + v].to_vec();
+                    let m = x
+                        .iter()
+                        .fold(-3.402_823_5e38f32, |m, &l| m.max(l * lp.inv_t));
+                    let total: f32 = x.iter().map(|&l| (l * lp.inv_t - m).exp()).sum();
+                    let lz = m + total.ln();
+                    let mut h = 0.0f32;
+                    for &l in &x {
+                        let z = l * lp.inv_t;
+                        let e = (z - m).exp();
+                        if e > 0.0 {
+                            h -= e / total * (z - lz);
                         }
                     }
-                    let prob = (buf.work[w(lp.logits_off) + i] * lp.inv_t
-                        - buf.work[w(lp.logz_off) + r])
-                        .exp();
-                    buf.work[w(lp.dl_off) + i] = oh - rc * prob;
+                    let (bi, pos) = (r / n, r % n);
+                    let mut rc = 0.0f32;
+                    let mut sums = [0.0f32; 5];
+                    for gi in 0..g {
+                        let t = (bi * g + gi) * n + pos;
+                        let tok = buf.ints[w(lp.i_tokens) + t] as usize;
+                        let l = x[tok] * lp.inv_t - lz;
+                        buf.work[w(lp.out_off) + t] = l;
+                        let ratio = (l - buf.work[w(lp.old_off) + t]).exp();
+                        let a = buf.work[w(lp.adv_off) + t / n];
+                        let (kl, mut dkl) =
+                            kl_term(est, l, buf.work[w(lp.rf_off) + t], beta, f32::exp);
+                        if lp.kl_on == 0 {
+                            dkl = 0.0;
+                        }
+                        let (term, dterm) = pg_term(mode, a, ratio, l, lp.lo, lp.hi);
+                        let c = (dterm + dkl) * lp.cw;
+                        buf.work[w(lp.coef_off) + t] = c;
+                        rc += c;
+                        sums[0] += term;
+                        sums[1] += kl;
+                        sums[2] += ratio;
+                        sums[3] += (ratio < lp.lo && a < 0.0) as u32 as f32;
+                        sums[4] += (ratio > lp.hi && a > 0.0) as u32 as f32;
+                    }
+                    let s = w(lp.stats_off);
+                    for (c, x) in sums.iter().enumerate() {
+                        buf.work[s + c * rows + r] = *x;
+                    }
+                    buf.work[s + 5 * rows + r] = h * g as f32;
+                    for u in 0..v {
+                        let mut oh = 0.0f32;
+                        for gi in 0..g {
+                            let t = (bi * g + gi) * n + pos;
+                            if buf.ints[w(lp.i_tokens) + t] as usize == u {
+                                oh += buf.work[w(lp.coef_off) + t];
+                            }
+                        }
+                        let prob = (x[u] * lp.inv_t - lz).exp();
+                        buf.work[w(lp.dl_off) + r * v + u] = oh - rc * prob;
+                    }
                 }
             }
             "argmax" => {
