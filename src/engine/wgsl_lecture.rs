@@ -1599,7 +1599,7 @@ impl WgslLectureEngine {
     /// grad norm → clip → Adam.
     fn record_step(&self, rec: &mut Recorder, base: &StepParams, l: &Layout, b: usize) {
         let (v, n, d) = (self.vocab, self.n, self.d);
-        let (rows, tokens) = (b * n, b * l.g * n);
+        let rows = b * n;
         let (vd, ndd) = (v * d, n * d * d);
         let u = |x: usize| x as u32;
         let base = *base;
@@ -1953,7 +1953,7 @@ pub mod reference {
                         buf.work[s + c * rows + r] = *x;
                     }
                     buf.work[s + 5 * rows + r] = h * g as f32;
-                    for u in 0..v {
+                    for (u, &xu) in x.iter().enumerate() {
                         let mut oh = 0.0f32;
                         for gi in 0..g {
                             let t = (bi * g + gi) * n + pos;
@@ -1961,7 +1961,7 @@ pub mod reference {
                                 oh += buf.work[w(lp.coef_off) + t];
                             }
                         }
-                        let prob = (x[u] * lp.inv_t - lz).exp();
+                        let prob = (xu * lp.inv_t - lz).exp();
                         buf.work[w(lp.dl_off) + r * v + u] = oh - rc * prob;
                     }
                 }
