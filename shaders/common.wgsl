@@ -11,3 +11,28 @@ fn pcg_hash(v: u32) -> u32 {
 fn flat_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * 64u;
 }
+
+// The per-token GRPO objective (GRPO-SPEC §4), once for every kernel; reference:
+// objective::loss::reference (pg_term, kl_term). token_loss.wgsl logs with them and
+// lecture_step.wgsl trains with them.
+// The policy-gradient term and its derivative with respect to log π: (term, ∂term/∂logπ)
+// for mode 0 naive, 1 unclipped, 2 clipped (clip range [lo, hi]).
+fn pg_term(mode: u32, a: f32, r: f32, l: f32, lo: f32, hi: f32) -> vec2<f32> {
+    if (mode == 0u) { return vec2<f32>(-a * l, -a); }
+    if (mode == 1u) { return vec2<f32>(-a * r, -a * r); }
+    let u = r * a;
+    let c = clamp(r, lo, hi) * a;
+    let live = u <= c || (r > lo && r < hi);
+    var d = 0.0;
+    if (live) { d = -a * r; }
+    return vec2<f32>(-min(u, c), d);
+}
+
+// A KL estimate of Δ = log π_ref − log π (0 k1, 1 k2, 2 k3) and β·∂KL/∂logπ.
+fn kl_term(estimator: u32, l: f32, rf: f32, beta: f32) -> vec2<f32> {
+    if (estimator == 0u) { return vec2<f32>(l - rf, beta); }
+    let delta = rf - l;
+    if (estimator == 1u) { return vec2<f32>(delta * delta / 2.0, -beta * delta); }
+    let e = exp(delta);
+    return vec2<f32>(e - delta - 1.0, beta * (1.0 - e));
+}

@@ -36,18 +36,9 @@ fn tokens(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let lp = logp[i];
     var ratio = exp(lp - old_logp[i]);
     if (p.bug_quotient == 1u) { ratio = lp / old_logp[i]; }
-    var loss = 0.0;
-    if (p.mode == 0u) {
-        loss = -a * lp;
-    } else if (p.mode == 1u) {
-        loss = -a * ratio;
-    } else {
-        let clipped = clamp(ratio, 1.0 - p.eps_low, 1.0 + p.eps_high);
-        loss = -min(ratio * a, clipped * a);
-    }
-    let d = ref_logp[i] - lp;
-    var kl = exp(d) - d - 1.0;
-    if (p.estimator == 0u) { kl = -d; } else if (p.estimator == 1u) { kl = d * d / 2.0; }
+    // The formulas the WGSL engine trains with (common.wgsl).
+    var loss = pg_term(p.mode, a, ratio, lp, 1.0 - p.eps_low, 1.0 + p.eps_high).x;
+    let kl = kl_term(p.estimator, lp, ref_logp[i], 0.0).x;
     if (p.kl_in_loss == 1u && p.beta > 0.0) { loss = loss + p.beta * kl; }
     var flags = 0u;
     if (ratio < 1.0 - p.eps_low && a < 0.0) { flags |= 1u; }

@@ -48,6 +48,8 @@ pub struct BenchOptions {
     pub pytorch_threads: usize,
     /// Scaling curves instead, written to this directory.
     pub scaling: Option<PathBuf>,
+    /// Also time burn's autodiff path (`run.engine = burn`) on the same device.
+    pub vs_burn: bool,
 }
 
 /// `grpo-lab bench`: the step time of `config` on `compute` (or, with
@@ -126,7 +128,7 @@ pub fn bench_scaling(
         (
             "B·G",
             "algorithm.prompts_per_iteration",
-            vec![1, 4, 16, 64, 256, 1024],
+            vec![1, 4, 16, 64, 256, 1024, 4096],
         ),
         ("n", "task.n", vec![4, 8, 16, 32]),
         ("D", "model.d_model", vec![8, 16, 32, 64, 128, 256]),
@@ -332,7 +334,10 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
     config.run.log_groups = 0;
     config.run.eval_every = 0;
     let mu = config.algorithm.mu;
+    let setup = std::time::Instant::now();
+    // Building the engine: the WGSL engine compiles its shaders here.
     let mut trainer = Trainer::new(config.clone(), compute.clone()).map_err(user)?;
+    let setup_ms = setup.elapsed().as_secs_f64() * 1000.0;
     let t0 = std::time::Instant::now();
     // The supervised cold start (when the config has one) runs before the first step; timed
     // apart so the first step's own warm-up shows.
@@ -343,6 +348,7 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
     while !trainer.at_iteration_boundary() {
         trainer.step().map_err(user)?;
     }
+    let counts_before = trainer.engine().device_counts();
     let mut per_step = Vec::new();
     let mut cpu_per_step = Vec::new();
     let mut rollout_steps = Vec::new();
@@ -367,6 +373,18 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         parts.push(trainer.timings());
     }
     let ms = median(&per_step);
+    let counts = trainer.engine().device_counts();
+    let submissions_per_iteration = counts.zip(counts_before).map(|(after, before)| {
+        (after.submissions - before.submissions) as f64 / options.iterations as f64
+    });
+    // burn's autodiff path on the same device, for the speed-up.
+    let burn_ms = if options.vs_burn {
+        let mut burn = config.clone();
+        burn.run.engine = crate::config::EngineChoice::Burn;
+        Some(time_config(burn, compute, options.iterations)?)
+    } else {
+        None
+    };
     // Each part's share of one optimizer step (ms), median over the timed iterations.
     let part = |get: fn(&Timings) -> f64| {
         median(
@@ -403,6 +421,12 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         "ms_per_step_p90": quantile(&per_step, 0.9),
         "cpu_ms_per_step": (!cpu_per_step.is_empty()).then(|| median(&cpu_per_step)),
         "first_step_ms": first_step_ms,
+        "setup_ms": setup_ms,
+        "dispatches_per_step": counts.map(|c| c.dispatches_per_step),
+        "dispatches_per_rollout": counts.map(|c| c.dispatches_per_rollout),
+        "submissions_per_iteration": submissions_per_iteration,
+        "burn_ms_per_step": burn_ms,
+        "speedup_vs_burn": burn_ms.map(|b| b / ms),
         "cold_start_ms": cold_start_ms,
         "rollout_step_ms": median(&rollout_steps),
         "optimizer_step_ms": median(&plain_steps),
@@ -440,9 +464,21 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
             report["ms_per_step_p90"].as_f64().unwrap_or(f64::NAN)
         );
         println!(
-            "  first step (kernel compilation): {:.1} ms, of which the cold start ({} supervised steps) {:.1} ms",
-            first_step_ms, config.sft.steps, cold_start_ms
+            "  first step (kernel compilation): {:.1} ms, of which the cold start ({} supervised steps) {:.1} ms; building the engine (the WGSL engine compiles its shaders there) {:.1} ms",
+            first_step_ms, config.sft.steps, cold_start_ms, setup_ms
         );
+        if let (Some(c), Some(subs)) = (counts, submissions_per_iteration) {
+            println!(
+                "  device work: {} dispatches per optimizer step, {} per rollout; {:.1} submissions per iteration (μ = {mu})",
+                c.dispatches_per_step, c.dispatches_per_rollout, subs
+            );
+        }
+        if let Some(b) = burn_ms {
+            println!(
+                "  burn's autodiff path on the same device: {b:.3} ms/step; this engine is {:.1}× faster",
+                b / ms
+            );
+        }
         println!(
             "  first step of an iteration (rollout + step): {:.3} ms; other steps: {:.3} ms",
             report["rollout_step_ms"].as_f64().unwrap_or(f64::NAN),

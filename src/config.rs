@@ -361,6 +361,7 @@ named_enum!(PromptSampling {
 named_enum!(DeviceChoice { Auto => "auto", Gpu => "gpu", Software => "software", Cpu => "cpu" });
 named_enum!(KernelChoice { Auto => "auto", Gpu => "gpu", Reference => "reference" });
 named_enum!(FusedChoice { Auto => "auto", Off => "off" });
+named_enum!(EngineChoice { Auto => "auto", Wgsl => "wgsl", Burn => "burn" });
 
 /// Adam (the lecture's optimizer).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -435,6 +436,11 @@ pub struct RunSettings {
     /// rollouts), held equal to burn's by tests: `auto` uses them on the CPU backend when the
     /// config allows, `off` always takes burn's autodiff path.
     pub fused_step: FusedChoice,
+    /// The engine on a wgpu device (`--device gpu|software`): `auto` takes the WGSL engine
+    /// (forward, backward and Adam as compute dispatches) for the lecture model where it
+    /// covers the config, `wgsl` asks for it (lavapipe if no hardware GPU), `burn` always
+    /// takes burn's autodiff path there.
+    pub engine: EngineChoice,
     /// Refuse a config whose memory estimate exceeds this many MiB (0 = the memory this
     /// machine has available when the run starts).
     pub max_memory_mib: usize,
@@ -461,6 +467,7 @@ impl Default for RunSettings {
             device: DeviceChoice::Auto,
             kernels: KernelChoice::Auto,
             fused_step: FusedChoice::Auto,
+            engine: EngineChoice::Auto,
             max_memory_mib: 0,
             eval_every: 10,
             pass_k: 16,
@@ -855,6 +862,8 @@ pub const FIELDS: &[Field] = &[
         "Sampling, verifier and advantages in our WGSL kernels (gpu) or plain Rust (reference); auto: the kernels whenever the device is a wgpu adapter. Same tokens either way."),
     Field::new("run.fused_step", "Fused step", Range::Choice(FusedChoice::NAMES),
         "The fused CPU engines (the lecture model's step; the transformer's step with KV-cache rollouts): forward, backward and Adam by hand, held equal to burn's by tests. auto uses them on the CPU backend when the config allows (not with a bug-gallery switch on); off always takes burn's autodiff path."),
+    Field::new("run.engine", "Engine on a wgpu device", Range::Choice(EngineChoice::NAMES),
+        "On a wgpu device (--device gpu|software): auto takes the WGSL engine for the lecture model (weights, Adam and every activation on the device; forward, backward and Adam as compute dispatches) where it covers the config (no bug-gallery switch, no entropy bonus, run.kernels not reference), else burn's autodiff; wgsl asks for the WGSL engine (on lavapipe when there is no hardware GPU); burn always takes burn's autodiff path there."),
     Field::new("run.max_memory_mib", "Memory cap (MiB)", Range::ANY_INT,
         "A config whose memory estimate (`grpo-lab train --dry-run` prints it) exceeds this is refused before anything is allocated, naming the fields that drive it. 0 = the memory this machine has available."),
     Field::new("run.eval_every", "pass@k every", Range::ANY_INT,

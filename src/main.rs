@@ -256,6 +256,10 @@ struct BenchArgs {
     /// chart and a table written to this directory.
     #[arg(long, value_name = "DIR")]
     scaling: Option<std::path::PathBuf>,
+    /// Also time burn's autodiff path (`run.engine = burn`) on the same device and report the
+    /// WGSL engine's speed-up over it (a wgpu device and the lecture model).
+    #[arg(long)]
+    vs_burn: bool,
 }
 
 fn parse_list(s: &str) -> Result<Vec<u32>, String> {
@@ -708,6 +712,7 @@ fn bench_cmd(args: BenchArgs) -> Result<()> {
         pytorch: args.pytorch,
         pytorch_threads: args.pytorch_threads,
         scaling: args.scaling,
+        vs_burn: args.vs_burn,
     };
     bench::bench(config, &compute, &options)
 }

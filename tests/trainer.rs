@@ -73,8 +73,10 @@ fn same_seed_same_metrics_on_cpu_and_wgpu() {
 fn wgpu_and_cpu_agree() {
     let Some(wgpu) = wgpu_compute() else { return };
     let mut config = short_lecture(3);
-    // burn's autodiff on both backends (the fused CPU step has its own test, tests/fused.rs).
+    // burn's autodiff on both backends (the fused CPU step has its own test, tests/fused.rs;
+    // the WGSL engine tests/wgsl_engine.rs).
     config.run.fused_step = grpo_lab::config::FusedChoice::Off;
+    config.run.engine = grpo_lab::config::EngineChoice::Burn;
     let (a, b) = (temp_dir("agree-cpu"), temp_dir("agree-wgpu"));
     run_to(config.clone(), Compute::cpu(), &a);
     run_to(config, wgpu, &b);
@@ -278,6 +280,9 @@ fn kernel_and_reference_paths_give_the_same_rollouts() {
     let Some(wgpu) = wgpu_compute() else { return };
     let mut config = RunConfig::preset("lecture17").unwrap();
     config.run.iterations = 30;
+    // burn's path with the rollout kernels (the WGSL engine samples with the same kernel:
+    // tests/wgsl_engine.rs).
+    config.run.engine = grpo_lab::config::EngineChoice::Burn;
     let mut paths = Vec::new();
     for kernels in [
         grpo_lab::config::KernelChoice::Gpu,
@@ -482,7 +487,9 @@ fn a_checkpoint_continues_on_an_engine_that_holds_its_optimizer_state() {
         eprintln!("no wgpu adapter: skipped");
         return;
     };
-    let config = short_lecture(2);
+    let mut config = short_lecture(2);
+    // burn's path on lavapipe (the WGSL engine writes the fused engine's checkpoint format).
+    config.run.engine = grpo_lab::config::EngineChoice::Burn;
     let resume = |dir: &std::path::Path, compute: Compute| resume_in(&config, compute, dir);
     let on_wgpu = temp_dir("engine-wgpu");
     run_to(config.clone(), wgpu.clone(), &on_wgpu);

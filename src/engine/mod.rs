@@ -15,8 +15,9 @@ pub mod fused_lecture;
 pub mod fused_transformer;
 pub mod lecture_cpu;
 pub mod transformer_cpu;
+pub mod wgsl_lecture;
 
-use crate::config::{DeviceChoice, FusedChoice, ModelKind, RunConfig};
+use crate::config::{DeviceChoice, EngineChoice, FusedChoice, ModelKind, RunConfig};
 use crate::gpu::{Compute, DeviceError};
 use crate::objective::loss::LossSettings;
 use crate::objective::sampling::SamplingParams;
@@ -30,6 +31,8 @@ pub enum EngineError {
         "run.kernels = gpu needs a wgpu device, but the run is on {0}; use --kernels reference or --device software|gpu"
     )]
     KernelsNeedWgpu(String),
+    #[error("run.engine = wgsl {0}; use run.engine = auto or burn")]
+    WgslUnavailable(String),
     #[error("checkpoint: {0}")]
     Snapshot(String),
     /// The snapshot holds burn's optimizer state, which this engine cannot continue exactly;
@@ -214,6 +217,31 @@ pub trait Engine {
     ) -> Result<Vec<f32>, EngineError>;
     /// One optimizer step of the GRPO loss on a frozen batch.
     fn step(&mut self, batch: &Batch, req: &StepRequest) -> Result<StepOutput, EngineError>;
+    /// Whether this engine takes an iteration's optimizer steps in one go ([`Engine::steps`]:
+    /// one device submission for the WGSL engine). The trainer then asks for all of them on
+    /// the iteration's first step and hands the outputs out one step at a time, so a live
+    /// config change applies from the next iteration.
+    fn batches_steps(&self) -> bool {
+        false
+    }
+    /// `count` optimizer steps on the same frozen batch with the same request, in order;
+    /// `req.logp_rows` applies to the last one.
+    fn steps(
+        &mut self,
+        batch: &Batch,
+        req: &StepRequest,
+        count: usize,
+    ) -> Result<Vec<StepOutput>, EngineError> {
+        let mut out = Vec::with_capacity(count);
+        for k in 0..count {
+            let r = StepRequest {
+                logp_rows: if k + 1 == count { req.logp_rows } else { 0 },
+                ..*req
+            };
+            out.push(self.step(batch, &r)?);
+        }
+        Ok(out)
+    }
     /// Supervised steps (the cold start): cross-entropy of each target given its prompt, a fresh
     /// Adam with `lr`, one step per batch. Returns the last step's loss.
     fn supervised(&mut self, batches: &[Batch], lr: f64) -> Result<f32, EngineError>;
@@ -227,6 +255,22 @@ pub trait Engine {
     fn restore(&mut self, snapshot: &Snapshot) -> Result<(), EngineError>;
     /// Whether this engine computes exactly what `config` asks (after a live change).
     fn supports(&self, config: &RunConfig) -> bool;
+    /// For engines that drive a device by hand (the WGSL engine): command submissions so far
+    /// and dispatches per optimizer step (`bench` reports them).
+    fn device_counts(&self) -> Option<DeviceCounts> {
+        None
+    }
+}
+
+/// What an engine that drives a device by hand has sent it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceCounts {
+    /// Command submissions since the engine was built.
+    pub submissions: usize,
+    /// Compute dispatches in one optimizer step.
+    pub dispatches_per_step: usize,
+    /// Compute dispatches in one rollout (sampling, log π_old, log π_ref).
+    pub dispatches_per_rollout: usize,
 }
 
 /// Which engine kind a config runs on.
@@ -238,11 +282,20 @@ pub enum EngineKind {
     FusedLecture,
     /// The transformer's fused CPU step (KV-cache rollouts).
     FusedTransformer,
+    /// The lecture model's WGSL engine (forward, backward and Adam as dispatches).
+    Wgsl,
 }
 
-/// The engine a config gets on a compute device: the fused CPU step where it covers the config
-/// and the device is the CPU, else burn's autodiff.
+/// The engine a config gets on a compute device: on a wgpu device the WGSL lecture engine
+/// where it covers the config (unless `run.engine = burn`); on the CPU the fused CPU step
+/// where it covers the config; else burn's autodiff.
 pub fn kind_for(config: &RunConfig, compute: &Compute) -> EngineKind {
+    if compute.gpu.is_some()
+        && config.run.engine != EngineChoice::Burn
+        && wgsl_lecture::WgslLectureEngine::covers(config)
+    {
+        return EngineKind::Wgsl;
+    }
     let fused = config.run.fused_step == FusedChoice::Auto && compute.gpu.is_none();
     if fused && lecture_cpu::FusedLectureEngine::covers(config) {
         EngineKind::FusedLecture
@@ -258,7 +311,24 @@ pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + S
     if config.run.kernels == crate::config::KernelChoice::Gpu && compute.gpu.is_none() {
         return Err(EngineError::KernelsNeedWgpu(compute.label.clone()));
     }
+    if config.run.engine == EngineChoice::Wgsl {
+        if compute.gpu.is_none() {
+            return Err(EngineError::WgslUnavailable(format!(
+                "needs a wgpu device, but the run is on {}: use --device gpu or --device software (or run.engine = auto)",
+                compute.label
+            )));
+        }
+        if !wgsl_lecture::WgslLectureEngine::covers(config) {
+            return Err(EngineError::WgslUnavailable(
+                "covers the lecture model without bug-gallery switches, without the entropy bonus and with run.kernels other than reference; use run.engine = auto or burn".into(),
+            ));
+        }
+    }
     Ok(match kind_for(config, compute) {
+        EngineKind::Wgsl => {
+            let gpu = compute.gpu.clone().expect("kind_for: a wgpu device");
+            Box::new(wgsl_lecture::WgslLectureEngine::new(config, gpu)?)
+        }
         EngineKind::FusedLecture => Box::new(lecture_cpu::FusedLectureEngine::new(config)),
         EngineKind::FusedTransformer => {
             Box::new(transformer_cpu::FusedTransformerEngine::new(config))
@@ -272,11 +342,27 @@ pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + S
 /// - no hardware GPU: the CPU. Lavapipe (a CPU emulating a GPU) is never the default for
 ///   training — it is 30–280× slower than the CPU engines; `--device software` still selects it.
 /// - a hardware GPU: the lecture model stays on the fused CPU step (0.01–0.9 ms per step on the
-///   presets; burn's wgpu path costs a dispatch per op, milliseconds per step on any GPU);
+///   presets). The WGSL engine (17 dispatches per step, two submissions per iteration) has been measured on
+///   lavapipe only, where the fused CPU step is faster at every preset shape; `auto` moves the
+///   lecture model to it on a hardware GPU once `bench/gpu.sh` shows it winning there.
+///   `run.engine = wgsl` asks for it (lavapipe without a hardware GPU);
 ///   the transformer goes to the GPU (burn's autodiff there; on the CPU it runs on the fused
 ///   CPU transformer engine).
 pub fn auto_device(config: &RunConfig, hardware_gpu: Option<&str>) -> (DeviceChoice, String) {
     let lecture = config.model.kind == ModelKind::Lecture;
+    if config.run.engine == EngineChoice::Wgsl {
+        // The WGSL engine was asked for: it needs a wgpu device, lavapipe if nothing else.
+        return match hardware_gpu {
+            Some(name) => (
+                DeviceChoice::Gpu,
+                format!("run.engine = wgsl, on the hardware GPU {name}"),
+            ),
+            None => (
+                DeviceChoice::Software,
+                "run.engine = wgsl and no hardware GPU, so lavapipe".into(),
+            ),
+        };
+    }
     if config.run.kernels == crate::config::KernelChoice::Gpu {
         // The WGSL kernels were asked for: they need a wgpu device, lavapipe if nothing else.
         return match hardware_gpu {
@@ -315,9 +401,13 @@ pub fn select(choice: DeviceChoice, config: &RunConfig) -> Result<(Compute, Stri
     };
     let compute = Compute::select(choice)?;
     let engine = match kind_for(config, &compute) {
+        _ if config.run.engine == EngineChoice::Wgsl && compute.gpu.is_none() => {
+            "none (run.engine = wgsl needs a wgpu device)"
+        }
         EngineKind::FusedLecture => "fused CPU lecture step",
         EngineKind::FusedTransformer => "fused CPU transformer step",
         EngineKind::Burn => "burn autodiff",
+        EngineKind::Wgsl => "WGSL lecture engine",
     };
     Ok((
         compute.clone(),
@@ -340,6 +430,10 @@ mod tests {
             auto_device(&transformer, Some("a GPU")).0,
             DeviceChoice::Gpu
         );
+        let mut wgsl = lecture.clone();
+        wgsl.run.engine = EngineChoice::Wgsl;
+        assert_eq!(auto_device(&wgsl, None).0, DeviceChoice::Software);
+        assert_eq!(auto_device(&wgsl, Some("a GPU")).0, DeviceChoice::Gpu);
         let mut kernels = lecture.clone();
         kernels.run.kernels = crate::config::KernelChoice::Gpu;
         assert_eq!(auto_device(&kernels, None).0, DeviceChoice::Software);

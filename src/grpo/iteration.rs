@@ -235,24 +235,45 @@ impl Trainer {
         let g = frozen.batch.g;
         let logged = frozen.groups.as_ref().map_or(0, |gr| gr.len());
         let step_started = Instant::now();
-        let out = self.engine.step(
-            &frozen.batch,
-            &StepRequest {
-                loss: LossSettings::of(cfg),
-                temperature: cfg.sampling.temperature as f32,
-                lr: cfg.optimizer.lr,
-                max_grad_norm: cfg.optimizer.max_grad_norm as f32,
-                entropy_coef: a.entropy_coef as f32,
-                advantages: &frozen.advantages,
-                token_advantages: frozen.token_advantages.as_deref(),
-                old_logp: &frozen.old_logp,
-                ref_logp: &frozen.ref_logp,
-                unfrozen_old_policy: a.bugs.unfrozen_old_policy,
-                shared_reference: a.bugs.shared_reference,
-                // Every row: the ratio's range and KL(π_old ‖ π) at this step come from them.
-                logp_rows: frozen.batch.b * g,
-            },
-        )?;
+        // Every row's log π at each step: the ratio's range and KL(π_old ‖ π) come from them.
+        // An engine that keeps the step on a device (and batches the iteration's steps) reads
+        // back only the last step's logged rows: the ratio statistics are over what it returns
+        // (NaN on the steps it returns none).
+        let rows = if self.engine.batches_steps() {
+            logged * g
+        } else {
+            frozen.batch.b * g
+        };
+        let req = StepRequest {
+            loss: LossSettings::of(cfg),
+            temperature: cfg.sampling.temperature as f32,
+            lr: cfg.optimizer.lr,
+            max_grad_norm: cfg.optimizer.max_grad_norm as f32,
+            entropy_coef: a.entropy_coef as f32,
+            advantages: &frozen.advantages,
+            token_advantages: frozen.token_advantages.as_deref(),
+            old_logp: &frozen.old_logp,
+            ref_logp: &frozen.ref_logp,
+            unfrozen_old_policy: a.bugs.unfrozen_old_policy,
+            shared_reference: a.bugs.shared_reference,
+            logp_rows: rows,
+        };
+        let out = match self.pending.pop_front() {
+            Some(out) => out,
+            // An engine that takes the iteration's steps in one go (one submission): all of
+            // them now, handed out one per call.
+            None if self.engine.batches_steps() && !last_of_iteration => {
+                let count = a.mu - self.step_in_iteration;
+                let mut outs: std::collections::VecDeque<_> =
+                    self.engine.steps(&frozen.batch, &req, count)?.into();
+                let first = outs.pop_front().ok_or_else(|| {
+                    crate::engine::EngineError::Snapshot("the engine returned no steps".into())
+                })?;
+                self.pending = outs;
+                first
+            }
+            None => self.engine.step(&frozen.batch, &req)?,
+        };
         let ratio = RatioStats::of(&out.logp, &frozen.old_logp, &frozen.batch.mask);
         self.timings.step += step_started.elapsed().as_secs_f64();
         let sc = out.scalars;
@@ -306,6 +327,7 @@ impl Trainer {
             self.step_in_iteration = 0;
             self.iteration += 1;
             self.frozen = None;
+            self.pending.clear();
             self.engine.end_iteration();
         }
         Ok(record)

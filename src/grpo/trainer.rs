@@ -110,6 +110,9 @@ pub struct Trainer {
     pub(super) step_in_iteration: usize,
     pub(super) global_step: usize,
     pub(super) frozen: Option<Frozen>,
+    /// The rest of the iteration's optimizer steps, when the engine took them in one go
+    /// (`Engine::batches_steps`), handed out one per `step`.
+    pub(super) pending: std::collections::VecDeque<crate::engine::StepOutput>,
     pub(super) last_reward_mean: f32,
     /// Responses sampled so far (dynamic sampling's redraws included).
     pub(super) rollouts: usize,
@@ -147,6 +150,7 @@ impl Trainer {
             step_in_iteration: 0,
             global_step: 0,
             frozen: None,
+            pending: Default::default(),
             last_reward_mean: f32::NAN,
             rollouts: 0,
             critic: None,
@@ -495,6 +499,7 @@ impl Trainer {
         self.sft_done = state.sft_done || self.config.sft.steps == 0;
         self.step_in_iteration = 0;
         self.frozen = None;
+        self.pending.clear();
         Ok(())
     }
 }

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One command, on any machine with a GPU: the WGSL engine against burn's wgpu path and the
+# fused CPU step, on lecture17 and scaled, then the B·G / n / D scaling sweep on the GPU and
+# on the CPU. Prints one table (and writes the sweeps under bench-gpu-out/).
+#
+#   bench/gpu.sh                 # a hardware GPU (--device gpu)
+#   DEVICE=software bench/gpu.sh # lavapipe, for comparison on a machine without one
+#   ITER=5 SWEEP=0 bench/gpu.sh  # fewer timed iterations, no sweep
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEVICE="${DEVICE:-gpu}"
+ITER="${ITER:-10}"
+SWEEP="${SWEEP:-1}"
+OUT="${OUT:-bench-gpu-out}"
+cargo build --release --bin grpo-lab >&2
+BIN=target/release/grpo-lab
+mkdir -p "$OUT"
+$BIN devices >&2 || true
+row() { # preset device extra-args...
+  local preset=$1 device=$2; shift 2
+  $BIN bench --preset "$preset" --device "$device" --iterations "$ITER" --json "$@" 2>/dev/null | tail -1
+}
+printf '%-10s %-44s %12s %12s %10s %12s %12s %14s\n' preset engine ms/step burn_ms/step speedup dispatches subs/iter first_step_ms
+for preset in lecture17 scaled; do
+  for dev in "$DEVICE" cpu; do
+    extra=()
+    [ "$dev" != cpu ] && extra=(--vs-burn)
+    row "$preset" "$dev" "${extra[@]}" > "$OUT/$preset-$dev.json"
+    python3 - "$OUT/$preset-$dev.json" "$preset" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+f = lambda k, fmt: (fmt % r[k]) if r.get(k) is not None else "-"
+print("%-10s %-44s %12s %12s %10s %12s %12s %14s" % (
+    sys.argv[2], (r["engine"] + " / " + r["device"])[:44], f("ms_per_step", "%.4f"),
+    f("burn_ms_per_step", "%.3f"), f("speedup_vs_burn", "%.1fx"),
+    f("dispatches_per_step", "%d"), f("submissions_per_iteration", "%.1f"),
+    f("first_step_ms", "%.1f")))
+PY
+  done
+done
+if [ "$SWEEP" = 1 ]; then
+  for dev in "$DEVICE" cpu; do
+    echo "scaling sweep on $dev (around scaled; B·G up to 65 536, D up to 256):"
+    $BIN bench --preset scaled --device "$dev" --iterations 2 --scaling "$OUT/scaling-$dev" 2>/dev/null
+  done
+  python3 - "$OUT/scaling-$DEVICE/scaling.csv" "$OUT/scaling-cpu/scaling.csv" "$DEVICE" <<'PY'
+import csv, sys
+gpu = {(r["axis"], r["size"]): float(r["ms_per_step"]) for r in csv.DictReader(open(sys.argv[1]))}
+cpu = {(r["axis"], r["size"]): float(r["ms_per_step"]) for r in csv.DictReader(open(sys.argv[2]))}
+print("%-5s %8s %14s %14s %10s" % ("axis", "size", sys.argv[3] + " ms", "cpu ms", "cpu/" + sys.argv[3]))
+for k in gpu:
+    if k in cpu:
+        print("%-5s %8s %14.3f %14.3f %10.2f" % (k[0], k[1], gpu[k], cpu[k], cpu[k] / gpu[k]))
+PY
+fi

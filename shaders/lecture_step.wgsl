@@ -1,0 +1,237 @@
+// The lecture model's GRPO step on the device, between the products of matmul.wgsl
+// (GRPO-SPEC §2 steps 5–6, §4). Reference: engine::wgsl_lecture::reference (one plain-Rust
+// function per entry point, the pieces of engine::fused_lecture's step). The per-token loss
+// and its derivative are common.wgsl's pg_term / kl_term (the formulas token_loss.wgsl logs
+// with; reference: objective::loss::reference).
+//
+// Every float lives in one of two buffers: `model` (weights, the reference copy, Adam's
+// moments) and `work` (activations, per-token terms, gradients, sums), at the element
+// offsets of `Lp`; integers (prompts, sampled tokens, greedy answers) in `ints`. Shapes:
+// B prompts of n tokens, G responses each, vocabulary V, width D; rows = B·n
+// (prompt, position) pairs; tokens = B·G·n.
+//
+//   gather_enc   [B·D]      enc[b] = Σ_p T_p[x_bp]                     (T = [V, n·D])
+//   row_stats    [rows]     log Z of softmax(logits/T) per row, and its entropy
+//   gather_logp  [tokens]   log π of each token → work[out]
+//   row_step     [rows]     per row: log Z and the entropy; per token of the row log π, ρ,
+//                           the loss term, KL and clip flags (summed over the row into the
+//                           stats channels) and coef = (∂term/∂logπ + β·∂KL/∂logπ) · w / T;
+//                           then dlogits = Σ_g coef·(onehot − softmax)
+//   argmax       [rows]     greedy token per row (first maximum)
+//   reduce_partial / reduce_final: deterministic two-level sums of channels
+//   adam         [P]        grad-norm clip and Adam, as burn's
+//   copy_ref     [P]        reference ← policy
+// (`adam` and `copy_ref` find the policy's weights at model[w_off ..]: 0 in the engine.)
+
+struct Lp {
+    b: u32, g: u32, n: u32, v: u32,
+    d: u32, tokens: u32, rows: u32, count: u32,
+    w_off: u32, t_off: u32, m_off: u32, enc_off: u32,
+    logits_off: u32, logz_off: u32, ent_off: u32, adv_off: u32,
+    out_off: u32, coef_off: u32, stats_off: u32, dl_off: u32,
+    denc_off: u32, dt_off: u32, grad_off: u32, part_off: u32,
+    sums_off: u32, src_off: u32, i_prompts: u32, i_tokens: u32,
+    i_greedy: u32, p_count: u32, am_off: u32, av_off: u32,
+    ref_off: u32, old_off: u32, rf_off: u32, mode: u32,
+    estimator: u32, kl_on: u32, square: u32, chunk: u32,
+    nchunks: u32, channels: u32, _u0: u32, _u1: u32,
+    inv_t: f32, cw: f32, beta: f32, lo: f32,
+    hi: f32, lr: f32, b1: f32, b2: f32,
+    eps: f32, bc2: f32, factor: f32, max_norm: f32,
+}
+
+@group(0) @binding(0) var<uniform> lp: Lp;
+@group(0) @binding(1) var<storage, read_write> model: array<f32>;
+@group(0) @binding(2) var<storage, read_write> work: array<f32>;
+@group(0) @binding(3) var<storage, read_write> ints: array<u32>;
+
+
+@compute @workgroup_size(64)
+fn gather_enc(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= lp.b * lp.d) { return; }
+    let b = i / lp.d;
+    let j = i % lp.d;
+    let nd = lp.n * lp.d;
+    var acc = 0.0;
+    for (var p = 0u; p < lp.n; p++) {
+        let tok = ints[lp.i_prompts + b * lp.n + p];
+        acc += work[lp.t_off + tok * nd + p * lp.d + j];
+    }
+    work[lp.enc_off + i] = acc;
+}
+
+@compute @workgroup_size(64)
+fn row_stats(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = flat_index(gid, nwg);
+    if (r >= lp.rows) { return; }
+    let base = lp.logits_off + r * lp.v;
+    var m = -3.4028235e38;
+    for (var u = 0u; u < lp.v; u++) { m = max(m, work[base + u] * lp.inv_t); }
+    var total = 0.0;
+    for (var u = 0u; u < lp.v; u++) { total += exp(work[base + u] * lp.inv_t - m); }
+    let lz = m + log(total);
+    work[lp.logz_off + r] = lz;
+    var h = 0.0;
+    for (var u = 0u; u < lp.v; u++) {
+        let z = work[base + u] * lp.inv_t;
+        let e = exp(z - m);
+        if (e > 0.0) { h -= e / total * (z - lz); }
+    }
+    work[lp.ent_off + r] = h;
+}
+
+fn token_logp(i: u32) -> f32 {
+    let bi = i / (lp.g * lp.n);
+    let row = bi * lp.n + i % lp.n;
+    let tok = ints[lp.i_tokens + i];
+    return work[lp.logits_off + row * lp.v + tok] * lp.inv_t - work[lp.logz_off + row];
+}
+
+@compute @workgroup_size(64)
+fn gather_logp(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= lp.tokens) { return; }
+    work[lp.out_off + i] = token_logp(i);
+}
+
+// The step's per-row work in one pass: per
+// (prompt, position) row, log Z and the entropy, then for each of its G tokens log π, the
+// loss terms and coef, then dlogits of the row; the stats channels are summed over the row's
+// G tokens (`stats[c·rows + row]`; the entropy as G × the row's, as G tokens see it).
+@compute @workgroup_size(64)
+fn row_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = flat_index(gid, nwg);
+    if (r >= lp.rows) { return; }
+    let base = lp.logits_off + r * lp.v;
+    var m = -3.4028235e38;
+    for (var u = 0u; u < lp.v; u++) { m = max(m, work[base + u] * lp.inv_t); }
+    var total = 0.0;
+    for (var u = 0u; u < lp.v; u++) { total += exp(work[base + u] * lp.inv_t - m); }
+    let lz = m + log(total);
+    var h = 0.0;
+    for (var u = 0u; u < lp.v; u++) {
+        let z = work[base + u] * lp.inv_t;
+        let e = exp(z - m);
+        if (e > 0.0) { h -= e / total * (z - lz); }
+    }
+    let bi = r / lp.n;
+    let pos = r % lp.n;
+    var beta = 0.0;
+    if (lp.kl_on == 1u) { beta = lp.beta; }
+    var row_coef = 0.0;
+    var s_term = 0.0; var s_kl = 0.0; var s_ratio = 0.0; var s_low = 0.0; var s_high = 0.0;
+    for (var gi = 0u; gi < lp.g; gi++) {
+        let t = (bi * lp.g + gi) * lp.n + pos;
+        let tok = ints[lp.i_tokens + t];
+        let l = work[base + tok] * lp.inv_t - lz;
+        work[lp.out_off + t] = l;
+        let ratio = exp(l - work[lp.old_off + t]);
+        let a = work[lp.adv_off + t / lp.n];
+        let kl = kl_term(lp.estimator, l, work[lp.rf_off + t], beta);
+        var dkl = kl.y;
+        if (lp.kl_on == 0u) { dkl = 0.0; }
+        let pg = pg_term(lp.mode, a, ratio, l, lp.lo, lp.hi);
+        let c = (pg.y + dkl) * lp.cw;
+        work[lp.coef_off + t] = c;
+        row_coef += c;
+        s_term += pg.x;
+        s_kl += kl.x;
+        s_ratio += ratio;
+        s_low += select(0.0, 1.0, ratio < lp.lo && a < 0.0);
+        s_high += select(0.0, 1.0, ratio > lp.hi && a > 0.0);
+    }
+    let s = lp.stats_off;
+    let rows = lp.rows;
+    work[s + r] = s_term;
+    work[s + rows + r] = s_kl;
+    work[s + 2u * rows + r] = s_ratio;
+    work[s + 3u * rows + r] = s_low;
+    work[s + 4u * rows + r] = s_high;
+    work[s + 5u * rows + r] = h * f32(lp.g);
+    for (var u = 0u; u < lp.v; u++) {
+        var onehot = 0.0;
+        for (var gi = 0u; gi < lp.g; gi++) {
+            let t = (bi * lp.g + gi) * lp.n + pos;
+            if (ints[lp.i_tokens + t] == u) { onehot += work[lp.coef_off + t]; }
+        }
+        let prob = exp(work[base + u] * lp.inv_t - lz);
+        work[lp.dl_off + r * lp.v + u] = onehot - row_coef * prob;
+    }
+}
+
+@compute @workgroup_size(64)
+fn argmax(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = flat_index(gid, nwg);
+    if (r >= lp.rows) { return; }
+    let base = lp.logits_off + r * lp.v;
+    var best = 0u;
+    for (var u = 1u; u < lp.v; u++) {
+        if (work[base + u] > work[base + best]) { best = u; }
+    }
+    ints[lp.i_greedy + r] = best;
+}
+
+var<workgroup> partial: array<f32, 256>;
+
+fn workgroup_sum(lid: u32, x: f32) -> f32 {
+    partial[lid] = x;
+    workgroupBarrier();
+    for (var stride = 128u; stride > 0u; stride >>= 1u) {
+        if (lid < stride) { partial[lid] += partial[lid + stride]; }
+        workgroupBarrier();
+    }
+    let total = partial[0];
+    workgroupBarrier();
+    return total;
+}
+
+// Workgroup (x, channel y) sums `chunk` elements of channel y of `work[src_off ..]`
+// (`count` per channel; squared when `square`) into work[part_off + y·nchunks + x].
+@compute @workgroup_size(256)
+fn reduce_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let start = wid.x * lp.chunk;
+    let end = min(start + lp.chunk, lp.count);
+    let base = lp.src_off + wid.y * lp.count;
+    var acc = 0.0;
+    for (var i = start + lid; i < end; i += 256u) {
+        let x = work[base + i];
+        if (lp.square == 1u) { acc += x * x; } else { acc += x; }
+    }
+    let total = workgroup_sum(lid, acc);
+    if (lid == 0u) { work[lp.part_off + wid.y * lp.nchunks + wid.x] = total; }
+}
+
+// Workgroup y sums channel y's partials into work[sums_off + y].
+@compute @workgroup_size(256)
+fn reduce_final(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    var acc = 0.0;
+    for (var i = lid; i < lp.nchunks; i += 256u) { acc += work[lp.part_off + wid.y * lp.nchunks + i]; }
+    let total = workgroup_sum(lid, acc);
+    if (lid == 0u) { work[lp.sums_off + wid.y] = total; }
+}
+
+// Grad-norm clip, then Adam as burn's: m̂/(√v + ε·√(1−β2^t)) · √(1−β2^t)/(1−β1^t)
+// (engine::fused_lecture's step). The squared norm is work[sums_off + 6].
+@compute @workgroup_size(64)
+fn adam(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= lp.p_count) { return; }
+    let norm = sqrt(work[lp.sums_off + 6u]);
+    var scale = 1.0;
+    if (lp.max_norm > 0.0 && norm > lp.max_norm) { scale = lp.max_norm / norm; }
+    let gs = work[lp.grad_off + i] * scale;
+    let m = model[lp.am_off + i] * lp.b1 + gs * (1.0 - lp.b1);
+    let v = model[lp.av_off + i] * lp.b2 + gs * gs * (1.0 - lp.b2);
+    model[lp.am_off + i] = m;
+    model[lp.av_off + i] = v;
+    let update = m * lp.factor / (sqrt(v) + lp.eps * lp.bc2);
+    model[lp.w_off + i] = model[lp.w_off + i] - update * lp.lr;
+}
+
+@compute @workgroup_size(64)
+fn copy_ref(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= lp.p_count) { return; }
+    model[lp.ref_off + i] = model[lp.w_off + i];
+}

@@ -1,0 +1,135 @@
+// Tiled matrix products through workgroup memory: every product of the lecture model's
+// step (forward and backward) in the cheap order of engine::fused_lecture (per-position
+// tables, gather, one product).
+// Reference: engine::wgsl_lecture::reference::matmul (plain loops; the fused CPU step takes
+// the same products through gemm in engine::fused_lecture::product_into).
+//
+//   C[z] (+)= A[z] · B[z] for z in 0..batch (workgroup z), every operand a strided view:
+//     A[z](i, k) = src_a[a_off + z·a_bs + i·a_rs + k·a_cs], B likewise, C row-major with
+//     row stride c_rs from c_off + z·c_bs;
+//   or, with flag bit 1 ("reduce"), C (+)= Σ_z A[z] · B[z]: one contraction over (z, k),
+//     so a sum over positions lands in one output without races.
+// Flag bit 0: accumulate into C instead of overwriting it.
+// A and B are read from `model` (weights) or `work` (activations) as the pipeline
+// constants A_SRC / B_SRC say (0 model, 1 work); C is always in `work`. A_SRC = 2 is a
+// one-hot A built from token ids: A[z](i, k) = 1 if ints[a_off + z·a_bs + k·a_cs] == i
+// (the scatter of a gather, dT_p = onehot(x_p)ᵀ · d_enc, as a product without races).
+// The tile: TILE×TILE outputs (TILE = 4·WG) from WG×WG invocations, each computing a 4×4
+// block as four vec4 rows; K-slices of TK through workgroup memory. WG comes from the
+// adapter's limits (8: 64 invocations and 4 KiB of workgroup memory, within WebGPU's
+// defaults; 16 where the adapter allows 256 invocations and is a GPU).
+
+struct Mm {
+    m: u32, n: u32, k: u32, batch: u32,
+    a_off: u32, a_rs: u32, a_cs: u32, a_bs: u32,
+    b_off: u32, b_rs: u32, b_cs: u32, b_bs: u32,
+    c_off: u32, c_rs: u32, c_bs: u32, flags: u32,
+}
+
+@group(0) @binding(0) var<uniform> mm: Mm;
+@group(0) @binding(1) var<storage, read_write> model: array<f32>;
+@group(0) @binding(2) var<storage, read_write> work: array<f32>;
+@group(0) @binding(3) var<storage, read_write> ints: array<u32>;
+
+override A_SRC: u32 = 0u;
+override B_SRC: u32 = 0u;
+
+const WG: u32 = 8u;
+const TILE: u32 = WG * 4u;
+const TK: u32 = 16u;
+
+var<workgroup> ta: array<f32, TILE * TK>;          // [TILE rows][TK]
+var<workgroup> tb: array<vec4<f32>, TK * WG>;      // [TK][WG column quads]
+
+fn load_a(i: u32) -> f32 {
+    if (A_SRC == 0u) { return model[i]; }
+    return work[i];
+}
+
+fn a_at(zz: u32, gi: u32, kq: u32) -> f32 {
+    if (A_SRC == 2u) {
+        return select(0.0, 1.0, ints[mm.a_off + zz * mm.a_bs + kq * mm.a_cs] == gi);
+    }
+    return load_a(mm.a_off + zz * mm.a_bs + gi * mm.a_rs + kq * mm.a_cs);
+}
+
+fn load_b(i: u32) -> f32 {
+    if (B_SRC == 0u) { return model[i]; }
+    return work[i];
+}
+
+fn b_at(z: u32, reduce: bool, gk: u32, kk: u32, gj: u32) -> f32 {
+    if (gj >= mm.n || gk >= kk) { return 0.0; }
+    var zz = z;
+    var kq = gk;
+    if (reduce) { zz = gk / mm.k; kq = gk % mm.k; }
+    return load_b(mm.b_off + zz * mm.b_bs + kq * mm.b_rs + gj * mm.b_cs);
+}
+
+// Invocation (x, y) computes rows y, y + WG, y + 2·WG, y + 3·WG of the tile and the four
+// adjacent columns 4x .. 4x + 3 (one vec4 per row).
+@compute @workgroup_size(WG, WG)
+fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let reduce = (mm.flags & 2u) != 0u;
+    var kk = mm.k;
+    var z = wid.z;
+    if (reduce) { kk = mm.k * mm.batch; z = 0u; }
+    let row0 = wid.y * TILE;
+    let col0 = wid.x * TILE;
+    let tid = lid.y * WG + lid.x;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    for (var k0 = 0u; k0 < kk; k0 += TK) {
+        for (var e = tid; e < TILE * TK; e += WG * WG) {
+            let gi = row0 + e / TK;
+            let gk = k0 + e % TK;
+            var v = 0.0;
+            if (gi < mm.m && gk < kk) {
+                var zz = z;
+                var kq = gk;
+                if (reduce) { zz = gk / mm.k; kq = gk % mm.k; }
+                v = a_at(zz, gi, kq);
+            }
+            ta[e] = v;
+        }
+        for (var e = tid; e < TK * WG; e += WG * WG) {
+            let gk = k0 + e / WG;
+            let gj = col0 + (e % WG) * 4u;
+            tb[e] = vec4<f32>(
+                b_at(z, reduce, gk, kk, gj),
+                b_at(z, reduce, gk, kk, gj + 1u),
+                b_at(z, reduce, gk, kk, gj + 2u),
+                b_at(z, reduce, gk, kk, gj + 3u),
+            );
+        }
+        workgroupBarrier();
+        for (var kc = 0u; kc < TK; kc++) {
+            let bv = tb[kc * WG + lid.x];
+            acc0 = fma(vec4<f32>(ta[lid.y * TK + kc]), bv, acc0);
+            acc1 = fma(vec4<f32>(ta[(lid.y + WG) * TK + kc]), bv, acc1);
+            acc2 = fma(vec4<f32>(ta[(lid.y + 2u * WG) * TK + kc]), bv, acc2);
+            acc3 = fma(vec4<f32>(ta[(lid.y + 3u * WG) * TK + kc]), bv, acc3);
+        }
+        workgroupBarrier();
+    }
+    store_row(row0 + lid.y, col0 + lid.x * 4u, z, acc0);
+    store_row(row0 + lid.y + WG, col0 + lid.x * 4u, z, acc1);
+    store_row(row0 + lid.y + 2u * WG, col0 + lid.x * 4u, z, acc2);
+    store_row(row0 + lid.y + 3u * WG, col0 + lid.x * 4u, z, acc3);
+}
+
+fn store_row(gi: u32, gj: u32, z: u32, acc: vec4<f32>) {
+    if (gi >= mm.m) { return; }
+    for (var c = 0u; c < 4u; c++) {
+        if (gj + c < mm.n) {
+            let at = mm.c_off + z * mm.c_bs + gi * mm.c_rs + gj + c;
+            if ((mm.flags & 1u) != 0u) {
+                work[at] = work[at] + acc[c];
+            } else {
+                work[at] = acc[c];
+            }
+        }
+    }
+}
