@@ -16,11 +16,11 @@
 //!   backward → grad norm → clip → Adam, μ times); one read-back of every step's scalars
 //!   (and the logged rows' log π).
 //!
-//! So an iteration is two submissions (three when the reference is refreshed, four with a
-//! held-out evaluation, which reads the policy's weights back). Each read-back is a few
-//! floats and the sampled tokens; nothing else crosses to the host. Not yet on the device:
-//! verifying and the advantages (host, between the two submissions), the held-out greedy
-//! evaluation (host forward on weights read back).
+//! So an iteration is two submissions (three when the reference is refreshed). Each
+//! read-back is a few floats, the sampled tokens and, with the steps' scalars, the policy's
+//! weights. Not yet on the device: verifying and the advantages (host, between the two
+//! submissions) and the held-out greedy evaluation (the fused CPU forward on the weights
+//! read back with the steps).
 //!
 //! Held equal to the fused CPU step by `tests/wgsl_engine.rs`, kernel by kernel against
 //! [`reference`] and as a whole engine.
@@ -478,7 +478,10 @@ pub struct WgslLectureEngine {
     logp_temperature: f32,
     old_is_current: bool,
     /// Submissions so far (for `bench`).
-    pub submissions: usize,
+    submissions: std::sync::atomic::AtomicUsize,
+    /// The policy's weights as the device holds them, when the host has a fresh copy (read
+    /// back with the μ steps' scalars, so evaluation needs no submission of its own).
+    host_weights: Option<Vec<f32>>,
 }
 
 impl WgslLectureEngine {
@@ -500,7 +503,7 @@ impl WgslLectureEngine {
         let params = host.embedding.len() + host.encode.len() + host.decode_t.len();
         let model = Self::storage(&ctx, "wgsl_lecture.model", 4 * params)?;
         let o = &c.optimizer;
-        let e = Self {
+        let mut e = Self {
             ctx,
             programs,
             vocab: t.vocab,
@@ -522,12 +525,14 @@ impl WgslLectureEngine {
             dev_ref: Vec::new(),
             logp_temperature: f32::NAN,
             old_is_current: false,
-            submissions: 0,
+            submissions: Default::default(),
+            host_weights: None,
         };
         let flat = e.host_flat();
         let zeros = vec![0.0f32; 2 * params];
         let all = [flat.clone(), flat, zeros].concat();
         e.ctx.queue.write_buffer(&e.model, 0, &f32_bytes(&all));
+        e.host_weights = Some(e.host_flat());
         Ok(e)
     }
 
@@ -849,6 +854,7 @@ impl WgslLectureEngine {
             let src = match which {
                 Reads::Work => &plan.work,
                 Reads::Ints => &plan.ints,
+                Reads::Model => &self.model,
             };
             let bytes = (*len * 4) as u64;
             if bytes > 0 {
@@ -857,7 +863,7 @@ impl WgslLectureEngine {
             offset += bytes;
         }
         self.ctx.queue.submit([encoder.finish()]);
-        self.submissions += 1;
+        self.count_submission();
         if let Some(Some(error)) = crate::gpu::context::block_on_ready(scope.pop()) {
             return Err(EngineError::Kernel(KernelError::Readback(format!(
                 "the device refused the submission: {error}"
@@ -958,6 +964,7 @@ impl WgslLectureEngine {
 enum Reads {
     Work,
     Ints,
+    Model,
 }
 
 /// A uniform slot's contents.
@@ -1364,6 +1371,7 @@ impl Engine for WgslLectureEngine {
         self.ctx
             .queue
             .write_buffer(&self.model, 0, &f32_bytes(&flat));
+        self.host_weights = Some(flat);
         self.old_is_current = false;
         Ok(loss)
     }
@@ -1444,6 +1452,7 @@ impl Engine for WgslLectureEngine {
         self.ctx
             .queue
             .write_buffer(&self.model, 0, &f32_bytes(&all));
+        self.host_weights = Some(all[..self.params].to_vec());
         self.time = host.time;
         self.old_is_current = false;
         self.dev_ref.clear();
@@ -1452,7 +1461,7 @@ impl Engine for WgslLectureEngine {
 
     fn device_counts(&self) -> Option<super::DeviceCounts> {
         Some(super::DeviceCounts {
-            submissions: self.submissions,
+            submissions: self.submissions.load(std::sync::atomic::Ordering::Relaxed),
             dispatches_per_step: DISPATCHES_PER_STEP,
             dispatches_per_rollout: DISPATCHES_PER_SAMPLE,
         })
@@ -1562,9 +1571,11 @@ impl WgslLectureEngine {
             &[
                 (Reads::Work, l.sums, 8 * count),
                 (Reads::Work, l.logp, logp_rows),
+                (Reads::Model, 0, self.params),
             ],
         )?;
         self.time += count as i32;
+        self.host_weights = Some(f32s(&out[2]));
         self.old_is_current = false;
         let sums = f32s(&out[0]);
         let last_logp = f32s(&out[1]);
@@ -1718,6 +1729,11 @@ impl WgslLectureEngine {
         rec.step(p, "adam", base, self.params);
     }
 
+    fn count_submission(&self) {
+        self.submissions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The whole `model` buffer, read back.
     fn read_model(&self) -> Result<Vec<f32>, EngineError> {
         self.read_model_part(4)
@@ -1738,6 +1754,7 @@ impl WgslLectureEngine {
         });
         encoder.copy_buffer_to_buffer(&self.model, 0, &staging, 0, bytes);
         self.ctx.queue.submit([encoder.finish()]);
+        self.count_submission();
         let out = read_staging(
             &self.ctx,
             &staging,
@@ -1749,8 +1766,10 @@ impl WgslLectureEngine {
 
     /// The policy's weights into a host copy.
     fn load_host(&self, host: &mut FusedLecture) -> Result<(), EngineError> {
-        let all = self.read_model_part(1)?;
-        set_flat(host, &all[..self.params]);
+        match &self.host_weights {
+            Some(w) => set_flat(host, w),
+            None => set_flat(host, &self.read_model_part(1)?[..self.params]),
+        }
         Ok(())
     }
 
