@@ -797,6 +797,7 @@ fn bad_input_is_refused_with_clear_errors() {
         max_grad_norm: 0.0,
         entropy_coef: 0.0,
         advantages: adv,
+        token_advantages: None,
         old_logp: Box::leak(logp.clone().into_boxed_slice()),
         ref_logp: Box::leak(logp.clone().into_boxed_slice()),
         unfrozen_old_policy: false,
