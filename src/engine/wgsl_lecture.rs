@@ -598,32 +598,12 @@ impl WgslLectureEngine {
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("wgsl_lecture"),
-            layout: &self.programs.layout,
-            entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: &uniform,
-                        offset: 0,
-                        size: wgpu::BufferSize::new(SLOT),
-                    }),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: self.model.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 2,
-                    resource: work.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 3,
-                    resource: ints.as_entire_binding(),
-                },
-            ],
-        });
+        let group = step_bind_group(
+            device,
+            &self.programs.layout,
+            "wgsl_lecture",
+            [&uniform, &self.model, &work, &ints],
+        );
         let sample_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("sample.wgsl"),
             layout: &self.programs.sample_layout,
@@ -2125,32 +2105,12 @@ impl KernelHarness {
         if !uni.is_empty() {
             ctx.queue.write_buffer(&uniform, 0, &uni);
         }
-        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("harness"),
-            layout: &self.programs.layout,
-            entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: &uniform,
-                        offset: 0,
-                        size: wgpu::BufferSize::new(SLOT),
-                    }),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: model.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 2,
-                    resource: work.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 3,
-                    resource: ints.as_entire_binding(),
-                },
-            ],
-        });
+        let group = step_bind_group(
+            device,
+            &self.programs.layout,
+            "harness",
+            [&uniform, &model, &work, &ints],
+        );
         let mut encoder = device.create_command_encoder(&Default::default());
         {
             let mut pass = encoder.begin_compute_pass(&Default::default());
@@ -2200,4 +2160,40 @@ impl KernelHarness {
             ints: u32s(&out[2]),
         })
     }
+}
+
+/// The step kernels' bind group: one `SLOT` of the uniform buffer (its dynamic offset picks the
+/// dispatch's parameters), the model, the work buffer and the token ids.
+fn step_bind_group(
+    device: &wgpu::Device,
+    layout: &wgpu::BindGroupLayout,
+    label: &str,
+    [uniform, model, work, ints]: [&wgpu::Buffer; 4],
+) -> wgpu::BindGroup {
+    device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(label),
+        layout,
+        entries: &[
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: uniform,
+                    offset: 0,
+                    size: wgpu::BufferSize::new(SLOT),
+                }),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: model.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: work.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 3,
+                resource: ints.as_entire_binding(),
+            },
+        ],
+    })
 }
