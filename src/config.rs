@@ -469,7 +469,7 @@ impl Default for RunSettings {
             fused_step: FusedChoice::Auto,
             engine: EngineChoice::Auto,
             max_memory_mib: 0,
-            eval_every: 10,
+            eval_every: 20,
             pass_k: 16,
             pass_samples: 0,
             rollout_budget: 0,

@@ -394,24 +394,30 @@ impl Trainer {
         let k = r.pass_k;
         let n = if r.pass_samples == 0 { k } else { r.pass_samples };
         let prompts: Vec<&[u32]> = self.prompts.heldout.iter().map(|p| p.as_slice()).collect();
-        let s = &cfg.sampling;
-        let samples = self.engine.sample(&SampleRequest {
-            prompts: &prompts,
-            g: n,
-            max_len: cfg.max_len(),
-            params: crate::objective::sampling::SamplingParams::of(s),
-            seed: cfg.run.seed,
-            stream: crate::rng::counter_u32(cfg.run.seed, &[iteration as u32, 0xE7A1]),
-            verify: None,
-        })?;
         let mut sums = [0f64; 3];
-        for (pi, prompt) in prompts.iter().enumerate() {
-            let c = samples.rows[pi * n..(pi + 1) * n]
-                .iter()
-                .filter(|row| is_exact(cfg, prompt, row))
-                .count();
-            for (sum, kk) in sums.iter_mut().zip([1, 4, k]) {
-                *sum += record::pass_at_k(n, c, kk);
+        // 64 prompts at a time: the n answers of 256 prompts at once would hold their whole
+        // rollout (a transformer's KV cache) in memory together.
+        for (chunk, part) in prompts.chunks(64).enumerate() {
+            let samples = self.engine.sample(&SampleRequest {
+                prompts: part,
+                g: n,
+                max_len: cfg.max_len(),
+                params: crate::objective::sampling::SamplingParams::of(&cfg.sampling),
+                seed: cfg.run.seed,
+                stream: crate::rng::counter_u32(
+                    cfg.run.seed,
+                    &[iteration as u32, 0xE7A1, chunk as u32],
+                ),
+                verify: None,
+            })?;
+            for (pi, prompt) in part.iter().enumerate() {
+                let c = samples.rows[pi * n..(pi + 1) * n]
+                    .iter()
+                    .filter(|row| is_exact(cfg, prompt, row))
+                    .count();
+                for (sum, kk) in sums.iter_mut().zip([1, 4, k]) {
+                    *sum += record::pass_at_k(n, c, kk);
+                }
             }
         }
         let mean = |x: f64| (x / prompts.len() as f64) as f32;
