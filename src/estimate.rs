@@ -39,7 +39,7 @@ impl Estimate {
     /// The parts that make up most of the total, largest first, as "what (fields) N MiB".
     pub fn drivers(&self) -> String {
         let mut parts = self.parts.clone();
-        parts.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+        parts.sort_by_key(|p| std::cmp::Reverse(p.bytes));
         let total = self.total().max(1);
         let mut shown = Vec::new();
         let mut covered = 0u128;

@@ -889,14 +889,10 @@ pub fn run_matrix(
                     );
                     match result {
                         Ok(_) => bar.inc(1),
-                        Err(e)
-                            if matches!(
-                                e,
-                                train::RunError::Train(crate::grpo::TrainError::NonFinite { .. })
-                            ) =>
-                        {
-                            bar.inc(1)
-                        } // a diverged run is a result
+                        // A diverged run is a result.
+                        Err(train::RunError::Train(crate::grpo::TrainError::NonFinite {
+                            ..
+                        })) => bar.inc(1),
                         Err(e) => errors.lock().unwrap_or_else(|e| e.into_inner()).push(
                             ExperimentError::Run {
                                 dir: dir.display().to_string(),

@@ -237,7 +237,10 @@ pub struct GroupRecord {
 }
 
 /// Scalar columns of the CSV sink, in order, with a getter each.
-pub const CSV_COLUMNS: &[(&str, fn(&StepRecord) -> Option<f32>)] = &[
+/// A scalar of a record, if it was logged.
+pub type Getter = fn(&StepRecord) -> Option<f32>;
+
+pub const CSV_COLUMNS: &[(&str, Getter)] = &[
     ("iteration", |r| Some(r.iteration as f32)),
     ("step", |r| Some(r.step as f32)),
     ("reward/mean", |r| Some(r.reward_mean)),

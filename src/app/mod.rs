@@ -787,7 +787,8 @@ pub(crate) fn presets() -> Vec<&'static str> {
     PRESETS.iter().map(|(n, _)| *n).collect()
 }
 
-pub(crate) fn choices() -> (
+/// Each of the config's choice fields: its values with their names.
+pub(crate) type Choices = (
     Vec<(AdvantageMode, &'static str)>,
     Vec<(LossMode, &'static str)>,
     Vec<(KlEstimator, &'static str)>,
@@ -795,9 +796,12 @@ pub(crate) fn choices() -> (
     Vec<(RewardKind, &'static str)>,
     Vec<(DeviceChoice, &'static str)>,
     Vec<(KernelChoice, &'static str)>,
-) {
+);
+
+pub(crate) fn choices() -> Choices {
     (
-        enum_names(AdvantageMode::GROUP, AdvantageMode::name),
+        // Every mode the config takes, `gae` (PPO's critic) included.
+        enum_names(AdvantageMode::ALL, AdvantageMode::name),
         enum_names(LossMode::ALL, LossMode::name),
         enum_names(KlEstimator::ALL, KlEstimator::name),
         enum_names(LossAggMode::ALL, LossAggMode::name),

@@ -619,6 +619,7 @@ impl Kernels {
     }
 
     /// Sample `[B, G, T]` tokens from `logits [B, T, V]` (the kernel path of `grpo::sampling`).
+    #[allow(clippy::too_many_arguments)]
     pub fn sample(
         &self,
         logits: &[f32],

@@ -157,6 +157,7 @@ mod tests {
 
     /// The forward pass against the lecture's einsums written out as loops.
     #[test]
+    #[allow(clippy::needless_range_loop)] // the einsums' indices, as the lecture writes them
     fn forward_matches_einsum_loops() {
         let (vocab, n, d) = (5, 3, 4);
         let device = Device::flex();

@@ -113,6 +113,7 @@ pub fn token_uniform(seed: u64, iteration: u32, prompt: u32, response: u32, posi
 
 /// Sample `G` responses per prompt for a per-position policy.
 /// `logits`: `[B, T, V]` flattened; returns tokens `[B, G, T]` flattened.
+#[allow(clippy::too_many_arguments)]
 pub fn sample_independent(
     logits: &[f32],
     b: usize,

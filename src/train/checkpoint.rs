@@ -72,7 +72,7 @@ pub fn save(trainer: &Trainer, dir: &Path) -> Result<(), TrainError> {
 
 /// Read a checkpoint's files, verified against its manifest. A checkpoint written before
 /// manifests existed (only `state.json`) is read as it is.
-fn read_verified(dir: &Path) -> Result<(TrainerState, Vec<(String, Vec<u8>)>), String> {
+fn read_verified(dir: &Path) -> Result<(TrainerState, crate::engine::Snapshot), String> {
     let read = |name: &str| fs::read(dir.join(name)).map_err(|e| format!("{name}: {e}"));
     let mut blobs = Vec::new();
     match fs::read(dir.join(MANIFEST)) {

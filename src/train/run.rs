@@ -211,7 +211,7 @@ impl Sinks {
             .map_err(io(jsonl_path))?;
         file.set_len(keep).map_err(io(jsonl_path))?;
         file.sync_data().map_err(io(jsonl_path))?;
-        let mut text = String::from(StepRecord::csv_header());
+        let mut text = StepRecord::csv_header();
         text.push('\n');
         use std::io::BufRead;
         let reader = std::io::BufReader::new(File::open(jsonl_path).map_err(io(jsonl_path))?);
