@@ -1130,7 +1130,11 @@ impl RunConfig {
                         format!(
                             "`{}` is not a preset; allowed: none, {}",
                             self.sft.teacher,
-                            PRESETS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+                            PRESETS
+                                .iter()
+                                .map(|(n, _)| *n)
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         ),
                     );
                 }
@@ -1149,7 +1153,13 @@ impl RunConfig {
                     );
                 }
                 Ok(t) if t.sft.teacher != "none" => {
-                    return bad("sft.teacher", format!("`{}` has a teacher of its own; one level of distillation only", self.sft.teacher));
+                    return bad(
+                        "sft.teacher",
+                        format!(
+                            "`{}` has a teacher of its own; one level of distillation only",
+                            self.sft.teacher
+                        ),
+                    );
                 }
                 Ok(_) => {}
             }

@@ -229,10 +229,17 @@ impl ReportMetric {
             _ => (s.to_string(), Some(Agg::Mean)),
         };
         let agg = agg.unwrap_or(Agg::Mean);
-        if !crate::metrics::CSV_COLUMNS.iter().any(|(n, _)| *n == metric) {
+        if !crate::metrics::CSV_COLUMNS
+            .iter()
+            .any(|(n, _)| *n == metric)
+        {
             return Err(ExperimentError::BadReport(format!(
                 "unknown metric `{metric}`; allowed: {} (each optionally @{})",
-                crate::metrics::CSV_COLUMNS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "),
+                crate::metrics::CSV_COLUMNS
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 Agg::NAMES.join("|@")
             )));
         }
@@ -270,7 +277,13 @@ impl ReportAcc {
             sum: vec![(0.0, 0); n],
             extreme: metrics
                 .iter()
-                .map(|m| if m.agg == Agg::Min { f64::INFINITY } else { f64::NEG_INFINITY })
+                .map(|m| {
+                    if m.agg == Agg::Min {
+                        f64::INFINITY
+                    } else {
+                        f64::NEG_INFINITY
+                    }
+                })
                 .collect(),
             last: vec![f64::NAN; n],
             first: vec![f64::NAN; n],
@@ -290,7 +303,11 @@ impl ReportAcc {
             if self.sum[k].1 == 1 {
                 self.first[k] = v;
             }
-            self.extreme[k] = if m.agg == Agg::Min { self.extreme[k].min(v) } else { self.extreme[k].max(v) };
+            self.extreme[k] = if m.agg == Agg::Min {
+                self.extreme[k].min(v)
+            } else {
+                self.extreme[k].max(v)
+            };
             let tail = &mut self.tail[k];
             match tail.back_mut() {
                 Some(b) if b.0 == r.iteration => {
@@ -322,7 +339,9 @@ impl ReportAcc {
                     Agg::First => self.first[k],
                     Agg::Max | Agg::Min => self.extreme[k],
                     Agg::Last10 => {
-                        let (s, c) = self.tail[k].iter().fold((0.0, 0), |(s, c), x| (s + x.1, c + x.2));
+                        let (s, c) = self.tail[k]
+                            .iter()
+                            .fold((0.0, 0), |(s, c), x| (s + x.1, c + x.2));
                         s / c.max(1) as f64
                     }
                 }
@@ -608,7 +627,11 @@ pub fn report_over_seeds(per_seed: &[Vec<f64>], metrics: usize) -> Vec<(f64, f64
                 .filter_map(|r| r.get(k).copied())
                 .filter(|x| x.is_finite())
                 .collect();
-            if v.is_empty() { (f64::NAN, f64::NAN) } else { mean_std(&v) }
+            if v.is_empty() {
+                (f64::NAN, f64::NAN)
+            } else {
+                mean_std(&v)
+            }
         })
         .collect()
 }
@@ -617,7 +640,11 @@ impl Card {
     /// The metrics drawn per iteration besides `BAND_METRICS`: the plots, then the report's.
     pub fn band_metrics(&self) -> Vec<String> {
         let mut v: Vec<String> = Vec::new();
-        for m in self.plots.iter().chain(self.report.iter().map(|r| &r.metric)) {
+        for m in self
+            .plots
+            .iter()
+            .chain(self.report.iter().map(|r| &r.metric))
+        {
             if !v.contains(m) && !BAND_METRICS.contains(&m.as_str()) {
                 v.push(m.clone());
             }
@@ -632,13 +659,20 @@ impl Card {
         }
         let mut md = format!(
             "| cell | {} |\n|---|{}\n",
-            self.report.iter().map(ReportMetric::header).collect::<Vec<_>>().join(" | "),
+            self.report
+                .iter()
+                .map(ReportMetric::header)
+                .collect::<Vec<_>>()
+                .join(" | "),
             "---|".repeat(self.report.len())
         );
         for (label, vals) in rows {
             md.push_str(&format!(
                 "| {label} | {} |\n",
-                vals.iter().map(|(m, s)| fmt_mean_std(*m, *s)).collect::<Vec<_>>().join(" | ")
+                vals.iter()
+                    .map(|(m, s)| fmt_mean_std(*m, *s))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
             ));
         }
         md
@@ -654,7 +688,15 @@ pub fn fmt_mean_std(m: f64, s: f64) -> String {
     if a >= 1e5 {
         return format!("{m:.2e} ± {s:.2e}");
     }
-    let d = if a >= 100.0 { 1 } else if a >= 1.0 { 2 } else if a >= 0.01 { 3 } else { 4 };
+    let d = if a >= 100.0 {
+        1
+    } else if a >= 1.0 {
+        2
+    } else if a >= 0.01 {
+        3
+    } else {
+        4
+    };
     format!("{m:.d$} ± {s:.d$}")
 }
 
@@ -687,7 +729,10 @@ pub const BAND_METRICS: [&str; 6] = [
 /// Per metric, per iteration: (iteration, mean, std) over the runs (seeds) of one cell. A
 /// run's value at an iteration is the mean over its steps there (the rollout's metrics repeat
 /// on each step; the step's own — KL, ratio, clip fractions — vary). `BAND_METRICS` and `extra`.
-pub fn seed_bands(runs: &[Vec<StepRecord>], extra: &[String]) -> BTreeMap<String, Vec<(f64, f64, f64)>> {
+pub fn seed_bands(
+    runs: &[Vec<StepRecord>],
+    extra: &[String],
+) -> BTreeMap<String, Vec<(f64, f64, f64)>> {
     let names: Vec<&str> = BAND_METRICS
         .iter()
         .copied()

@@ -292,9 +292,7 @@ pub const CSV_COLUMNS: &[(&str, Getter)] = &[
     ("advantage/abs_hard", |r| Some(r.advantage_abs_hard)),
     ("advantage/abs_mid", |r| Some(r.advantage_abs_mid)),
     ("advantage/abs_easy", |r| Some(r.advantage_abs_easy)),
-    ("completions/wrong_length_p90", |r| {
-        Some(r.wrong_length_p90)
-    }),
+    ("completions/wrong_length_p90", |r| Some(r.wrong_length_p90)),
     ("completions/wrong_longer_frac", |r| {
         Some(r.wrong_longer_frac)
     }),

@@ -47,7 +47,10 @@ fn every_experiment_file_runs_at_a_tiny_budget() {
                 .split("What the mechanism shows")
                 .nth(1)
                 .unwrap_or_else(|| panic!("{name}: no report table in {md}"));
-            let rows = report.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| cell")).count();
+            let rows = report
+                .lines()
+                .filter(|l| l.starts_with("| ") && !l.starts_with("| cell"))
+                .count();
             assert_eq!(rows, m.cells().unwrap().len(), "{name}: {report}");
             assert!(md.contains(&m.card.claim), "{name}");
         }

@@ -42,11 +42,24 @@ fn pass_at_k_is_logged_at_each_evaluation_and_leaves_training_alone() {
         .collect();
     // Iterations 0, 2, 4, on each of their μ steps.
     let mu = c.algorithm.mu;
-    assert_eq!(evaluated, [0, 2, 4].iter().flat_map(|&i| vec![i; mu]).collect::<Vec<_>>());
+    assert_eq!(
+        evaluated,
+        [0, 2, 4]
+            .iter()
+            .flat_map(|&i| vec![i; mu])
+            .collect::<Vec<_>>()
+    );
     for r in with.iter().filter(|r| r.pass_at_1.is_some()) {
-        let (p1, p4, pk) = (r.pass_at_1.unwrap(), r.pass_at_4.unwrap(), r.pass_at_k.unwrap());
+        let (p1, p4, pk) = (
+            r.pass_at_1.unwrap(),
+            r.pass_at_4.unwrap(),
+            r.pass_at_k.unwrap(),
+        );
         // pass@k grows with k and is a probability.
-        assert!((0.0..=1.0).contains(&p1) && p1 <= p4 + 1e-6 && p4 <= pk + 1e-6, "{p1} {p4} {pk}");
+        assert!(
+            (0.0..=1.0).contains(&p1) && p1 <= p4 + 1e-6 && p4 <= pk + 1e-6,
+            "{p1} {p4} {pk}"
+        );
     }
     // The evaluation samples from a stream of its own: the training curves do not move.
     c.run.eval_every = 0;
@@ -102,9 +115,21 @@ fn ppo_with_a_critic_learns_and_its_checkpoint_resumes_bit_identically() {
     let (start, end) = (first[0].reward_mean, first[first.len() - 1].reward_mean);
     assert!(end > start + 0.1, "PPO learns: {start} → {end}");
     // The critic learns too: its error on the returns falls.
-    assert!(first.iter().all(|r| r.value_loss.is_finite() && r.value_explained_var.is_finite()));
-    let late: f32 = first[first.len() - 10..].iter().map(|r| r.value_loss).sum::<f32>() / 10.0;
-    assert!(late < first[0].value_loss, "{:?}", first.iter().map(|r| r.value_loss).collect::<Vec<_>>());
+    assert!(
+        first
+            .iter()
+            .all(|r| r.value_loss.is_finite() && r.value_explained_var.is_finite())
+    );
+    let late: f32 = first[first.len() - 10..]
+        .iter()
+        .map(|r| r.value_loss)
+        .sum::<f32>()
+        / 10.0;
+    assert!(
+        late < first[0].value_loss,
+        "{:?}",
+        first.iter().map(|r| r.value_loss).collect::<Vec<_>>()
+    );
     // GRPO's records carry no critic numbers.
     let (_, grpo) = records(random_sort(2));
     assert!(grpo.iter().all(|r| r.value_loss.is_nan()));
@@ -113,13 +138,38 @@ fn ppo_with_a_critic_learns_and_its_checkpoint_resumes_bit_identically() {
     c.run.iterations = 8;
     c.run.checkpoint_every = 2;
     let full = temp_dir("gae-full");
-    train::run(c.clone(), Compute::cpu(), RunOptions { out: full.clone(), ..Default::default() }).unwrap();
+    train::run(
+        c.clone(),
+        Compute::cpu(),
+        RunOptions {
+            out: full.clone(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let part = temp_dir("gae-part");
     let mut short = c.clone();
     short.run.iterations = 4;
-    train::run(short, Compute::cpu(), RunOptions { out: part.clone(), ..Default::default() }).unwrap();
+    train::run(
+        short,
+        Compute::cpu(),
+        RunOptions {
+            out: part.clone(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     std::fs::write(part.join("config.toml"), c.to_toml()).unwrap();
-    train::run(c, Compute::cpu(), RunOptions { out: part.clone(), resume: true, ..Default::default() }).unwrap();
+    train::run(
+        c,
+        Compute::cpu(),
+        RunOptions {
+            out: part.clone(),
+            resume: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(
         metrics_without_timing(&full.join("metrics.jsonl")),
         metrics_without_timing(&part.join("metrics.jsonl"))
@@ -144,16 +194,25 @@ fn a_student_learns_from_its_teachers_answers() {
     let (acc_oracle, _) = oracle.evaluate().unwrap();
     // lecture17 itself (the teacher) collapses below the maximum: its answers are partly wrong,
     // and the student imitates them rather than the truth.
-    assert!(acc_oracle > acc_taught, "oracle {acc_oracle} vs taught {acc_taught}");
+    assert!(
+        acc_oracle > acc_taught,
+        "oracle {acc_oracle} vs taught {acc_taught}"
+    );
 
     // A teacher of another task is refused, naming the key.
     let mut bad = RunConfig::preset("transformer-sort").unwrap();
     bad.sft.teacher = "lecture17".into();
     let e = bad.validate().unwrap_err().to_string();
-    assert!(e.contains("sft.teacher") && e.contains("another task"), "{e}");
+    assert!(
+        e.contains("sft.teacher") && e.contains("another task"),
+        "{e}"
+    );
     bad.sft.teacher = "no-such-preset".into();
     let e = bad.validate().unwrap_err().to_string();
-    assert!(e.contains("sft.teacher") && e.contains("transformer-sort"), "{e}");
+    assert!(
+        e.contains("sft.teacher") && e.contains("transformer-sort"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -167,7 +226,10 @@ fn the_mechanism_metrics_are_logged() {
     for r in &recs {
         if r.step_in_iteration == 0 {
             // Before the first update of an iteration π = π_old.
-            assert!((r.ratio_min - 1.0).abs() < 1e-5 && (r.ratio_max - 1.0).abs() < 1e-5, "{r:?}");
+            assert!(
+                (r.ratio_min - 1.0).abs() < 1e-5 && (r.ratio_max - 1.0).abs() < 1e-5,
+                "{r:?}"
+            );
             assert!(r.ppo_kl.abs() < 1e-6);
         } else {
             assert!(r.ratio_min <= 1.0 && r.ratio_max >= 1.0);
@@ -175,7 +237,10 @@ fn the_mechanism_metrics_are_logged() {
         }
         assert!(r.advantage_std.is_finite() && r.advantage_std >= 0.0);
     }
-    assert!(recs.iter().any(|r| r.ppo_kl > 0.0), "the policy moves away from π_old");
+    assert!(
+        recs.iter().any(|r| r.ppo_kl > 0.0),
+        "the policy moves away from π_old"
+    );
     // Wrong-answer lengths on the transformer: p90 ≥ mean, a fraction in [0, 1].
     let mut t = RunConfig::preset("length-bias").unwrap();
     t.run.iterations = 2;

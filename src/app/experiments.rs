@@ -209,7 +209,11 @@ mod tests {
         assert_eq!(e.runs_done(), cells * 2);
         let bands = e.bands.clone();
         assert_eq!(e.table.len(), cells);
-        assert!(e.table.iter().all(|r| r.seeds == 2 && r.values[0].0.is_finite()));
+        assert!(
+            e.table
+                .iter()
+                .all(|r| r.seeds == 2 && r.values[0].0.is_finite())
+        );
         assert_eq!(bands.len(), cells);
         for (label, b) in &bands {
             assert!(label.ends_with("(2 seeds)"), "{label}");

@@ -1034,13 +1034,18 @@ fn compare_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
 fn band_plot(pl: Plot<'_>, ui: &mut egui::Ui, metric: &str, cells: &crate::experiment::CellBands) {
     pl.show(ui, |p| {
         for (k, (cell, bands)) in cells.iter().enumerate() {
-            let Some(pts) = bands.get(metric) else { continue };
+            let Some(pts) = bands.get(metric) else {
+                continue;
+            };
             let color = PALETTE[k % PALETTE.len()];
             let xs: Vec<f64> = pts.iter().map(|p| p.0).collect();
             let lo: Vec<f64> = pts.iter().map(|p| p.1 - p.2).collect();
             let hi: Vec<f64> = pts.iter().map(|p| p.1 + p.2).collect();
             // The band under the line's name: one legend entry per cell shows or hides both.
-            p.add(egui_plot::FilledArea::new(cell.clone(), &xs, &lo, &hi).fill_color(color.gamma_multiply(0.15)));
+            p.add(
+                egui_plot::FilledArea::new(cell.clone(), &xs, &lo, &hi)
+                    .fill_color(color.gamma_multiply(0.15)),
+            );
             p.line(line(cell, pts.iter().map(|p| [p.0, p.1]).collect(), color));
         }
     });

@@ -703,7 +703,10 @@ fn row(x: &Ctx, key: &str) -> Mapped {
                 )),
             }
         }
-        "algorithm.gamma" | "algorithm.lam" | "algorithm.value_lr" | "algorithm.value_epochs"
+        "algorithm.gamma"
+        | "algorithm.lam"
+        | "algorithm.value_lr"
+        | "algorithm.value_epochs"
         | "algorithm.value_hidden" => {
             if a.advantage != AdvantageMode::Gae {
                 return inert(vec![], "used only with advantage = gae");
@@ -713,17 +716,28 @@ fn row(x: &Ctx, key: &str) -> Mapped {
                 (Verl, "algorithm.gamma") => Some(kv("algorithm.gamma", f(a.gamma))),
                 (Verl, "algorithm.lam") => Some(kv("algorithm.lam", f(a.lam))),
                 (Verl, "algorithm.value_lr") => Some(kv("critic.optim.lr", f(a.value_lr))),
-                (Verl, "algorithm.value_epochs") => Some(kv("critic.ppo_epochs", i(a.value_epochs))),
+                (Verl, "algorithm.value_epochs") => {
+                    Some(kv("critic.ppo_epochs", i(a.value_epochs)))
+                }
                 (OpenRlhf, "algorithm.gamma") => Some(kv("algo.advantage.gamma", f(a.gamma))),
                 (OpenRlhf, "algorithm.lam") => Some(kv("algo.advantage.lambd", f(a.lam))),
                 (OpenRlhf, "algorithm.value_lr") => Some(kv("critic.adam.lr", f(a.value_lr))),
                 _ => None,
             };
             match theirs {
-                Some(kv) if key == "algorithm.gamma" || key == "algorithm.lam" => exact(vec![kv], ""),
-                Some(kv) => approx(vec![kv], "their critic is a language model of its own; ours is one tanh layer over one-hot states"),
-                None if fw == Trl => refused("PPO with a critic is TRL's PPOTrainer, not GRPOTrainer"),
-                None => refused("the critic's shape is the framework's critic model (critic.model)"),
+                Some(kv) if key == "algorithm.gamma" || key == "algorithm.lam" => {
+                    exact(vec![kv], "")
+                }
+                Some(kv) => approx(
+                    vec![kv],
+                    "their critic is a language model of its own; ours is one tanh layer over one-hot states",
+                ),
+                None if fw == Trl => {
+                    refused("PPO with a critic is TRL's PPOTrainer, not GRPOTrainer")
+                }
+                None => {
+                    refused("the critic's shape is the framework's critic model (critic.model)")
+                }
             }
         }
         k if k.starts_with("algorithm.bugs.") => {
@@ -1053,9 +1067,9 @@ fn advantage(x: &Ctx) -> Mapped {
             vec![kv("algo.advantage.estimator", Val::str("gae"))],
             "GAE with a learned critic (OpenRLHF's is a model of its own: critic.model_name_or_path)",
         ),
-        (Trl, AdvantageMode::Gae) => refused(
-            "gae: PPO with a critic is TRL's PPOTrainer, not GRPOTrainer",
-        ),
+        (Trl, AdvantageMode::Gae) => {
+            refused("gae: PPO with a critic is TRL's PPOTrainer, not GRPOTrainer")
+        }
         (Trl, AdvantageMode::Rloo) => refused(
             "rloo: TRL's GRPOTrainer has no leave-one-out baseline (RLOOTrainer is another trainer)",
         ),

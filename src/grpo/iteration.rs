@@ -392,7 +392,11 @@ impl Trainer {
             return Ok(None);
         }
         let k = r.pass_k;
-        let n = if r.pass_samples == 0 { k } else { r.pass_samples };
+        let n = if r.pass_samples == 0 {
+            k
+        } else {
+            r.pass_samples
+        };
         let prompts: Vec<&[u32]> = self.prompts.heldout.iter().map(|p| p.as_slice()).collect();
         let mut sums = [0f64; 3];
         // 64 prompts at a time: the n answers of 256 prompts at once would hold their whole

@@ -341,8 +341,10 @@ impl Trainer {
                 let slots: Vec<usize> = (0..s.batch_size)
                     .map(|j| (step * s.batch_size + j) % order.len())
                     .collect();
-                let picked: Vec<&Vec<u32>> =
-                    slots.iter().map(|&k| &self.prompts.train[order[k]]).collect();
+                let picked: Vec<&Vec<u32>> = slots
+                    .iter()
+                    .map(|&k| &self.prompts.train[order[k]])
+                    .collect();
                 let targets: Vec<Vec<u32>> = picked
                     .iter()
                     .zip(&slots)
@@ -484,7 +486,11 @@ impl Trainer {
                 if !critic.set_state(s) {
                     return Err(TrainError::Checkpoint {
                         path: "state.json".into(),
-                        reason: format!("its critic has {} numbers, this config's {}", s.len(), critic.state().len()),
+                        reason: format!(
+                            "its critic has {} numbers, this config's {}",
+                            s.len(),
+                            critic.state().len()
+                        ),
                     });
                 }
                 Some(critic)

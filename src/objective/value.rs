@@ -124,7 +124,12 @@ impl ValueModel {
     /// only). Returns the mean squared error before the first step.
     pub fn fit(&mut self, batch: &Batch, targets: &[f32], lr: f32, epochs: usize) -> f32 {
         let (f, hd) = (self.features(), self.hidden);
-        let count = batch.lengths.iter().map(|&l| l.min(batch.t)).sum::<usize>().max(1) as f32;
+        let count = batch
+            .lengths
+            .iter()
+            .map(|&l| l.min(batch.t))
+            .sum::<usize>()
+            .max(1) as f32;
         let mut first_loss = f32::NAN;
         let mut h = vec![0f32; hd];
         let mut dz = vec![0f32; hd];
@@ -162,7 +167,13 @@ impl ValueModel {
         let (b1, b2, eps) = (0.9f32, 0.999f32, 1e-8f32);
         self.step += 1;
         let (c1, c2) = (1.0 - b1.powi(self.step), 1.0 - b2.powi(self.step));
-        for (((p, m), v), g) in self.params.iter_mut().zip(&mut self.m).zip(&mut self.v).zip(grad) {
+        for (((p, m), v), g) in self
+            .params
+            .iter_mut()
+            .zip(&mut self.m)
+            .zip(&mut self.v)
+            .zip(grad)
+        {
             *m = b1 * *m + (1.0 - b1) * g;
             *v = b2 * *v + (1.0 - b2) * g * g;
             *p -= lr * (*m / c1) / ((*v / c2).sqrt() + eps);
@@ -233,7 +244,12 @@ pub fn whiten(x: &mut [f32], mask: &[f32]) {
         return;
     }
     let mean = x.iter().zip(mask).map(|(a, m)| a * m).sum::<f32>() / n;
-    let var = x.iter().zip(mask).map(|(a, m)| m * (a - mean).powi(2)).sum::<f32>() / n;
+    let var = x
+        .iter()
+        .zip(mask)
+        .map(|(a, m)| m * (a - mean).powi(2))
+        .sum::<f32>()
+        / n;
     let std = var.sqrt() + 1e-8;
     for (a, m) in x.iter_mut().zip(mask) {
         *a = if *m > 0.0 { (*a - mean) / std } else { 0.0 };
@@ -249,7 +265,10 @@ pub fn explained_variance(values: &[f32], returns: &[f32], mask: &[f32]) -> f32 
     }
     let var = |f: &dyn Fn(usize) -> f32| {
         let mean = (0..mask.len()).map(|i| mask[i] * f(i)).sum::<f32>() / n;
-        (0..mask.len()).map(|i| mask[i] * (f(i) - mean).powi(2)).sum::<f32>() / n
+        (0..mask.len())
+            .map(|i| mask[i] * (f(i) - mean).powi(2))
+            .sum::<f32>()
+            / n
     };
     let total = var(&|i| returns[i]);
     let resid = var(&|i| returns[i] - values[i]);
