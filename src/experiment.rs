@@ -4,7 +4,7 @@
 //! table) describe one matrix each.
 
 use crate::config::{ConfigError, DeviceChoice, RunConfig};
-use crate::metrics::StepRecord;
+use crate::metrics::{Getter, StepRecord};
 use crate::report::stats::mean_std;
 use crate::report::{Series, line_chart};
 use crate::train::{self, RunOptions};
@@ -261,6 +261,8 @@ impl ReportMetric {
 #[derive(Debug, Clone)]
 pub struct ReportAcc {
     metrics: Vec<ReportMetric>,
+    /// Each metric's getter, looked up once (`None`: not a metric; never logged).
+    getters: Vec<Option<Getter>>,
     sum: Vec<(f64, usize)>,
     extreme: Vec<f64>,
     last: Vec<f64>,
@@ -274,6 +276,10 @@ impl ReportAcc {
         let n = metrics.len();
         Self {
             metrics: metrics.to_vec(),
+            getters: metrics
+                .iter()
+                .map(|m| crate::metrics::getter(&m.metric))
+                .collect(),
             sum: vec![(0.0, 0); n],
             extreme: metrics
                 .iter()
@@ -293,7 +299,10 @@ impl ReportAcc {
 
     pub fn push(&mut self, r: &StepRecord) {
         for (k, m) in self.metrics.iter().enumerate() {
-            let Some(v) = r.scalar(&m.metric).filter(|v| v.is_finite()) else {
+            let Some(v) = self.getters[k]
+                .and_then(|get| get(r))
+                .filter(|v| v.is_finite())
+            else {
                 continue;
             };
             let v = v as f64;
@@ -733,18 +742,19 @@ pub fn seed_bands(
     runs: &[Vec<StepRecord>],
     extra: &[String],
 ) -> BTreeMap<String, Vec<(f64, f64, f64)>> {
-    let names: Vec<&str> = BAND_METRICS
+    let names: Vec<(&str, Getter)> = BAND_METRICS
         .iter()
         .copied()
         .chain(extra.iter().map(String::as_str))
+        .filter_map(|n| crate::metrics::getter(n).map(|g| (n, g)))
         .collect();
     let mut per_iter: BTreeMap<&str, BTreeMap<usize, Vec<f64>>> = BTreeMap::new();
     for run in runs {
         // (metric, iteration) → (sum, count) within this run
         let mut acc: BTreeMap<(&str, usize), (f64, usize)> = BTreeMap::new();
         for r in run {
-            for &name in &names {
-                if let Some(v) = r.scalar(name).filter(|v| v.is_finite()) {
+            for &(name, get) in &names {
+                if let Some(v) = get(r).filter(|v| v.is_finite()) {
                     let e = acc.entry((name, r.iteration)).or_default();
                     e.0 += v as f64;
                     e.1 += 1;
@@ -1079,11 +1089,17 @@ fn summarise(
     }
     let out = &opts.out;
     let mut csv = String::from(
-        "cell,seeds,final_reward_mean,final_reward_std,ci95_low,ci95_high,reached_threshold,iterations_to_threshold,final_entropy,frac_reward_zero_std,final_accuracy,heldout_accuracy,mean_length,mean_length_correct,mean_length_wrong,wall_secs\n",
+        "cell,seeds,final_reward_mean,final_reward_std,ci95_low,ci95_high,reached_threshold,iterations_to_threshold,final_entropy,frac_reward_zero_std,final_accuracy,heldout_accuracy,mean_length,mean_length_correct,mean_length_wrong,wall_secs",
     );
+    // The card's report after the fixed columns: `{metric}@{agg}` mean and std.
+    for m in &matrix.card.report {
+        let name = format!("{}@{}", m.metric, Agg::NAMES[m.agg as usize]);
+        csv.push_str(&format!(",\"{name} mean\",\"{name} std\""));
+    }
+    csv.push('\n');
     for s in &summaries {
         csv.push_str(&format!(
-            "\"{}\",{},{:.4},{:.4},{:.4},{:.4},{},{},{:.4},{:.4},{:.4},{:.4},{:.3},{:.3},{:.3},{:.3}\n",
+            "\"{}\",{},{:.4},{:.4},{:.4},{:.4},{},{},{:.4},{:.4},{:.4},{:.4},{:.3},{:.3},{:.3},{:.3}",
             s.label,
             s.seeds,
             s.final_reward.0,
@@ -1103,20 +1119,10 @@ fn summarise(
             s.final_length.2,
             s.wall_secs
         ));
-    }
-    if !matrix.card.report.is_empty() {
-        // The report's columns after the fixed ones: `{metric}@{agg}` mean and std.
-        let mut lines: Vec<String> = csv.lines().map(str::to_string).collect();
-        for m in &matrix.card.report {
-            let name = format!("{}@{}", m.metric, Agg::NAMES[m.agg as usize]);
-            lines[0].push_str(&format!(",\"{name} mean\",\"{name} std\""));
+        for (mean, std) in &s.report {
+            csv.push_str(&format!(",{mean:.5},{std:.5}"));
         }
-        for (line, s) in lines.iter_mut().skip(1).zip(&summaries) {
-            for (mean, std) in &s.report {
-                line.push_str(&format!(",{mean:.5},{std:.5}"));
-            }
-        }
-        csv = lines.join("\n") + "\n";
+        csv.push('\n');
     }
     let csv_path = out.join("summary.csv");
     std::fs::write(&csv_path, csv).map_err(io(&csv_path))?;

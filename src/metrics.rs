@@ -240,6 +240,14 @@ pub struct GroupRecord {
 /// A scalar of a record, if it was logged.
 pub type Getter = fn(&StepRecord) -> Option<f32>;
 
+/// The getter of a metric name (look it up once to read many records).
+pub fn getter(name: &str) -> Option<Getter> {
+    CSV_COLUMNS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, get)| *get)
+}
+
 pub const CSV_COLUMNS: &[(&str, Getter)] = &[
     ("iteration", |r| Some(r.iteration as f32)),
     ("step", |r| Some(r.step as f32)),
@@ -330,10 +338,7 @@ impl StepRecord {
 
     /// A scalar by its metric name (for charts and comparison tables).
     pub fn scalar(&self, name: &str) -> Option<f32> {
-        CSV_COLUMNS
-            .iter()
-            .find(|(n, _)| *n == name)
-            .and_then(|(_, get)| get(self))
+        getter(name).and_then(|get| get(self))
     }
 }
 

@@ -18,10 +18,6 @@ fn weights(t: &Trainer) -> Vec<f32> {
 /// summation drift apart by ~1e-4 over a few iterations (measured: ≤ 4e-4 on lecture17).
 const TOL: f32 = 1e-3;
 
-fn close(a: f32, b: f32, tol: f32) -> bool {
-    (a - b).abs() <= tol * (1.0 + a.abs().max(b.abs()))
-}
-
 fn compare(config: RunConfig, iterations: usize, weight_tol: f32) {
     let mut runs = Vec::new();
     for choice in [FusedChoice::Auto, FusedChoice::Off] {
@@ -44,15 +40,7 @@ fn compare(config: RunConfig, iterations: usize, weight_tol: f32) {
             a.step
         );
         assert_eq!(a.reward_mean, b.reward_mean, "step {}", a.step);
-        for (name, x, y) in [
-            ("loss", a.loss, b.loss),
-            ("kl", a.kl, b.kl),
-            ("entropy", a.entropy, b.entropy),
-            ("ratio", a.ratio_mean, b.ratio_mean),
-            ("grad_norm", a.grad_norm, b.grad_norm),
-            ("clip_low", a.clip_ratio_low, b.clip_ratio_low),
-            ("clip_high", a.clip_ratio_high, b.clip_ratio_high),
-        ] {
+        for (name, x, y) in step_scalars(a, b) {
             if std::env::var_os("FUSED_REPORT").is_some() && !close(x, y, 1e-6) {
                 eprintln!("step {} {name}: fused {x} vs burn {y}", a.step);
             }

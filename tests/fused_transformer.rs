@@ -4,6 +4,9 @@
 //! mode, KL estimator and aggregation, the entropy bonus, grad-norm clipping and the supervised
 //! cold start. Checkpoints resume exactly on it; burn's checkpoints continue on burn's path.
 
+mod common;
+
+use common::{close, step_scalars};
 use grpo_lab::config::{FusedChoice, KlEstimator, LossAggMode, LossMode, RunConfig};
 use grpo_lab::engine::transformer_cpu::FusedTransformerEngine;
 use grpo_lab::engine::{Batch, Engine, SampleRequest, Which};
@@ -47,10 +50,6 @@ fn ragged() -> RunConfig {
     c
 }
 
-fn close(a: f32, b: f32, tol: f32) -> bool {
-    (a - b).abs() <= tol * (1.0 + a.abs().max(b.abs()))
-}
-
 /// Run `config` on the fused engine and on burn's path; returns both runs' records.
 fn compare(config: &RunConfig) -> (Vec<StepRecord>, Vec<StepRecord>) {
     let mut runs = Vec::new();
@@ -82,15 +81,7 @@ fn compare(config: &RunConfig) -> (Vec<StepRecord>, Vec<StepRecord>) {
         assert_eq!(a.reward_mean, b.reward_mean, "step {}", a.step);
         assert_eq!(a.mean_length, b.mean_length, "step {}", a.step);
         assert_eq!(a.accuracy_heldout, b.accuracy_heldout, "step {}", a.step);
-        for (name, x, y) in [
-            ("loss", a.loss, b.loss),
-            ("kl", a.kl, b.kl),
-            ("entropy", a.entropy, b.entropy),
-            ("ratio", a.ratio_mean, b.ratio_mean),
-            ("grad_norm", a.grad_norm, b.grad_norm),
-            ("clip_low", a.clip_ratio_low, b.clip_ratio_low),
-            ("clip_high", a.clip_ratio_high, b.clip_ratio_high),
-        ] {
+        for (name, x, y) in step_scalars(a, b) {
             assert!(
                 close(x, y, TOL),
                 "step {} {name}: fused {x} vs burn {y}",

@@ -10,7 +10,8 @@
 
 mod common;
 
-use common::wgpu_compute;
+use common::{close, step_scalars, wgpu_compute};
+
 use grpo_lab::config::{EngineChoice, FusedChoice, KlEstimator, LossMode, RunConfig};
 use grpo_lab::engine::wgsl_lecture::reference::{self, Buffers};
 use grpo_lab::engine::wgsl_lecture::{HarnessOp, KernelHarness, MatmulParams, StepParams};
@@ -420,10 +421,6 @@ fn copy_ref_matches_reference() {
 
 // ------------------------------------------------------------------ the engine as a whole
 
-fn close(a: f32, b: f32, tol: f32) -> bool {
-    (a - b).abs() <= tol * (1.0 + a.abs().max(b.abs()))
-}
-
 /// Train `config` for `iterations` on the fused CPU step and on the WGSL engine: same
 /// rollouts, metrics within 1e-3 and weights within `weight_tol`.
 fn compare(config: RunConfig, iterations: usize, weight_tol: f32) {
@@ -458,15 +455,7 @@ fn compare(config: RunConfig, iterations: usize, weight_tol: f32) {
             a.step
         );
         assert_eq!(a.reward_mean, b.reward_mean, "step {}", a.step);
-        for (name, x, y) in [
-            ("loss", a.loss, b.loss),
-            ("kl", a.kl, b.kl),
-            ("entropy", a.entropy, b.entropy),
-            ("ratio", a.ratio_mean, b.ratio_mean),
-            ("grad_norm", a.grad_norm, b.grad_norm),
-            ("clip_low", a.clip_ratio_low, b.clip_ratio_low),
-            ("clip_high", a.clip_ratio_high, b.clip_ratio_high),
-        ] {
+        for (name, x, y) in step_scalars(a, b) {
             assert!(
                 close(x, y, 1e-3),
                 "step {} {name}: fused CPU {x} vs WGSL {y}",

@@ -98,23 +98,17 @@ impl Trainer {
 
         // 6. Advantages from the scores (minus β·KL when the KL goes into the reward), every
         // mode for the same rewards; one drives the update.
+        let penalized =
+            kl_in_reward.then(|| self.kl_penalized(&scored.rewards, &batch, &old_logp, &ref_logp));
+        let rewards = penalized.as_deref().unwrap_or(&scored.rewards);
         let adv = match scored.advantages.take() {
             Some(adv) => adv,
-            None if kl_in_reward => {
-                let penalized = self.kl_penalized(&scored.rewards, &batch, &old_logp, &ref_logp);
-                self.advantages(&penalized, g)?
-            }
-            None => self.advantages(&scored.rewards, g)?,
+            None => self.advantages(rewards, g)?,
         };
         // PPO's critic: per-token GAE from the value model (trained here on the returns); the
         // per-response mean stands for it in the record. Else one of the group modes.
         let (driving, token_advantages, critic) = if a.advantage == AdvantageMode::Gae {
-            let rewards = if kl_in_reward {
-                self.kl_penalized(&scored.rewards, &batch, &old_logp, &ref_logp)
-            } else {
-                scored.rewards.clone()
-            };
-            let (tokens, critic) = self.gae_advantages(&batch, &rewards);
+            let (tokens, critic) = self.gae_advantages(&batch, rewards);
             let per_response = tokens
                 .chunks(batch.t.max(1))
                 .zip(&batch.lengths)

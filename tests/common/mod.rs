@@ -46,3 +46,25 @@ pub fn metrics_without_timing(path: &std::path::Path) -> Vec<serde_json::Value> 
         })
         .collect()
 }
+
+/// `a` and `b` agree within `tol`, relative to the larger of the two (absolute below 1).
+pub fn close(a: f32, b: f32, tol: f32) -> bool {
+    (a - b).abs() <= tol * (1.0 + a.abs().max(b.abs()))
+}
+
+/// The optimizer step's scalars of two records, side by side, by name (the engines' equality
+/// tests compare them).
+pub fn step_scalars(
+    a: &grpo_lab::metrics::StepRecord,
+    b: &grpo_lab::metrics::StepRecord,
+) -> [(&'static str, f32, f32); 7] {
+    [
+        ("loss", a.loss, b.loss),
+        ("kl", a.kl, b.kl),
+        ("entropy", a.entropy, b.entropy),
+        ("ratio", a.ratio_mean, b.ratio_mean),
+        ("grad_norm", a.grad_norm, b.grad_norm),
+        ("clip_low", a.clip_ratio_low, b.clip_ratio_low),
+        ("clip_high", a.clip_ratio_high, b.clip_ratio_high),
+    ]
+}
