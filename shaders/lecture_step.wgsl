@@ -10,16 +10,17 @@
 // B prompts of n tokens, G responses each, vocabulary V, width D; rows = B·n
 // (prompt, position) pairs; tokens = B·G·n.
 //
-//   gather_enc   [B·D]      enc[b] = Σ_p T_p[x_bp]                     (T = [V, n·D])
+//   gather_enc   [B·⌈D/4⌉]  enc[b] = Σ_p T_p[x_bp]                     (T = [V, n·D])
 //   row_stats    [rows]     log Z of softmax(logits/T) per row, and its entropy
 //   gather_logp  [tokens]   log π of each token → work[out]
 //   row_step     [rows]     per row: log Z and the entropy; per token of the row log π, ρ,
 //                           the loss term, KL and clip flags (summed over the row into the
 //                           stats channels) and coef = (∂term/∂logπ + β·∂KL/∂logπ) · w / T;
 //                           then dlogits = Σ_g coef·(onehot − softmax)
+//   scatter_dt   [n·D]      dT_p = Σ_b onehot(x_bp) ⊗ d_enc[b], gather_enc's backward
 //   argmax       [rows]     greedy token per row (first maximum)
 //   reduce_partial / reduce_final: deterministic two-level sums of channels
-//   adam         [P]        grad-norm clip and Adam, as burn's
+//   adam         [⌈P/4⌉]    grad-norm clip and Adam, as burn's
 //   copy_ref     [P]        reference ← policy
 // (`adam` and `copy_ref` find the policy's weights at model[w_off ..]: 0 in the engine.)
 
@@ -48,17 +49,30 @@ struct Lp {
 
 @compute @workgroup_size(64)
 fn gather_enc(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(gid, nwg);
-    if (i >= lp.b * lp.d) { return; }
-    let b = i / lp.d;
-    let j = i % lp.d;
+    // Four consecutive columns of one prompt per invocation (the last quad of a row may be
+    // short): a quarter of the workgroups.
+    let dq = (lp.d + 3u) / 4u;
+    let q = flat_index(gid, nwg);
+    if (q >= lp.b * dq) { return; }
+    let b = q / dq;
+    let j0 = (q % dq) * 4u;
     let nd = lp.n * lp.d;
-    var acc = 0.0;
+    var acc = vec4<f32>(0.0);
+    let jl = lp.d - 1u;
     for (var p = 0u; p < lp.n; p++) {
-        let tok = ints[lp.i_prompts + b * lp.n + p];
-        acc += work[lp.t_off + tok * nd + p * lp.d + j];
+        let at = lp.t_off + ints[lp.i_prompts + b * lp.n + p] * nd + p * lp.d;
+        acc += vec4<f32>(
+            work[at + j0],
+            work[at + min(j0 + 1u, jl)],
+            work[at + min(j0 + 2u, jl)],
+            work[at + min(j0 + 3u, jl)],
+        );
     }
-    work[lp.enc_off + i] = acc;
+    let out = lp.enc_off + b * lp.d + j0;
+    work[out] = acc.x;
+    if (j0 + 1u < lp.d) { work[out + 1u] = acc.y; }
+    if (j0 + 2u < lp.d) { work[out + 2u] = acc.z; }
+    if (j0 + 3u < lp.d) { work[out + 3u] = acc.w; }
 }
 
 @compute @workgroup_size(64)
@@ -149,14 +163,37 @@ fn row_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     work[s + 3u * rows + r] = s_low;
     work[s + 4u * rows + r] = s_high;
     work[s + 5u * rows + r] = h * f32(lp.g);
+    // dlogits = Σ_g coef·onehot − row_coef · softmax, in engine::fused_lecture's order: the
+    // one-hot part summed per id in g order from 0, then the softmax part (V + G work per row
+    // instead of V × G). The order matters beyond rounding: where the coefs cancel exactly
+    // (normalized advantages of a group), row_coef and each id's sum are both exactly 0 and so
+    // is dlogits; another order leaves ±1e-9 that Adam would blow up to ±lr steps.
+    let dl = lp.dl_off + r * lp.v;
+    for (var u = 0u; u < lp.v; u++) { work[dl + u] = 0.0; }
+    for (var gi = 0u; gi < lp.g; gi++) {
+        let t = (bi * lp.g + gi) * lp.n + pos;
+        let at = dl + ints[lp.i_tokens + t];
+        work[at] = work[at] + work[lp.coef_off + t];
+    }
     for (var u = 0u; u < lp.v; u++) {
-        var onehot = 0.0;
-        for (var gi = 0u; gi < lp.g; gi++) {
-            let t = (bi * lp.g + gi) * lp.n + pos;
-            if (ints[lp.i_tokens + t] == u) { onehot += work[lp.coef_off + t]; }
-        }
-        let prob = exp(work[base + u] * lp.inv_t - lz);
-        work[lp.dl_off + r * lp.v + u] = onehot - row_coef * prob;
+        work[dl + u] = work[dl + u] - row_coef * exp(work[base + u] * lp.inv_t - lz);
+    }
+}
+
+// The backward of gather_enc: dT_p[u] = Σ_b [x_bp = u] · d_enc[b], per (position p, column
+// j) one invocation walking the B prompts in order (a scatter without races: the column
+// (p, j) of dT is this invocation's alone). B·n·D adds where the one-hot product takes V×.
+@compute @workgroup_size(64)
+fn scatter_dt(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    let nd = lp.n * lp.d;
+    if (i >= nd) { return; }
+    let p = i / lp.d;
+    let j = i % lp.d;
+    for (var u = 0u; u < lp.v; u++) { work[lp.dt_off + u * nd + i] = 0.0; }
+    for (var b = 0u; b < lp.b; b++) {
+        let at = lp.dt_off + ints[lp.i_prompts + b * lp.n + p] * nd + i;
+        work[at] = work[at] + work[lp.denc_off + b * lp.d + j];
     }
 }
 
@@ -215,18 +252,25 @@ fn reduce_final(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
 // (engine::fused_lecture's step). The squared norm is work[sums_off + 6].
 @compute @workgroup_size(64)
 fn adam(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(gid, nwg);
-    if (i >= lp.p_count) { return; }
+    // Four consecutive parameters per invocation (a quarter of the workgroups: lavapipe pays
+    // per workgroup).
+    let i0 = flat_index(gid, nwg) * 4u;
+    if (i0 >= lp.p_count) { return; }
     let norm = sqrt(work[lp.sums_off + 6u]);
     var scale = 1.0;
     if (lp.max_norm > 0.0 && norm > lp.max_norm) { scale = lp.max_norm / norm; }
-    let gs = work[lp.grad_off + i] * scale;
-    let m = model[lp.am_off + i] * lp.b1 + gs * (1.0 - lp.b1);
-    let v = model[lp.av_off + i] * lp.b2 + gs * gs * (1.0 - lp.b2);
-    model[lp.am_off + i] = m;
-    model[lp.av_off + i] = v;
-    let update = m * lp.factor / (sqrt(v) + lp.eps * lp.bc2);
-    model[lp.w_off + i] = model[lp.w_off + i] - update * lp.lr;
+    for (var e = 0u; e < 4u; e++) {
+        let i = i0 + e;
+        if (i < lp.p_count) {
+            let gs = work[lp.grad_off + i] * scale;
+            let m = model[lp.am_off + i] * lp.b1 + gs * (1.0 - lp.b1);
+            let v = model[lp.av_off + i] * lp.b2 + gs * gs * (1.0 - lp.b2);
+            model[lp.am_off + i] = m;
+            model[lp.av_off + i] = v;
+            let update = m * lp.factor / (sqrt(v) + lp.eps * lp.bc2);
+            model[lp.w_off + i] = model[lp.w_off + i] - update * lp.lr;
+        }
+    }
 }
 
 @compute @workgroup_size(64)

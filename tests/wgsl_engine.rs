@@ -14,7 +14,13 @@ use common::{close, step_scalars, wgpu_compute};
 
 use grpo_lab::config::{EngineChoice, FusedChoice, KlEstimator, LossMode, RunConfig};
 use grpo_lab::engine::wgsl_lecture::reference::{self, Buffers};
-use grpo_lab::engine::wgsl_lecture::{HarnessOp, KernelHarness, MatmulParams, StepParams};
+use grpo_lab::engine::wgsl_lecture::{
+    HarnessOp, KernelHarness, MatmulKernel, MatmulParams, StepParams,
+};
+use grpo_lab::engine::{
+    Batch, DeviceCounts, Engine, EngineError, SampleRequest, Samples, Snapshot, StepOutput,
+    StepRequest, Which,
+};
 use grpo_lab::gpu::Compute;
 use grpo_lab::grpo::Trainer;
 use grpo_lab::rng::SplitMix64;
@@ -23,13 +29,20 @@ use std::sync::OnceLock;
 const TOL: f32 = 2e-5;
 const SUM_TOL: f32 = 2e-5;
 
+/// The kernels with `kernel` for the products (the step kernels are the same in both).
+fn harness_with(kernel: MatmulKernel) -> Option<&'static KernelHarness> {
+    static H: [OnceLock<Option<KernelHarness>>; 2] = [OnceLock::new(), OnceLock::new()];
+    H[kernel as usize]
+        .get_or_init(|| {
+            let compute = wgpu_compute()?;
+            let ctx = compute.gpu.expect("wgpu context");
+            Some(KernelHarness::new(ctx, kernel).expect("kernels compile"))
+        })
+        .as_ref()
+}
+
 fn harness() -> Option<&'static KernelHarness> {
-    static H: OnceLock<Option<KernelHarness>> = OnceLock::new();
-    H.get_or_init(|| {
-        let compute = wgpu_compute()?;
-        Some(KernelHarness::new(compute.gpu.expect("wgpu context")).expect("kernels compile"))
-    })
-    .as_ref()
+    harness_with(MatmulKernel::Rows)
 }
 
 fn pick(rng: &mut SplitMix64, choices: &[usize]) -> usize {
@@ -102,6 +115,10 @@ fn apply_reference(buf: &mut Buffers, op: &HarnessOp) {
 /// |inputs|) instead of relatively. Returns how many float outputs were compared.
 fn check(what: &str, cases: Vec<Case>, sums: bool) -> usize {
     let Some(h) = harness() else { return 0 };
+    check_on(h, what, cases, sums)
+}
+
+fn check_on(h: &KernelHarness, what: &str, cases: Vec<Case>, sums: bool) -> usize {
     let mut packed = Buffers::default();
     let mut ops = Vec::new();
     for c in cases {
@@ -160,6 +177,16 @@ fn view(rng: &mut SplitMix64, rows: usize, cols: usize) -> ([u32; 4], usize) {
 
 #[test]
 fn matmul_matches_reference() {
+    for kernel in [MatmulKernel::Tiled, MatmulKernel::Rows] {
+        let Some(h) = harness_with(kernel) else {
+            return;
+        };
+        matmul_cases(h, kernel);
+    }
+}
+
+/// 1000 random products on `h`'s matmul kernel against the reference.
+fn matmul_cases(h: &KernelHarness, kernel: MatmulKernel) {
     let mut rng = SplitMix64::new(11);
     let dims = [1, 2, 3, 5, 7, 16, 17, 31, 32, 33, 47, 64, 65];
     let mut total = 0;
@@ -224,9 +251,14 @@ fn matmul_matches_reference() {
                 op: HarnessOp::Matmul(mm, src),
             });
         }
-        total += check(&format!("matmul batch {batch_of_cases}"), cases, true);
+        total += check_on(
+            h,
+            &format!("{kernel:?} matmul batch {batch_of_cases}"),
+            cases,
+            true,
+        );
     }
-    eprintln!("matmul: 1000 cases, {total} values compared");
+    eprintln!("{kernel:?} matmul: 1000 cases, {total} values compared");
 }
 
 /// Random shapes and buffers for the step kernels: every region the kernels may touch, in
@@ -315,7 +347,14 @@ fn step_kernel_cases(
 
 #[test]
 fn gather_enc_matches_reference() {
-    step_kernel_cases(21, "gather_enc", true, |_, p, _| (p.b * p.d) as usize);
+    step_kernel_cases(21, "gather_enc", true, |_, p, _| {
+        (p.b * p.d.div_ceil(4)) as usize
+    });
+}
+
+#[test]
+fn scatter_dt_matches_reference() {
+    step_kernel_cases(27, "scatter_dt", true, |_, p, _| (p.n * p.d) as usize);
 }
 
 #[test]
@@ -410,7 +449,7 @@ fn adam_matches_reference() {
             .for_each(|x| *x = x.abs());
         let s = p.sums_off as usize + 6;
         buf.work[s] = buf.work[s].abs() * 10.0;
-        p.p_count as usize
+        p.p_count.div_ceil(4) as usize
     });
 }
 
@@ -529,15 +568,17 @@ fn wgsl_engine_is_deterministic_and_snapshots_round_trip() {
         }
         (losses, t.engine().flat_weights(), t)
     };
+    c.run.eval_every = 0;
+    c.algorithm.ref_period = 2;
     let (l1, w1, t1) = run(&c);
-    // An iteration is two submissions (the rollout with log π_old / log π_ref; the μ steps),
-    // plus one when the reference is refreshed.
+    // An iteration is one submission (rollout, verifying, advantages, log π_old / log π_ref
+    // and the μ steps), plus one when the reference is refreshed (iteration 2 here).
     let counts = t1.engine().device_counts().expect("the WGSL engine counts");
-    assert!(
-        counts.submissions <= 3 * 3 && counts.submissions >= 2 * 3,
-        "{counts:?} over 3 iterations"
-    );
+    assert_eq!(counts.submissions, 3 + 1, "{counts:?} over 3 iterations");
     assert_eq!(counts.dispatches_per_step, 17);
+    // The rollout's dispatches: two forwards, sampling, the row statistics and log-probs,
+    // the greedy answers, the verifier and the two advantage kernels.
+    assert_eq!(counts.dispatches_per_rollout, 18);
     let (l2, w2, _) = run(&c);
     assert_eq!(l1, l2, "same seed, same backend: same curve");
     assert_eq!(w1, w2);
@@ -551,6 +592,107 @@ fn wgsl_engine_is_deterministic_and_snapshots_round_trip() {
     let mut cpu = grpo_lab::engine::build(&cpu_c, &Compute::cpu()).unwrap();
     cpu.restore(&snap).unwrap();
     assert_eq!(cpu.flat_weights(), w1);
+}
+
+/// The WGSL engine with its whole-iteration path hidden: the trainer takes the split path
+/// (rollout and verifying in one submission, the μ steps in another).
+struct Split(Box<dyn Engine + Send>);
+
+impl Engine for Split {
+    fn label(&self) -> String {
+        self.0.label()
+    }
+    fn sample(&mut self, req: &SampleRequest) -> Result<Samples, EngineError> {
+        self.0.sample(req)
+    }
+    fn greedy(&mut self, p: &[&[u32]], max_len: usize) -> Result<Vec<Vec<u32>>, EngineError> {
+        self.0.greedy(p, max_len)
+    }
+    fn token_logp(&mut self, w: Which, b: &Batch, t: f32) -> Result<Vec<f32>, EngineError> {
+        self.0.token_logp(w, b, t)
+    }
+    fn step(&mut self, b: &Batch, req: &StepRequest) -> Result<StepOutput, EngineError> {
+        self.0.step(b, req)
+    }
+    fn batches_steps(&self) -> bool {
+        self.0.batches_steps()
+    }
+    fn steps(
+        &mut self,
+        b: &Batch,
+        req: &StepRequest,
+        count: usize,
+    ) -> Result<Vec<StepOutput>, EngineError> {
+        self.0.steps(b, req, count)
+    }
+    fn supervised(&mut self, batches: &[Batch], lr: f64) -> Result<f32, EngineError> {
+        self.0.supervised(batches, lr)
+    }
+    fn refresh_reference(&mut self) {
+        self.0.refresh_reference()
+    }
+    fn flat_weights(&self) -> Vec<f32> {
+        self.0.flat_weights()
+    }
+    fn snapshot(&self) -> Result<Snapshot, EngineError> {
+        self.0.snapshot()
+    }
+    fn restore(&mut self, s: &Snapshot) -> Result<(), EngineError> {
+        self.0.restore(s)
+    }
+    fn supports(&self, c: &RunConfig) -> bool {
+        self.0.supports(c)
+    }
+    fn device_counts(&self) -> Option<DeviceCounts> {
+        self.0.device_counts()
+    }
+}
+
+#[test]
+fn whole_iteration_in_one_submission_equals_the_split_path() {
+    let Some(wgpu) = wgpu_compute() else { return };
+    let mut c = RunConfig::preset("lecture17").unwrap();
+    c.run.engine = EngineChoice::Wgsl;
+    c.run.iterations = 3;
+    c.run.eval_every = 0;
+    c.algorithm.loss = LossMode::Clipped;
+    c.algorithm.beta = 0.05;
+    let mut runs = Vec::new();
+    for whole in [true, false] {
+        let engine = grpo_lab::engine::build(&c, &wgpu).unwrap();
+        let engine: Box<dyn Engine + Send> = if whole {
+            engine
+        } else {
+            Box::new(Split(engine))
+        };
+        let mut t = Trainer::with_engine(c.clone(), engine).unwrap();
+        let mut records = Vec::new();
+        while !t.is_done() {
+            records.push(t.step().unwrap());
+        }
+        let submissions = t.engine().device_counts().unwrap().submissions;
+        runs.push((records, t.engine().flat_weights(), submissions));
+    }
+    let ((whole, w1, s1), (split, w2, s2)) = (&runs[0], &runs[1]);
+    // Same kernels in the same order: bit for bit the same run.
+    for (a, b) in whole.iter().zip(split) {
+        // Responses, rewards, every advantage mode, log π_old and log π.
+        assert_eq!(a.groups, b.groups, "step {}", a.step);
+        assert_eq!(a.reward_mean, b.reward_mean, "step {}", a.step);
+        for (name, x, y) in step_scalars(a, b) {
+            assert!(
+                x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                "step {} {name}: whole {x} vs split {y}",
+                a.step
+            );
+        }
+    }
+    assert_eq!(w1, w2);
+    assert_eq!(
+        (*s1, *s2),
+        (3, 6),
+        "submissions: one per iteration against two"
+    );
 }
 
 #[test]
@@ -698,7 +840,10 @@ fn profile_kernels_at_scaled_shape() {
         ("matmul dM", HarnessOp::Matmul(dm_mm, (1, 1))),
         ("matmul tables", HarnessOp::Matmul(table_mm, (0, 0))),
         ("matmul reduce", HarnessOp::Matmul(reduce_mm, (0, 0))),
-        ("gather_enc", HarnessOp::Step("gather_enc", p, b * d)),
+        (
+            "gather_enc",
+            HarnessOp::Step("gather_enc", p, b * d.div_ceil(4)),
+        ),
         ("row_stats", HarnessOp::Step("row_stats", p, rows)),
         ("row_step", HarnessOp::Step("row_step", p, rows)),
         (
@@ -714,7 +859,7 @@ fn profile_kernels_at_scaled_shape() {
                 0,
             ),
         ),
-        ("adam", HarnessOp::Step("adam", p, pc)),
+        ("adam", HarnessOp::Step("adam", p, pc.div_ceil(4))),
     ];
     for (name, op) in ops {
         let time = |reps: usize| {

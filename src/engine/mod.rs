@@ -35,6 +35,9 @@ pub enum EngineError {
     WgslUnavailable(String),
     #[error("checkpoint: {0}")]
     Snapshot(String),
+    /// Asked of an engine something it does not do.
+    #[error("{0}")]
+    Unsupported(String),
     /// The snapshot holds burn's optimizer state, which this engine cannot continue exactly;
     /// burn's autodiff engine can.
     #[error("checkpoint: written on burn's autodiff path (optimizer.bpk), not by this engine")]
@@ -187,6 +190,37 @@ pub struct StepOutput {
     pub logp: Vec<f32>,
 }
 
+/// A whole iteration asked of an engine that runs one on its device
+/// ([`Engine::runs_iterations`]): rollout, verifying, every advantage mode, log π_old /
+/// log π_ref and `mu` optimizer steps on the mode that drives, in one submission.
+#[derive(Debug, Clone, Copy)]
+pub struct IterationRequest<'a> {
+    /// The rollout (`verify` is ignored: `reward_weights` verify on the device).
+    pub sample: SampleRequest<'a>,
+    /// The weights of `distance`, `exact`, `inclusion_ordering`.
+    pub reward_weights: [f32; 3],
+    /// The mode that drives the update, as an index into `AdvantageMode::GROUP`.
+    pub mode: usize,
+    pub loss: LossSettings,
+    pub temperature: f32,
+    pub lr: f64,
+    pub max_grad_norm: f32,
+    pub mu: usize,
+    /// Return `log π` (before the last update) of the first this many responses.
+    pub logp_rows: usize,
+}
+
+/// What a whole iteration produced.
+#[derive(Debug, Clone)]
+pub struct IterationOutput {
+    /// The rollout, with its scores and every advantage mode, the greedy answers and log π_old.
+    pub samples: Samples,
+    /// `[B·G·T]`
+    pub ref_logp: Vec<f32>,
+    /// The `mu` optimizer steps, in order.
+    pub steps: Vec<StepOutput>,
+}
+
 /// A snapshot of an engine's state as named byte blobs (weights, reference, optimizer); the
 /// `train` layer writes them to disk.
 pub type Snapshot = Vec<(String, Vec<u8>)>;
@@ -241,6 +275,20 @@ pub trait Engine {
             out.push(self.step(batch, &r)?);
         }
         Ok(out)
+    }
+    /// Whether [`Engine::iteration`] runs a whole iteration on this engine's device (one
+    /// submission). The trainer asks for it where the config lets the iteration run
+    /// without the host in between (no dynamic sampling, no KL in the reward, a group
+    /// advantage mode, no bug switch).
+    fn runs_iterations(&self) -> bool {
+        false
+    }
+    /// A whole iteration (see [`IterationRequest`]); only where [`Engine::runs_iterations`].
+    fn iteration(&mut self, _req: &IterationRequest) -> Result<IterationOutput, EngineError> {
+        Err(EngineError::Unsupported(format!(
+            "{} does not run whole iterations",
+            self.label()
+        )))
     }
     /// Supervised steps (the cold start): cross-entropy of each target given its prompt, a fresh
     /// Adam with `lr`, one step per batch. Returns the last step's loss.

@@ -28,12 +28,12 @@
 use super::autodiff::{fused_restore, fused_snapshot, supervised_steps};
 use super::fused_lecture::FusedLecture;
 use super::{
-    Batch, Engine, EngineError, SampleRequest, Samples, Snapshot, StepOutput, StepRequest,
-    StepScalars, Which,
+    Advantages, Batch, DeviceScores, Engine, EngineError, IterationOutput, IterationRequest,
+    SampleRequest, Samples, Snapshot, StepOutput, StepRequest, StepScalars, Which,
 };
 use crate::config::{KernelChoice, KlEstimator, LossMode, ModelKind, OptimizerConfig, RunConfig};
 use crate::gpu::GpuContext;
-use crate::gpu::kernels::KernelError;
+use crate::gpu::kernels::{KernelError, Kernels};
 use crate::model::Policy;
 use crate::model::lecture::{LecturePolicy, LectureWeights};
 use crate::objective::loss::LossSettings;
@@ -255,6 +255,7 @@ enum Op {
         pipeline: wgpu::ComputePipeline,
         slot: u32,
         grid: (u32, u32, u32),
+        label: &'static str,
     },
     /// A dispatch on the sampling kernel's bind group.
     Sample {
@@ -268,6 +269,9 @@ enum Op {
         dst_off: u64,
         bytes: u64,
     },
+    /// Commands encoded elsewhere (the verifier and the advantage kernels of `gpu::kernels`),
+    /// between the recorded ones, in the same submission.
+    Commands(wgpu::CommandBuffer),
 }
 
 /// The compiled pipelines (once per engine).
@@ -279,12 +283,41 @@ struct Programs {
     sample_layout: wgpu::BindGroupLayout,
     row_weights: wgpu::ComputePipeline,
     draw: wgpu::ComputePipeline,
-    /// The matmul tile edge (workgroup edge × 4).
+    /// The matmul tile edge (workgroup edge × 4) of [`MatmulKernel::Tiled`].
     tile: u32,
+    kernel: MatmulKernel,
 }
 
-const STEP_ENTRIES: [&str; 9] = [
+/// Which matrix-product kernel of matmul.wgsl the engine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatmulKernel {
+    /// `matmul`: tiles through workgroup memory (GPUs).
+    Tiled,
+    /// `matmul_rows`: register blocks of [`MATMUL_ROWS`] × 4 outputs per invocation, no
+    /// workgroup memory (CPU adapters such as lavapipe: 4× the tiled kernel there, measured).
+    Rows,
+}
+
+/// Rows of C per invocation of `matmul_rows` (`ROWS` in matmul.wgsl).
+pub const MATMUL_ROWS: u32 = 8;
+
+impl MatmulKernel {
+    /// The kernel for an adapter: [`MatmulKernel::Rows`] on a CPU adapter.
+    pub fn for_adapter(cpu_adapter: bool) -> Self {
+        if cpu_adapter { Self::Rows } else { Self::Tiled }
+    }
+
+    fn entry(self) -> &'static str {
+        match self {
+            Self::Tiled => "matmul",
+            Self::Rows => "matmul_rows",
+        }
+    }
+}
+
+const STEP_ENTRIES: [&str; 10] = [
     "gather_enc",
+    "scatter_dt",
     "row_stats",
     "gather_logp",
     "row_step",
@@ -327,7 +360,7 @@ pub fn matmul_workgroup_edge(limits: &wgpu::Limits, cpu_adapter: bool) -> u32 {
 }
 
 impl Programs {
-    fn new(ctx: &GpuContext) -> Result<Self, EngineError> {
+    fn new(ctx: &GpuContext, kernel: MatmulKernel) -> Result<Self, EngineError> {
         let device = &ctx.device;
         let limits = device.limits();
         if limits.max_storage_buffers_per_shader_stage < 3 || !fits_min(&limits) {
@@ -398,7 +431,7 @@ impl Programs {
                 let consts = [("A_SRC", a as f64), ("B_SRC", b as f64)];
                 matmul.insert(
                     (a, b),
-                    pipeline(&main_layout, &matmul_module, "matmul", &consts),
+                    pipeline(&main_layout, &matmul_module, kernel.entry(), &consts),
                 );
             }
         }
@@ -423,6 +456,7 @@ impl Programs {
             row_weights,
             draw,
             tile: wg * 4,
+            kernel,
         })
     }
 }
@@ -482,6 +516,10 @@ pub struct WgslLectureEngine {
     /// The policy's weights as the device holds them, when the host has a fresh copy (read
     /// back with the μ steps' scalars, so evaluation needs no submission of its own).
     host_weights: Option<Vec<f32>>,
+    /// The verifier and the advantage kernels (`gpu::kernels`), on the same device.
+    verify: Kernels,
+    /// Dispatches in the last rollout (with or without verifying).
+    rollout_dispatches: usize,
 }
 
 impl WgslLectureEngine {
@@ -499,7 +537,8 @@ impl WgslLectureEngine {
         let (t, m) = (&c.task, &c.model);
         let w = LectureWeights::init(t.vocab, t.n, m.d_model, m.init_scale, c.run.seed);
         let host = FusedLecture::new(&w, t.vocab, t.n, m.d_model, c);
-        let programs = Programs::new(&ctx)?;
+        let programs = Programs::new(&ctx, MatmulKernel::for_adapter(ctx.summary.is_software()))?;
+        let verify = Kernels::new(ctx.clone())?;
         let params = host.embedding.len() + host.encode.len() + host.decode_t.len();
         let model = Self::storage(&ctx, "wgsl_lecture.model", 4 * params)?;
         let o = &c.optimizer;
@@ -527,6 +566,8 @@ impl WgslLectureEngine {
             old_is_current: false,
             submissions: Default::default(),
             host_weights: None,
+            verify,
+            rollout_dispatches: DISPATCHES_PER_SAMPLE,
         };
         let flat = e.host_flat();
         let zeros = vec![0.0f32; 2 * params];
@@ -778,48 +819,69 @@ impl WgslLectureEngine {
         if !uni.is_empty() {
             self.ctx.queue.write_buffer(&plan.uniform, 0, &uni);
         }
-        let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("wgsl_lecture"),
-        });
-        let mut i = 0;
-        while i < ops.len() {
-            if let Op::Copy {
-                src,
-                src_off,
-                dst,
-                dst_off,
-                bytes,
-            } = &ops[i]
-            {
-                if *bytes > 0 {
-                    encoder.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *bytes);
-                }
-                i += 1;
-                continue;
-            }
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        if std::env::var_os("GRPO_WGSL_PROFILE").is_some() {
+            self.profile(&ops, slots);
+        }
+        let new_encoder = || {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("wgsl_lecture"),
-                timestamp_writes: None,
-            });
-            while i < ops.len() {
-                match &ops[i] {
-                    Op::Step {
-                        pipeline,
-                        slot,
-                        grid,
-                    } => {
-                        pass.set_pipeline(pipeline);
-                        pass.set_bind_group(0, &plan.group, &[*slot * SLOT as u32]);
-                        pass.dispatch_workgroups(grid.0, grid.1, grid.2);
+            })
+        };
+        // Command buffers of one submission, in order: the recorded ops, broken where commands
+        // encoded elsewhere come in.
+        let mut buffers = Vec::new();
+        let mut encoder = new_encoder();
+        let mut ops = ops.into_iter().peekable();
+        while let Some(op) = ops.next() {
+            match op {
+                Op::Copy {
+                    src,
+                    src_off,
+                    dst,
+                    dst_off,
+                    bytes,
+                } => {
+                    if bytes > 0 {
+                        encoder.copy_buffer_to_buffer(&src, src_off, &dst, dst_off, bytes);
                     }
-                    Op::Sample { pipeline, grid } => {
-                        pass.set_pipeline(pipeline);
-                        pass.set_bind_group(0, &plan.sample_group, &[]);
-                        pass.dispatch_workgroups(grid.0, grid.1, grid.2);
-                    }
-                    Op::Copy { .. } => break,
                 }
-                i += 1;
+                Op::Commands(commands) => {
+                    buffers.push(std::mem::replace(&mut encoder, new_encoder()).finish());
+                    buffers.push(commands);
+                }
+                first => {
+                    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some("wgsl_lecture"),
+                        timestamp_writes: None,
+                    });
+                    // One pass for each run of dispatches.
+                    let mut op = first;
+                    loop {
+                        match op {
+                            Op::Step {
+                                pipeline,
+                                slot,
+                                grid,
+                                ..
+                            } => {
+                                pass.set_pipeline(&pipeline);
+                                pass.set_bind_group(0, &plan.group, &[slot * SLOT as u32]);
+                                pass.dispatch_workgroups(grid.0, grid.1, grid.2);
+                            }
+                            Op::Sample { pipeline, grid } => {
+                                pass.set_pipeline(&pipeline);
+                                pass.set_bind_group(0, &plan.sample_group, &[]);
+                                pass.dispatch_workgroups(grid.0, grid.1, grid.2);
+                            }
+                            // Not dispatches: `next_if` below never hands them here.
+                            Op::Copy { .. } | Op::Commands(_) => {}
+                        }
+                        match ops.next_if(|o| matches!(o, Op::Step { .. } | Op::Sample { .. })) {
+                            Some(next) => op = next,
+                            None => break,
+                        }
+                    }
+                }
             }
         }
         let total: u64 = reads.iter().map(|r| (r.2 * 4) as u64).sum();
@@ -835,6 +897,7 @@ impl WgslLectureEngine {
                 Reads::Work => &plan.work,
                 Reads::Ints => &plan.ints,
                 Reads::Model => &self.model,
+                Reads::Buffer(b) => b,
             };
             let bytes = (*len * 4) as u64;
             if bytes > 0 {
@@ -842,7 +905,8 @@ impl WgslLectureEngine {
             }
             offset += bytes;
         }
-        self.ctx.queue.submit([encoder.finish()]);
+        buffers.push(encoder.finish());
+        self.ctx.queue.submit(buffers);
         self.count_submission();
         if let Some(Some(error)) = crate::gpu::context::block_on_ready(scope.pop()) {
             return Err(EngineError::Kernel(KernelError::Readback(format!(
@@ -850,6 +914,48 @@ impl WgslLectureEngine {
             ))));
         }
         read_staging(&self.ctx, &staging, total, reads)
+    }
+
+    /// Times each dispatch of `ops` (20 times in a row in one submission), printed to stderr
+    /// by label and shape: `GRPO_WGSL_PROFILE=1`. Diagnostics only: the repeated dispatches
+    /// change the run's results.
+    fn profile(&self, ops: &[Op], slots: &[StepParamsOrMm]) {
+        let plan = self.plan.as_ref().expect("planned");
+        let device = &self.ctx.device;
+        let mut lines = Vec::new();
+        for op in ops {
+            let Op::Step {
+                pipeline,
+                slot,
+                grid,
+                label,
+            } = op
+            else {
+                continue;
+            };
+            let what = match &slots[*slot as usize] {
+                StepParamsOrMm::Mm(m) => {
+                    format!("{label} {}x{}x{} b{}", m.m, m.n, m.k, m.batch)
+                }
+                StepParamsOrMm::Step(_) => format!("{label} {grid:?}"),
+            };
+            const REPS: u32 = 20;
+            let t0 = std::time::Instant::now();
+            let mut encoder = device.create_command_encoder(&Default::default());
+            {
+                let mut pass = encoder.begin_compute_pass(&Default::default());
+                pass.set_pipeline(pipeline);
+                pass.set_bind_group(0, &plan.group, &[*slot * SLOT as u32]);
+                for _ in 0..REPS {
+                    pass.dispatch_workgroups(grid.0, grid.1, grid.2);
+                }
+            }
+            self.ctx.queue.submit([encoder.finish()]);
+            let _ = device.poll(wgpu::PollType::wait_indefinitely());
+            let ms = t0.elapsed().as_secs_f64() * 1e3 / REPS as f64;
+            lines.push(format!("{ms:9.3} ms  {what}"));
+        }
+        eprintln!("[wgsl profile]\n{}", lines.join("\n"));
     }
 
     /// The forward of the weights at `w0` (0 policy, `params` reference) into `logits`.
@@ -888,7 +994,7 @@ impl WgslLectureEngine {
                 ..Default::default()
             },
         );
-        rec.step(&self.programs, "gather_enc", *base, l.b * d);
+        rec.step(&self.programs, "gather_enc", *base, l.b * d.div_ceil(4));
         // logits [B, n·V] = enc · M
         rec.matmul(
             &self.programs,
@@ -940,11 +1046,27 @@ impl WgslLectureEngine {
 }
 
 /// Where a read-back comes from.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Reads {
     Work,
     Ints,
     Model,
+    /// A buffer of the verifier's or the advantage kernels' (`gpu::kernels`).
+    Buffer(wgpu::Buffer),
+}
+
+/// A recorded rollout, before its submission.
+struct Rollout {
+    rec: Recorder,
+    /// Tokens, greedy answers, log π_old, log π_ref; with `verified`, the verifier's parts and
+    /// rewards, and with `verified == Some(true)` the zero-std flags and every advantage mode.
+    reads: Vec<(Reads, usize, usize)>,
+    b: usize,
+    g: usize,
+    verified: Option<bool>,
+    /// The advantage kernel's output `[6, B, G]`, when recorded.
+    advantages: Option<wgpu::Buffer>,
+    temperature: f32,
 }
 
 /// A uniform slot's contents.
@@ -986,23 +1108,33 @@ impl Recorder {
             pipeline: p.step[entry].clone(),
             slot,
             grid,
+            label: entry,
         });
         self.dispatches += 1;
     }
 
     fn matmul(&mut self, p: &Programs, src: (u32, u32), mm: MatmulParams) {
         let tile = p.tile;
-        let grid = (
-            mm.n.div_ceil(tile).max(1),
-            mm.m.div_ceil(tile).max(1),
-            if mm.reduce { 1 } else { mm.batch.max(1) },
-        );
+        let batch = if mm.reduce { 1 } else { mm.batch.max(1) };
+        let grid = match p.kernel {
+            MatmulKernel::Tiled => (
+                mm.n.div_ceil(tile).max(1),
+                mm.m.div_ceil(tile).max(1),
+                batch,
+            ),
+            MatmulKernel::Rows => {
+                let (x, y, _) =
+                    grid_1d(mm.m.div_ceil(MATMUL_ROWS) as usize * mm.n.div_ceil(4) as usize);
+                (x, y, batch)
+            }
+        };
         let slot = self.slots.len() as u32;
         self.slots.push(StepParamsOrMm::Mm(mm));
         self.ops.push(Op::Step {
             pipeline: p.matmul[&src].clone(),
             slot,
             grid,
+            label: "matmul",
         });
         self.dispatches += 1;
     }
@@ -1120,135 +1252,15 @@ impl Engine for WgslLectureEngine {
     }
 
     fn sample(&mut self, req: &SampleRequest) -> Result<Samples, EngineError> {
-        let (b, g, n, v) = (req.prompts.len(), req.g, self.n, self.vocab);
-        if b == 0 || g == 0 {
+        if req.prompts.is_empty() || req.g == 0 {
             return Ok(Samples::default());
         }
-        if let Some(p) = req.prompts.iter().find(|p| p.len() != n) {
-            return Err(kerr(
-                "prompts",
-                format!("a prompt of {} tokens; this model reads {n}", p.len()),
-            ));
-        }
-        let t = req.params.temperature;
-        if !(t.is_finite() && t > 0.0) {
-            return Err(kerr("temperature", format!("{t}: must be > 0")));
-        }
-        let prompts: Vec<u32> = req.prompts.iter().flat_map(|p| p.iter().copied()).collect();
-        self.check_tokens(&prompts, "prompts")?;
-        self.plan(b, g)?;
-        let plan = self.plan.take().expect("planned");
-        let l = plan.layout;
-        let mut dp = std::mem::take(&mut self.dev_prompts);
-        self.sync_ints(&plan, &mut dp, &prompts, l.i_prompts);
-        self.dev_prompts = dp;
-        let sp = req.params;
-        let words: Vec<u32> = vec![
-            b as u32,
-            g as u32,
-            n as u32,
-            v as u32,
-            (1.0 / sp.temperature).to_bits(),
-            sp.top_k as u32,
-            sp.top_p.to_bits(),
-            req.stream,
-            req.seed as u32,
-            (req.seed >> 32) as u32,
-            0,
-            0,
-        ];
-        self.ctx
-            .queue
-            .write_buffer(&plan.sample_params, 0, &u32_bytes(&words));
-        let (work, ints, sample_logits, sample_tokens) = (
-            plan.work.clone(),
-            plan.ints.clone(),
-            plan.sample_logits.clone(),
-            plan.sample_tokens.clone(),
-        );
-        self.plan = Some(plan);
-        let mut base = self.base_params(&l);
-        base.inv_t = 1.0 / t;
-        let (rows, tokens) = (b * n, b * g * n);
-        let mut rec = Recorder::default();
-        // π_old: forward, sample (sample.wgsl reads its own copy of the logits), log π_old
-        // and the greedy answers.
-        self.record_forward(&mut rec, &base, 0);
-        rec.ops.push(Op::Copy {
-            src: work.clone(),
-            src_off: (l.logits * 4) as u64,
-            dst: sample_logits,
-            dst_off: 0,
-            bytes: (rows * v * 4) as u64,
-        });
-        let p = &self.programs;
-        rec.ops.push(Op::Sample {
-            pipeline: p.row_weights.clone(),
-            grid: grid_1d(rows),
-        });
-        rec.ops.push(Op::Sample {
-            pipeline: p.draw.clone(),
-            grid: grid_1d(tokens),
-        });
-        rec.dispatches += 2;
-        rec.ops.push(Op::Copy {
-            src: sample_tokens,
-            src_off: 0,
-            dst: ints,
-            dst_off: (l.i_tokens * 4) as u64,
-            bytes: (tokens * 4) as u64,
-        });
-        rec.step(p, "row_stats", base, rows);
-        rec.step(
-            p,
-            "gather_logp",
-            StepParams {
-                out_off: l.old as u32,
-                ..base
-            },
-            tokens,
-        );
-        rec.step(p, "argmax", base, rows);
-        // π_ref on the same tokens.
-        let w_ref = self.params;
-        self.record_forward(&mut rec, &base, w_ref);
-        let p = &self.programs;
-        rec.step(p, "row_stats", base, rows);
-        rec.step(
-            p,
-            "gather_logp",
-            StepParams {
-                out_off: l.rf as u32,
-                ..base
-            },
-            tokens,
-        );
-        let (slots, ops) = (rec.slots, rec.ops);
-        let out = self.submit(
-            &slots,
-            ops,
-            &[
-                (Reads::Ints, l.i_tokens, tokens),
-                (Reads::Ints, l.i_greedy, rows),
-                (Reads::Work, l.old, tokens),
-                (Reads::Work, l.rf, tokens),
-            ],
-        )?;
-        let tokens_out = u32s(&out[0]);
-        let greedy = u32s(&out[1]);
-        let old = f32s(&out[2]);
-        self.dev_tokens = tokens_out.clone();
-        self.dev_old = old.clone();
-        self.dev_ref = f32s(&out[3]);
-        self.logp_temperature = t;
-        self.old_is_current = true;
-        Ok(Samples {
-            rows: tokens_out.chunks(n).map(|c| c.to_vec()).collect(),
-            closed: vec![true; b * g],
-            scores: None,
-            greedy: Some(greedy.chunks(n).map(|c| c.to_vec()).collect()),
-            logp: Some(old),
-        })
+        let r = self.record_rollout(req, req.verify)?;
+        let (reads, b, g, verified) = (r.reads.clone(), r.b, r.g, r.verified);
+        let (slots, ops) = (r.rec.slots, r.rec.ops);
+        let out = self.submit(&slots, ops, &reads)?;
+        self.logp_temperature = r.temperature;
+        Ok(self.take_rollout(&out, b, g, verified).0)
     }
 
     fn greedy(
@@ -1315,6 +1327,14 @@ impl Engine for WgslLectureEngine {
 
     fn batches_steps(&self) -> bool {
         true
+    }
+
+    fn runs_iterations(&self) -> bool {
+        true
+    }
+
+    fn iteration(&mut self, req: &IterationRequest) -> Result<IterationOutput, EngineError> {
+        self.run_iteration(req)
     }
 
     fn steps(
@@ -1443,7 +1463,7 @@ impl Engine for WgslLectureEngine {
         Some(super::DeviceCounts {
             submissions: self.submissions.load(std::sync::atomic::Ordering::Relaxed),
             dispatches_per_step: DISPATCHES_PER_STEP,
-            dispatches_per_rollout: DISPATCHES_PER_SAMPLE,
+            dispatches_per_rollout: self.rollout_dispatches,
         })
     }
 
@@ -1518,31 +1538,9 @@ impl WgslLectureEngine {
         }
         self.plan = Some(plan);
 
-        let mut base = self.base_params(&l);
-        let inv_t = 1.0 / req.temperature;
-        base.inv_t = inv_t;
-        // Every aggregation is the mean over the B·G·n tokens: every response has n tokens.
-        base.cw = inv_t / tokens as f32;
-        loss_params(&mut base, &req.loss);
-        base.lr = req.lr as f32;
-        base.b1 = self.beta1;
-        base.b2 = self.beta2;
-        base.eps = self.eps;
-        base.max_norm = req.max_grad_norm;
+        let base = self.step_base(&l, &req.loss, req.temperature, req.lr, req.max_grad_norm);
         let mut rec = Recorder::default();
-        for k in 0..count {
-            // Adam's bias corrections for this step's count; its sums in their own slot.
-            let time = self.time + 1 + k as i32;
-            let bc2 = (1.0 - self.beta2.powi(time)).sqrt();
-            let step = StepParams {
-                bc2,
-                factor: bc2 / (1.0 - self.beta1.powi(time)),
-                sums_off: (l.sums + 8 * k) as u32,
-                ..base
-            };
-            self.record_step(&mut rec, &step, &l, b);
-        }
-        debug_assert_eq!(rec.dispatches, DISPATCHES_PER_STEP * count);
+        self.record_steps(&mut rec, &base, &l, b, count);
         let logp_rows = req.logp_rows.min(b * g) * n;
         let (slots, ops) = (rec.slots, rec.ops);
         let out = self.submit(
@@ -1554,13 +1552,77 @@ impl WgslLectureEngine {
                 (Reads::Model, 0, self.params),
             ],
         )?;
+        Ok(self.take_steps(&out, &base, tokens, count))
+    }
+
+    /// The step parameters of one iteration's optimizer steps (Adam's bias corrections are
+    /// per step: [`Self::record_steps`]).
+    fn step_base(
+        &self,
+        l: &Layout,
+        loss: &LossSettings,
+        temperature: f32,
+        lr: f64,
+        max_grad_norm: f32,
+    ) -> StepParams {
+        let mut base = self.base_params(l);
+        let inv_t = 1.0 / temperature;
+        base.inv_t = inv_t;
+        // Every aggregation is the mean over the B·G·n tokens: every response has n tokens.
+        base.cw = inv_t / (l.b * l.g * self.n) as f32;
+        loss_params(&mut base, loss);
+        base.lr = lr as f32;
+        base.b1 = self.beta1;
+        base.b2 = self.beta2;
+        base.eps = self.eps;
+        base.max_norm = max_grad_norm;
+        base
+    }
+
+    /// `count` optimizer steps from Adam's step `self.time + 1`, each with its sums in its own
+    /// slot of `sums`.
+    fn record_steps(
+        &self,
+        rec: &mut Recorder,
+        base: &StepParams,
+        l: &Layout,
+        b: usize,
+        count: usize,
+    ) {
+        let before = rec.dispatches;
+        for k in 0..count {
+            let time = self.time + 1 + k as i32;
+            let bc2 = (1.0 - self.beta2.powi(time)).sqrt();
+            let step = StepParams {
+                bc2,
+                factor: bc2 / (1.0 - self.beta1.powi(time)),
+                sums_off: (l.sums + 8 * k) as u32,
+                ..*base
+            };
+            self.record_step(rec, &step, l, b);
+        }
+        debug_assert_eq!(rec.dispatches - before, DISPATCHES_PER_STEP * count);
+    }
+
+    /// The outputs of `count` steps from the read-backs `[sums, logged log π, weights]` (the
+    /// last three of `out`); the engine's step count and host weights move on.
+    fn take_steps(
+        &mut self,
+        out: &[Vec<u8>],
+        base: &StepParams,
+        tokens: usize,
+        count: usize,
+    ) -> Vec<StepOutput> {
+        let [sums, last_logp, weights] = &out[out.len() - 3..] else {
+            unreachable!("three read-backs")
+        };
         self.time += count as i32;
-        self.host_weights = Some(f32s(&out[2]));
+        self.host_weights = Some(f32s(weights));
         self.old_is_current = false;
-        let sums = f32s(&out[0]);
-        let last_logp = f32s(&out[1]);
+        let sums = f32s(sums);
+        let last_logp = f32s(last_logp);
         let tk = tokens as f64;
-        Ok((0..count)
+        (0..count)
             .map(|k| {
                 let s = &sums[8 * k..8 * k + 8];
                 let kl_part = if base.kl_on == 1 {
@@ -1585,7 +1647,253 @@ impl WgslLectureEngine {
                     },
                 }
             })
-            .collect())
+            .collect()
+    }
+
+    /// The rollout's dispatches (the policy's forward, sampling, log π_old, the greedy answers,
+    /// the reference's forward and log π_ref) and, with `verify`, the verifier and the
+    /// advantage kernels on the sampled tokens; the read-backs [`Self::take_rollout`] parses.
+    fn record_rollout(
+        &mut self,
+        req: &SampleRequest,
+        verify: Option<([f32; 3], bool)>,
+    ) -> Result<Rollout, EngineError> {
+        let (b, g, n, v) = (req.prompts.len(), req.g, self.n, self.vocab);
+        if let Some(p) = req.prompts.iter().find(|p| p.len() != n) {
+            return Err(kerr(
+                "prompts",
+                format!("a prompt of {} tokens; this model reads {n}", p.len()),
+            ));
+        }
+        let t = req.params.temperature;
+        if !(t.is_finite() && t > 0.0) {
+            return Err(kerr("temperature", format!("{t}: must be > 0")));
+        }
+        let prompts: Vec<u32> = req.prompts.iter().flat_map(|p| p.iter().copied()).collect();
+        self.check_tokens(&prompts, "prompts")?;
+        self.plan(b, g)?;
+        let plan = self.plan.take().expect("planned");
+        let l = plan.layout;
+        let mut dp = std::mem::take(&mut self.dev_prompts);
+        self.sync_ints(&plan, &mut dp, &prompts, l.i_prompts);
+        self.dev_prompts = dp;
+        let sp = req.params;
+        let words: Vec<u32> = vec![
+            b as u32,
+            g as u32,
+            n as u32,
+            v as u32,
+            (1.0 / sp.temperature).to_bits(),
+            sp.top_k as u32,
+            sp.top_p.to_bits(),
+            req.stream,
+            req.seed as u32,
+            (req.seed >> 32) as u32,
+            0,
+            0,
+        ];
+        self.ctx
+            .queue
+            .write_buffer(&plan.sample_params, 0, &u32_bytes(&words));
+        let (work, ints, sample_logits, sample_tokens) = (
+            plan.work.clone(),
+            plan.ints.clone(),
+            plan.sample_logits.clone(),
+            plan.sample_tokens.clone(),
+        );
+        self.plan = Some(plan);
+        let mut base = self.base_params(&l);
+        base.inv_t = 1.0 / t;
+        let (rows, tokens) = (b * n, b * g * n);
+        let mut rec = Recorder::default();
+        // π_old: forward, sample (sample.wgsl reads its own copy of the logits), log π_old
+        // and the greedy answers.
+        self.record_forward(&mut rec, &base, 0);
+        rec.ops.push(Op::Copy {
+            src: work.clone(),
+            src_off: (l.logits * 4) as u64,
+            dst: sample_logits,
+            dst_off: 0,
+            bytes: (rows * v * 4) as u64,
+        });
+        let p = &self.programs;
+        rec.ops.push(Op::Sample {
+            pipeline: p.row_weights.clone(),
+            grid: grid_1d(rows),
+        });
+        rec.ops.push(Op::Sample {
+            pipeline: p.draw.clone(),
+            grid: grid_1d(tokens),
+        });
+        rec.dispatches += 2;
+        rec.ops.push(Op::Copy {
+            src: sample_tokens.clone(),
+            src_off: 0,
+            dst: ints,
+            dst_off: (l.i_tokens * 4) as u64,
+            bytes: (tokens * 4) as u64,
+        });
+        rec.step(p, "row_stats", base, rows);
+        rec.step(
+            p,
+            "gather_logp",
+            StepParams {
+                out_off: l.old as u32,
+                ..base
+            },
+            tokens,
+        );
+        rec.step(p, "argmax", base, rows);
+        // π_ref on the same tokens.
+        let w_ref = self.params;
+        self.record_forward(&mut rec, &base, w_ref);
+        let p = &self.programs;
+        rec.step(p, "row_stats", base, rows);
+        rec.step(
+            p,
+            "gather_logp",
+            StepParams {
+                out_off: l.rf as u32,
+                ..base
+            },
+            tokens,
+        );
+        let mut reads = vec![
+            (Reads::Ints, l.i_tokens, tokens),
+            (Reads::Ints, l.i_greedy, rows),
+            (Reads::Work, l.old, tokens),
+            (Reads::Work, l.rf, tokens),
+        ];
+        // Verify (sort_reward.wgsl) and every advantage mode (advantage.wgsl) on the sampled
+        // tokens, in a command buffer of the same submission.
+        let mut advantages = None;
+        if let Some((weights, with_adv)) = verify {
+            let k = &self.verify;
+            let mut enc = k.encoder();
+            let lengths = vec![n as u32; b * g];
+            let (parts, rewards) = k.encode_score(
+                &mut enc,
+                &prompts,
+                &sample_tokens,
+                &lengths,
+                (b, g, n, n),
+                weights,
+            )?;
+            rec.dispatches += 1;
+            reads.push((Reads::Buffer(parts), 0, 4 * b * g));
+            reads.push((Reads::Buffer(rewards.clone()), 0, b * g));
+            if with_adv {
+                let [_, _, zero, adv] = k.encode_advantages(&mut enc, &rewards, b, g)?;
+                rec.dispatches += 2;
+                reads.push((Reads::Buffer(zero), 0, b));
+                reads.push((Reads::Buffer(adv.clone()), 0, 6 * b * g));
+                advantages = Some(adv);
+            }
+            rec.ops.push(Op::Commands(enc.finish()));
+        }
+        self.rollout_dispatches = rec.dispatches;
+        Ok(Rollout {
+            rec,
+            reads,
+            b,
+            g,
+            verified: verify.map(|(_, a)| a),
+            advantages,
+            temperature: t,
+        })
+    }
+
+    /// The samples from a rollout's read-backs (the first ones of `out`, in
+    /// [`Self::record_rollout`]'s order) and log π_ref; what the device now holds is noted.
+    fn take_rollout(
+        &mut self,
+        out: &[Vec<u8>],
+        b: usize,
+        g: usize,
+        verified: Option<bool>,
+    ) -> (Samples, Vec<f32>) {
+        let n = self.n;
+        let tokens_out = u32s(&out[0]);
+        let greedy = u32s(&out[1]);
+        let old = f32s(&out[2]);
+        let rf = f32s(&out[3]);
+        let scores = verified.map(|with_adv| {
+            let parts = u32s(&out[4]);
+            DeviceScores {
+                exact: parts.chunks(4).map(|p| p[3]).collect(),
+                rewards: f32s(&out[5]),
+                advantages: with_adv.then(|| Advantages {
+                    zero_std: u32s(&out[6]).iter().map(|&z| z == 1).collect(),
+                    by_mode: f32s(&out[7]).chunks(b * g).map(|c| c.to_vec()).collect(),
+                }),
+            }
+        });
+        self.dev_tokens = tokens_out.clone();
+        self.dev_old = old.clone();
+        self.dev_ref = rf.clone();
+        self.old_is_current = true;
+        let samples = Samples {
+            rows: tokens_out.chunks(n).map(|c| c.to_vec()).collect(),
+            closed: vec![true; b * g],
+            scores,
+            greedy: Some(greedy.chunks(n).map(|c| c.to_vec()).collect()),
+            logp: Some(old),
+        };
+        (samples, rf)
+    }
+
+    /// A whole iteration in one submission: the rollout, verifying and every advantage mode,
+    /// the driving mode's advantages copied into place, then `mu` optimizer steps; one
+    /// read-back of everything.
+    fn run_iteration(&mut self, req: &IterationRequest) -> Result<IterationOutput, EngineError> {
+        let (b, g, n) = (req.sample.prompts.len(), req.sample.g, self.n);
+        if b == 0 || g == 0 || req.mu == 0 {
+            return Err(kerr("iteration", "needs prompts, responses and μ ≥ 1"));
+        }
+        if req.mu > MAX_STEPS_PER_SUBMISSION || req.mode >= 6 {
+            return Err(kerr(
+                "iteration",
+                format!(
+                    "μ = {} (at most {MAX_STEPS_PER_SUBMISSION}) and advantage mode {} (of 6)",
+                    req.mu, req.mode
+                ),
+            ));
+        }
+        let mut r = self.record_rollout(&req.sample, Some((req.reward_weights, true)))?;
+        self.logp_temperature = r.temperature;
+        let plan = self.plan.as_ref().expect("planned");
+        let l = plan.layout;
+        let adv = r.advantages.clone().expect("verified with advantages");
+        r.rec.ops.push(Op::Copy {
+            src: adv,
+            src_off: (req.mode * b * g * 4) as u64,
+            dst: plan.work.clone(),
+            dst_off: (l.adv * 4) as u64,
+            bytes: (b * g * 4) as u64,
+        });
+        let base = self.step_base(&l, &req.loss, req.temperature, req.lr, req.max_grad_norm);
+        self.record_steps(&mut r.rec, &base, &l, b, req.mu);
+        let tokens = b * g * n;
+        let mut reads = r.reads.clone();
+        reads.extend([
+            (Reads::Work, l.sums, 8 * req.mu),
+            (Reads::Work, l.logp, req.logp_rows.min(b * g) * n),
+            (Reads::Model, 0, self.params),
+        ]);
+        let (slots, ops) = (r.rec.slots, r.rec.ops);
+        let out = self.submit(&slots, ops, &reads)?;
+        let (samples, ref_logp) = self.take_rollout(&out, b, g, r.verified);
+        let steps = self.take_steps(&out, &base, tokens, req.mu);
+        // The device's advantages, log π_old and log π_ref are this iteration's; the host's
+        // copies of them are not kept, so a later step uploads its own.
+        self.dev_adv.clear();
+        self.dev_old.clear();
+        self.dev_ref.clear();
+        Ok(IterationOutput {
+            samples,
+            ref_logp,
+            steps,
+        })
     }
 
     /// One optimizer step's dispatches: forward → per-token loss and derivative → backward →
@@ -1629,21 +1937,8 @@ impl WgslLectureEngine {
                 ..Default::default()
             },
         );
-        // enc[b] = Σ_p T_p[x_bp]: dT_p = onehot(x_p)ᵀ · d_enc (a product, no scatter).
-        rec.matmul(
-            p,
-            (2, 1),
-            MatmulParams {
-                m: u(v),
-                n: u(d),
-                k: u(b),
-                batch: u(n),
-                a: [u(l.i_prompts), 0, u(n), 1],
-                b: [u(l.denc), u(d), 1, 0],
-                c: [u(l.dt), u(n * d), u(d)],
-                ..Default::default()
-            },
-        );
+        // enc[b] = Σ_p T_p[x_bp]: dT_p = onehot(x_p)ᵀ · d_enc, as a race-free scatter.
+        rec.step(p, "scatter_dt", base, n * d);
         // M_p = decode_p · Eᵀ: ∂decode_p = dM_p · E, ∂E = Σ_p dM_pᵀ · decode_p.
         rec.matmul(
             p,
@@ -1706,7 +2001,7 @@ impl WgslLectureEngine {
         );
         rec.reduce(p, base, l.stats, rows, CHANNELS, 0, false);
         rec.reduce(p, base, l.grad, self.params, 1, 6, true);
-        rec.step(p, "adam", base, self.params);
+        rec.step(p, "adam", base, self.params.div_ceil(4));
     }
 
     fn count_submission(&self) {
@@ -1954,16 +2249,29 @@ pub mod reference {
                         buf.work[s + c * rows + r] = *x;
                     }
                     buf.work[s + 5 * rows + r] = h * g as f32;
+                    let dl = w(lp.dl_off) + r * v;
+                    buf.work[dl..dl + v].fill(0.0);
+                    for gi in 0..g {
+                        let t = (bi * g + gi) * n + pos;
+                        let at = dl + buf.ints[w(lp.i_tokens) + t] as usize;
+                        buf.work[at] += buf.work[w(lp.coef_off) + t];
+                    }
                     for (u, &xu) in x.iter().enumerate() {
-                        let mut oh = 0.0f32;
-                        for gi in 0..g {
-                            let t = (bi * g + gi) * n + pos;
-                            if buf.ints[w(lp.i_tokens) + t] as usize == u {
-                                oh += buf.work[w(lp.coef_off) + t];
-                            }
-                        }
-                        let prob = (xu * lp.inv_t - lz).exp();
-                        buf.work[w(lp.dl_off) + r * v + u] = oh - rc * prob;
+                        buf.work[dl + u] -= rc * (xu * lp.inv_t - lz).exp();
+                    }
+                }
+            }
+            "scatter_dt" => {
+                let nd = n * d;
+                for i in 0..nd {
+                    let (p, j) = (i / d, i % d);
+                    for u in 0..v {
+                        buf.work[w(lp.dt_off) + u * nd + i] = 0.0;
+                    }
+                    for bi in 0..b {
+                        let tok = buf.ints[w(lp.i_prompts) + bi * n + p] as usize;
+                        buf.work[w(lp.dt_off) + tok * nd + i] +=
+                            buf.work[w(lp.denc_off) + bi * d + j];
                     }
                 }
             }
@@ -2043,9 +2351,10 @@ pub struct KernelHarness {
 }
 
 impl KernelHarness {
-    pub fn new(ctx: Arc<GpuContext>) -> Result<Self, EngineError> {
+    /// A harness running `kernel` for the products (the tests run both on any adapter).
+    pub fn new(ctx: Arc<GpuContext>, kernel: MatmulKernel) -> Result<Self, EngineError> {
         Ok(Self {
-            programs: Programs::new(&ctx)?,
+            programs: Programs::new(&ctx, kernel)?,
             ctx,
         })
     }
@@ -2119,6 +2428,7 @@ impl KernelHarness {
                     pipeline,
                     slot,
                     grid,
+                    ..
                 } = op
                 {
                     pass.set_pipeline(pipeline);

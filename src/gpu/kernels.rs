@@ -453,7 +453,7 @@ impl Kernels {
         Ok(out)
     }
 
-    fn encoder(&self) -> wgpu::CommandEncoder {
+    pub(crate) fn encoder(&self) -> wgpu::CommandEncoder {
         self.ctx
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -507,7 +507,7 @@ impl Kernels {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn encode_score(
+    pub(crate) fn encode_score(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         prompts: &[u32],
@@ -558,7 +558,7 @@ impl Kernels {
         Ok((parts, rewards))
     }
 
-    fn encode_advantages(
+    pub(crate) fn encode_advantages(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         rewards: &wgpu::Buffer,

@@ -6,11 +6,13 @@
 //! Everything that differs between compute paths is behind [`Engine`]; this file knows no
 //! burn, no gemm, no wgpu (a test drives it with a fake engine).
 
-use super::record::{self, PassAtK, RatioStats, RolloutStats, RolloutView, StepPosition};
+use super::record::{
+    self, PassAtK, RatioStats, Resampling, RolloutStats, RolloutView, StepPosition,
+};
 use super::trainer::{accuracy, greedy_accuracy, is_exact};
 use super::{TrainError, Trainer};
 use crate::config::{AdvantageMode, KlPenaltyMode};
-use crate::engine::{Advantages, Batch, SampleRequest, StepRequest, Which};
+use crate::engine::{Advantages, Batch, IterationRequest, SampleRequest, StepRequest, Which};
 use crate::metrics::{GroupRecord, StepRecord};
 use crate::objective::advantage;
 use crate::objective::loss::{LossSettings, reference};
@@ -47,6 +49,21 @@ pub(crate) struct Frozen {
     pub token_advantages: Option<Vec<f32>>,
 }
 
+/// What an iteration's rollout produced, before the record (either path).
+struct Rolled {
+    indices: Vec<usize>,
+    scored: Scored,
+    batch: Batch,
+    adv: Advantages,
+    driving: Vec<f32>,
+    token_advantages: Option<Vec<f32>>,
+    /// The critic's (squared error, explained variance); NaN without one.
+    critic: (f32, f32),
+    old_logp: Vec<f32>,
+    ref_logp: Vec<f32>,
+    resampling: Resampling,
+}
+
 /// Adds the time since the last lap to a slot.
 struct Laps(Instant);
 
@@ -72,6 +89,9 @@ impl Trainer {
         }
         // 2. Choose the prompts.
         let mut indices = self.sampler.indices(&cfg, iteration);
+        if self.runs_whole() {
+            return self.roll_out_whole(indices, laps);
+        }
         // 3. Roll out G responses per prompt from π_old, and 4. verify them (with the
         // advantages on the device when they do not wait for anything else).
         let kl_in_reward = a.kl_penalty == KlPenaltyMode::Reward && a.beta > 0.0;
@@ -124,10 +144,162 @@ impl Trainer {
         };
         laps.lap(&mut self.timings.advantages);
 
-        // Prioritized sampling remembers each prompt's success rate; greedy accuracy.
-        self.sampler.record(&indices, &scored.exact, g);
         let accuracy_heldout = self.heldout_accuracy()?;
         let pass = self.pass_at_k(iteration)?;
+        self.freeze(
+            Rolled {
+                indices,
+                scored,
+                batch,
+                adv,
+                driving,
+                token_advantages,
+                critic,
+                old_logp,
+                ref_logp,
+                resampling,
+            },
+            accuracy_heldout,
+            pass,
+            laps,
+        )
+    }
+
+    /// The whole iteration on the engine's device in one submission ([`Engine::iteration`]):
+    /// held-out evaluation first (it reads the weights before the iteration's steps, as the
+    /// split path does), then rollout, verifying, advantages, log π_old / log π_ref and the μ
+    /// optimizer steps, whose outputs [`Trainer::step`] hands out one at a time.
+    ///
+    /// [`Engine::iteration`]: crate::engine::Engine::iteration
+    fn roll_out_whole(
+        &mut self,
+        indices: Vec<usize>,
+        mut laps: Laps,
+    ) -> Result<Frozen, TrainError> {
+        let cfg = self.config.clone();
+        let a = &cfg.algorithm;
+        let g = a.num_generations;
+        let iteration = self.iteration;
+        let accuracy_heldout = self.heldout_accuracy()?;
+        let pass = self.pass_at_k(iteration)?;
+        laps.lap(&mut self.timings.evaluation);
+        let prompts: Vec<&[u32]> = indices
+            .iter()
+            .map(|&i| self.prompts.train[i].as_slice())
+            .collect();
+        let mode = AdvantageMode::GROUP
+            .iter()
+            .position(|m| *m == a.advantage)
+            .unwrap_or(0);
+        let logged = indices.len().min(cfg.run.log_groups);
+        let out = self.engine.iteration(&IterationRequest {
+            sample: SampleRequest {
+                prompts: &prompts,
+                g,
+                max_len: cfg.max_len(),
+                params: crate::objective::sampling::SamplingParams::of(&cfg.sampling),
+                seed: cfg.run.seed,
+                stream: iteration as u32,
+                verify: None,
+            },
+            reward_weights: self.reward_fn.kernel_weights(),
+            mode,
+            loss: LossSettings::of(&cfg),
+            temperature: cfg.sampling.temperature as f32,
+            lr: cfg.optimizer.lr,
+            max_grad_norm: cfg.optimizer.max_grad_norm as f32,
+            mu: a.mu,
+            logp_rows: logged * g,
+        })?;
+        // The steps are most of it: the whole submission counts as step time.
+        laps.lap(&mut self.timings.step);
+        let incomplete = |what: &str| {
+            crate::engine::EngineError::Unsupported(format!(
+                "{} ran an iteration without {what}",
+                self.engine.label()
+            ))
+        };
+        let samples = out.samples;
+        let scores = samples.scores.ok_or_else(|| incomplete("scores"))?;
+        let adv = scores.advantages.ok_or_else(|| incomplete("advantages"))?;
+        let old_logp = samples.logp.ok_or_else(|| incomplete("log π_old"))?;
+        if out.steps.len() != a.mu {
+            return Err(incomplete("its μ steps").into());
+        }
+        let batch = self.batch_of(&indices, &samples.rows, g);
+        let driving = adv.by_mode[mode].clone();
+        let zero_std_first_draw =
+            adv.zero_std.iter().filter(|&&z| z).count() as f32 / indices.len().max(1) as f32;
+        self.pending = out.steps.into();
+        self.freeze(
+            Rolled {
+                indices,
+                scored: Scored {
+                    rows: samples.rows,
+                    closed: samples.closed,
+                    rewards: scores.rewards,
+                    exact: scores.exact,
+                    advantages: None,
+                    greedy: samples.greedy,
+                    logp: None,
+                },
+                batch,
+                adv,
+                driving,
+                token_advantages: None,
+                critic: (f32::NAN, f32::NAN),
+                old_logp,
+                ref_logp: out.ref_logp,
+                resampling: Resampling {
+                    zero_std_first_draw,
+                    ..Default::default()
+                },
+            },
+            accuracy_heldout,
+            pass,
+            laps,
+        )
+    }
+
+    /// Whether this iteration runs whole on the engine's device: the engine can, and nothing
+    /// in the iteration needs the host between its parts (dynamic sampling's redraws, the KL
+    /// in the reward, GAE's critic, the bug switches).
+    fn runs_whole(&self) -> bool {
+        let a = &self.config.algorithm;
+        let b = &a.bugs;
+        self.engine.runs_iterations()
+            && !a.dynamic_sampling
+            && !(a.kl_penalty == KlPenaltyMode::Reward && a.beta > 0.0)
+            && a.advantage != AdvantageMode::Gae
+            && !(b.std_without_eps || b.shared_reference || b.unfrozen_old_policy)
+            && self.pending.is_empty()
+    }
+
+    /// Greedy accuracy, the record's statistics and logged groups, and the frozen data of the
+    /// iteration's steps.
+    fn freeze(
+        &mut self,
+        r: Rolled,
+        accuracy_heldout: Option<f32>,
+        pass: Option<PassAtK>,
+        mut laps: Laps,
+    ) -> Result<Frozen, TrainError> {
+        let cfg = self.config.clone();
+        let g = cfg.algorithm.num_generations;
+        let Rolled {
+            indices,
+            scored,
+            batch,
+            adv,
+            driving,
+            token_advantages,
+            critic,
+            old_logp,
+            ref_logp,
+            resampling,
+        } = r;
+        // Prioritized sampling remembers each prompt's success rate; greedy accuracy.
+        self.sampler.record(&indices, &scored.exact, g);
         let prompts: Vec<&[u32]> = indices
             .iter()
             .map(|&i| self.prompts.train[i].as_slice())
