@@ -18,6 +18,8 @@
 // block as four vec4 rows; K-slices of TK through workgroup memory. WG comes from the
 // adapter's limits (8: 64 invocations and 4 KiB of workgroup memory, within WebGPU's
 // defaults; 16 where the adapter allows 256 invocations and is a GPU).
+// `matmul_rows` (at the end) is the same product for CPU adapters: register blocks, no
+// workgroup memory.
 
 struct Mm {
     m: u32, n: u32, k: u32, batch: u32,

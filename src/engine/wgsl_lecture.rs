@@ -4,23 +4,24 @@
 //! Adam's moments and every activation live in device buffers for the whole run.
 //!
 //! The products are taken in the order of [`super::fused_lecture`] (per-position tables,
-//! gather, one product), each through a tiled matrix product in workgroup memory.
+//! gather, one product): on a GPU through a tiled product in workgroup memory, on a CPU
+//! adapter (lavapipe) through register blocks without it ([`MatmulKernel`]).
 //!
-//! Submissions (`grpo::iteration` calls `sample`, `token_logp` and `steps` separately; the
-//! host verifies the responses and computes the advantages in between):
-//! - `sample`: one submission — the policy's forward, sampling, log π_old, greedy answers,
-//!   the reference's forward and log π_ref; one read-back of tokens and log-probs.
-//!   `token_logp(Reference)` and `token_logp(Policy)` on that batch then come from it.
-//! - `steps` (the iteration's μ optimizer steps, [`Engine::batches_steps`]): one submission of
-//!   μ × [`DISPATCHES_PER_STEP`] dispatches (forward → per-token loss and derivative →
-//!   backward → grad norm → clip → Adam, μ times); one read-back of every step's scalars
-//!   (and the logged rows' log π).
+//! Submissions:
+//! - a whole iteration ([`Engine::iteration`], what `grpo::iteration` asks where nothing in
+//!   the iteration needs the host): **one submission** — the policy's forward, sampling,
+//!   log π_old, the greedy answers, the reference's forward and log π_ref, the verifier
+//!   (`sort_reward.wgsl`) and every advantage mode (`advantage.wgsl`), the driving mode's
+//!   advantages copied into place, then μ × [`DISPATCHES_PER_STEP`] dispatches (forward →
+//!   per-token loss and derivative → backward → grad norm → clip → Adam, μ times); one
+//!   read-back of the tokens, log-probs, rewards, advantages, every step's scalars, the
+//!   logged rows' log π and the policy's weights;
+//! - otherwise (dynamic sampling's redraws, the KL in the reward) `sample` (with the verifier
+//!   and the advantages when asked) and `steps` are a submission each, and
+//!   `token_logp(Reference | Policy)` on the sampled batch come from the rollout's.
 //!
-//! So an iteration is two submissions (three when the reference is refreshed). Each
-//! read-back is a few floats, the sampled tokens and, with the steps' scalars, the policy's
-//! weights. Not yet on the device: verifying and the advantages (host, between the two
-//! submissions) and the held-out greedy evaluation (the fused CPU forward on the weights
-//! read back with the steps).
+//! The held-out greedy evaluation runs the fused CPU forward on the weights read back with
+//! the steps (no submission of its own); a refreshed reference is one more submission.
 //!
 //! Held equal to the fused CPU step by `tests/wgsl_engine.rs`, kernel by kernel against
 //! [`reference`] and as a whole engine.
