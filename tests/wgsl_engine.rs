@@ -122,6 +122,10 @@ fn check_on(h: &KernelHarness, what: &str, cases: Vec<Case>, sums: bool) -> usiz
     let mut packed = Buffers::default();
     let mut ops = Vec::new();
     for c in cases {
+        // Each case from a multiple of 4 elements, so an aligned case stays aligned (the
+        // vector paths of matmul_rows).
+        packed.model.resize(packed.model.len().next_multiple_of(4), 0.0);
+        packed.work.resize(packed.work.len().next_multiple_of(4), 0.0);
         let (m, w, i) = (
             packed.model.len() as u32,
             packed.work.len() as u32,
@@ -193,10 +197,13 @@ fn matmul_cases(h: &KernelHarness, kernel: MatmulKernel) {
     for batch_of_cases in 0..10 {
         let mut cases = Vec::new();
         for _ in 0..100 {
+            // A third of the cases aligned: sizes and offsets multiples of 4 (the vector paths).
+            let aligned = rng.below(3) == 0;
+            let dims: &[usize] = if aligned { &[4, 8, 16, 32, 64] } else { &dims };
             let (m, n, k) = (
-                pick(&mut rng, &dims),
-                pick(&mut rng, &dims),
-                pick(&mut rng, &dims),
+                pick(&mut rng, dims),
+                pick(&mut rng, dims),
+                pick(&mut rng, dims),
             );
             let batch = pick(&mut rng, &[1, 1, 2, 3, 8]);
             let reduce = rng.below(3) == 0;
@@ -211,6 +218,10 @@ fn matmul_cases(h: &KernelHarness, kernel: MatmulKernel) {
             let mut buf = Buffers::default();
             let mut place = |src: u32, len: usize, rng: &mut SplitMix64| -> u32 {
                 let v = normals(rng, len, 1.0);
+                if aligned {
+                    buf.model.resize(buf.model.len().next_multiple_of(4), 0.0);
+                    buf.work.resize(buf.work.len().next_multiple_of(4), 0.0);
+                }
                 if src == 0 {
                     let at = buf.model.len();
                     buf.model.extend(v);
