@@ -124,8 +124,12 @@ fn check_on(h: &KernelHarness, what: &str, cases: Vec<Case>, sums: bool) -> usiz
     for c in cases {
         // Each case from a multiple of 4 elements, so an aligned case stays aligned (the
         // vector paths of matmul_rows).
-        packed.model.resize(packed.model.len().next_multiple_of(4), 0.0);
-        packed.work.resize(packed.work.len().next_multiple_of(4), 0.0);
+        packed
+            .model
+            .resize(packed.model.len().next_multiple_of(4), 0.0);
+        packed
+            .work
+            .resize(packed.work.len().next_multiple_of(4), 0.0);
         let (m, w, i) = (
             packed.model.len() as u32,
             packed.work.len() as u32,
@@ -279,11 +283,25 @@ fn step_case(rng: &mut SplitMix64) -> (StepParams, Buffers) {
     let g = pick(rng, &[1, 2, 3, 7]);
     let n = pick(rng, &[1, 2, 3, 5]);
     let v = pick(rng, &[1, 2, 3, 5, 16, 17]);
-    let d = pick(rng, &[1, 3, 8, 10, 13]);
+    // Half the cases aligned: D, the parameter count and every offset multiples of 4 (the
+    // vector paths of lecture_vec.wgsl).
+    let aligned = rng.below(2) == 0;
+    let d = if aligned {
+        pick(rng, &[4, 8, 12])
+    } else {
+        pick(rng, &[1, 3, 8, 10, 13])
+    };
     let (rows, tokens) = (b * n, b * g * n);
-    let p_count = pick(rng, &[1, 7, 65, 200]);
+    let p_count = if aligned {
+        pick(rng, &[4, 64, 200])
+    } else {
+        pick(rng, &[1, 7, 65, 200])
+    };
     let mut work = Vec::new();
     let mut take = |len: usize, scale: f32, rng: &mut SplitMix64| -> u32 {
+        if aligned {
+            work.resize(work.len().next_multiple_of(4), 0.0);
+        }
         let at = work.len() as u32;
         work.extend(normals(rng, len, scale));
         at
@@ -365,7 +383,9 @@ fn gather_enc_matches_reference() {
 
 #[test]
 fn scatter_dt_matches_reference() {
-    step_kernel_cases(27, "scatter_dt", true, |_, p, _| (p.n * p.d) as usize);
+    step_kernel_cases(27, "scatter_dt", true, |_, p, _| {
+        (p.n * p.d.div_ceil(4)) as usize
+    });
 }
 
 #[test]

@@ -46,6 +46,8 @@ const COMMON: &str = include_str!("../../shaders/common.wgsl");
 const SAMPLE: &str = include_str!("../../shaders/sample.wgsl");
 const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
 const STEP: &str = include_str!("../../shaders/lecture_step.wgsl");
+const VEC: &str = include_str!("../../shaders/lecture_vec.wgsl");
+const PARAMS: &str = include_str!("../../shaders/lecture_params.wgsl");
 
 /// Dispatches in one optimizer step: forward (4), the per-row pass (log Z, per-token terms,
 /// dlogits), backward (7 products), two reductions (2 each), Adam.
@@ -211,9 +213,11 @@ impl Layout {
     fn new(b: usize, g: usize, v: usize, n: usize, d: usize, params: usize) -> Self {
         let (rows, tokens) = (b * n, b * g * n);
         let mut at = 0usize;
+        // Every region from a multiple of 4 elements (the vector paths of matmul.wgsl and
+        // lecture_vec.wgsl).
         let mut take = |len: usize| {
             let here = at;
-            at += len.max(1);
+            at = (at + len.max(1)).next_multiple_of(4);
             here
         };
         let mut l = Layout {
@@ -316,18 +320,18 @@ impl MatmulKernel {
     }
 }
 
-const STEP_ENTRIES: [&str; 10] = [
-    "gather_enc",
-    "scatter_dt",
+const STEP_ENTRIES: [&str; 7] = [
     "row_stats",
     "gather_logp",
     "row_step",
     "argmax",
     "reduce_partial",
     "reduce_final",
-    "adam",
     "copy_ref",
 ];
+
+/// The entry points of lecture_vec.wgsl (four floats per invocation).
+const VEC_ENTRIES: [&str; 3] = ["gather_enc", "scatter_dt", "adam"];
 
 fn layout_entry(
     binding: u32,
@@ -408,7 +412,8 @@ impl Programs {
         };
         let matmul_src = MATMUL.replace("const WG: u32 = 8u;", &format!("const WG: u32 = {wg}u;"));
         let matmul_module = module("matmul.wgsl", matmul_src);
-        let step_module = module("lecture_step.wgsl", format!("{COMMON}\n{STEP}"));
+        let step_module = module("lecture_step.wgsl", format!("{COMMON}\n{PARAMS}\n{STEP}"));
+        let vec_module = module("lecture_vec.wgsl", format!("{COMMON}\n{PARAMS}\n{VEC}"));
         let sample_module = module("sample.wgsl", format!("{COMMON}\n{SAMPLE}"));
         let pipeline = |layout: &wgpu::PipelineLayout,
                         m: &wgpu::ShaderModule,
@@ -439,6 +444,11 @@ impl Programs {
         let step = STEP_ENTRIES
             .iter()
             .map(|e| (*e, pipeline(&main_layout, &step_module, e, &[])))
+            .chain(
+                VEC_ENTRIES
+                    .iter()
+                    .map(|e| (*e, pipeline(&main_layout, &vec_module, e, &[]))),
+            )
             .collect();
         let sample_pl = pipeline_layout(&sample_layout);
         let row_weights = pipeline(&sample_pl, &sample_module, "row_weights", &[]);
@@ -1939,7 +1949,7 @@ impl WgslLectureEngine {
             },
         );
         // enc[b] = Σ_p T_p[x_bp]: dT_p = onehot(x_p)ᵀ · d_enc, as a race-free scatter.
-        rec.step(p, "scatter_dt", base, n * d);
+        rec.step(p, "scatter_dt", base, n * d.div_ceil(4));
         // M_p = decode_p · Eᵀ: ∂decode_p = dM_p · E, ∂E = Σ_p dM_pᵀ · decode_p.
         rec.matmul(
             p,
