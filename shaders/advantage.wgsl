@@ -50,8 +50,8 @@ fn group_advantages(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
     let g = p.g;
     let base = bi * g;
     var sum = 0.0;
-    var mx = -3.4028235e38;
-    var mn = 3.4028235e38;
+    var mx = F32_LOWEST;
+    var mn = F32_HIGHEST;
     for (var i = 0u; i < g; i++) {
         let r = rewards[base + i];
         sum += r;

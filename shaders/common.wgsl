@@ -7,6 +7,13 @@ fn pcg_hash(v: u32) -> u32 {
     return (word >> 22u) ^ word;
 }
 
+// Starting values of a running max / min. Not ±f32::MAX: wgpu on WebGPU passes the shader
+// through naga, which prints f32::MAX as 340282350000000000000000000000000000000 — past the
+// f32 range as written, which Chrome's compiler refuses. ±3.4e38 prints as it is; a max or min
+// over finite values below it is the same.
+const F32_LOWEST: f32 = -3.4e38;
+const F32_HIGHEST: f32 = 3.4e38;
+
 // Invocation index for 1-D work spread over a 2-D grid of 64-wide workgroups.
 fn flat_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * 64u;

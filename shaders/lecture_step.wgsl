@@ -32,7 +32,7 @@ fn row_stats(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     let r = flat_index(gid, nwg);
     if (r >= lp.rows) { return; }
     let base = lp.logits_off + r * lp.v;
-    var m = -3.4028235e38;
+    var m = F32_LOWEST;
     for (var u = 0u; u < lp.v; u++) { m = max(m, work[base + u] * lp.inv_t); }
     var total = 0.0;
     for (var u = 0u; u < lp.v; u++) { total += exp(work[base + u] * lp.inv_t - m); }
@@ -70,7 +70,7 @@ fn row_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let r = flat_index(gid, nwg);
     if (r >= lp.rows) { return; }
     let base = lp.logits_off + r * lp.v;
-    var m = -3.4028235e38;
+    var m = F32_LOWEST;
     for (var u = 0u; u < lp.v; u++) { m = max(m, work[base + u] * lp.inv_t); }
     var total = 0.0;
     for (var u = 0u; u < lp.v; u++) { total += exp(work[base + u] * lp.inv_t - m); }

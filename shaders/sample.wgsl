@@ -24,7 +24,7 @@ fn row_weights(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     // Logits are scaled by 1/T with a multiplication (correctly rounded everywhere, unlike
     // division on some GPUs), and tokens are ranked by the scaled logits, which are exact:
     // only exp() may differ from the Rust reference by an ulp.
-    var m = -3.4028235e38;
+    var m = F32_LOWEST;
     for (var i = 0u; i < p.v; i++) { m = max(m, logits[base + i] * p.inv_temperature); }
     var total = 0.0;
     for (var i = 0u; i < p.v; i++) {

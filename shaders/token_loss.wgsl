@@ -54,7 +54,7 @@ fn entropy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     let row = flat_index(gid, nwg);
     if (row >= p.b * p.t) { return; }
     let base = row * p.v;
-    var m = -3.4028235e38;
+    var m = F32_LOWEST;
     for (var i = 0u; i < p.v; i++) { m = max(m, logits[base + i] / p.temperature); }
     var z = 0.0;
     for (var i = 0u; i < p.v; i++) { z += exp(logits[base + i] / p.temperature - m); }

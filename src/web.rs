@@ -79,6 +79,25 @@ fn tab_from_query() -> Option<crate::app::Tab> {
 }
 
 /// Called by wasm-bindgen when the module loads.
+/// `?render=gl`: the window drawn with WebGL2 even where WebGPU is there (training may still
+/// use WebGPU). Headless Chromium's GPU process fails presenting a WebGPU canvas, and some
+/// drivers draw WebGPU canvases badly; WebGL2 works on both.
+fn web_options() -> eframe::WebOptions {
+    let mut options = eframe::WebOptions::default();
+    let gl = web_sys::window()
+        .and_then(|w| w.location().search().ok())
+        .is_some_and(|q| {
+            q.trim_start_matches('?')
+                .split('&')
+                .any(|kv| kv == "render=gl")
+        });
+    if gl && let eframe::egui_wgpu::WgpuSetup::CreateNew(new) = &mut options.wgpu_options.wgpu_setup
+    {
+        new.instance_descriptor.backends = eframe::wgpu::Backends::GL;
+    }
+    options
+}
+
 #[wasm_bindgen(start)]
 pub fn start() {
     eframe::WebLogger::init(log::LevelFilter::Info).ok();
@@ -99,10 +118,20 @@ pub fn start() {
             None => (None, None),
         };
         let autoplay = config.is_some();
+        // A run that asks for a wgpu device (`run.device = gpu`, or `run.engine = wgsl`):
+        // WebGPU's adapter and device are promises, opened here once so the trainer finds them.
+        if let Some(c) = &config {
+            let (choice, _) = crate::engine::resolve(c.run.device, c);
+            if choice != crate::config::DeviceChoice::Cpu
+                && let Err(e) = crate::gpu::Compute::select_async(choice).await
+            {
+                log::warn!("{e}");
+            }
+        }
         let started = eframe::WebRunner::new()
             .start(
                 canvas,
-                eframe::WebOptions::default(),
+                web_options(),
                 Box::new(move |cc| {
                     let mut app = GrpoApp::new(
                         Some(cc),

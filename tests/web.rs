@@ -156,6 +156,10 @@ fn handle(stream: TcpStream, reports: &Mutex<Reports>, start: Instant) -> std::i
 
 /// Chromium on `url`, headless, WebGL2 for the window (no WebGPU flags: egui falls back).
 fn open(browser: &str, url: &str, profile: &Path) -> Child {
+    open_with(browser, url, profile, &[])
+}
+
+fn open_with(browser: &str, url: &str, profile: &Path, extra: &[&str]) -> Child {
     Command::new(browser)
         .args([
             "--headless=new",
@@ -165,8 +169,9 @@ fn open(browser: &str, url: &str, profile: &Path) -> Child {
             "--no-first-run",
             "--window-size=1280,800",
             &format!("--user-data-dir={}", profile.display()),
-            url,
         ])
+        .args(extra)
+        .arg(url)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -305,6 +310,108 @@ fn a_link_plays_lecture17_in_the_tab_as_the_cli_does() {
     for it in 0..50 {
         assert_eq!(tab.get(&it), cli.get(&it), "iteration {it}: tab vs CLI");
     }
+}
+
+/// With `run.engine = wgsl` the lecture model trains on the WGSL engine over WebGPU in the tab
+/// (one submission per iteration, read back asynchronously between frames): the status line
+/// names the engine, the iterations advance to the end, the reward rises, no console error;
+/// the first iterations' rewards are those of the same run on the CLI's WGSL engine (on
+/// lavapipe), until a float rounding of the two devices tips a sampled token.
+#[test]
+fn the_wgsl_engine_trains_on_webgpu_in_the_tab() {
+    let Some(browser) = prerequisites() else {
+        return;
+    };
+    let dir = common::temp_dir("web-wgsl");
+    let mut config = grpo_lab::config::RunConfig::preset("lecture17").unwrap();
+    config.run.iterations = 60;
+    config.run.engine = grpo_lab::config::EngineChoice::Wgsl;
+    let server = serve();
+    // The window in WebGL2 (`render=gl`): headless Chromium's GPU process dies presenting a
+    // WebGPU canvas; the training still runs on WebGPU.
+    let url = format!(
+        "http://127.0.0.1:{}/index.html?report&render=gl#{}",
+        server.port,
+        hash_of(&config)
+    );
+    let _chrome = Killed(open_with(
+        browser,
+        &url,
+        &dir.join("profile"),
+        &[
+            "--enable-unsafe-webgpu",
+            "--enable-features=Vulkan",
+            "--use-vulkan=native",
+        ],
+    ));
+    let deadline = Instant::now() + Duration::from_secs(150);
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let r = server.reports.lock().unwrap();
+        let done =
+            r.status.last().is_some_and(|(_, s)| s.contains("finished")) || !r.errors.is_empty();
+        if done || Instant::now() > deadline {
+            break;
+        }
+    }
+    let r = server.reports.lock().unwrap();
+    let statuses: Vec<&String> = r.status.iter().map(|(_, s)| s).collect();
+    assert!(r.errors.is_empty(), "console errors: {:?}", r.errors);
+    assert!(
+        statuses.iter().any(|s| s.contains("WGSL lecture engine")),
+        "not on the WGSL engine: {statuses:?}"
+    );
+    assert!(
+        statuses.last().is_some_and(|s| s.contains("finished")),
+        "did not finish in 150 s: {:?}",
+        statuses.last()
+    );
+    let tab: BTreeMap<usize, f32> = r
+        .records
+        .iter()
+        .map(|v| {
+            (
+                v["iteration"].as_u64().unwrap() as usize,
+                v["reward_mean"].as_f64().unwrap() as f32,
+            )
+        })
+        .collect();
+    assert_eq!(tab.len(), 60, "{tab:?}");
+    let mean = |its: std::ops::Range<usize>| -> f32 {
+        its.clone().map(|i| tab[&i]).sum::<f32>() / its.len() as f32
+    };
+    assert!(
+        mean(50..60) > mean(0..10),
+        "the reward did not rise: {tab:?}"
+    );
+    // The same run on the CLI (lavapipe): the opening iterations agree.
+    let cli_dir = dir.join("cli");
+    std::fs::write(dir.join("config.toml"), config.to_toml()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
+        .args(["train", "--quiet", "--device", "software", "--config"])
+        .arg(dir.join("config.toml"))
+        .arg("--out")
+        .arg(&cli_dir)
+        .output()
+        .unwrap();
+    if out.status.success() {
+        let cli: BTreeMap<usize, f32> =
+            grpo_lab::train::read_metrics(&cli_dir.join("metrics.jsonl"))
+                .unwrap()
+                .into_iter()
+                .filter(|r| r.step_in_iteration == 0)
+                .map(|r| (r.iteration, r.reward_mean))
+                .collect();
+        for it in 0..3 {
+            assert_eq!(tab.get(&it), cli.get(&it), "iteration {it}: tab vs CLI");
+        }
+    }
+    eprintln!(
+        "lecture17 on WebGPU in headless Chromium: reward {:.3} → {:.3}; {:?}",
+        mean(0..10),
+        mean(50..60),
+        statuses.last()
+    );
 }
 
 /// The transformer trains in the tab too (burn's CPU backend compiled to wasm, or the fused

@@ -388,7 +388,11 @@ impl GrpoApp {
                 }
                 Event::Playing(p) => self.playing = p,
                 Event::Finished => self.finished = true,
-                Event::Error(e) => self.error = Some(e),
+                Event::Error(e) => {
+                    // Also to the log (the browser's console), where the panel is not seen.
+                    log::error!("{e}");
+                    self.error = Some(e);
+                }
             }
         }
         let (t0, n0, _) = self.rate;
@@ -444,7 +448,10 @@ impl GrpoApp {
             .map(|c| c.run.name.as_str())
             .unwrap_or("");
         let (state, progress) = self.progress();
-        let state = if self.error.is_some() { "error" } else { state };
+        let state = match &self.error {
+            Some(e) => format!("error: {}", e.chars().take(200).collect::<String>()),
+            None => state.to_string(),
+        };
         format!("grpo-lab · {name} · {progress} · {state} · {}", self.device)
     }
 

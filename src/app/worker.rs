@@ -124,8 +124,11 @@ impl Core {
             && self.trainer.as_ref().is_some_and(|t| !t.is_done())
     }
 
-    fn do_step(&mut self, tx: &Sender<Event>) {
-        let Some(t) = &mut self.trainer else { return };
+    /// One step; false when the device has not answered yet (try again later).
+    fn do_step(&mut self, tx: &Sender<Event>) -> bool {
+        let Some(t) = &mut self.trainer else {
+            return true;
+        };
         // A panic inside a step (a device fault deep in a backend) stops this run, keeps the
         // thread and the records already shown, and says so; ⟲ Reset starts a new run.
         let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.step()));
@@ -133,6 +136,9 @@ impl Core {
             Ok(Ok(r)) => {
                 let _ = tx.send(Event::Record(Box::new(r)));
             }
+            // The device has not answered yet (the WGSL engine in a browser): the same step
+            // again on a later frame.
+            Ok(Err(e)) if e.is_pending() => return false,
             Ok(Err(e)) => {
                 self.playing = false;
                 let _ = tx.send(Event::Error(e.to_string()));
@@ -151,7 +157,7 @@ impl Core {
                     "the trainer failed ({what}); its records are kept, ⟲ Reset starts a new run"
                 )));
                 let _ = tx.send(Event::Playing(false));
-                return;
+                return true;
             }
         }
         self.pending_steps = self.pending_steps.saturating_sub(1);
@@ -161,6 +167,7 @@ impl Core {
             let _ = tx.send(Event::Finished);
             let _ = tx.send(Event::Playing(false));
         }
+        true
     }
 }
 
@@ -251,7 +258,10 @@ impl Worker {
             }
             let mut n = 0;
             while core.wants_step() && more(n) {
-                core.do_step(etx);
+                if !core.do_step(etx) {
+                    // Waiting for the device: the next frame asks again.
+                    break;
+                }
                 n += 1;
             }
         }

@@ -38,6 +38,10 @@ pub enum EngineError {
     /// Asked of an engine something it does not do.
     #[error("{0}")]
     Unsupported(String),
+    /// The device has not answered yet (in a browser, where nothing can wait for it): ask
+    /// again on a later frame.
+    #[error("waiting for the device")]
+    Pending,
     /// The snapshot holds burn's optimizer state, which this engine cannot continue exactly;
     /// burn's autodiff engine can.
     #[error("checkpoint: written on burn's autodiff path (optimizer.bpk), not by this engine")]
@@ -344,7 +348,10 @@ pub fn kind_for(config: &RunConfig, compute: &Compute) -> EngineKind {
     {
         return EngineKind::Wgsl;
     }
-    let fused = config.run.fused_step == FusedChoice::Auto && compute.gpu.is_none();
+    // In a browser a WebGPU device serves only the WGSL engine (burn's wgpu backend is not in
+    // the build): everything else trains on the CPU engines there.
+    let cpu_side = compute.gpu.is_none() || cfg!(target_arch = "wasm32");
+    let fused = config.run.fused_step == FusedChoice::Auto && cpu_side;
     if fused && lecture_cpu::FusedLectureEngine::covers(config) {
         EngineKind::FusedLecture
     } else if fused && transformer_cpu::FusedTransformerEngine::covers(config) {
@@ -381,6 +388,11 @@ pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + S
         EngineKind::FusedTransformer => {
             Box::new(transformer_cpu::FusedTransformerEngine::new(config))
         }
+        // In a browser burn runs on its CPU backend, never with WebGPU kernels (their
+        // read-backs block).
+        EngineKind::Burn if cfg!(target_arch = "wasm32") => {
+            Box::new(autodiff::BurnEngine::new(config, Compute::cpu())?)
+        }
         EngineKind::Burn => Box::new(autodiff::BurnEngine::new(config, compute.clone())?),
     })
 }
@@ -407,7 +419,11 @@ pub fn auto_device(config: &RunConfig, hardware_gpu: Option<&str>) -> (DeviceCho
             ),
             None => (
                 DeviceChoice::Software,
-                "run.engine = wgsl and no hardware GPU, so lavapipe".into(),
+                if cfg!(target_arch = "wasm32") {
+                    "run.engine = wgsl: the browser's WebGPU adapter".into()
+                } else {
+                    "run.engine = wgsl and no hardware GPU, so lavapipe".into()
+                },
             ),
         };
     }
@@ -440,13 +456,7 @@ pub fn auto_device(config: &RunConfig, hardware_gpu: Option<&str>) -> (DeviceCho
 /// Open the compute device for a config: `auto` follows [`auto_device`]; the others as asked.
 /// Returns the device and the one line that says which engine runs and why.
 pub fn select(choice: DeviceChoice, config: &RunConfig) -> Result<(Compute, String), DeviceError> {
-    let (choice, why) = match choice {
-        DeviceChoice::Auto => {
-            let gpu = crate::gpu::context::hardware_adapter_name();
-            auto_device(config, gpu.as_deref())
-        }
-        other => (other, format!("--device {}", other.name())),
-    };
+    let (choice, why) = resolve(choice, config);
     let compute = Compute::select(choice)?;
     let engine = match kind_for(config, &compute) {
         _ if config.run.engine == EngineChoice::Wgsl && compute.gpu.is_none() => {
@@ -461,6 +471,17 @@ pub fn select(choice: DeviceChoice, config: &RunConfig) -> Result<(Compute, Stri
         compute.clone(),
         format!("engine: {engine} on {} — {why}", compute.label),
     ))
+}
+
+/// The device `choice` means for `config` (`auto` resolved), and why.
+pub fn resolve(choice: DeviceChoice, config: &RunConfig) -> (DeviceChoice, String) {
+    match choice {
+        DeviceChoice::Auto => {
+            let gpu = crate::gpu::context::hardware_adapter_name();
+            auto_device(config, gpu.as_deref())
+        }
+        other => (other, format!("--device {}", other.name())),
+    }
 }
 
 #[cfg(test)]

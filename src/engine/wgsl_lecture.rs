@@ -453,7 +453,7 @@ impl Programs {
         let sample_pl = pipeline_layout(&sample_layout);
         let row_weights = pipeline(&sample_pl, &sample_module, "row_weights", &[]);
         let draw = pipeline(&sample_pl, &sample_module, "draw", &[]);
-        if let Some(Some(error)) = crate::gpu::context::block_on_ready(scope.pop()) {
+        if let Some(error) = crate::gpu::context::scope_error(scope.pop()) {
             return Err(EngineError::Kernel(KernelError::Shader {
                 file: "matmul.wgsl / lecture_step.wgsl".into(),
                 error: error.to_string(),
@@ -531,6 +531,8 @@ pub struct WgslLectureEngine {
     verify: Kernels,
     /// Dispatches in the last rollout (with or without verifying).
     rollout_dispatches: usize,
+    /// The iteration submitted and not yet read back (only in a browser).
+    in_flight: Option<InFlight>,
 }
 
 impl WgslLectureEngine {
@@ -579,6 +581,7 @@ impl WgslLectureEngine {
             host_weights: None,
             verify,
             rollout_dispatches: DISPATCHES_PER_SAMPLE,
+            in_flight: None,
         };
         let flat = e.host_flat();
         let zeros = vec![0.0f32; 2 * params];
@@ -802,13 +805,35 @@ impl WgslLectureEngine {
         self.check_tokens(&batch.responses, "responses")
     }
 
-    /// Run `ops` as one submission and read back `(buffer, element offset, elements)`.
+    /// Run `ops` as one submission and read back `(buffer, element offset, elements)`,
+    /// waiting for it (natively; the browser cannot wait: there it is an error, and only
+    /// [`Engine::iteration`] reads back, asynchronously).
     fn submit(
         &mut self,
         slots: &[StepParamsOrMm],
         ops: Vec<Op>,
         reads: &[(Reads, usize, usize)],
     ) -> Result<Vec<Vec<u8>>, EngineError> {
+        let staged = self.submit_staged(slots, ops, reads)?;
+        if reads.is_empty() {
+            return Ok(Vec::new());
+        }
+        if cfg!(target_arch = "wasm32") {
+            return Err(EngineError::Unsupported(
+                "the WGSL engine in a browser reads back only whole iterations (asynchronously); this run needs a blocking read-back: train it on the CPU (device auto)".into(),
+            ));
+        }
+        staged.wait(&self.ctx)
+    }
+
+    /// Run `ops` as one submission with the read-backs copied into a staging buffer whose
+    /// mapping has been asked for; [`Staged`] collects them.
+    fn submit_staged(
+        &mut self,
+        slots: &[StepParamsOrMm],
+        ops: Vec<Op>,
+        reads: &[(Reads, usize, usize)],
+    ) -> Result<Staged, EngineError> {
         let plan = self.plan.as_ref().expect("planned");
         if slots.len() as u64 > plan.slots {
             return Err(kerr(
@@ -919,12 +944,16 @@ impl WgslLectureEngine {
         buffers.push(encoder.finish());
         self.ctx.queue.submit(buffers);
         self.count_submission();
-        if let Some(Some(error)) = crate::gpu::context::block_on_ready(scope.pop()) {
+        if let Some(error) = crate::gpu::context::scope_error(scope.pop()) {
             return Err(EngineError::Kernel(KernelError::Readback(format!(
                 "the device refused the submission: {error}"
             ))));
         }
-        read_staging(&self.ctx, &staging, total, reads)
+        Ok(Staged::map(
+            staging,
+            total,
+            reads.iter().map(|r| r.2).collect(),
+        ))
     }
 
     /// Times each dispatch of `ops` (20 times in a row in one submission), printed to stderr
@@ -1066,6 +1095,37 @@ enum Reads {
     Buffer(wgpu::Buffer),
 }
 
+/// An iteration submitted and not yet read back (in a browser, between frames).
+struct InFlight {
+    /// [`iteration_key`] of its request.
+    key: u64,
+    staged: Staged,
+    shape: IterationShape,
+}
+
+/// What reading an iteration's results back needs to know.
+struct IterationShape {
+    b: usize,
+    g: usize,
+    verified: Option<bool>,
+    base: StepParams,
+    mu: usize,
+}
+
+/// A hash of what an iteration request asks (prompts, stream, seed, μ, mode): the same
+/// request again collects the iteration in flight.
+fn iteration_key(req: &IterationRequest) -> u64 {
+    let mut h = crate::rng::SplitMix64::new(req.sample.seed ^ u64::from(req.sample.stream));
+    let mut mix = |x: u64| h.next_u64() ^ x.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut key = mix(req.mu as u64) ^ mix(req.mode as u64) ^ mix(req.sample.g as u64);
+    for p in req.sample.prompts {
+        for &t in p.iter() {
+            key = key.rotate_left(5) ^ mix(u64::from(t));
+        }
+    }
+    key
+}
+
 /// A recorded rollout, before its submission.
 struct Rollout {
     rec: Recorder,
@@ -1182,43 +1242,89 @@ impl Recorder {
     }
 }
 
-fn read_staging(
-    ctx: &GpuContext,
-    staging: &wgpu::Buffer,
+/// A submission's read-backs on their way to the host: a staging buffer being mapped.
+struct Staged {
+    staging: wgpu::Buffer,
     total: u64,
-    reads: &[(Reads, usize, usize)],
-) -> Result<Vec<Vec<u8>>, EngineError> {
-    let readback = |e: String| EngineError::Kernel(KernelError::Readback(e));
-    let slice = staging.slice(0..total.max(4).next_multiple_of(4));
-    let (tx, rx) = std::sync::mpsc::channel();
-    slice.map_async(wgpu::MapMode::Read, move |r| {
-        let _ = tx.send(r);
-    });
-    ctx.device
-        .poll(wgpu::PollType::wait_indefinitely())
-        .map_err(|e| readback(e.to_string()))?;
-    rx.recv()
-        .map_err(|e| readback(e.to_string()))?
-        .map_err(|e| readback(e.to_string()))?;
-    let mapped = slice
-        .get_mapped_range()
-        .map_err(|e| readback(e.to_string()))?;
-    let mut out = Vec::with_capacity(reads.len());
-    let mut offset = 0usize;
-    for r in reads {
-        let Some(bytes) = mapped.get(offset..offset + r.2 * 4) else {
-            return Err(readback(format!(
-                "a read of {} bytes past the {} staged",
-                r.2 * 4,
-                mapped.len()
-            )));
-        };
-        out.push(bytes.to_vec());
-        offset += r.2 * 4;
+    /// Elements of each read-back, in order.
+    lens: Vec<usize>,
+    /// Set by the mapping's callback.
+    ready: Arc<std::sync::Mutex<Option<Result<(), wgpu::BufferAsyncError>>>>,
+}
+
+impl Staged {
+    /// Ask for `staging`'s first `total` bytes (read-backs of `lens` elements, in order) to be
+    /// mapped, after the submission that fills it.
+    fn map(staging: wgpu::Buffer, total: u64, lens: Vec<usize>) -> Self {
+        let ready = Arc::new(std::sync::Mutex::new(None));
+        if total > 0 {
+            let flag = ready.clone();
+            staging
+                .slice(0..total.next_multiple_of(4))
+                .map_async(wgpu::MapMode::Read, move |r| {
+                    *flag.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                });
+        }
+        Self {
+            staging,
+            total,
+            lens,
+            ready,
+        }
     }
-    drop(mapped);
-    staging.unmap();
-    Ok(out)
+
+    /// Whether the mapping has come back (it has failed or succeeded).
+    fn is_ready(&self) -> bool {
+        self.total == 0
+            || self
+                .ready
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some()
+    }
+
+    /// Wait for the device, then read (natively).
+    fn wait(self, ctx: &GpuContext) -> Result<Vec<Vec<u8>>, EngineError> {
+        if !self.is_ready() {
+            ctx.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| EngineError::Kernel(KernelError::Readback(e.to_string())))?;
+        }
+        self.read()
+    }
+
+    /// Each read-back's bytes, once [`Staged::is_ready`].
+    fn read(self) -> Result<Vec<Vec<u8>>, EngineError> {
+        let readback = |e: String| EngineError::Kernel(KernelError::Readback(e));
+        if self.total == 0 {
+            return Ok(self.lens.iter().map(|_| Vec::new()).collect());
+        }
+        let state = self.ready.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match state {
+            Some(r) => r.map_err(|e| readback(e.to_string()))?,
+            None => return Err(readback("the read-back has not arrived".into())),
+        }
+        let slice = self.staging.slice(0..self.total.next_multiple_of(4));
+        let mapped = slice
+            .get_mapped_range()
+            .map_err(|e| readback(e.to_string()))?;
+        let mut out = Vec::with_capacity(self.lens.len());
+        let mut offset = 0usize;
+        for &len in &self.lens {
+            let Some(bytes) = mapped.get(offset..offset + len * 4) else {
+                return Err(readback(format!(
+                    "a read of {} bytes past the {} staged",
+                    len * 4,
+                    mapped.len()
+                )));
+            };
+            out.push(bytes.to_vec());
+            offset += len * 4;
+        }
+        drop(mapped);
+        self.staging.unmap();
+        Ok(out)
+    }
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -1265,6 +1371,11 @@ impl Engine for WgslLectureEngine {
     fn sample(&mut self, req: &SampleRequest) -> Result<Samples, EngineError> {
         if req.prompts.is_empty() || req.g == 0 {
             return Ok(Samples::default());
+        }
+        if cfg!(target_arch = "wasm32") && req.verify.is_none() {
+            // Evaluation draws (pass@k) in a browser, where a read-back cannot be waited for:
+            // the same sampler on the host, on the weights the last iteration read back.
+            return self.sample_on_host(req);
         }
         let r = self.record_rollout(req, req.verify)?;
         let (reads, b, g, verified) = (r.reads.clone(), r.b, r.g, r.verified);
@@ -1566,6 +1677,34 @@ impl WgslLectureEngine {
         Ok(self.take_steps(&out, &base, tokens, count))
     }
 
+    /// `req` sampled on the host: the fused CPU forward on the weights the host holds, then
+    /// the Rust sampler the kernel is held equal to.
+    fn sample_on_host(&mut self, req: &SampleRequest) -> Result<Samples, EngineError> {
+        let mut host = self.host.clone();
+        self.load_host(&mut host)?;
+        let (b, g, n, v) = (req.prompts.len(), req.g, self.n, self.vocab);
+        let flat: Vec<u32> = req.prompts.iter().flat_map(|p| p.iter().copied()).collect();
+        if flat.len() != b * n {
+            return Err(kerr(
+                "prompts",
+                format!("every prompt must have {n} tokens"),
+            ));
+        }
+        self.check_tokens(&flat, "prompts")?;
+        let logits = host.logits(&flat);
+        let tokens = crate::objective::sampling::sample_independent(
+            &logits, b, n, v, g, req.params, req.seed, req.stream,
+        );
+        let greedy = crate::objective::sampling::argmax_rows(&logits, v);
+        Ok(Samples {
+            rows: tokens.chunks(n).map(|c| c.to_vec()).collect(),
+            closed: vec![true; b * g],
+            scores: None,
+            greedy: Some(greedy.chunks(n).map(|c| c.to_vec()).collect()),
+            logp: None,
+        })
+    }
+
     /// The step parameters of one iteration's optimizer steps (Adam's bias corrections are
     /// per step: [`Self::record_steps`]).
     fn step_base(
@@ -1855,8 +1994,23 @@ impl WgslLectureEngine {
 
     /// A whole iteration in one submission: the rollout, verifying and every advantage mode,
     /// the driving mode's advantages copied into place, then `mu` optimizer steps; one
-    /// read-back of everything.
+    /// read-back of everything. Natively it waits for it; in a browser it answers
+    /// [`EngineError::Pending`] until the read-back has arrived (the same request again
+    /// collects it).
     fn run_iteration(&mut self, req: &IterationRequest) -> Result<IterationOutput, EngineError> {
+        let key = iteration_key(req);
+        if let Some(f) = self.in_flight.take() {
+            if f.key == key {
+                if !f.staged.is_ready() {
+                    self.in_flight = Some(f);
+                    return Err(EngineError::Pending);
+                }
+                let out = f.staged.read()?;
+                return Ok(self.finish_iteration(&out, &f.shape));
+            }
+            // Another request than the one in flight (a run reset meanwhile): that one's
+            // results are dropped.
+        }
         let (b, g, n) = (req.sample.prompts.len(), req.sample.g, self.n);
         if b == 0 || g == 0 || req.mu == 0 {
             return Err(kerr("iteration", "needs prompts, responses and μ ≥ 1"));
@@ -1884,27 +2038,43 @@ impl WgslLectureEngine {
         });
         let base = self.step_base(&l, &req.loss, req.temperature, req.lr, req.max_grad_norm);
         self.record_steps(&mut r.rec, &base, &l, b, req.mu);
-        let tokens = b * g * n;
         let mut reads = r.reads.clone();
         reads.extend([
             (Reads::Work, l.sums, 8 * req.mu),
             (Reads::Work, l.logp, req.logp_rows.min(b * g) * n),
             (Reads::Model, 0, self.params),
         ]);
+        let shape = IterationShape {
+            b,
+            g,
+            verified: r.verified,
+            base,
+            mu: req.mu,
+        };
         let (slots, ops) = (r.rec.slots, r.rec.ops);
-        let out = self.submit(&slots, ops, &reads)?;
-        let (samples, ref_logp) = self.take_rollout(&out, b, g, r.verified);
-        let steps = self.take_steps(&out, &base, tokens, req.mu);
+        let staged = self.submit_staged(&slots, ops, &reads)?;
+        if cfg!(target_arch = "wasm32") {
+            self.in_flight = Some(InFlight { key, staged, shape });
+            return Err(EngineError::Pending);
+        }
+        let out = staged.wait(&self.ctx)?;
+        Ok(self.finish_iteration(&out, &shape))
+    }
+
+    /// An iteration's outputs from its read-backs.
+    fn finish_iteration(&mut self, out: &[Vec<u8>], s: &IterationShape) -> IterationOutput {
+        let (samples, ref_logp) = self.take_rollout(out, s.b, s.g, s.verified);
+        let steps = self.take_steps(out, &s.base, s.b * s.g * self.n, s.mu);
         // The device's advantages, log π_old and log π_ref are this iteration's; the host's
         // copies of them are not kept, so a later step uploads its own.
         self.dev_adv.clear();
         self.dev_old.clear();
         self.dev_ref.clear();
-        Ok(IterationOutput {
+        IterationOutput {
             samples,
             ref_logp,
             steps,
-        })
+        }
     }
 
     /// One optimizer step's dispatches: forward → per-token loss and derivative → backward →
@@ -2038,15 +2208,15 @@ impl WgslLectureEngine {
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("wgsl_lecture.read_model"),
         });
+        if cfg!(target_arch = "wasm32") {
+            return Err(EngineError::Unsupported(
+                "reading the WGSL engine's weights back blocks, which a browser cannot".into(),
+            ));
+        }
         encoder.copy_buffer_to_buffer(&self.model, 0, &staging, 0, bytes);
         self.ctx.queue.submit([encoder.finish()]);
         self.count_submission();
-        let out = read_staging(
-            &self.ctx,
-            &staging,
-            bytes,
-            &[(Reads::Work, 0, copies * self.params)],
-        )?;
+        let out = Staged::map(staging, bytes, vec![copies * self.params]).wait(&self.ctx)?;
         Ok(f32s(&out[0]))
     }
 
@@ -2464,17 +2634,12 @@ impl KernelHarness {
             offset += (len * 4) as u64;
         }
         ctx.queue.submit([encoder.finish()]);
-        if let Some(Some(error)) = crate::gpu::context::block_on_ready(scope.pop()) {
+        if let Some(error) = crate::gpu::context::scope_error(scope.pop()) {
             return Err(EngineError::Kernel(KernelError::Readback(
                 error.to_string(),
             )));
         }
-        let reads = [
-            (Reads::Work, 0, lens[0]),
-            (Reads::Work, 0, lens[1]),
-            (Reads::Ints, 0, lens[2]),
-        ];
-        let out = read_staging(ctx, &staging, total, &reads)?;
+        let out = Staged::map(staging, total, lens.to_vec()).wait(ctx)?;
         Ok(reference::Buffers {
             model: f32s(&out[0]),
             work: f32s(&out[1]),

@@ -55,8 +55,14 @@ impl AdapterSummary {
     fn of(adapter: &wgpu::Adapter) -> Self {
         let info = adapter.get_info();
         let limits = adapter.limits();
+        // A browser does not name its WebGPU adapter.
+        let name = if info.name.is_empty() {
+            format!("an unnamed {:?} adapter", info.backend)
+        } else {
+            info.name
+        };
         Self {
-            name: info.name,
+            name,
             backend: format!("{:?}", info.backend),
             device_type: format!("{:?}", info.device_type),
             driver: format!("{} {}", info.driver, info.driver_info)
@@ -179,6 +185,13 @@ impl Compute {
         let software = adapters
             .iter()
             .find(|a| a.get_info().device_type == wgpu::DeviceType::Cpu);
+        // A browser offers one WebGPU adapter, whatever kind it says it is (headless Chromium's
+        // SwiftShader calls itself a CPU): `gpu` and `software` both take it there.
+        #[cfg(target_arch = "wasm32")]
+        let (hardware, software) = {
+            let any = adapters.first();
+            (hardware.or(any), software.or(any))
+        };
         let adapter = match choice {
             DeviceChoice::Gpu => hardware.ok_or_else(|| DeviceError::NoGpu { seen: seen() })?,
             DeviceChoice::Software => software.ok_or_else(|| DeviceError::NoSoftware {
@@ -196,12 +209,13 @@ impl Compute {
         #[cfg(target_arch = "wasm32")]
         {
             // The browser build leaves burn's wgpu backend out (~25 MB of wasm; its synchronous
-            // reads cannot run in a tab anyway): training there is on the CPU engines.
-            Err(DeviceError::Register {
-                adapter: gpu.summary.name.clone(),
-                reason:
-                    "the browser build trains on the CPU engines; burn's wgpu backend is not in it"
-                        .into(),
+            // reads cannot run in a tab anyway): the WGSL lecture engine trains on WebGPU, and
+            // burn (the cold start, configs that engine does not cover) on its CPU backend.
+            let label = format!("webgpu ({}, {})", gpu.summary.name, gpu.summary.device_type);
+            Ok(Self {
+                device: Device::flex(),
+                gpu: Some(Arc::new(gpu)),
+                label,
             })
         }
         #[cfg(not(target_arch = "wasm32"))]
@@ -238,6 +252,28 @@ impl Compute {
 fn cache() -> &'static Mutex<HashMap<DeviceChoice, Compute>> {
     static CACHE: OnceLock<Mutex<HashMap<DeviceChoice, Compute>>> = OnceLock::new();
     CACHE.get_or_init(Default::default)
+}
+
+/// The validation error a device reports for the work recorded since its error scope was
+/// pushed (`pop`, the scope's pop): natively at once; in a browser, where it is a promise,
+/// `None` now and the error in the console when it comes.
+pub(crate) fn scope_error<F>(pop: F) -> Option<wgpu::Error>
+where
+    F: Future<Output = Option<wgpu::Error>> + 'static,
+{
+    #[cfg(all(target_arch = "wasm32", feature = "web"))]
+    {
+        wasm_bindgen_futures::spawn_local(async move {
+            if let Some(e) = pop.await {
+                log::error!("the device refused a submission: {e}");
+            }
+        });
+        None
+    }
+    #[cfg(not(all(target_arch = "wasm32", feature = "web")))]
+    {
+        block_on_ready(pop).flatten()
+    }
 }
 
 /// Wait for a wgpu future that native backends resolve at once. With `native`, pollster

@@ -180,8 +180,10 @@ impl Trainer {
         let a = &cfg.algorithm;
         let g = a.num_generations;
         let iteration = self.iteration;
-        let accuracy_heldout = self.heldout_accuracy()?;
-        let pass = self.pass_at_k(iteration)?;
+        let (accuracy_heldout, pass) = match self.pre_eval.take() {
+            Some((it, accuracy, pass)) if it == iteration => (accuracy, pass),
+            _ => (self.heldout_accuracy()?, self.pass_at_k(iteration)?),
+        };
         laps.lap(&mut self.timings.evaluation);
         let prompts: Vec<&[u32]> = indices
             .iter()
@@ -192,7 +194,7 @@ impl Trainer {
             .position(|m| *m == a.advantage)
             .unwrap_or(0);
         let logged = indices.len().min(cfg.run.log_groups);
-        let out = self.engine.iteration(&IterationRequest {
+        let asked = self.engine.iteration(&IterationRequest {
             sample: SampleRequest {
                 prompts: &prompts,
                 g,
@@ -210,7 +212,16 @@ impl Trainer {
             max_grad_norm: cfg.optimizer.max_grad_norm as f32,
             mu: a.mu,
             logp_rows: logged * g,
-        })?;
+        });
+        let out = match asked {
+            // Still on the device (a browser): keep the evaluation for the same request on
+            // a later frame.
+            Err(crate::engine::EngineError::Pending) => {
+                self.pre_eval = Some((iteration, accuracy_heldout, pass));
+                return Err(crate::engine::EngineError::Pending.into());
+            }
+            other => other?,
+        };
         // The steps are most of it: the whole submission counts as step time.
         laps.lap(&mut self.timings.step);
         let incomplete = |what: &str| {

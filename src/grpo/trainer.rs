@@ -40,6 +40,14 @@ pub enum TrainError {
     ConfigChanged(String),
 }
 
+impl TrainError {
+    /// The device has not answered yet (a browser): the same step, asked again on a later
+    /// frame, goes on where this one stopped.
+    pub fn is_pending(&self) -> bool {
+        matches!(self, TrainError::Engine(EngineError::Pending))
+    }
+}
+
 /// Wall time spent in each part of the loop since the last reset (for `grpo-lab bench`).
 /// On a wgpu device work is asynchronous: a part's time includes waiting for earlier work
 /// at its first read-back.
@@ -113,6 +121,9 @@ pub struct Trainer {
     /// The rest of the iteration's optimizer steps, when the engine took them in one go
     /// (`Engine::batches_steps`), handed out one per `step`.
     pub(super) pending: std::collections::VecDeque<crate::engine::StepOutput>,
+    /// This iteration's held-out evaluation while its whole-iteration submission is still on
+    /// the device (a browser asks again on the next frame): `(iteration, accuracy, pass@k)`.
+    pub(super) pre_eval: Option<(usize, Option<f32>, Option<super::record::PassAtK>)>,
     pub(super) last_reward_mean: f32,
     /// Responses sampled so far (dynamic sampling's redraws included).
     pub(super) rollouts: usize,
@@ -151,6 +162,7 @@ impl Trainer {
             global_step: 0,
             frozen: None,
             pending: Default::default(),
+            pre_eval: None,
             last_reward_mean: f32::NAN,
             rollouts: 0,
             critic: None,
