@@ -10,22 +10,70 @@
 // B prompts of n tokens, G responses each, vocabulary V, width D; rows = B·n
 // (prompt, position) pairs; tokens = B·G·n.
 //
+//   gather_enc   [B·⌈D/4⌉]  enc[b] = Σ_p T_p[x_bp]                     (T = [V, n·D])
 //   row_stats    [rows]     log Z of softmax(logits/T) per row, and its entropy
 //   gather_logp  [tokens]   log π of each token → work[out]
 //   row_step     [rows]     per row: log Z and the entropy; per token of the row log π, ρ,
 //                           the loss term, KL and clip flags (summed over the row into the
 //                           stats channels) and coef = (∂term/∂logπ + β·∂KL/∂logπ) · w / T;
 //                           then dlogits = Σ_g coef·(onehot − softmax)
+//   scatter_dt   [n·D]      dT_p = Σ_b onehot(x_bp) ⊗ d_enc[b], gather_enc's backward
 //   argmax       [rows]     greedy token per row (first maximum)
 //   reduce_partial / reduce_final: deterministic two-level sums of channels
+//   adam         [⌈P/4⌉]    grad-norm clip and Adam, as burn's
 //   copy_ref     [P]        reference ← policy
-// (`copy_ref` finds the policy's weights at model[w_off ..]: 0 in the engine.) The gather,
-// its backward and Adam are in lecture_vec.wgsl (four floats at a time).
+// (`adam` and `copy_ref` find the policy's weights at model[w_off ..]: 0 in the engine.)
 
+struct Lp {
+    b: u32, g: u32, n: u32, v: u32,
+    d: u32, tokens: u32, rows: u32, count: u32,
+    w_off: u32, t_off: u32, m_off: u32, enc_off: u32,
+    logits_off: u32, logz_off: u32, ent_off: u32, adv_off: u32,
+    out_off: u32, coef_off: u32, stats_off: u32, dl_off: u32,
+    denc_off: u32, dt_off: u32, grad_off: u32, part_off: u32,
+    sums_off: u32, src_off: u32, i_prompts: u32, i_tokens: u32,
+    i_greedy: u32, p_count: u32, am_off: u32, av_off: u32,
+    ref_off: u32, old_off: u32, rf_off: u32, mode: u32,
+    estimator: u32, kl_on: u32, square: u32, chunk: u32,
+    nchunks: u32, channels: u32, _u0: u32, _u1: u32,
+    inv_t: f32, cw: f32, beta: f32, lo: f32,
+    hi: f32, lr: f32, b1: f32, b2: f32,
+    eps: f32, bc2: f32, factor: f32, max_norm: f32,
+}
+
+@group(0) @binding(0) var<uniform> lp: Lp;
 @group(0) @binding(1) var<storage, read_write> model: array<f32>;
 @group(0) @binding(2) var<storage, read_write> work: array<f32>;
 @group(0) @binding(3) var<storage, read_write> ints: array<u32>;
 
+
+@compute @workgroup_size(64)
+fn gather_enc(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    // Four consecutive columns of one prompt per invocation (the last quad of a row may be
+    // short): a quarter of the workgroups.
+    let dq = (lp.d + 3u) / 4u;
+    let q = flat_index(gid, nwg);
+    if (q >= lp.b * dq) { return; }
+    let b = q / dq;
+    let j0 = (q % dq) * 4u;
+    let nd = lp.n * lp.d;
+    var acc = vec4<f32>(0.0);
+    let jl = lp.d - 1u;
+    for (var p = 0u; p < lp.n; p++) {
+        let at = lp.t_off + ints[lp.i_prompts + b * lp.n + p] * nd + p * lp.d;
+        acc += vec4<f32>(
+            work[at + j0],
+            work[at + min(j0 + 1u, jl)],
+            work[at + min(j0 + 2u, jl)],
+            work[at + min(j0 + 3u, jl)],
+        );
+    }
+    let out = lp.enc_off + b * lp.d + j0;
+    work[out] = acc.x;
+    if (j0 + 1u < lp.d) { work[out + 1u] = acc.y; }
+    if (j0 + 2u < lp.d) { work[out + 2u] = acc.z; }
+    if (j0 + 3u < lp.d) { work[out + 3u] = acc.w; }
+}
 
 @compute @workgroup_size(64)
 fn row_stats(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -132,6 +180,23 @@ fn row_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     }
 }
 
+// The backward of gather_enc: dT_p[u] = Σ_b [x_bp = u] · d_enc[b], per (position p, column
+// j) one invocation walking the B prompts in order (a scatter without races: the column
+// (p, j) of dT is this invocation's alone). B·n·D adds where the one-hot product takes V×.
+@compute @workgroup_size(64)
+fn scatter_dt(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    let nd = lp.n * lp.d;
+    if (i >= nd) { return; }
+    let p = i / lp.d;
+    let j = i % lp.d;
+    for (var u = 0u; u < lp.v; u++) { work[lp.dt_off + u * nd + i] = 0.0; }
+    for (var b = 0u; b < lp.b; b++) {
+        let at = lp.dt_off + ints[lp.i_prompts + b * lp.n + p] * nd + i;
+        work[at] = work[at] + work[lp.denc_off + b * lp.d + j];
+    }
+}
+
 @compute @workgroup_size(64)
 fn argmax(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let r = flat_index(gid, nwg);
@@ -181,6 +246,31 @@ fn reduce_final(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     for (var i = lid; i < lp.nchunks; i += 256u) { acc += work[lp.part_off + wid.y * lp.nchunks + i]; }
     let total = workgroup_sum(lid, acc);
     if (lid == 0u) { work[lp.sums_off + wid.y] = total; }
+}
+
+// Grad-norm clip, then Adam as burn's: m̂/(√v + ε·√(1−β2^t)) · √(1−β2^t)/(1−β1^t)
+// (engine::fused_lecture's step). The squared norm is work[sums_off + 6].
+@compute @workgroup_size(64)
+fn adam(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    // Four consecutive parameters per invocation (a quarter of the workgroups: lavapipe pays
+    // per workgroup).
+    let i0 = flat_index(gid, nwg) * 4u;
+    if (i0 >= lp.p_count) { return; }
+    let norm = sqrt(work[lp.sums_off + 6u]);
+    var scale = 1.0;
+    if (lp.max_norm > 0.0 && norm > lp.max_norm) { scale = lp.max_norm / norm; }
+    for (var e = 0u; e < 4u; e++) {
+        let i = i0 + e;
+        if (i < lp.p_count) {
+            let gs = work[lp.grad_off + i] * scale;
+            let m = model[lp.am_off + i] * lp.b1 + gs * (1.0 - lp.b1);
+            let v = model[lp.av_off + i] * lp.b2 + gs * gs * (1.0 - lp.b2);
+            model[lp.am_off + i] = m;
+            model[lp.av_off + i] = v;
+            let update = m * lp.factor / (sqrt(v) + lp.eps * lp.bc2);
+            model[lp.w_off + i] = model[lp.w_off + i] - update * lp.lr;
+        }
+    }
 }
 
 @compute @workgroup_size(64)

@@ -41,8 +41,22 @@ pub enum Event {
 /// memory check a run makes; the reason, when not.
 pub(crate) fn start_trainer(config: &RunConfig) -> Result<Trainer, String> {
     crate::train::run::check_memory(config).map_err(|e| e.to_string())?;
-    let (compute, why) =
-        crate::engine::select(config.run.device, config).map_err(|e| e.to_string())?;
+    let selected = crate::engine::select(config.run.device, config);
+    // In a browser the WebGPU adapter opens asynchronously: start opening it, and the run
+    // starts when asked again.
+    #[cfg(all(target_arch = "wasm32", feature = "web"))]
+    if let Err(crate::gpu::DeviceError::Pending) = &selected {
+        let (choice, _) = crate::engine::resolve(config.run.device, config);
+        wasm_bindgen_futures::spawn_local(async move {
+            if let Err(e) = crate::gpu::Compute::select_async(choice).await {
+                log::error!("{e}");
+            }
+        });
+        return Err(
+            "opening the browser's WebGPU adapter: ⟲ Reset in a moment starts the run on it".into(),
+        );
+    }
+    let (compute, why) = selected.map_err(|e| e.to_string())?;
     log::info!("{why}");
     Trainer::new(config.clone(), compute).map_err(|e| e.to_string())
 }

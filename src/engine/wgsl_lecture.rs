@@ -46,8 +46,6 @@ const COMMON: &str = include_str!("../../shaders/common.wgsl");
 const SAMPLE: &str = include_str!("../../shaders/sample.wgsl");
 const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
 const STEP: &str = include_str!("../../shaders/lecture_step.wgsl");
-const VEC: &str = include_str!("../../shaders/lecture_vec.wgsl");
-const PARAMS: &str = include_str!("../../shaders/lecture_params.wgsl");
 
 /// Dispatches in one optimizer step: forward (4), the per-row pass (log Z, per-token terms,
 /// dlogits), backward (7 products), two reductions (2 each), Adam.
@@ -213,8 +211,7 @@ impl Layout {
     fn new(b: usize, g: usize, v: usize, n: usize, d: usize, params: usize) -> Self {
         let (rows, tokens) = (b * n, b * g * n);
         let mut at = 0usize;
-        // Every region from a multiple of 4 elements (the vector paths of matmul.wgsl and
-        // lecture_vec.wgsl).
+        // Every region from a multiple of 4 elements (the vector paths of matmul.wgsl).
         let mut take = |len: usize| {
             let here = at;
             at = (at + len.max(1)).next_multiple_of(4);
@@ -320,18 +317,18 @@ impl MatmulKernel {
     }
 }
 
-const STEP_ENTRIES: [&str; 7] = [
+const STEP_ENTRIES: [&str; 10] = [
+    "gather_enc",
+    "scatter_dt",
     "row_stats",
     "gather_logp",
     "row_step",
     "argmax",
     "reduce_partial",
     "reduce_final",
+    "adam",
     "copy_ref",
 ];
-
-/// The entry points of lecture_vec.wgsl (four floats per invocation).
-const VEC_ENTRIES: [&str; 3] = ["gather_enc", "scatter_dt", "adam"];
 
 fn layout_entry(
     binding: u32,
@@ -412,8 +409,7 @@ impl Programs {
         };
         let matmul_src = MATMUL.replace("const WG: u32 = 8u;", &format!("const WG: u32 = {wg}u;"));
         let matmul_module = module("matmul.wgsl", matmul_src);
-        let step_module = module("lecture_step.wgsl", format!("{COMMON}\n{PARAMS}\n{STEP}"));
-        let vec_module = module("lecture_vec.wgsl", format!("{COMMON}\n{PARAMS}\n{VEC}"));
+        let step_module = module("lecture_step.wgsl", format!("{COMMON}\n{STEP}"));
         let sample_module = module("sample.wgsl", format!("{COMMON}\n{SAMPLE}"));
         let pipeline = |layout: &wgpu::PipelineLayout,
                         m: &wgpu::ShaderModule,
@@ -444,11 +440,6 @@ impl Programs {
         let step = STEP_ENTRIES
             .iter()
             .map(|e| (*e, pipeline(&main_layout, &step_module, e, &[])))
-            .chain(
-                VEC_ENTRIES
-                    .iter()
-                    .map(|e| (*e, pipeline(&main_layout, &vec_module, e, &[]))),
-            )
             .collect();
         let sample_pl = pipeline_layout(&sample_layout);
         let row_weights = pipeline(&sample_pl, &sample_module, "row_weights", &[]);
@@ -1285,10 +1276,19 @@ impl Staged {
 
     /// Wait for the device, then read (natively).
     fn wait(self, ctx: &GpuContext) -> Result<Vec<Vec<u8>>, EngineError> {
-        if !self.is_ready() {
+        // Another thread's poll on the same device may be the one running this mapping's
+        // callback: the device can be idle a moment before the flag is set.
+        let started = web_time::Instant::now();
+        while !self.is_ready() {
             ctx.device
                 .poll(wgpu::PollType::wait_indefinitely())
                 .map_err(|e| EngineError::Kernel(KernelError::Readback(e.to_string())))?;
+            if started.elapsed() > std::time::Duration::from_secs(600) {
+                break;
+            }
+            if !self.is_ready() {
+                std::thread::yield_now();
+            }
         }
         self.read()
     }
@@ -2119,7 +2119,7 @@ impl WgslLectureEngine {
             },
         );
         // enc[b] = Σ_p T_p[x_bp]: dT_p = onehot(x_p)ᵀ · d_enc, as a race-free scatter.
-        rec.step(p, "scatter_dt", base, n * d.div_ceil(4));
+        rec.step(p, "scatter_dt", base, n * d);
         // M_p = decode_p · Eᵀ: ∂decode_p = dM_p · E, ∂E = Σ_p dM_pᵀ · decode_p.
         rec.matmul(
             p,
