@@ -400,9 +400,10 @@ pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + S
 /// The device `--device auto` resolves to for a config, and why (one line). The rule, from the
 /// measurements in the README:
 /// - no hardware GPU: the CPU. Lavapipe (a CPU emulating a GPU) is never the default for
-///   training — it is 30–280× slower than the CPU engines; `--device software` still selects it.
+///   training — it is slower than the CPU engines at every measured size (the WGSL engine
+///   4–160×, burn's path 44–1500×); `--device software` still selects it.
 /// - a hardware GPU: the lecture model stays on the fused CPU step (0.01–0.9 ms per step on the
-///   presets). The WGSL engine (17 dispatches per step, two submissions per iteration) has been measured on
+///   presets). The WGSL engine (17 dispatches per step, one submission per iteration) has been measured on
 ///   lavapipe only, where the fused CPU step is faster at every preset shape; `auto` moves the
 ///   lecture model to it on a hardware GPU once `bench/gpu.sh` shows it winning there.
 ///   `run.engine = wgsl` asks for it (lavapipe without a hardware GPU);
