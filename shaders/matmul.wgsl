@@ -159,6 +159,9 @@ fn store_row(gi: u32, gj: u32, z: u32, acc: vec4<f32>) {
 // not an array: llvmpipe keeps an array indexed in a loop in memory (1.7× slower, measured).
 // Measured on lavapipe at the `scaled` shape: 2.5–4× the tiled kernel.
 const ROWS: u32 = 8u;
+// Invocations per workgroup of matmul_rows: lavapipe hands whole workgroups to its threads, so
+// small ones keep both busy on products of few blocks.
+const ROWS_WG: u32 = 16u;
 
 // acc + a.x·b0 + a.y·b1 + a.z·b2 + a.w·b3, in that order (four k of one row).
 fn fma4(a: vec4<f32>, b0: vec4<f32>, b1: vec4<f32>, b2: vec4<f32>, b3: vec4<f32>, acc: vec4<f32>) -> vec4<f32> {
@@ -172,14 +175,14 @@ fn b_quad(bk: u32, j: u32, j1: u32, j2: u32, j3: u32, vec_b: bool) -> vec4<f32> 
     return vec4<f32>(load_b(bk + j * mm.b_cs), load_b(bk + j1 * mm.b_cs), load_b(bk + j2 * mm.b_cs), load_b(bk + j3 * mm.b_cs));
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(ROWS_WG)
 fn matmul_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let reduce = (mm.flags & 2u) != 0u;
     var z = gid.z;
     var zs = 1u;
     if (reduce) { z = 0u; zs = mm.batch; }
     let nq = (mm.n + 3u) / 4u;
-    let idx = gid.x + gid.y * nwg.x * 64u;
+    let idx = gid.x + gid.y * nwg.x * ROWS_WG;
     if (idx >= ((mm.m + ROWS - 1u) / ROWS) * nq) { return; }
     let i0 = (idx / nq) * ROWS;
     let j = (idx % nq) * 4u;

@@ -302,6 +302,8 @@ pub enum MatmulKernel {
 
 /// Rows of C per invocation of `matmul_rows` (`ROWS` in matmul.wgsl).
 pub const MATMUL_ROWS: u32 = 8;
+/// Invocations per workgroup of `matmul_rows` (`ROWS_WG` in matmul.wgsl).
+const MATMUL_ROWS_WG: usize = 16;
 
 impl MatmulKernel {
     /// The kernel for an adapter: [`MatmulKernel::Rows`] on a CPU adapter.
@@ -1185,9 +1187,11 @@ impl Recorder {
                 batch,
             ),
             MatmulKernel::Rows => {
-                let (x, y, _) =
-                    grid_1d(mm.m.div_ceil(MATMUL_ROWS) as usize * mm.n.div_ceil(4) as usize);
-                (x, y, batch)
+                let groups = (mm.m.div_ceil(MATMUL_ROWS) as usize * mm.n.div_ceil(4) as usize)
+                    .div_ceil(MATMUL_ROWS_WG)
+                    .max(1);
+                let x = groups.min(65_535);
+                (x as u32, groups.div_ceil(x) as u32, batch)
             }
         };
         let slot = self.slots.len() as u32;
