@@ -401,7 +401,7 @@ pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + S
 /// measurements in the README:
 /// - no hardware GPU: the CPU. Lavapipe (a CPU emulating a GPU) is never the default for
 ///   training — it is slower than the CPU engines at every measured size (the WGSL engine
-///   4–160×, burn's path 44–1500×); `--device software` still selects it.
+///   4–120×, burn's path 44–1500×); `--device software` still selects it.
 /// - a hardware GPU: the lecture model stays on the fused CPU step (0.01–0.9 ms per step on the
 ///   presets). The WGSL engine (17 dispatches per step, one submission per iteration) has been measured on
 ///   lavapipe only, where the fused CPU step is faster at every preset shape; `auto` moves the
