@@ -358,7 +358,10 @@ fn the_wgsl_engine_trains_on_webgpu_in_the_tab() {
     let statuses: Vec<&String> = r.status.iter().map(|(_, s)| s).collect();
     // A browser without WebGPU at all (no adapter of any kind) cannot run this test.
     if r.errors.iter().any(|e| e.contains("adapters seen: none")) {
-        eprintln!("skipped: this Chromium offers no WebGPU adapter ({:?})", r.errors);
+        eprintln!(
+            "skipped: this Chromium offers no WebGPU adapter ({:?})",
+            r.errors
+        );
         return;
     }
     assert!(r.errors.is_empty(), "console errors: {:?}", r.errors);
