@@ -2003,17 +2003,17 @@ impl WgslLectureEngine {
     /// collects it).
     fn run_iteration(&mut self, req: &IterationRequest) -> Result<IterationOutput, EngineError> {
         let key = iteration_key(req);
-        if let Some(f) = self.in_flight.take() {
-            if f.key == key {
-                if !f.staged.is_ready() {
-                    self.in_flight = Some(f);
-                    return Err(EngineError::Pending);
-                }
-                let out = f.staged.read()?;
-                return Ok(self.finish_iteration(&out, &f.shape));
+        // Another request than the one in flight (a run reset meanwhile) drops that one's
+        // results.
+        if let Some(f) = self.in_flight.take()
+            && f.key == key
+        {
+            if !f.staged.is_ready() {
+                self.in_flight = Some(f);
+                return Err(EngineError::Pending);
             }
-            // Another request than the one in flight (a run reset meanwhile): that one's
-            // results are dropped.
+            let out = f.staged.read()?;
+            return Ok(self.finish_iteration(&out, &f.shape));
         }
         let (b, g, n) = (req.sample.prompts.len(), req.sample.g, self.n);
         if b == 0 || g == 0 || req.mu == 0 {
