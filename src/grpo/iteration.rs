@@ -283,7 +283,6 @@ impl Trainer {
             && !(a.kl_penalty == KlPenaltyMode::Reward && a.beta > 0.0)
             && a.advantage != AdvantageMode::Gae
             && !(b.std_without_eps || b.shared_reference || b.unfrozen_old_policy)
-            && self.pending.is_empty()
     }
 
     /// Greedy accuracy, the record's statistics and logged groups, and the frozen data of the
