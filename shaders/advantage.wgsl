@@ -1,4 +1,4 @@
-// Group statistics and every advantage mode in one pass (GRPO-SPEC §3). Reference: grpo::advantage.
+// Group statistics and every advantage mode in one pass (GRPO-SPEC §3). Reference: objective::advantage.
 //   batch_stats:      one workgroup reduces all B·G rewards to the batch mean and unbiased std;
 //   group_advantages: one invocation per group: mean, unbiased std, max, min, the zero-std
 //                     flag, and the advantage of each response under all six modes.

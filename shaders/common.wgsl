@@ -20,8 +20,7 @@ fn flat_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 }
 
 // The per-token GRPO objective (GRPO-SPEC §4), once for every kernel; reference:
-// objective::loss::reference (pg_term, kl_term). token_loss.wgsl logs with them and
-// lecture_step.wgsl trains with them.
+// objective::loss::reference (pg_term, kl_term). lecture_step.wgsl trains with them.
 // The policy-gradient term and its derivative with respect to log π: (term, ∂term/∂logπ)
 // for mode 0 naive, 1 unclipped, 2 clipped (clip range [lo, hi]).
 fn pg_term(mode: u32, a: f32, r: f32, l: f32, lo: f32, hi: f32) -> vec2<f32> {

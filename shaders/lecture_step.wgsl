@@ -1,8 +1,8 @@
 // The lecture model's GRPO step on the device, between the products of matmul.wgsl
 // (GRPO-SPEC §2 steps 5–6, §4). Reference: engine::wgsl_lecture::reference (one plain-Rust
 // function per entry point, the pieces of engine::fused_lecture's step). The per-token loss
-// and its derivative are common.wgsl's pg_term / kl_term (the formulas token_loss.wgsl logs
-// with; reference: objective::loss::reference).
+// and its derivative are common.wgsl's pg_term / kl_term (reference:
+// objective::loss::reference).
 //
 // Every float lives in one of two buffers: `model` (weights, the reference copy, Adam's
 // moments) and `work` (activations, per-token terms, gradients, sums), at the element

@@ -1,5 +1,5 @@
 // Categorical sampling with temperature, top-k and top-p (GRPO-SPEC §2, step 2).
-// Reference: grpo::sampling (token_weights, draw). Two passes:
+// Reference: objective::sampling (token_weights, draw). Two passes:
 //   row_weights: one invocation per (prompt, position) row of logits [B, T, V] writes the
 //                unnormalised weights exp(l/T − max) of the kept tokens (0 for dropped ones);
 //   draw:        one invocation per (prompt, response, position) draws by inverse CDF with a

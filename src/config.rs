@@ -1251,8 +1251,6 @@ impl RunConfig {
         Ok(())
     }
 
-    /// The longest response in tokens: `n` for the lecture model, `task.max_len` (0 = n + 1)
-    /// for the transformer.
     /// The dotted keys whose values differ between two configs (`algorithm.mu`, …).
     pub fn differing_keys(&self, other: &RunConfig) -> Vec<String> {
         fn walk(prefix: &str, a: &toml::Value, b: Option<&toml::Value>, out: &mut Vec<String>) {
@@ -1280,6 +1278,18 @@ impl RunConfig {
         out
     }
 
+    /// The resume rule, one for every resume (`train --resume`, a checkpoint loaded): a resumed
+    /// run is the same run, where only `run.iterations` may change (to extend it). The keys of
+    /// `new` that break it; empty when `new` may continue a run recorded as `self`.
+    pub fn changed_for_resume(&self, new: &RunConfig) -> Vec<String> {
+        self.differing_keys(new)
+            .into_iter()
+            .filter(|k| k != "run.iterations")
+            .collect()
+    }
+
+    /// The longest response in tokens: `n` for the lecture model, `task.max_len` (0 = n + 1)
+    /// for the transformer.
     pub fn max_len(&self) -> usize {
         match (self.model.kind, self.task.max_len) {
             (ModelKind::Lecture, _) => self.task.n,

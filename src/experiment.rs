@@ -43,6 +43,8 @@ pub enum ExperimentError {
     },
     #[error("run {dir}: {reason}")]
     Run { dir: String, reason: String },
+    #[error(transparent)]
+    Lock(#[from] crate::train::LockError),
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -840,6 +842,26 @@ fn run_dir(out: &Path, cell: &Cell, seed: u64) -> PathBuf {
     out.join("runs").join(format!("{}__seed{seed}", cell.slug))
 }
 
+/// One writer per `--out` (and, inside, per cell: `train::run` locks each cell's directory);
+/// with `--force`, the finished runs go, but not from under a writer still busy in one of them
+/// (a `train --resume` there).
+fn take_out(opts: &CompareOptions) -> Result<train::RunLock, ExperimentError> {
+    let lock = train::RunLock::acquire(&opts.out)?;
+    if opts.force {
+        let runs = opts.out.join("runs");
+        let cell_locks = std::fs::read_dir(&runs)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.join(train::lock::LOCK_FILE).exists())
+            .map(|p| train::RunLock::acquire(&p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let _ = std::fs::remove_dir_all(&runs);
+        drop(cell_locks);
+    }
+    Ok(lock)
+}
+
 /// Run every (cell, seed), skipping those already complete, then summarise.
 pub fn run_matrix(
     matrix: &Matrix,
@@ -856,9 +878,7 @@ pub fn run_matrix(
         c.config.run.device = opts.device;
         c.config.run.log_groups = c.config.run.log_groups.min(4);
     }
-    if opts.force {
-        let _ = std::fs::remove_dir_all(opts.out.join("runs"));
-    }
+    let _lock = take_out(opts)?;
     // Plan: which runs are done, which need running; refuse mixed configs up front.
     let mut todo = Vec::new();
     let mut skipped = 0;
@@ -940,6 +960,7 @@ pub fn run_matrix(
                             progress: false,
                             sender: None,
                             charts: false,
+                            lock: None,
                         },
                     );
                     match result {

@@ -480,6 +480,52 @@ fn open_device_for(choice: DeviceChoice, config: &RunConfig) -> Result<Compute> 
     Ok(compute)
 }
 
+/// The config a `--resume` goes on with: the recorded one, where only `--set
+/// run.iterations=N` may change it (the resume rule, `RunConfig::changed_for_resume`).
+fn resumed_config(c: &ConfigArgs, out: &std::path::Path) -> Result<RunConfig> {
+    let stored = out.join("config.toml");
+    if !stored.exists() {
+        return Err(user(format!(
+            "--resume: {} holds no run (no config.toml)",
+            out.display()
+        )));
+    }
+    let refused: Vec<&str> = [
+        ("--preset", c.preset.is_some()),
+        ("--config", c.config.is_some()),
+        ("--seed", c.seed.is_some()),
+        ("--kernels", c.kernels.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(flag, given)| given.then_some(flag))
+    .collect();
+    if !refused.is_empty() {
+        return Err(user(format!(
+            "--resume continues the run as recorded; {} would change it (start a new run with --out, or extend this one with --set run.iterations=N)",
+            refused.join(", ")
+        )));
+    }
+    let stored = RunConfig::from_file(&stored).map_err(user)?;
+    let wanted = stored.with_overrides(&c.sets).map_err(user)?;
+    let changed = stored.changed_for_resume(&wanted);
+    if !changed.is_empty() {
+        return Err(user(format!(
+            "--resume: `--set {}` would change the run ({}); only --set run.iterations=N (to extend it) may",
+            c.sets.join(" --set "),
+            changed.join(", ")
+        )));
+    }
+    Ok(wanted)
+}
+
+/// The run directory's lock (a second writer is the user's error: exit 2, the holder named).
+fn lock_run_dir(out: &std::path::Path) -> Result<train::RunLock> {
+    train::RunLock::acquire(out).map_err(|e| match e {
+        train::LockError::Held { .. } => user(e),
+        e => e.into(),
+    })
+}
+
 fn train_cmd(args: TrainArgs) -> Result<()> {
     if args.dry_run && args.resume.is_none() {
         let config = build_config(&args.config)?;
@@ -510,43 +556,20 @@ fn train_cmd(args: TrainArgs) -> Result<()> {
         (None, None) => return Err(user("give --out DIR for the run's files")),
     };
     let resume = resume_dir.is_some();
+    // One writer per run directory: a directory that exists is locked before anything in it is
+    // read, so a second writer is refused naming the first (before a device is opened); a new
+    // one once the config is known to be valid and to fit in memory, so a refused config
+    // creates nothing.
+    let early_lock = out.is_dir().then(|| lock_run_dir(&out)).transpose()?;
     let config = if resume {
-        let stored = out.join("config.toml");
-        if !stored.exists() {
-            return Err(user(format!(
-                "--resume: {} holds no run (no config.toml)",
-                out.display()
-            )));
-        }
-        let c = &args.config;
-        let refused: Vec<&str> = [
-            ("--preset", c.preset.is_some()),
-            ("--config", c.config.is_some()),
-            ("--seed", c.seed.is_some()),
-            ("--kernels", c.kernels.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(flag, given)| given.then_some(flag))
-        .collect();
-        if !refused.is_empty() {
-            return Err(user(format!(
-                "--resume continues the run as recorded; {} would change it (start a new run with --out, or extend this one with --set run.iterations=N)",
-                refused.join(", ")
-            )));
-        }
-        if let Some(bad) = c.sets.iter().find(|s| {
-            s.split_once('=')
-                .is_none_or(|(k, _)| k.trim() != "run.iterations")
-        }) {
-            return Err(user(format!(
-                "--resume: `--set {bad}` would change the run; only --set run.iterations=N (to extend it) is allowed"
-            )));
-        }
-        RunConfig::from_file(&stored)
-            .and_then(|stored| stored.with_overrides(&c.sets))
-            .map_err(user)?
+        resumed_config(&args.config, &out)?
     } else {
         build_config(&args.config)?
+    };
+    train::run::check_memory(&config).map_err(user)?;
+    let lock = match early_lock {
+        Some(lock) => lock,
+        None => lock_run_dir(&out)?,
     };
     let compute = open_device_for(args.config.device.unwrap_or(config.run.device), &config)?;
     eprintln!(
@@ -568,6 +591,7 @@ fn train_cmd(args: TrainArgs) -> Result<()> {
             progress: !args.quiet,
             sender: None,
             charts: true,
+            lock: Some(lock),
         },
     )
     .map_err(|e| if e.is_user_error() { user(e) } else { e.into() })?;
@@ -841,6 +865,9 @@ fn compare_cmd(a: CompareArgs) -> Result<()> {
         grpo_lab::experiment::ExperimentError::DifferentConfig { .. }
         | grpo_lab::experiment::ExperimentError::Duplicate(_)
         | grpo_lab::experiment::ExperimentError::ZeroIterations
+        | grpo_lab::experiment::ExperimentError::Lock(grpo_lab::train::LockError::Held {
+            ..
+        })
         | grpo_lab::experiment::ExperimentError::Config(_) => user(e),
         e => e.into(),
     })?;

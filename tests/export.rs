@@ -458,3 +458,215 @@ fn python_checks_where_python_is_present() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// The TRL export runs as written on a machine without a GPU: a tiny local model made with
+/// `transformers` (bench/reference/tiny_model.py, no download), then `train_trl.py` for two
+/// optimizer steps in TRL, as the README says. Skipped, with a line saying so, where `trl` does
+/// not import (CI has no Python packages: this never stands in its way).
+#[test]
+fn the_trl_export_trains_two_steps_on_a_cpu_where_trl_imports() {
+    let py = match framework_python("TRL", "trl, transformers, datasets, torch") {
+        Ok(py) => py,
+        Err(why) => {
+            eprintln!("skipping the TRL run: {why} (pip install \"trl==1.9.0\" datasets)");
+            return;
+        }
+    };
+    let out = temp_dir("export-trl-run");
+    let o = grpo_lab(&[
+        "export",
+        "--to",
+        "trl",
+        "--preset",
+        "random-sort",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let maker = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/reference/tiny_model.py");
+    let cpu_only = |c: &mut Command| {
+        c.current_dir(&out)
+            .env("CUDA_VISIBLE_DEVICES", "")
+            .env("HF_HUB_OFFLINE", "1")
+            .env("TRANSFORMERS_OFFLINE", "1");
+    };
+    let mut make = Command::new(&py);
+    make.args([maker, "tiny-model"]);
+    cpu_only(&mut make);
+    let o = make.output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut train = Command::new(&py);
+    train.args([
+        "train_trl.py",
+        "--model",
+        "tiny-model",
+        "--max-steps",
+        "2",
+        "--output-dir",
+        "trl-out",
+    ]);
+    cpu_only(&mut train);
+    let o = train.output().unwrap();
+    let all = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+    assert!(o.status.success(), "train_trl.py failed:\n{all}");
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("trl-out/checkpoint-2/trainer_state.json"))
+            .unwrap_or_else(|e| panic!("no checkpoint of step 2 ({e}):\n{all}")),
+    )
+    .unwrap();
+    assert_eq!(state["global_step"], 2, "{state}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// The Python for one framework: `GRPO_LAB_<NAME>_PYTHON`, else `GRPO_LAB_PYTHON`, else
+/// `python3` (verl 0.7 pins `transformers<5`, TRL 1.9 wants 5: two environments are usual).
+fn framework_python(name: &str, modules: &str) -> Result<String, String> {
+    let py = std::env::var(format!("GRPO_LAB_{name}_PYTHON"))
+        .or_else(|_| std::env::var("GRPO_LAB_PYTHON"))
+        .unwrap_or_else(|_| "python3".into());
+    match Command::new(&py)
+        .args(["-c", &format!("import {modules}")])
+        .output()
+    {
+        Ok(o) if o.status.success() => Ok(py),
+        Ok(o) => Err(format!(
+            "{py} cannot import {modules} ({})",
+            stderr(&o).lines().last().unwrap_or("")
+        )),
+        Err(e) => Err(format!("no {py}: {e}")),
+    }
+}
+
+/// A directory whose `python3` is `py` (the exported shell scripts call `python3`).
+#[cfg(unix)]
+fn python3_dir(py: &str, name: &str, body: Option<&str>) -> std::path::PathBuf {
+    let dir = temp_dir(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let shim = dir.join("python3");
+    let script = match body {
+        Some(body) => format!("#!/bin/sh\n{body}\n"),
+        None => format!("#!/bin/sh\nexec '{py}' \"$@\"\n"),
+    };
+    std::fs::write(&shim, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+#[cfg(unix)]
+fn path_with(dir: &std::path::Path) -> String {
+    format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// verl without a GPU: `run_verl.sh --cfg job` composes main_ppo's Hydra config with every
+/// exported override (an unknown key or a bad value fails there) and prints it. Skipped where
+/// verl does not import.
+#[cfg(unix)]
+#[test]
+fn the_verl_export_composes_in_verl_where_verl_imports() {
+    let py = match framework_python("VERL", "verl.trainer.main_ppo") {
+        Ok(py) => py,
+        Err(why) => {
+            eprintln!("skipping the verl check: {why} (pip install \"verl==0.7.0\")");
+            return;
+        }
+    };
+    let out = temp_dir("export-verl-run");
+    let o = grpo_lab(&[
+        "export",
+        "--to",
+        "verl",
+        "--preset",
+        "random-sort",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bin = python3_dir(&py, "verl-python", None);
+    let o = Command::new("bash")
+        .args([out.join("run_verl.sh").to_str().unwrap(), "--cfg", "job"])
+        .env("PATH", path_with(&bin))
+        .env("CUDA_VISIBLE_DEVICES", "")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{text}{}", stderr(&o));
+    for want in ["adv_estimator: grpo", "ppo_epochs: 4", "'n': 16"] {
+        assert!(
+            text.contains(want),
+            "the composed config lacks `{want}`:\n{text}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&bin);
+}
+
+/// OpenRLHF without a GPU: its `train_ppo_ray` imports Ray, DeepSpeed and vLLM before it parses
+/// anything, so the check runs the module's own argument parser (its `__main__` block up to
+/// `parse_args`, read from the installed package) on every flag `run_openrlhf.sh` passes: an
+/// unknown flag or a bad value fails as it would there. Skipped where openrlhf is not installed.
+#[cfg(unix)]
+#[test]
+fn the_openrlhf_export_parses_in_openrlhf_where_it_is_installed() {
+    // Installed, not imported (its package imports need a GPU stack).
+    let py = match framework_python(
+        "OPENRLHF",
+        "importlib.util as u; assert u.find_spec('openrlhf')",
+    ) {
+        Ok(py) => py,
+        Err(why) => {
+            eprintln!(
+                "skipping the OpenRLHF check: {why} (pip install --no-deps \"openrlhf==0.11.0\")"
+            );
+            return;
+        }
+    };
+    let out = temp_dir("export-openrlhf-run");
+    let o = grpo_lab(&[
+        "export",
+        "--to",
+        "openrlhf",
+        "--preset",
+        "random-sort",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let parse_only = r#"
+import ast, importlib.util, os, sys
+root = importlib.util.find_spec("openrlhf").submodule_search_locations[0]
+tree = ast.parse(open(os.path.join(root, "cli", "train_ppo_ray.py")).read())
+main = next(n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test))
+body = ast.parse("import argparse, os\nfrom datetime import datetime").body
+for st in main.body:
+    body.append(st)
+    if "parse_args" in ast.unparse(st):
+        break
+sys.argv = ["train_ppo_ray"] + sys.argv[1:]
+ns = {}
+exec(compile(ast.fix_missing_locations(ast.Module(body=body, type_ignores=[])), "train_ppo_ray", "exec"), ns)
+print("parsed", len(vars(ns["args"])), "settings")
+"#;
+    let script = out.join("parse_only.py");
+    std::fs::write(&script, parse_only).unwrap();
+    // `python3 -m openrlhf.cli.train_ppo_ray FLAGS`: the module's parser on FLAGS.
+    let body = format!(
+        "[ \"$1\" = -m ] && [ \"$2\" = openrlhf.cli.train_ppo_ray ] || exit 97\nshift 2\nexec '{py}' '{}' \"$@\"",
+        script.display()
+    );
+    let bin = python3_dir(&py, "openrlhf-python", Some(&body));
+    let o = Command::new("bash")
+        .arg(out.join("run_openrlhf.sh"))
+        .env("PATH", path_with(&bin))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{text}{}", stderr(&o));
+    assert!(text.contains("parsed "), "{text}");
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&bin);
+}

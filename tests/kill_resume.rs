@@ -2,7 +2,9 @@
 //! during the cold start — then `--resume`, again and again until the run completes: the
 //! result is the uninterrupted run's, `metrics.jsonl` (apart from wall-clock fields) and
 //! `summary.json` (apart from wall time) alike. 50 seeds of kill times on lecture17, 6 on a
-//! small transformer with a cold start.
+//! small transformer with a cold start. And one writer per run directory: a second writer
+//! (train, --force, --resume, compare) is refused while the first holds the directory, and a
+//! first writer killed with `kill -9` leaves no lock behind.
 
 mod common;
 
@@ -146,4 +148,172 @@ fn a_cold_start_killed_at_random_times_ends_as_the_uninterrupted_run() {
         ],
     );
     check(&args, 0..6, "transformer");
+}
+
+fn grpo(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_grpo-lab"));
+    c.args(args).stdin(Stdio::null());
+    c
+}
+
+/// Send a signal (`STOP`, `CONT`, `KILL`) to a process.
+fn signal(pid: u32, name: &str) {
+    let ok = Command::new("kill")
+        .args([format!("-{name}"), pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{name} {pid}");
+}
+
+/// Start `train` on `out` and freeze it (SIGSTOP) once it holds the directory's lock (its line,
+/// `pid N, ...`, is in the lock file) and `also` holds.
+fn start_frozen_writer(
+    args: &[String],
+    out: &Path,
+    also: impl Fn() -> bool,
+) -> std::process::Child {
+    let child = train(args, out, false).spawn().unwrap();
+    let pid = child.id();
+    let lock = out.join(grpo_lab::train::lock::LOCK_FILE);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !(std::fs::read_to_string(&lock).is_ok_and(|t| t.starts_with(&format!("pid {pid},")))
+        && also())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the first writer never took the lock"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    signal(pid, "STOP");
+    child
+}
+
+/// Every file under `dir` with its length and modification time.
+fn listing(dir: &Path) -> Vec<(std::path::PathBuf, u64, std::time::SystemTime)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().filter_map(Result::ok) {
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+            out.push((e.path(), m.len(), m.modified().unwrap()));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[cfg(unix)]
+#[test]
+fn a_second_writer_is_refused_naming_the_first_and_a_killed_writer_leaves_no_lock() {
+    let args = sets(
+        "lecture17",
+        &[
+            "run.iterations=60",
+            "run.checkpoint_every=7",
+            "task.heldout_size=4",
+        ],
+    );
+    let alone = temp_dir("writer-alone");
+    let o = train(&args, &alone, false).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let dir = temp_dir("writer-first");
+    // Frozen once it has written records, so the reader below has some to read.
+    let metrics = dir.join("metrics.jsonl");
+    let mut first = start_frozen_writer(&args, &dir, || {
+        std::fs::metadata(&metrics).is_ok_and(|m| m.len() > 0)
+    });
+    let pid = first.id();
+    let before = listing(&dir);
+    let d = dir.to_str().unwrap();
+    let mut new_run: Vec<&str> = vec!["train", "--quiet", "--device", "cpu", "--out", d];
+    new_run.extend(args.iter().map(String::as_str));
+    let mut forced = new_run.clone();
+    forced.push("--force");
+    let seconds: [(&str, Vec<&str>); 4] = [
+        ("train", new_run),
+        ("train --force", forced),
+        (
+            "train --resume",
+            vec!["train", "--quiet", "--device", "cpu", "--resume", d],
+        ),
+        (
+            "compare",
+            vec![
+                "compare",
+                "--quiet",
+                "--experiment",
+                "lecture-table",
+                "--seeds",
+                "0",
+                "--iterations",
+                "1",
+                "--device",
+                "cpu",
+                "--out",
+                d,
+            ],
+        ),
+    ];
+    for (name, argv) in &seconds {
+        let started = Instant::now();
+        let o = grpo(argv).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{name}: {err}");
+        assert!(
+            err.contains(&format!(
+                "{d} is being written by another process (pid {pid}, `grpo-lab train "
+            )) && err.contains(" UTC)"),
+            "{name} must name the directory and its holder: {err}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{name} was not refused at once"
+        );
+        assert_eq!(listing(&dir), before, "{name} touched the run directory");
+    }
+    // A reader never blocks on a writer: export-log reads the records written so far.
+    let tb = temp_dir("writer-tb");
+    let o = grpo(&[
+        "export-log",
+        "--to",
+        "tensorboard",
+        d,
+        "--out",
+        tb.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    signal(pid, "CONT");
+    let status = first.wait().unwrap();
+    assert!(status.success(), "the first writer: {status}");
+    assert_eq!(
+        metrics_without_timing(&dir.join("metrics.jsonl")),
+        metrics_without_timing(&alone.join("metrics.jsonl")),
+        "the first writer's metrics differ from a run alone"
+    );
+    assert_eq!(summary_without_timing(&dir), summary_without_timing(&alone));
+
+    // kill -9 of a writer (frozen while it holds the lock, after its first checkpoint): the
+    // next --resume proceeds.
+    let killed = temp_dir("writer-killed");
+    let latest = killed.join("checkpoints").join("latest");
+    let mut victim = start_frozen_writer(&args, &killed, || latest.exists());
+    signal(victim.id(), "KILL");
+    victim.wait().unwrap();
+    let o = train(&args, &killed, true).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        metrics_without_timing(&killed.join("metrics.jsonl")),
+        metrics_without_timing(&alone.join("metrics.jsonl"))
+    );
+    for d in [alone, dir, killed, tb] {
+        let _ = std::fs::remove_dir_all(d);
+    }
 }

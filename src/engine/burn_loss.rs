@@ -6,13 +6,6 @@
 use crate::config::{KlEstimator, LossAggMode, LossMode};
 pub use crate::objective::loss::LossSettings;
 use burn::tensor::Tensor;
-use burn::tensor::activation::log_softmax;
-
-/// Mean entropy of the policy per response position: `logits [B, T, V]` → scalar.
-pub fn mean_entropy(logits: Tensor<3>, temperature: f32) -> Tensor<1> {
-    let logp = log_softmax(logits.div_scalar(temperature), 2);
-    logp.clone().exp().mul(logp).sum_dim(2).neg().mean()
-}
 
 /// Per-token KL estimate of `π_θ` from `π_ref`, with `Δ = log π_ref − log π_θ` (Schulman 2020).
 pub fn kl_tokens(estimator: KlEstimator, logp: Tensor<3>, ref_logp: Tensor<3>) -> Tensor<3> {

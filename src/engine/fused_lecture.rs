@@ -807,12 +807,14 @@ impl FusedLecture {
         } else {
             1.0
         };
-        // Adam, as burn's: m̂/(√v + ε·√(1−β2^t)) · √(1−β2^t)/(1−β1^t).
+        // Adam (one step count for the three arrays).
         self.time += 1;
-        let bc2 = (1.0 - self.beta2.powi(self.time)).sqrt();
-        let factor = bc2 / (1.0 - self.beta1.powi(self.time));
-        let lr = lr as f32;
-        let (b1, b2, eps) = (self.beta1, self.beta2, self.eps);
+        let hyper = crate::objective::adam::Hyper {
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+        };
+        let adam = crate::objective::adam::AdamStep::at(&hyper, self.time, lr as f32, scale);
         for (param, (grad, st)) in [&mut self.embedding, &mut self.encode, &mut self.decode_t]
             .into_iter()
             .zip(
@@ -821,13 +823,7 @@ impl FusedLecture {
                     .zip(self.adam.iter_mut()),
             )
         {
-            for (((x, &gi), m), vv) in param.iter_mut().zip(grad).zip(&mut st.m).zip(&mut st.v) {
-                let gs = gi * scale;
-                *m = *m * b1 + gs * (1.0 - b1);
-                *vv = *vv * b2 + gs * gs * (1.0 - b2);
-                let update = *m * factor / (vv.sqrt() + eps * bc2);
-                *x -= update * lr;
-            }
+            adam.apply(param, grad, &mut st.m, &mut st.v);
         }
         let scalars = StepScalars {
             loss: loss as f32,

@@ -89,48 +89,7 @@ impl Layout {
     }
 }
 
-/// Adam's state over the flat weights, as burn's `Adam` keeps it per parameter (every
-/// parameter of the transformer gets a gradient at every step, so one step count serves all).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct AdamState {
-    pub m: Vec<f32>,
-    pub v: Vec<f32>,
-    pub time: i32,
-}
-
-impl AdamState {
-    fn new(len: usize) -> Self {
-        Self {
-            m: vec![0.0; len],
-            v: vec![0.0; len],
-            time: 0,
-        }
-    }
-
-    /// One step, as burn's: `m̂/(√v + ε·√(1−β2^t)) · √(1−β2^t)/(1−β1^t)`, gradients times
-    /// `scale` (global-norm clipping).
-    fn step(&mut self, w: &mut [f32], grad: &[f32], scale: f32, lr: f32, h: &Hyper) {
-        self.time += 1;
-        let bc2 = (1.0 - h.beta2.powi(self.time)).sqrt();
-        let factor = bc2 / (1.0 - h.beta1.powi(self.time));
-        let (b1, b2, eps) = (h.beta1, h.beta2, h.eps);
-        for (((x, &gi), m), vv) in w.iter_mut().zip(grad).zip(&mut self.m).zip(&mut self.v) {
-            let gs = gi * scale;
-            *m = *m * b1 + gs * (1.0 - b1);
-            *vv = *vv * b2 + gs * gs * (1.0 - b2);
-            let update = *m * factor / (vv.sqrt() + eps * bc2);
-            *x -= update * lr;
-        }
-    }
-}
-
-/// Adam's hyperparameters.
-#[derive(Debug, Clone, Copy)]
-pub struct Hyper {
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-}
+pub use crate::objective::adam::{AdamState, Hyper};
 
 /// Activations of one block that the backward pass reads.
 #[derive(Debug, Clone, Default)]

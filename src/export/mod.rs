@@ -357,18 +357,29 @@ fn config_file(fw: Framework, plan: &Plan, header: &str) -> String {
                 r#"# {header}
 # Every GRPOConfig key that decides the algorithm is written out; MAPPING.md says where each
 # comes from. Run: python3 train_trl.py  (pip install "trl==1.9.0" datasets)
+# It runs as written on a machine without a GPU too (fp32 there). A first check, on a small
+# local model and without a download: python3 train_trl.py --model DIR --max-steps 2
+import argparse
+import importlib.util
 import json
+import os
 
+import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 import reward
 
 MODEL = {model}
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Decided where the script runs: bf16 where the GPU supports it, else fp32 (grpo-lab computes
+# in f32); TensorBoard logs where tensorboard is installed.
+BF16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+REPORT_TO = ["tensorboard"] if importlib.util.find_spec("tensorboard") else "none"
 
 
 def load(path):
-    with open(path) as f:
+    with open(os.path.join(HERE, path)) as f:
         return Dataset.from_list([json.loads(line) for line in f])
 
 
@@ -383,9 +394,16 @@ config = GRPOConfig(
                 r#")
 
 if __name__ == "__main__":
+    cli = argparse.ArgumentParser(description="GRPO in TRL, as the grpo-lab run")
+    cli.add_argument("--model", default=MODEL, help="a hub name or a local directory")
+    cli.add_argument("--max-steps", type=int, default=config.max_steps,
+                     help="stop after this many optimizer steps")
+    cli.add_argument("--output-dir", default=config.output_dir)
+    args = cli.parse_args()
+    config.max_steps, config.output_dir = args.max_steps, args.output_dir
     assert config.reward_weights == reward.REWARD_WEIGHTS, "reward.py and the config disagree"
     trainer = GRPOTrainer(
-        model=MODEL,
+        model=args.model,
         reward_funcs=reward.REWARD_FUNCS,
         args=config,
         train_dataset=load("data/train.jsonl"),
@@ -436,6 +454,10 @@ if __name__ == "__main__":
     }
 }
 
+/// The variables of the TRL script that a setting may name ([`Val::Expr`]): decided where the
+/// script runs.
+pub const TRL_RUNTIME: &[&str] = &["BF16", "REPORT_TO"];
+
 fn plan_model(plan: &Plan) -> String {
     plan.rows
         .iter()
@@ -462,7 +484,7 @@ pub fn parse_written(fw: Framework, text: &str) -> Vec<(String, Val)> {
                 let line = line.split("  # ").next().unwrap_or("").trim();
                 let line = line.strip_suffix(',').unwrap_or(line);
                 if let Some((k, v)) = line.split_once('=')
-                    && let Some(v) = Val::parse_literal(v)
+                    && let Some(v) = Val::parse_python(v, TRL_RUNTIME)
                 {
                     out.push((k.to_string(), v));
                 }

@@ -1189,13 +1189,13 @@ fn pinned(x: &Ctx) -> Vec<Pinned> {
             p("logging_steps", i(1), "grpo-lab logs every step"),
             p(
                 "report_to",
-                Val::List(vec![Val::str("tensorboard")]),
-                "next to `grpo-lab export-log --to tensorboard`",
+                Val::Expr("REPORT_TO"),
+                "TensorBoard where it is installed (next to `grpo-lab export-log --to tensorboard`), else none",
             ),
             p(
                 "bf16",
-                Val::Bool(true),
-                "LLM training precision (grpo-lab computes in f32)",
+                Val::Expr("BF16"),
+                "LLM training precision where the GPU supports bf16, else fp32 (grpo-lab computes in f32)",
             ),
             p("gradient_checkpointing", Val::Bool(true), "memory only"),
         ],

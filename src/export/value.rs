@@ -12,6 +12,10 @@ pub enum Val {
     /// Python's `None`, YAML's `null`.
     None,
     List(Vec<Val>),
+    /// A value the exported script decides where it runs: the name of a variable it defines
+    /// (TRL's `bf16=BF16`, with `BF16` true where the GPU supports bf16). Python only; an
+    /// all-caps name, which no literal of the three syntaxes is.
+    Expr(&'static str),
 }
 
 impl Val {
@@ -35,6 +39,7 @@ impl Val {
                 "[{}]",
                 v.iter().map(Val::python).collect::<Vec<_>>().join(", ")
             ),
+            Val::Expr(name) => name.to_string(),
         }
     }
 
@@ -61,6 +66,7 @@ impl Val {
                 "[{}]",
                 v.iter().map(Val::hydra).collect::<Vec<_>>().join(",")
             ),
+            Val::Expr(name) => name.to_string(),
         }
     }
 
@@ -83,6 +89,15 @@ impl Val {
     pub fn parse_literal(text: &str) -> Option<Val> {
         let (v, rest) = parse_one(text.trim())?;
         rest.trim().is_empty().then_some(v)
+    }
+
+    /// Read back what [`Val::python`] wrote, where an all-caps name is one of the script's
+    /// own variables (`names`: the [`Val::Expr`]s it may hold).
+    pub fn parse_python(text: &str, names: &[&'static str]) -> Option<Val> {
+        match names.iter().find(|n| **n == text.trim()) {
+            Some(name) => Some(Val::Expr(*name)),
+            None => Self::parse_literal(text),
+        }
     }
 }
 

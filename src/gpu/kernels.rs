@@ -19,7 +19,6 @@ const COMMON: &str = include_str!("../../shaders/common.wgsl");
 const SAMPLE: &str = include_str!("../../shaders/sample.wgsl");
 const SORT_REWARD: &str = include_str!("../../shaders/sort_reward.wgsl");
 const ADVANTAGE: &str = include_str!("../../shaders/advantage.wgsl");
-const TOKEN_LOSS: &str = include_str!("../../shaders/token_loss.wgsl");
 
 const WORKGROUP: u32 = 64;
 
@@ -60,7 +59,6 @@ pub struct Kernels {
     sample: Kernel,
     reward: Kernel,
     advantage: Kernel,
-    token_loss: Kernel,
     pool: Mutex<HashMap<&'static str, wgpu::Buffer>>,
     /// One call at a time: calls share the pooled buffers (and the staging buffer is mapped).
     busy: Mutex<()>,
@@ -192,35 +190,6 @@ pub struct AdvantageOutput {
     pub batch_std: f32,
 }
 
-/// Inputs of the token-loss kernel: `[B, G, T]` token arrays, `[B, G]` advantages, `[B, T, V]` logits.
-#[derive(Debug, Clone)]
-pub struct TokenInputs<'a> {
-    pub b: usize,
-    pub g: usize,
-    pub t: usize,
-    pub v: usize,
-    pub logp: &'a [f32],
-    pub old_logp: &'a [f32],
-    pub ref_logp: &'a [f32],
-    pub advantages: &'a [f32],
-    pub mask: &'a [f32],
-    pub logits: &'a [f32],
-}
-
-/// Outputs of the token-loss kernel.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenOutput {
-    pub ratio: Vec<f32>,
-    pub loss: Vec<f32>,
-    pub kl: Vec<f32>,
-    /// bit 0: clipped low, bit 1: clipped high.
-    pub flags: Vec<u32>,
-    /// Entropy per `(prompt, position)` row.
-    pub entropy: Vec<f32>,
-    /// Σ mask·kl, Σ mask·low, Σ mask·high, Σ mask·ρ, Σ mask, Σ entropy.
-    pub sums: [f32; 6],
-}
-
 impl Kernels {
     /// Build every pipeline once.
     pub fn new(ctx: Arc<GpuContext>) -> Result<Self, KernelError> {
@@ -246,21 +215,11 @@ impl Kernels {
             &[Uniform, Read, ReadWrite, ReadWrite, ReadWrite, ReadWrite],
             &["batch_stats", "group_advantages"],
         )?;
-        let token_loss = build_kernel(
-            &ctx,
-            "token_loss.wgsl",
-            TOKEN_LOSS,
-            &[
-                Uniform, Read, Read, Read, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite,
-            ],
-            &["tokens", "entropy", "reduce"],
-        )?;
         Ok(Self {
             ctx,
             sample,
             reward,
             advantage,
-            token_loss,
             pool: Mutex::new(HashMap::new()),
             busy: Mutex::new(()),
         })
@@ -752,110 +711,6 @@ impl Kernels {
             },
             advantages,
         ))
-    }
-
-    /// Per-token ratio, loss, KL and clip flags, per-row entropy, and their sums.
-    pub fn token_terms(
-        &self,
-        x: &TokenInputs,
-        s: &crate::objective::loss::LossSettings,
-        temperature: f32,
-    ) -> Result<TokenOutput, KernelError> {
-        let _busy = self.lock();
-        let (b, g, t, v) = (x.b, x.g, x.t, x.v);
-        let count = b * g * t;
-        for (what, len, want) in [
-            ("logp", x.logp.len(), count),
-            ("old_logp", x.old_logp.len(), count),
-            ("ref_logp", x.ref_logp.len(), count),
-            ("mask", x.mask.len(), count),
-            ("advantages", x.advantages.len(), b * g),
-            ("logits", x.logits.len(), b * t * v),
-        ] {
-            if len != want {
-                return Err(KernelError::Input {
-                    what: "token_terms",
-                    reason: format!("{what} has {len} values, expected {want}"),
-                });
-            }
-        }
-        use crate::config::{KlEstimator, LossMode};
-        let u = self.uniform(
-            "loss.params",
-            &words(&[
-                Word::U(b as u32),
-                Word::U(g as u32),
-                Word::U(t as u32),
-                Word::U(v as u32),
-                Word::U(match s.mode {
-                    LossMode::Naive => 0,
-                    LossMode::Unclipped => 1,
-                    LossMode::Clipped => 2,
-                }),
-                Word::U(match s.kl_estimator {
-                    KlEstimator::K1 => 0,
-                    KlEstimator::K2 => 1,
-                    KlEstimator::K3 => 2,
-                }),
-                Word::U(s.kl_in_loss as u32),
-                Word::U(s.bug_ratio_quotient as u32),
-                Word::F(s.epsilon_low),
-                Word::F(s.epsilon_high),
-                Word::F(s.beta),
-                Word::F(temperature),
-            ]),
-        )?;
-        let bufs = [
-            self.upload("loss.logp", &f32_bytes(x.logp))?,
-            self.upload("loss.old_logp", &f32_bytes(x.old_logp))?,
-            self.upload("loss.ref_logp", &f32_bytes(x.ref_logp))?,
-            self.upload("loss.adv", &f32_bytes(x.advantages))?,
-            self.upload("loss.mask", &f32_bytes(x.mask))?,
-            self.upload("loss.logits", &f32_bytes(x.logits))?,
-        ];
-        let terms = self.storage("loss.terms", (4 * count * 4) as u64)?;
-        let ent = self.storage("loss.entropy", (b * t * 4) as u64)?;
-        let sums = self.storage("loss.sums", 24)?;
-        let group = self.bind(
-            &self.token_loss,
-            &[
-                &u, &bufs[0], &bufs[1], &bufs[2], &bufs[3], &bufs[4], &bufs[5], &terms, &ent, &sums,
-            ],
-        );
-        let mut enc = self.encoder();
-        self.dispatch(
-            &mut enc,
-            &self.token_loss,
-            "tokens",
-            &group,
-            self.grid(count)?,
-        );
-        self.dispatch(
-            &mut enc,
-            &self.token_loss,
-            "entropy",
-            &group,
-            self.grid(b * t)?,
-        );
-        self.dispatch(&mut enc, &self.token_loss, "reduce", &group, (1, 1));
-        let out = self.finish_and_read(
-            enc,
-            &[
-                (&terms, (4 * count * 4) as u64),
-                (&ent, (b * t * 4) as u64),
-                (&sums, 24),
-            ],
-        )?;
-        let all = to_f32(&out[0]);
-        let sums = to_f32(&out[2]);
-        Ok(TokenOutput {
-            ratio: all[..count].to_vec(),
-            loss: all[count..2 * count].to_vec(),
-            kl: all[2 * count..3 * count].to_vec(),
-            flags: all[3 * count..].iter().map(|x| *x as u32).collect(),
-            entropy: to_f32(&out[1]),
-            sums: sums[..6].try_into().expect("six sums"),
-        })
     }
 }
 

@@ -6,10 +6,8 @@
 //! Everything that differs between compute paths is behind [`Engine`]; this file knows no
 //! burn, no gemm, no wgpu (a test drives it with a fake engine).
 
-use super::record::{
-    self, PassAtK, RatioStats, Resampling, RolloutStats, RolloutView, StepPosition,
-};
-use super::trainer::{accuracy, greedy_accuracy, is_exact};
+use super::record::{self, PassAtK, RatioStats, Resampling, RolloutView, StepPosition};
+use super::trainer::{Frozen, greedy_accuracy};
 use super::{TrainError, Trainer};
 use crate::config::{AdvantageMode, KlPenaltyMode};
 use crate::engine::{Advantages, Batch, IterationRequest, SampleRequest, StepRequest, Which};
@@ -18,6 +16,7 @@ use crate::objective::advantage;
 use crate::objective::loss::{LossSettings, reference};
 use crate::task::reward::score_batch;
 use crate::task::tokenizer::EOS_ID;
+use crate::task::{accuracy, is_exact};
 use web_time::Instant;
 
 /// Sampled and verified responses of some prompts, `G` per prompt.
@@ -33,20 +32,6 @@ pub(crate) struct Scored {
     pub greedy: Option<Vec<Vec<u32>>>,
     /// `log π` of the sampled tokens at the sampling weights, when the engine had it.
     pub logp: Option<Vec<f32>>,
-}
-
-/// The frozen data of one iteration: what its `μ` optimizer steps reuse.
-pub(crate) struct Frozen {
-    pub batch: Batch,
-    /// The advantage mode that drives the update, `[B·G]`.
-    pub advantages: Vec<f32>,
-    /// `[B·G·T]`
-    pub old_logp: Vec<f32>,
-    pub ref_logp: Vec<f32>,
-    pub stats: RolloutStats,
-    pub groups: Option<Vec<GroupRecord>>,
-    /// `[B·G·T]`: GAE's per-token advantages (`advantage = "gae"`).
-    pub token_advantages: Option<Vec<f32>>,
 }
 
 /// What an iteration's rollout produced, before the record (either path).
@@ -443,7 +428,10 @@ impl Trainer {
                 let mut outs: std::collections::VecDeque<_> =
                     self.engine.steps(&frozen.batch, &req, count)?.into();
                 let first = outs.pop_front().ok_or_else(|| {
-                    crate::engine::EngineError::Snapshot("the engine returned no steps".into())
+                    crate::engine::EngineError::Unsupported(format!(
+                        "{} returned no steps for {count} asked",
+                        self.engine.label()
+                    ))
                 })?;
                 self.pending = outs;
                 first
@@ -465,25 +453,7 @@ impl Trainer {
                 },
             });
         }
-        // Per-token log π (after the iteration's μ − 1 updates) and log π_old of the logged
-        // groups, on the iteration's last step.
-        let groups = (last_of_iteration && logged > 0).then(|| {
-            let t = frozen.batch.t;
-            let rows = |x: &[f32]| -> Vec<Vec<f32>> {
-                x.chunks(t)
-                    .take(logged * g)
-                    .zip(&frozen.batch.lengths)
-                    .map(|(c, &len)| c[..len.min(t)].to_vec())
-                    .collect()
-            };
-            let (logp, old_logp) = (rows(&out.logp), rows(&frozen.old_logp));
-            let mut groups = frozen.groups.clone().unwrap_or_default();
-            for (i, group) in groups.iter_mut().enumerate() {
-                group.logp = logp[i * g..(i + 1) * g].to_vec();
-                group.old_logp = old_logp[i * g..(i + 1) * g].to_vec();
-            }
-            groups
-        });
+        let groups = (last_of_iteration && logged > 0).then(|| frozen.groups_at(&out.logp));
         let record = record::step_record(
             StepPosition {
                 iteration: self.iteration,
@@ -508,7 +478,31 @@ impl Trainer {
         }
         Ok(record)
     }
+}
 
+impl Frozen {
+    /// The logged groups with their per-token log π (`logp`: after the iteration's μ − 1
+    /// updates, as the last step reads it) and log π_old, for the iteration's last record.
+    fn groups_at(&self, logp: &[f32]) -> Vec<GroupRecord> {
+        let mut groups = self.groups.clone().unwrap_or_default();
+        let (t, g) = (self.batch.t, self.batch.g);
+        let rows = |x: &[f32]| -> Vec<Vec<f32>> {
+            x.chunks(t)
+                .take(groups.len() * g)
+                .zip(&self.batch.lengths)
+                .map(|(c, &len)| c[..len.min(t)].to_vec())
+                .collect()
+        };
+        let (logp, old_logp) = (rows(logp), rows(&self.old_logp));
+        for (i, group) in groups.iter_mut().enumerate() {
+            group.logp = logp[i * g..(i + 1) * g].to_vec();
+            group.old_logp = old_logp[i * g..(i + 1) * g].to_vec();
+        }
+        groups
+    }
+}
+
+impl Trainer {
     /// Sample `G` responses to each of the training prompts `indices` and verify them (on the
     /// engine's device when it verifies there), with every advantage mode if `advantages`.
     pub(super) fn sample_and_verify(
@@ -626,13 +620,7 @@ impl Trainer {
                 .iter()
                 .position(|m| *m == AdvantageMode::Normalized)
                 .unwrap_or(0);
-            by_mode[k] = rewards
-                .chunks(g)
-                .flat_map(|group| {
-                    let s = crate::objective::advantage::GroupStats::of(group);
-                    group.iter().map(move |r| (r - s.mean) / s.std)
-                })
-                .collect();
+            by_mode[k] = advantage::normalized_without_eps(rewards, g);
         }
         Ok(Advantages {
             zero_std: all.groups.iter().map(|s| s.zero_std).collect(),
@@ -643,23 +631,14 @@ impl Trainer {
     /// PPO-RLHF style: `r − β·Σ_t KL_t(π_old ‖ π_ref)` per response, over its real tokens.
     fn kl_penalized(&self, rewards: &[f32], batch: &Batch, old: &[f32], refl: &[f32]) -> Vec<f32> {
         let a = &self.config.algorithm;
-        let t = batch.t;
-        rewards
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let span = i * t..(i + 1) * t;
-                let kl: f32 = old[span.clone()]
-                    .iter()
-                    .zip(&refl[span.clone()])
-                    .zip(&batch.mask[span])
-                    .map(|((&lp, &rf), &m)| {
-                        reference::kl_term(a.kl_estimator, lp, rf, 0.0, f32::exp).0 * m
-                    })
-                    .sum();
-                r - a.beta as f32 * kl
-            })
-            .collect()
+        reference::kl_penalized_rewards(
+            rewards,
+            &batch.mask,
+            old,
+            refl,
+            a.kl_estimator,
+            a.beta as f32,
+        )
     }
 
     /// The frozen batch of the chosen prompts and their responses, padded to the longest.

@@ -4,15 +4,15 @@
 //! nothing touches files, so the app drives it from a thread, a web build from its frame loop,
 //! and `train` writes what it returns.
 
-use super::iteration::Frozen;
 use super::prompts::PromptSampler;
+use super::record::RolloutStats;
 use crate::config::{ModelKind, RunConfig};
-use crate::engine::{self, Batch, Engine, EngineError, Snapshot, autodiff::BurnEngine};
+use crate::engine::{self, Batch, Engine, EngineError, Snapshot};
 use crate::gpu::Compute;
+use crate::metrics::GroupRecord;
 use crate::rng::SplitMix64;
-use crate::task::reward::ArResponse;
 use crate::task::sort::TaskError;
-use crate::task::{PromptSet, RewardFn};
+use crate::task::{PromptSet, RewardFn, accuracy};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -67,6 +67,20 @@ pub struct Timings {
     /// The engine's whole optimizer step: forward, loss, backward, gradient clipping, Adam and
     /// the step's scalar read-back.
     pub step: f64,
+}
+
+/// The frozen data of one iteration: what its `μ` optimizer steps reuse.
+pub(crate) struct Frozen {
+    pub batch: Batch,
+    /// The advantage mode that drives the update, `[B·G]`.
+    pub advantages: Vec<f32>,
+    /// `[B·G·T]`
+    pub old_logp: Vec<f32>,
+    pub ref_logp: Vec<f32>,
+    pub stats: RolloutStats,
+    pub groups: Option<Vec<GroupRecord>>,
+    /// `[B·G·T]`: GAE's per-token advantages (`advantage = "gae"`).
+    pub token_advantages: Option<Vec<f32>>,
 }
 
 /// What a checkpoint holds besides the engine's state: the counters and the prompt sampler's
@@ -281,13 +295,13 @@ impl Trainer {
     pub(super) fn ensure_engine_supports_config(&mut self) -> Result<(), TrainError> {
         if !self.engine.supports(&self.config) {
             let snapshot = self.engine.snapshot()?;
-            let burn = BurnEngine::from_snapshot(&self.config, &snapshot)?;
+            let burn = engine::covering_all_from(&self.config, &snapshot)?;
             log::info!(
                 "the config now asks for something {} does not cover: continuing on {}",
                 self.engine.label(),
                 burn.label()
             );
-            self.engine = Box::new(burn);
+            self.engine = burn;
         }
         Ok(())
     }
@@ -468,11 +482,7 @@ impl Trainer {
             None => None,
         };
         if let Some(recorded) = &recorded {
-            let changed: Vec<String> = recorded
-                .differing_keys(&self.config)
-                .into_iter()
-                .filter(|k| k != "run.iterations")
-                .collect();
+            let changed = recorded.changed_for_resume(&self.config);
             if !changed.is_empty() {
                 return Err(TrainError::ConfigChanged(changed.join(", ")));
             }
@@ -481,7 +491,7 @@ impl Trainer {
             // Written on burn's path (a GPU, or `run.fused_step = off` at the time): it
             // continues there, on the CPU backend, with burn's own Adam state, as it began.
             Err(EngineError::WrittenByBurn) => {
-                self.engine = Box::new(BurnEngine::from_snapshot(&self.config, snapshot)?);
+                self.engine = engine::covering_all_from(&self.config, snapshot)?;
                 log::info!(
                     "the checkpoint was written on burn's path: continuing on {}",
                     self.engine.label()
@@ -520,26 +530,6 @@ impl Trainer {
         self.pending.clear();
         Ok(())
     }
-}
-
-/// Whether `answer` (as an engine generated it) is an exactly sorted answer to `prompt`: for
-/// the transformer, sorted, of the right length and closed with `<eos>`.
-pub(super) fn is_exact(config: &RunConfig, prompt: &[u32], answer: &[u32]) -> bool {
-    if config.model.kind == ModelKind::Transformer {
-        ArResponse::parse(answer, config.task.vocab as u32).exact(prompt)
-    } else {
-        crate::task::reward::exact(prompt, answer) == 1
-    }
-}
-
-/// Fraction of exactly sorted answers.
-pub(super) fn accuracy(config: &RunConfig, prompts: &[&[u32]], answers: &[Vec<u32>]) -> f32 {
-    let correct = prompts
-        .iter()
-        .zip(answers)
-        .filter(|(p, a)| is_exact(config, p, a))
-        .count();
-    correct as f32 / prompts.len().max(1) as f32
 }
 
 /// Greedy exact-match accuracy of an engine's current policy on some prompts.

@@ -104,6 +104,18 @@ pub fn advantages(mode: AdvantageMode, rewards: &[f32], g: usize) -> Vec<f32> {
     out
 }
 
+/// BUG (the gallery's `algorithm.bugs.std_without_eps`): `(r − mean)/std` with no ε, which
+/// blows up on groups whose rewards nearly agree (and is NaN on groups that agree exactly).
+pub fn normalized_without_eps(rewards: &[f32], g: usize) -> Vec<f32> {
+    rewards
+        .chunks(g)
+        .flat_map(|group| {
+            let s = GroupStats::of(group);
+            group.iter().map(move |r| (r - s.mean) / s.std)
+        })
+        .collect()
+}
+
 /// Every mode for the same rollouts, so they can be shown side by side.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AllAdvantages {

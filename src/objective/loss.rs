@@ -52,14 +52,41 @@ pub mod reference {
         -(ratio * adv).min(clipped * adv)
     }
 
+    /// KL in the reward, PPO-RLHF style: `r − β·Σ_t KL_t(π_old ‖ π_ref)` per response over its
+    /// real tokens (`mask`, `old`, `refl`: `[B·G·T]`; `rewards`: `[B·G]`).
+    pub fn kl_penalized_rewards(
+        rewards: &[f32],
+        mask: &[f32],
+        old: &[f32],
+        refl: &[f32],
+        estimator: crate::config::KlEstimator,
+        beta: f32,
+    ) -> Vec<f32> {
+        let t = mask.len() / rewards.len().max(1);
+        rewards
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let span = i * t..(i + 1) * t;
+                let kl: f32 = old[span.clone()]
+                    .iter()
+                    .zip(&refl[span.clone()])
+                    .zip(&mask[span])
+                    .map(|((&lp, &rf), &m)| kl_term(estimator, lp, rf, 0.0, f32::exp).0 * m)
+                    .sum();
+                r - beta * kl
+            })
+            .collect()
+    }
+
     /// `(k1, k2, k3)` for `Δ = log π_ref − log π_θ`.
     pub fn kl(logp: f32, ref_logp: f32) -> (f32, f32, f32) {
         let d = ref_logp - logp;
         (-d, d * d / 2.0, d.exp() - d - 1.0)
     }
 
-    /// One token's `(ratio, loss, kl, flags)` exactly as `tokens` in `shaders/token_loss.wgsl`
-    /// (flags: bit 0 clipped low, bit 1 clipped high).
+    /// One token's `(ratio, loss, kl, flags)` (flags: bit 0 clipped low, bit 1 clipped high),
+    /// with the bug gallery's ratio switch: what the app's inspector shows.
     pub fn token_terms(
         s: &super::LossSettings,
         logp: f32,
@@ -140,20 +167,6 @@ pub mod reference {
                 (e - (rf - lp) - 1.0, beta * (1.0 - e))
             }
         }
-    }
-
-    /// Entropy of `softmax(logits / T)` for one row, as `entropy` in `shaders/token_loss.wgsl`.
-    pub fn entropy_row(logits: &[f32], temperature: f32) -> f32 {
-        let m = logits.iter().fold(f32::MIN, |m, l| m.max(l / temperature));
-        let z: f32 = logits.iter().map(|l| (l / temperature - m).exp()).sum();
-        let log_z = z.ln();
-        -logits
-            .iter()
-            .map(|l| {
-                let lq = l / temperature - m - log_z;
-                lq.exp() * lq
-            })
-            .sum::<f32>()
     }
 }
 

@@ -7,8 +7,8 @@
 //! critic. The advantages are GAE(γ, λ) per token over a reward paid at the last token,
 //! whitened over the batch's real tokens (as TRL's PPO and verl's GAE do).
 
-use crate::engine::Batch;
 use crate::rng::SplitMix64;
+use crate::task::batch::Batch;
 
 /// The critic: one hidden tanh layer over one-hot features of the state.
 #[derive(Debug, Clone, PartialEq)]
@@ -164,20 +164,18 @@ impl ValueModel {
     }
 
     fn adam(&mut self, grad: &[f32], lr: f32) {
-        let (b1, b2, eps) = (0.9f32, 0.999f32, 1e-8f32);
+        const HYPER: super::adam::Hyper = super::adam::Hyper {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        };
         self.step += 1;
-        let (c1, c2) = (1.0 - b1.powi(self.step), 1.0 - b2.powi(self.step));
-        for (((p, m), v), g) in self
-            .params
-            .iter_mut()
-            .zip(&mut self.m)
-            .zip(&mut self.v)
-            .zip(grad)
-        {
-            *m = b1 * *m + (1.0 - b1) * g;
-            *v = b2 * *v + (1.0 - b2) * g * g;
-            *p -= lr * (*m / c1) / ((*v / c2).sqrt() + eps);
-        }
+        super::adam::AdamStep::at(&HYPER, self.step, lr, 1.0).apply(
+            &mut self.params,
+            grad,
+            &mut self.m,
+            &mut self.v,
+        );
     }
 
     /// Everything a checkpoint needs to continue exactly: parameters, Adam's moments, step.

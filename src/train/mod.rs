@@ -1,8 +1,10 @@
 //! The run loop, checkpoints and metric sinks.
 
 pub mod checkpoint;
+pub mod lock;
 pub mod run;
 
+pub use lock::{LockError, RunLock};
 pub use run::{
     RunError, RunOptions, RunOutcome, install_interrupt_handler, interrupted, read_metrics, run,
 };

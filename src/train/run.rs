@@ -39,6 +39,8 @@ pub enum RunError {
         drivers: String,
     },
     #[error(transparent)]
+    Lock(#[from] super::lock::LockError),
+    #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Train(#[from] TrainError),
@@ -59,6 +61,7 @@ impl RunError {
                 | Self::NoCheckpoint(_)
                 | Self::MetricsGap { .. }
                 | Self::TooBig { .. }
+                | Self::Lock(super::lock::LockError::Held { .. })
                 | Self::Config(_)
                 | Self::Train(TrainError::NonFinite { .. })
                 | Self::Train(TrainError::ConfigChanged(_))
@@ -86,6 +89,9 @@ pub struct RunOptions {
     pub sender: Option<Sender<StepRecord>>,
     /// Draw the charts at the end.
     pub charts: bool,
+    /// The directory's lock, when the caller took it already (the CLI takes it before it
+    /// opens a device, so a second writer is refused at once); else `run` takes it.
+    pub lock: Option<super::lock::RunLock>,
 }
 
 /// What a finished (or stopped) run left behind.
@@ -286,7 +292,7 @@ pub fn for_each_metric(path: &Path, mut f: impl FnMut(StepRecord)) -> std::io::R
             // No newline at its end: the last line, cut short.
             Err(_) if !line.ends_with('\n') => {
                 eprintln!(
-                    "grpo-lab: {}: line {number} was cut short (an interrupted write); dropped",
+                    "grpo-lab: {}: line {number} is incomplete (still being written, or cut by an interrupted write); dropped",
                     path.display()
                 );
             }
@@ -334,7 +340,7 @@ fn reconcile_metrics(
             Ok(r) => r,
             Err(_) if !line.ends_with('\n') => {
                 eprintln!(
-                    "grpo-lab: {}: line {number} was cut short (an interrupted write); dropped",
+                    "grpo-lab: {}: line {number} is incomplete (still being written, or cut by an interrupted write); dropped",
                     path.display()
                 );
                 break;
@@ -606,111 +612,190 @@ pub fn check_memory(config: &RunConfig) -> Result<(), RunError> {
     }
 }
 
-/// Run `config` to the end (or resume the run in `opts.out`).
+/// Run `config` to the end (or resume the run in `opts.out`): the directory's lock, the
+/// config recorded (or checked against the recorded one), the trainer and its sinks (from the
+/// last checkpoint, on a resume), the steps, then the summary and the charts.
 pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunOutcome, RunError> {
     check_memory(&config)?;
     let out = opts.out.clone();
+    // One writer per run directory, held until this function returns.
+    let _lock = match opts.lock {
+        Some(lock) if lock.dir() == out => lock,
+        _ => super::lock::RunLock::acquire(&out)?,
+    };
+    let config = record_config(config, &out, opts.resume, opts.force)?;
+    let mut trainer = Trainer::new(config.clone(), compute.clone())?;
+    let (mut sinks, last_kept) = if opts.resume {
+        continue_from_checkpoint(&mut trainer, &config, &out, opts.sender)?
+    } else {
+        (
+            Sinks::create(
+                &out.join("metrics.jsonl"),
+                &out.join("metrics.csv"),
+                opts.sender,
+            )?,
+            None,
+        )
+    };
+    let started = Instant::now();
+    let steps_before = trainer.global_step();
+    let driven = drive(
+        &mut trainer,
+        &config,
+        &out,
+        &mut sinks,
+        opts.progress,
+        last_kept,
+    )?;
+    let summary = write_summary(&mut trainer, &config, &out, &driven, started, steps_before)?;
+    let charts = if opts.charts {
+        // Charts from the file, thinned to at most 600 iterations (on a 900-pixel-wide chart):
+        // memory stays flat however long the run was.
+        let jsonl_path = out.join("metrics.jsonl");
+        let records = read_metrics_decimated(&jsonl_path, 300).map_err(io(&jsonl_path))?;
+        crate::report::run_charts(&records, &config, &out.join("charts")).map_err(io(&out))?
+    } else {
+        Vec::new()
+    };
+    if let Some(e) = driven.failure {
+        return Err(e.into());
+    }
+    Ok(RunOutcome {
+        summary,
+        out,
+        charts,
+    })
+}
+
+/// The config a run goes on with. A new run records it in `out` (refusing a directory that
+/// holds a run, or clearing that run's files with `force`); a resumed run is the same run: the
+/// recorded config, where only `run.iterations` may change (to extend it).
+fn record_config(
+    config: RunConfig,
+    out: &Path,
+    resume: bool,
+    force: bool,
+) -> Result<RunConfig, RunError> {
     let config_path = out.join("config.toml");
-    let config = if opts.resume {
+    if resume {
         if !config_path.exists() {
-            return Err(RunError::NothingToResume(out));
+            return Err(RunError::NothingToResume(out.to_path_buf()));
         }
-        // A resumed run is the same run: the stored config, where only `run.iterations` may
-        // change (to extend it), and that change is recorded.
-        let stored = RunConfig::from_file(&config_path)?;
-        let changed: Vec<String> = stored
-            .differing_keys(&config)
-            .into_iter()
-            .filter(|k| k != "run.iterations")
-            .collect();
+        let changed = RunConfig::from_file(&config_path)?.changed_for_resume(&config);
         if !changed.is_empty() {
             return Err(RunError::Train(TrainError::ConfigChanged(
                 changed.join(", "),
             )));
         }
-        config
-    } else {
-        if is_run_dir(&out) {
-            if !opts.force {
-                return Err(RunError::OutExists(out));
-            }
-            for name in [
-                "metrics.jsonl",
-                "metrics.csv",
-                "summary.json",
-                "config.toml",
-            ] {
-                let _ = fs::remove_file(out.join(name));
-            }
-            let _ = fs::remove_dir_all(out.join("checkpoints"));
-            let _ = fs::remove_dir_all(out.join("charts"));
+        return Ok(config);
+    }
+    if is_run_dir(out) {
+        if !force {
+            return Err(RunError::OutExists(out.to_path_buf()));
         }
-        fs::create_dir_all(&out).map_err(io(&out))?;
-        fs::write(&config_path, config.to_toml()).map_err(io(&config_path))?;
-        config
-    };
+        for name in [
+            "metrics.jsonl",
+            "metrics.csv",
+            "summary.json",
+            "config.toml",
+        ] {
+            let _ = fs::remove_file(out.join(name));
+        }
+        let _ = fs::remove_dir_all(out.join("checkpoints"));
+        let _ = fs::remove_dir_all(out.join("charts"));
+    }
+    fs::create_dir_all(out).map_err(io(out))?;
+    fs::write(&config_path, config.to_toml()).map_err(io(&config_path))?;
+    Ok(config)
+}
 
-    let mut trainer = Trainer::new(config.clone(), compute.clone())?;
-    let jsonl_path = out.join("metrics.jsonl");
-    let csv_path = out.join("metrics.csv");
-    let mut last_kept: Option<StepRecord> = None;
-    let mut sinks = if opts.resume {
-        match latest_checkpoint(&out) {
-            Some(dir) => {
-                super::checkpoint::load(&mut trainer, &dir)?;
-                // Checkpoints after this one belong to a timeline being abandoned (the
-                // metrics past it are redone): one of them must never be a later fallback.
-                if let Ok(entries) = fs::read_dir(out.join("checkpoints")) {
-                    for later in entries.filter_map(|e| e.ok().map(|e| e.path())) {
-                        if later.is_dir() && checkpoint_number(&later) > checkpoint_number(&dir) {
-                            let _ = fs::remove_dir_all(later);
-                        }
+/// A resume: the trainer from the newest checkpoint that verifies, the metrics cut back to it
+/// (every record before it must be there), the sinks continuing them; and the last record
+/// kept.
+fn continue_from_checkpoint(
+    trainer: &mut Trainer,
+    config: &RunConfig,
+    out: &Path,
+    sender: Option<Sender<StepRecord>>,
+) -> Result<(Sinks, Option<StepRecord>), RunError> {
+    let (jsonl_path, csv_path, config_path) = (
+        out.join("metrics.jsonl"),
+        out.join("metrics.csv"),
+        out.join("config.toml"),
+    );
+    match latest_checkpoint(out) {
+        Some(dir) => {
+            super::checkpoint::load(trainer, &dir)?;
+            // Checkpoints after this one belong to a timeline being abandoned (the
+            // metrics past it are redone): one of them must never be a later fallback.
+            if let Ok(entries) = fs::read_dir(out.join("checkpoints")) {
+                for later in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+                    if later.is_dir() && checkpoint_number(&later) > checkpoint_number(&dir) {
+                        let _ = fs::remove_dir_all(later);
                     }
                 }
             }
-            // Starting again would truncate the metrics of the run it is asked to continue.
-            None if jsonl_path.exists() && fs::metadata(&jsonl_path).is_ok_and(|m| m.len() > 0) => {
-                return Err(RunError::NoCheckpoint(out));
-            }
-            None => {}
         }
-        // Records past the checkpoint are redone, bit for bit; the ones before it must all be
-        // there (a deleted or shortened file is refused, not continued with a hole).
-        let (keep, kept_last) =
-            reconcile_metrics(&jsonl_path, trainer.iteration(), trainer.global_step())?;
-        last_kept = kept_last;
-        // Extending the run (`--set run.iterations=N`) is recorded once it is sure to go on.
-        if RunConfig::from_file(&config_path)?.run.iterations != config.run.iterations {
-            super::checkpoint::write_atomic(&config_path, config.to_toml().as_bytes())
-                .map_err(io(&config_path))?;
+        // Starting again would truncate the metrics of the run it is asked to continue.
+        None if jsonl_path.exists() && fs::metadata(&jsonl_path).is_ok_and(|m| m.len() > 0) => {
+            return Err(RunError::NoCheckpoint(out.to_path_buf()));
         }
-        Sinks::resume(&jsonl_path, &csv_path, keep, opts.sender)?
-    } else {
-        Sinks::create(&jsonl_path, &csv_path, opts.sender)?
-    };
+        None => {}
+    }
+    // Records past the checkpoint are redone, bit for bit; the ones before it must all be
+    // there (a deleted or shortened file is refused, not continued with a hole).
+    let (keep, kept_last) =
+        reconcile_metrics(&jsonl_path, trainer.iteration(), trainer.global_step())?;
+    // Extending the run (`--set run.iterations=N`) is recorded once it is sure to go on.
+    if RunConfig::from_file(&config_path)?.run.iterations != config.run.iterations {
+        super::checkpoint::write_atomic(&config_path, config.to_toml().as_bytes())
+            .map_err(io(&config_path))?;
+    }
+    Ok((
+        Sinks::resume(&jsonl_path, &csv_path, keep, sender)?,
+        kept_last,
+    ))
+}
 
-    let total = config.total_steps() as u64;
+/// How the steps ended.
+struct Driven {
+    status: String,
+    last: Option<StepRecord>,
+    failure: Option<TrainError>,
+}
+
+/// Step the trainer to the end (or to Ctrl-C, or to a non-finite loss), each record to the
+/// sinks, a checkpoint every `run.checkpoint_every` iterations and at the end (the metrics on
+/// disk first).
+fn drive(
+    trainer: &mut Trainer,
+    config: &RunConfig,
+    out: &Path,
+    sinks: &mut Sinks,
+    progress: bool,
+    last_kept: Option<StepRecord>,
+) -> Result<Driven, RunError> {
+    let jsonl_path = out.join("metrics.jsonl");
     let bar = Progress::new(
-        opts.progress,
-        total,
+        progress,
+        config.total_steps() as u64,
         "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps ({per_sec}, eta {eta}) {msg}",
     );
     bar.set_position(trainer.global_step() as u64);
-
-    let started = Instant::now();
-    let steps_before = trainer.global_step();
-    let mut status = "completed".to_string();
-    let mut last: Option<StepRecord> = last_kept;
-    let mut failure: Option<TrainError> = None;
+    let mut driven = Driven {
+        status: "completed".to_string(),
+        last: last_kept,
+        failure: None,
+    };
     if !trainer.is_done()
         && trainer.at_iteration_boundary()
         && trainer.iteration() == 0
-        && super::checkpoint::verify(&checkpoint_dir(&out, 0)).is_err()
+        && super::checkpoint::verify(&checkpoint_dir(out, 0)).is_err()
     {
         // A checkpoint of the initial state, so even a run that diverges at once has one — but
         // not over the one a resume starts from: a kill mid-rewrite would leave no checkpoint
         // that verifies (a rewrite is not byte-identical: burn records fresh parameter ids).
-        write_checkpoint(&trainer, &out)?;
+        write_checkpoint(trainer, out)?;
     }
     while !trainer.is_done() {
         match trainer.step() {
@@ -725,13 +810,13 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
                         )
                     });
                 }
-                last = Some(record);
+                driven.last = Some(record);
             }
             Err(e) => {
                 if let TrainError::NonFinite { step, .. } = e {
-                    status = format!("diverged at step {step}");
+                    driven.status = format!("diverged at step {step}");
                 }
-                failure = Some(e);
+                driven.failure = Some(e);
                 break;
             }
         }
@@ -744,45 +829,57 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
             {
                 // The metrics reach the disk before the checkpoint that follows them.
                 sinks.sync().map_err(io(&jsonl_path))?;
-                write_checkpoint(&trainer, &out)?;
+                write_checkpoint(trainer, out)?;
             } else {
                 sinks.flush().map_err(io(&jsonl_path))?;
             }
             if interrupts > 0 {
-                status = "interrupted".into();
+                driven.status = "interrupted".into();
                 break;
             }
         } else if interrupts > 1 {
-            status = "interrupted".into();
+            driven.status = "interrupted".into();
             break;
         }
     }
     sinks.flush().map_err(io(&jsonl_path))?;
     bar.finish_and_clear();
+    Ok(driven)
+}
 
+/// `summary.json`: the final evaluation and the run's figures.
+fn write_summary(
+    trainer: &mut Trainer,
+    config: &RunConfig,
+    out: &Path,
+    driven: &Driven,
+    started: Instant,
+    steps_before: usize,
+) -> Result<RunSummary, RunError> {
     let wall = started.elapsed().as_secs_f64();
     let steps_done = trainer.global_step() - steps_before;
     let (final_accuracy, final_heldout_accuracy) = trainer.evaluate()?;
+    let last = driven.last.as_ref();
     let summary = RunSummary {
         name: config.run.name.clone(),
         seed: config.run.seed,
         device: trainer.engine_label(),
         iterations: trainer.iteration(),
         steps: trainer.global_step(),
-        final_reward_mean: last.as_ref().map(|r| r.reward_mean).unwrap_or(f32::NAN),
+        final_reward_mean: last.map(|r| r.reward_mean).unwrap_or(f32::NAN),
         final_accuracy,
         final_heldout_accuracy,
         sft_heldout_accuracy: trainer.sft_heldout_accuracy(),
-        final_entropy: last.as_ref().map(|r| r.entropy).unwrap_or(f32::NAN),
-        final_kl: last.as_ref().map(|r| r.kl).unwrap_or(f32::NAN),
-        max_reward: crate::task::reward::max_reward_of(&config),
+        final_entropy: last.map(|r| r.entropy).unwrap_or(f32::NAN),
+        final_kl: last.map(|r| r.kl).unwrap_or(f32::NAN),
+        max_reward: crate::task::reward::max_reward_of(config),
         wall_time_secs: wall,
         ms_per_step: if steps_done > 0 {
             wall * 1000.0 / steps_done as f64
         } else {
             f64::NAN
         },
-        status,
+        status: driven.status.clone(),
         policy_parameters: trainer.engine().flat_weights().len(),
         critic_parameters: trainer.critic_parameters(),
     };
@@ -792,20 +889,5 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
         serde_json::to_string_pretty(&summary).expect("summary serializes"),
     )
     .map_err(io(&summary_path))?;
-    let charts = if opts.charts {
-        // Charts from the file, thinned to at most 600 iterations (on a 900-pixel-wide chart):
-        // memory stays flat however long the run was.
-        let records = read_metrics_decimated(&jsonl_path, 300).map_err(io(&jsonl_path))?;
-        crate::report::run_charts(&records, &config, &out.join("charts")).map_err(io(&out))?
-    } else {
-        Vec::new()
-    };
-    if let Some(e) = failure {
-        return Err(e.into());
-    }
-    Ok(RunOutcome {
-        summary,
-        out,
-        charts,
-    })
+    Ok(summary)
 }

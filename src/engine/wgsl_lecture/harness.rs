@@ -1,0 +1,135 @@
+//! Single kernels on given buffers, for the kernel tests.
+
+use super::*;
+
+/// One kernel dispatch for [`KernelHarness::run`].
+#[derive(Debug, Clone, Copy)]
+pub enum HarnessOp {
+    Matmul(MatmulParams, (u32, u32)),
+    /// An entry point of lecture_step.wgsl over `count` invocations (`reduce` runs
+    /// reduce_partial and reduce_final).
+    Step(&'static str, StepParams, usize),
+}
+
+/// Runs single kernels on given buffers (the kernel tests): many cases in one submission.
+pub struct KernelHarness {
+    ctx: Arc<GpuContext>,
+    programs: Programs,
+}
+
+impl KernelHarness {
+    /// A harness running `kernel` for the products (the tests run both on any adapter).
+    pub fn new(ctx: Arc<GpuContext>, kernel: MatmulKernel) -> Result<Self, EngineError> {
+        Ok(Self {
+            programs: Programs::new(&ctx, kernel)?,
+            ctx,
+        })
+    }
+
+    /// The matmul tile edge in use.
+    pub fn tile(&self) -> u32 {
+        self.programs.tile
+    }
+
+    /// Run `ops` in order on `buf` in one submission and return the buffers after.
+    pub fn run(
+        &self,
+        buf: &reference::Buffers,
+        ops: &[HarnessOp],
+    ) -> Result<reference::Buffers, EngineError> {
+        let ctx = &self.ctx;
+        let device = &ctx.device;
+        let model = WgslLectureEngine::storage(ctx, "harness.model", buf.model.len())?;
+        let work = WgslLectureEngine::storage(ctx, "harness.work", buf.work.len())?;
+        let ints = WgslLectureEngine::storage(ctx, "harness.ints", buf.ints.len())?;
+        ctx.queue.write_buffer(&model, 0, &f32_bytes(&buf.model));
+        ctx.queue.write_buffer(&work, 0, &f32_bytes(&buf.work));
+        ctx.queue.write_buffer(&ints, 0, &u32_bytes(&buf.ints));
+        let mut rec = Recorder::default();
+        for op in ops {
+            match *op {
+                HarnessOp::Matmul(mm, src) => rec.matmul(&self.programs, src, mm),
+                HarnessOp::Step("reduce", p, _) => rec.reduce(
+                    &self.programs,
+                    StepParams { sums_off: 0, ..p },
+                    p.src_off as usize,
+                    p.count as usize,
+                    p.channels as usize,
+                    p.sums_off,
+                    p.square == 1,
+                ),
+                HarnessOp::Step(entry, p, count) => rec.step(&self.programs, entry, p, count),
+            }
+        }
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let slots = rec.slots.len().max(1) as u64;
+        let uniform = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("harness.uniform"),
+            size: slots * SLOT,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut uni = Vec::new();
+        for s in &rec.slots {
+            let mut bytes = match s {
+                StepParamsOrMm::Step(p) => p.bytes(),
+                StepParamsOrMm::Mm(m) => u32_bytes(&m.words()),
+            };
+            bytes.resize(SLOT as usize, 0);
+            uni.extend_from_slice(&bytes);
+        }
+        if !uni.is_empty() {
+            ctx.queue.write_buffer(&uniform, 0, &uni);
+        }
+        let group = step_bind_group(
+            device,
+            &self.programs.layout,
+            "harness",
+            [&uniform, &model, &work, &ints],
+        );
+        let mut encoder = device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            for op in &rec.ops {
+                if let Op::Step {
+                    pipeline,
+                    slot,
+                    grid,
+                    ..
+                } = op
+                {
+                    pass.set_pipeline(pipeline);
+                    pass.set_bind_group(0, &group, &[*slot * SLOT as u32]);
+                    pass.dispatch_workgroups(grid.0, grid.1, grid.2);
+                }
+            }
+        }
+        let lens = [buf.model.len(), buf.work.len(), buf.ints.len()];
+        let total: u64 = lens.iter().map(|l| (l * 4) as u64).sum();
+        let staging = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("harness.staging"),
+            size: total.max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut offset = 0;
+        for (b, len) in [&model, &work, &ints].into_iter().zip(lens) {
+            if len > 0 {
+                encoder.copy_buffer_to_buffer(b, 0, &staging, offset, (len * 4) as u64);
+            }
+            offset += (len * 4) as u64;
+        }
+        ctx.queue.submit([encoder.finish()]);
+        if let Some(error) = crate::gpu::context::scope_error(scope.pop()) {
+            return Err(EngineError::Kernel(KernelError::Readback(
+                error.to_string(),
+            )));
+        }
+        let out = Staged::map(staging, total, lens.to_vec()).wait(ctx)?;
+        Ok(reference::Buffers {
+            model: f32s(&out[0]),
+            work: f32s(&out[1]),
+            ints: u32s(&out[2]),
+        })
+    }
+}

@@ -1,0 +1,159 @@
+//! The compiled pipelines (every entry point of `matmul.wgsl` and `lecture_step.wgsl`) and
+//! the step kernels' bind group.
+
+use super::*;
+
+impl Programs {
+    pub(super) fn new(ctx: &GpuContext, kernel: MatmulKernel) -> Result<Self, EngineError> {
+        let device = &ctx.device;
+        let limits = device.limits();
+        if limits.max_storage_buffers_per_shader_stage < 3 || !fits_min(&limits) {
+            return Err(kerr(
+                "adapter",
+                "the WGSL engine needs 64-wide workgroups and 3 storage buffers per stage",
+            ));
+        }
+        let wg = matmul_workgroup_edge(&limits, ctx.summary.is_software());
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        use wgpu::BufferBindingType::{Storage, Uniform};
+        let rw = Storage { read_only: false };
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("wgsl_lecture"),
+            entries: &[
+                layout_entry(0, Uniform, true),
+                layout_entry(1, rw, false),
+                layout_entry(2, rw, false),
+                layout_entry(3, rw, false),
+            ],
+        });
+        let sample_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("sample.wgsl"),
+            entries: &[
+                layout_entry(0, Uniform, false),
+                layout_entry(1, Storage { read_only: true }, false),
+                layout_entry(2, rw, false),
+                layout_entry(3, rw, false),
+            ],
+        });
+        let pipeline_layout = |l: &wgpu::BindGroupLayout| {
+            device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: None,
+                bind_group_layouts: &[Some(l)],
+                immediate_size: 0,
+            })
+        };
+        let main_layout = pipeline_layout(&layout);
+        let module = |file: &str, src: String| {
+            device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(file),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            })
+        };
+        let matmul_src = MATMUL.replace("const WG: u32 = 8u;", &format!("const WG: u32 = {wg}u;"));
+        let matmul_module = module("matmul.wgsl", matmul_src);
+        let step_module = module("lecture_step.wgsl", format!("{COMMON}\n{STEP}"));
+        let sample_module = module("sample.wgsl", format!("{COMMON}\n{SAMPLE}"));
+        let pipeline = |layout: &wgpu::PipelineLayout,
+                        m: &wgpu::ShaderModule,
+                        entry: &str,
+                        constants: &[(&str, f64)]| {
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: Some(layout),
+                module: m,
+                entry_point: Some(entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants,
+                    zero_initialize_workgroup_memory: true,
+                },
+                cache: None,
+            })
+        };
+        let mut matmul = HashMap::new();
+        for a in 0..3u32 {
+            for b in 0..2u32 {
+                let consts = [("A_SRC", a as f64), ("B_SRC", b as f64)];
+                matmul.insert(
+                    (a, b),
+                    pipeline(&main_layout, &matmul_module, kernel.entry(), &consts),
+                );
+            }
+        }
+        let step = STEP_ENTRIES
+            .iter()
+            .map(|e| (*e, pipeline(&main_layout, &step_module, e, &[])))
+            .collect();
+        let sample_pl = pipeline_layout(&sample_layout);
+        let row_weights = pipeline(&sample_pl, &sample_module, "row_weights", &[]);
+        let draw = pipeline(&sample_pl, &sample_module, "draw", &[]);
+        if let Some(error) = crate::gpu::context::scope_error(scope.pop()) {
+            return Err(EngineError::Kernel(KernelError::Shader {
+                file: "matmul.wgsl / lecture_step.wgsl".into(),
+                error: error.to_string(),
+            }));
+        }
+        Ok(Self {
+            layout,
+            matmul,
+            step,
+            sample_layout,
+            row_weights,
+            draw,
+            tile: wg * 4,
+            kernel,
+        })
+    }
+}
+
+pub(super) fn layout_entry(
+    binding: u32,
+    ty: wgpu::BufferBindingType,
+    dynamic: bool,
+) -> wgpu::BindGroupLayoutEntry {
+    wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset: dynamic,
+            min_binding_size: None,
+        },
+        count: None,
+    }
+}
+
+/// The step kernels' bind group: one `SLOT` of the uniform buffer (its dynamic offset picks the
+/// dispatch's parameters), the model, the work buffer and the token ids.
+pub(super) fn step_bind_group(
+    device: &wgpu::Device,
+    layout: &wgpu::BindGroupLayout,
+    label: &str,
+    [uniform, model, work, ints]: [&wgpu::Buffer; 4],
+) -> wgpu::BindGroup {
+    device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(label),
+        layout,
+        entries: &[
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: uniform,
+                    offset: 0,
+                    size: wgpu::BufferSize::new(SLOT),
+                }),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: model.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: work.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 3,
+                resource: ints.as_entire_binding(),
+            },
+        ],
+    })
+}

@@ -1,0 +1,379 @@
+//! Submissions and read-backs: the recorder of one submission's dispatches (each with its
+//! uniform slot), the submission itself, the staged (asynchronous) read-back, the profiler.
+
+use super::*;
+
+impl WgslLectureEngine {
+    /// Run `ops` as one submission and read back `(buffer, element offset, elements)`,
+    /// waiting for it (natively; the browser cannot wait: there it is an error, and only
+    /// [`Engine::iteration`] reads back, asynchronously).
+    pub(super) fn submit(
+        &mut self,
+        slots: &[StepParamsOrMm],
+        ops: Vec<Op>,
+        reads: &[(Reads, usize, usize)],
+    ) -> Result<Vec<Vec<u8>>, EngineError> {
+        let staged = self.submit_staged(slots, ops, reads)?;
+        if reads.is_empty() {
+            return Ok(Vec::new());
+        }
+        if cfg!(target_arch = "wasm32") {
+            return Err(EngineError::Unsupported(
+                "the WGSL engine in a browser reads back only whole iterations (asynchronously); this run needs a blocking read-back: train it on the CPU (device auto)".into(),
+            ));
+        }
+        staged.wait(&self.ctx)
+    }
+
+    /// Run `ops` as one submission with the read-backs copied into a staging buffer whose
+    /// mapping has been asked for; [`Staged`] collects them.
+    pub(super) fn submit_staged(
+        &mut self,
+        slots: &[StepParamsOrMm],
+        ops: Vec<Op>,
+        reads: &[(Reads, usize, usize)],
+    ) -> Result<Staged, EngineError> {
+        let plan = self.plan.as_ref().expect("planned");
+        if slots.len() as u64 > plan.slots {
+            return Err(kerr(
+                "submission",
+                "too many dispatches for the uniform buffer",
+            ));
+        }
+        let device = &self.ctx.device;
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut uni = Vec::with_capacity(slots.len() * SLOT as usize);
+        for s in slots {
+            let mut bytes = match s {
+                StepParamsOrMm::Step(p) => p.bytes(),
+                StepParamsOrMm::Mm(m) => u32_bytes(&m.words()),
+            };
+            bytes.resize(SLOT as usize, 0);
+            uni.extend_from_slice(&bytes);
+        }
+        if !uni.is_empty() {
+            self.ctx.queue.write_buffer(&plan.uniform, 0, &uni);
+        }
+        if std::env::var_os("GRPO_WGSL_PROFILE").is_some() {
+            self.profile(&ops, slots);
+        }
+        let new_encoder = || {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("wgsl_lecture"),
+            })
+        };
+        // Command buffers of one submission, in order: the recorded ops, broken where commands
+        // encoded elsewhere come in.
+        let mut buffers = Vec::new();
+        let mut encoder = new_encoder();
+        let mut ops = ops.into_iter().peekable();
+        while let Some(op) = ops.next() {
+            match op {
+                Op::Copy {
+                    src,
+                    src_off,
+                    dst,
+                    dst_off,
+                    bytes,
+                } => {
+                    if bytes > 0 {
+                        encoder.copy_buffer_to_buffer(&src, src_off, &dst, dst_off, bytes);
+                    }
+                }
+                Op::Commands(commands) => {
+                    buffers.push(std::mem::replace(&mut encoder, new_encoder()).finish());
+                    buffers.push(commands);
+                }
+                first => {
+                    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some("wgsl_lecture"),
+                        timestamp_writes: None,
+                    });
+                    // One pass for each run of dispatches.
+                    let mut op = first;
+                    loop {
+                        match op {
+                            Op::Step {
+                                pipeline,
+                                slot,
+                                grid,
+                                ..
+                            } => {
+                                pass.set_pipeline(&pipeline);
+                                pass.set_bind_group(0, &plan.group, &[slot * SLOT as u32]);
+                                pass.dispatch_workgroups(grid.0, grid.1, grid.2);
+                            }
+                            Op::Sample { pipeline, grid } => {
+                                pass.set_pipeline(&pipeline);
+                                pass.set_bind_group(0, &plan.sample_group, &[]);
+                                pass.dispatch_workgroups(grid.0, grid.1, grid.2);
+                            }
+                            // Not dispatches: `next_if` below never hands them here.
+                            Op::Copy { .. } | Op::Commands(_) => {}
+                        }
+                        match ops.next_if(|o| matches!(o, Op::Step { .. } | Op::Sample { .. })) {
+                            Some(next) => op = next,
+                            None => break,
+                        }
+                    }
+                }
+            }
+        }
+        let total: u64 = reads.iter().map(|r| (r.2 * 4) as u64).sum();
+        let staging = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgsl_lecture.staging"),
+            size: total.max(4).next_multiple_of(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut offset = 0u64;
+        for (which, at, len) in reads {
+            let src = match which {
+                Reads::Work => &plan.work,
+                Reads::Ints => &plan.ints,
+                Reads::Model => &self.model,
+                Reads::Buffer(b) => b,
+            };
+            let bytes = (*len * 4) as u64;
+            if bytes > 0 {
+                encoder.copy_buffer_to_buffer(src, (*at * 4) as u64, &staging, offset, bytes);
+            }
+            offset += bytes;
+        }
+        buffers.push(encoder.finish());
+        self.ctx.queue.submit(buffers);
+        self.count_submission();
+        if let Some(error) = crate::gpu::context::scope_error(scope.pop()) {
+            return Err(EngineError::Kernel(KernelError::Readback(format!(
+                "the device refused the submission: {error}"
+            ))));
+        }
+        Ok(Staged::map(
+            staging,
+            total,
+            reads.iter().map(|r| r.2).collect(),
+        ))
+    }
+
+    /// Times each dispatch of `ops` (20 times in a row in one submission), printed to stderr
+    /// by label and shape: `GRPO_WGSL_PROFILE=1`. Diagnostics only: the repeated dispatches
+    /// change the run's results.
+    pub(super) fn profile(&self, ops: &[Op], slots: &[StepParamsOrMm]) {
+        let plan = self.plan.as_ref().expect("planned");
+        let device = &self.ctx.device;
+        let mut lines = Vec::new();
+        for op in ops {
+            let Op::Step {
+                pipeline,
+                slot,
+                grid,
+                label,
+            } = op
+            else {
+                continue;
+            };
+            let what = match &slots[*slot as usize] {
+                StepParamsOrMm::Mm(m) => {
+                    format!("{label} {}x{}x{} b{}", m.m, m.n, m.k, m.batch)
+                }
+                StepParamsOrMm::Step(_) => format!("{label} {grid:?}"),
+            };
+            const REPS: u32 = 20;
+            let t0 = std::time::Instant::now();
+            let mut encoder = device.create_command_encoder(&Default::default());
+            {
+                let mut pass = encoder.begin_compute_pass(&Default::default());
+                pass.set_pipeline(pipeline);
+                pass.set_bind_group(0, &plan.group, &[*slot * SLOT as u32]);
+                for _ in 0..REPS {
+                    pass.dispatch_workgroups(grid.0, grid.1, grid.2);
+                }
+            }
+            self.ctx.queue.submit([encoder.finish()]);
+            let _ = device.poll(wgpu::PollType::wait_indefinitely());
+            let ms = t0.elapsed().as_secs_f64() * 1e3 / REPS as f64;
+            lines.push(format!("{ms:9.3} ms  {what}"));
+        }
+        eprintln!("[wgsl profile]\n{}", lines.join("\n"));
+    }
+}
+
+/// Workgroups for `count` invocations of 64, over x and y past 65 535 per dimension.
+pub(super) fn grid_1d(count: usize) -> (u32, u32, u32) {
+    let groups = count.div_ceil(64).max(1);
+    let x = groups.min(65_535);
+    (x as u32, groups.div_ceil(x) as u32, 1)
+}
+
+impl Recorder {
+    pub(super) fn step(
+        &mut self,
+        p: &Programs,
+        entry: &'static str,
+        params: StepParams,
+        count: usize,
+    ) {
+        self.step_grid(p, entry, params, grid_1d(count));
+    }
+
+    pub(super) fn step_grid(
+        &mut self,
+        p: &Programs,
+        entry: &'static str,
+        params: StepParams,
+        grid: (u32, u32, u32),
+    ) {
+        let slot = self.slots.len() as u32;
+        self.slots.push(StepParamsOrMm::Step(params));
+        self.ops.push(Op::Step {
+            pipeline: p.step[entry].clone(),
+            slot,
+            grid,
+            label: entry,
+        });
+        self.dispatches += 1;
+    }
+
+    pub(super) fn matmul(&mut self, p: &Programs, src: (u32, u32), mm: MatmulParams) {
+        let tile = p.tile;
+        let batch = if mm.reduce { 1 } else { mm.batch.max(1) };
+        let grid = match p.kernel {
+            MatmulKernel::Tiled => (
+                mm.n.div_ceil(tile).max(1),
+                mm.m.div_ceil(tile).max(1),
+                batch,
+            ),
+            MatmulKernel::Rows => {
+                let groups = (mm.m.div_ceil(MATMUL_ROWS) as usize * mm.n.div_ceil(4) as usize)
+                    .div_ceil(MATMUL_ROWS_WG)
+                    .max(1);
+                let x = groups.min(65_535);
+                (x as u32, groups.div_ceil(x) as u32, batch)
+            }
+        };
+        let slot = self.slots.len() as u32;
+        self.slots.push(StepParamsOrMm::Mm(mm));
+        self.ops.push(Op::Step {
+            pipeline: p.matmul[&src].clone(),
+            slot,
+            grid,
+            label: "matmul",
+        });
+        self.dispatches += 1;
+    }
+
+    /// A two-level sum of `channels` channels of `count` elements from `src` into
+    /// `sums[dst..dst + channels]` (squared when `square`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn reduce(
+        &mut self,
+        p: &Programs,
+        base: StepParams,
+        src: usize,
+        count: usize,
+        channels: usize,
+        dst: u32,
+        square: bool,
+    ) {
+        let nchunks = count.div_ceil(CHUNK).max(1);
+        let params = StepParams {
+            src_off: src as u32,
+            count: count as u32,
+            nchunks: nchunks as u32,
+            square: square as u32,
+            sums_off: base.sums_off + dst,
+            ..base
+        };
+        self.step_grid(
+            p,
+            "reduce_partial",
+            params,
+            (nchunks as u32, channels as u32, 1),
+        );
+        self.step_grid(p, "reduce_final", params, (1, channels as u32, 1));
+    }
+}
+
+impl Staged {
+    /// Ask for `staging`'s first `total` bytes (read-backs of `lens` elements, in order) to be
+    /// mapped, after the submission that fills it.
+    pub(super) fn map(staging: wgpu::Buffer, total: u64, lens: Vec<usize>) -> Self {
+        let ready = Arc::new(std::sync::Mutex::new(None));
+        if total > 0 {
+            let flag = ready.clone();
+            staging
+                .slice(0..total.next_multiple_of(4))
+                .map_async(wgpu::MapMode::Read, move |r| {
+                    *flag.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                });
+        }
+        Self {
+            staging,
+            total,
+            lens,
+            ready,
+        }
+    }
+
+    /// Whether the mapping has come back (it has failed or succeeded).
+    pub(super) fn is_ready(&self) -> bool {
+        self.total == 0
+            || self
+                .ready
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some()
+    }
+
+    /// Wait for the device, then read (natively).
+    pub(super) fn wait(self, ctx: &GpuContext) -> Result<Vec<Vec<u8>>, EngineError> {
+        // Another thread's poll on the same device may be the one running this mapping's
+        // callback: the device can be idle a moment before the flag is set.
+        let started = web_time::Instant::now();
+        while !self.is_ready() {
+            ctx.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| EngineError::Kernel(KernelError::Readback(e.to_string())))?;
+            if started.elapsed() > std::time::Duration::from_secs(600) {
+                break;
+            }
+            if !self.is_ready() {
+                std::thread::yield_now();
+            }
+        }
+        self.read()
+    }
+
+    /// Each read-back's bytes, once [`Staged::is_ready`].
+    pub(super) fn read(self) -> Result<Vec<Vec<u8>>, EngineError> {
+        let readback = |e: String| EngineError::Kernel(KernelError::Readback(e));
+        if self.total == 0 {
+            return Ok(self.lens.iter().map(|_| Vec::new()).collect());
+        }
+        let state = self.ready.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match state {
+            Some(r) => r.map_err(|e| readback(e.to_string()))?,
+            None => return Err(readback("the read-back has not arrived".into())),
+        }
+        let slice = self.staging.slice(0..self.total.next_multiple_of(4));
+        let mapped = slice
+            .get_mapped_range()
+            .map_err(|e| readback(e.to_string()))?;
+        let mut out = Vec::with_capacity(self.lens.len());
+        let mut offset = 0usize;
+        for &len in &self.lens {
+            let Some(bytes) = mapped.get(offset..offset + len * 4) else {
+                return Err(readback(format!(
+                    "a read of {} bytes past the {} staged",
+                    len * 4,
+                    mapped.len()
+                )));
+            };
+            out.push(bytes.to_vec());
+            offset += len * 4;
+        }
+        drop(mapped);
+        self.staging.unmap();
+        Ok(out)
+    }
+}

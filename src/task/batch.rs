@@ -1,0 +1,47 @@
+//! The frozen batch of one iteration, the data every engine, the critic and the record read.
+
+/// The frozen batch of one iteration: `B` prompts, `B·G` responses padded to `T`.
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    pub b: usize,
+    pub g: usize,
+    /// Padded width: `n` for the lecture model, the longest response for the transformer.
+    pub t: usize,
+    pub n: usize,
+    /// `[B·n]`
+    pub prompts: Vec<u32>,
+    /// `[B·G·T]`, padded with `pad` after each response's end.
+    pub responses: Vec<u32>,
+    pub pad: u32,
+    /// `[B·G·T]`: 1 for real tokens.
+    pub mask: Vec<f32>,
+    /// Tokens of each response.
+    pub lengths: Vec<usize>,
+}
+
+impl Batch {
+    /// `B` prompts of `n` tokens (`[B·n]`) and their `B·G` responses, padded with `pad` to the
+    /// longest response (at least one position).
+    pub fn padded(prompts: Vec<u32>, n: usize, rows: &[Vec<u32>], g: usize, pad: u32) -> Self {
+        let t = rows.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
+        let mut responses = Vec::with_capacity(rows.len() * t);
+        let mut mask = Vec::with_capacity(rows.len() * t);
+        for r in rows {
+            for i in 0..t {
+                responses.push(r.get(i).copied().unwrap_or(pad));
+                mask.push(if i < r.len() { 1.0f32 } else { 0.0 });
+            }
+        }
+        Self {
+            b: rows.len() / g.max(1),
+            g,
+            t,
+            n,
+            prompts,
+            responses,
+            pad,
+            mask,
+            lengths: rows.iter().map(|r| r.len()).collect(),
+        }
+    }
+}
