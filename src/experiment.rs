@@ -4,7 +4,7 @@
 //! table) describe one matrix each.
 
 use crate::config::{ConfigError, DeviceChoice, RunConfig};
-use crate::metrics::{Getter, StepRecord};
+use crate::metrics::{Getter, RunSummary, StepRecord};
 use crate::report::stats::mean_std;
 use crate::report::{Series, line_chart};
 use crate::train::{self, RunOptions};
@@ -838,6 +838,12 @@ pub struct CompareOutcome {
     pub ran: usize,
 }
 
+/// A run's `summary.json`, if it has one that reads.
+fn read_summary(dir: &Path) -> Option<RunSummary> {
+    let text = std::fs::read_to_string(dir.join("summary.json")).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
 fn run_dir(out: &Path, cell: &Cell, seed: u64) -> PathBuf {
     out.join("runs").join(format!("{}__seed{seed}", cell.slug))
 }
@@ -899,10 +905,7 @@ pub fn run_matrix(
                         diff,
                     });
                 }
-                let done = std::fs::read_to_string(dir.join("summary.json"))
-                    .ok()
-                    .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
-                    .is_some_and(|v| v["status"] == "completed");
+                let done = read_summary(&dir).is_some_and(|s| s.status == "completed");
                 if done {
                     skipped += 1;
                     continue;
@@ -1049,20 +1052,14 @@ fn summarise(
             else {
                 continue;
             };
-            let summary: Option<serde_json::Value> =
-                std::fs::read_to_string(dir.join("summary.json"))
-                    .ok()
-                    .and_then(|s| serde_json::from_str(&s).ok());
-            let Some(summary) = summary else { continue };
-            finals.push(summary["final_reward_mean"].as_f64().unwrap_or(f64::NAN));
-            entropies.push(summary["final_entropy"].as_f64().unwrap_or(f64::NAN));
-            accs.push(summary["final_accuracy"].as_f64().unwrap_or(f64::NAN));
-            walls.push(summary["wall_time_secs"].as_f64().unwrap_or(f64::NAN));
-            heldout.push(
-                summary["final_heldout_accuracy"]
-                    .as_f64()
-                    .unwrap_or(f64::NAN),
-            );
+            let Some(summary) = read_summary(&dir) else {
+                continue;
+            };
+            finals.push(summary.final_reward_mean as f64);
+            entropies.push(summary.final_entropy as f64);
+            accs.push(summary.final_accuracy as f64);
+            walls.push(summary.wall_time_secs);
+            heldout.push(summary.final_heldout_accuracy.map_or(f64::NAN, f64::from));
             for (k, acc) in lengths.iter_mut().enumerate() {
                 let v: Vec<f64> = tail
                     .iter()

@@ -632,26 +632,18 @@ impl FusedLecture {
             old_logp,
             ref_logp,
         };
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { self.step_avx2(&x, s, temperature, lr, max_grad_norm) };
-        }
-        self.step_body(&x, s, temperature, lr, max_grad_norm)
+        self.step_batch(&x, s, temperature, lr, max_grad_norm)
     }
 
-    /// `step_body` compiled with AVX2 enabled.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    fn step_avx2(
-        &mut self,
-        x: &Batch,
-        s: &LossSettings,
-        temperature: f32,
-        lr: f64,
-        max_grad_norm: f32,
-    ) -> (StepScalars, Vec<f32>) {
-        self.step_body(x, s, temperature, lr, max_grad_norm)
+    avx2_dispatch! {
+        fn step_batch via step_avx2 => step_body(
+            &mut self,
+            x: &Batch,
+            s: &LossSettings,
+            temperature: f32,
+            lr: f64,
+            max_grad_norm: f32,
+        ) -> (StepScalars, Vec<f32>)
     }
 
     #[inline(always)]
@@ -759,10 +751,8 @@ impl FusedLecture {
             .iter()
             .zip(&sc.adv)
             .fold((0u32, 0u32), |(l, h), (&r, &a)| {
-                (
-                    l + (r < lo && a < 0.0) as u32,
-                    h + (r > hi && a > 0.0) as u32,
-                )
+                let (low, high) = reference::clip_flags(r, a, lo, hi);
+                (l + low as u32, h + high as u32)
             });
         let ratio_sum = sum_f64(&sc.ratio);
         // d logπ / d logits = (onehot − softmax) / T: the one-hot part per token, the softmax

@@ -12,7 +12,6 @@
 
 use super::StepScalars;
 use super::fused_lecture::{View, exp_fast, lanes8, product_into, sum_sq, zeroed};
-use crate::config::LossAggMode;
 use crate::model::TransformerShape;
 use crate::objective::loss::{LossSettings, reference};
 
@@ -1006,78 +1005,39 @@ impl FusedTransformer {
         self.token_logp_ragged(w, prompts, responses, &full, g, t, temperature)
     }
 
-    /// `token_logp` of rows holding `lens[r]` real tokens: the positions after a row's end
-    /// are not computed and hold 0.
-    #[allow(clippy::too_many_arguments)]
-    pub fn token_logp_ragged(
-        &mut self,
-        w: Option<&[f32]>,
-        prompts: &[u32],
-        responses: &[u32],
-        lens: &[usize],
-        g: usize,
-        t: usize,
-        temperature: f32,
-    ) -> Vec<f32> {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { self.token_logp_avx2(w, prompts, responses, lens, g, t, temperature) };
-        }
-        self.token_logp_body(w, prompts, responses, lens, g, t, temperature)
+    avx2_dispatch! {
+        /// `token_logp` of rows holding `lens[r]` real tokens: the positions after a row's end
+        /// are not computed and hold 0.
+        pub fn token_logp_ragged via token_logp_avx2 => token_logp_body(
+            &mut self,
+            w: Option<&[f32]>,
+            prompts: &[u32],
+            responses: &[u32],
+            lens: &[usize],
+            g: usize,
+            t: usize,
+            temperature: f32,
+        ) -> Vec<f32>
     }
 
-    /// `token_logp` compiled with AVX2 enabled (same operations, wider vectors).
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    #[allow(clippy::too_many_arguments)]
-    fn token_logp_avx2(
-        &mut self,
-        w: Option<&[f32]>,
-        prompts: &[u32],
-        responses: &[u32],
-        lens: &[usize],
-        g: usize,
-        t: usize,
-        temperature: f32,
-    ) -> Vec<f32> {
-        self.token_logp_body(w, prompts, responses, lens, g, t, temperature)
+    avx2_dispatch! {
+        /// The step's loss, scalars and gradient (read it with [`Self::gradient`]), no update.
+        pub fn loss_and_gradient via loss_and_gradient_avx2 => loss_and_gradient_body(
+            &mut self,
+            x: &StepInput,
+            st: &StepSettings,
+        ) -> StepScalars
     }
 
-    /// The step's loss, scalars and gradient (read it with [`Self::gradient`]), no update.
-    pub fn loss_and_gradient(&mut self, x: &StepInput, st: &StepSettings) -> StepScalars {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { self.loss_and_gradient_avx2(x, st) };
-        }
-        self.loss_and_gradient_body(x, st)
-    }
-
-    /// `loss_and_gradient` compiled with AVX2 enabled (same operations, wider vectors).
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    fn loss_and_gradient_avx2(&mut self, x: &StepInput, st: &StepSettings) -> StepScalars {
-        self.loss_and_gradient_body(x, st)
-    }
-
-    /// Supervised steps (the cold start): `−mean log π(target | prompt)` over every position of
-    /// each batch (as burn's `supervised_steps`: padding included), a fresh Adam, one step per
-    /// batch `(prompts [B·n], targets [B·T], T)`. Returns the last loss.
-    pub fn supervised(&mut self, batches: &[(&[u32], &[u32], usize)], lr: f64) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { self.supervised_avx2(batches, lr) };
-        }
-        self.supervised_body(batches, lr)
-    }
-
-    /// `supervised` compiled with AVX2 enabled (same operations, wider vectors).
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    fn supervised_avx2(&mut self, batches: &[(&[u32], &[u32], usize)], lr: f64) -> f32 {
-        self.supervised_body(batches, lr)
+    avx2_dispatch! {
+        /// Supervised steps (the cold start): `−mean log π(target | prompt)` over every position of
+        /// each batch (as burn's `supervised_steps`: padding included), a fresh Adam, one step per
+        /// batch `(prompts [B·n], targets [B·T], T)`. Returns the last loss.
+        pub fn supervised via supervised_avx2 => supervised_body(
+            &mut self,
+            batches: &[(&[u32], &[u32], usize)],
+            lr: f64,
+        ) -> f32
     }
 
     #[inline(always)]
@@ -1183,23 +1143,10 @@ impl FusedTransformer {
             sc.ent[k] = h;
             sc.logp[i] = z[x.responses[i] as usize] - lz;
         }
-        // Aggregation weight of every token (0 on padding), as `burn_loss::aggregate`.
+        // Aggregation weight of every token (0 on padding).
         let mask_sum: f32 = x.mask.iter().sum();
-        let token_w = 1.0 / mask_sum.max(1.0);
-        let weight = |i: usize| -> f32 {
-            if x.mask[i] == 0.0 {
-                return 0.0;
-            }
-            match s.agg {
-                LossAggMode::TokenMean => token_w,
-                LossAggMode::SeqMeanTokenMean => {
-                    let row = i / t;
-                    let len: f32 = x.mask[row * t..(row + 1) * t].iter().sum();
-                    1.0 / (len.max(1.0) * r as f32)
-                }
-                LossAggMode::SeqMeanTokenSumNorm => 1.0 / (r * s.max_len.max(t)) as f32,
-            }
-        };
+        let weights = reference::aggregation_weights(s.agg, x.mask, t, s.max_len);
+        let weight = |i: usize| weights[i];
         let kl_on = s.kl_in_loss && s.beta > 0.0;
         let beta = if kl_on { s.beta } else { 0.0 };
         let (lo, hi) = (1.0 - s.epsilon_low, 1.0 + s.epsilon_high);
@@ -1223,8 +1170,9 @@ impl FusedTransformer {
             kl_sum += kl as f64;
             ratio_sum += ratio as f64;
             ent_sum += h as f64;
-            low += (ratio < lo && a < 0.0) as u32;
-            high += (ratio > hi && a > 0.0) as u32;
+            let (is_low, is_high) = reference::clip_flags(ratio, a, lo, hi);
+            low += is_low as u32;
+            high += is_high as u32;
             // ∂L/∂z_j = coef·(1[j = token] − p_j) + c·w·p_j·(log p_j + H), then /T.
             let coef = wi * (dterm + if kl_on { dkl } else { 0.0 });
             let cw = c * wi;
@@ -1329,42 +1277,19 @@ pub struct Generation {
 }
 
 impl FusedTransformer {
-    /// Generate `G` sampled responses per prompt (and, if `with_greedy`, one greedy answer
-    /// per prompt in the same pass) with a KV cache: the prompts' positions once per prompt,
-    /// then one position per response and step, until every row closed or `max_len`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn generate(
-        &mut self,
-        prompts: &[u32],
-        g: usize,
-        max_len: usize,
-        pick: &Pick,
-        temperature: f32,
-        with_greedy: bool,
-    ) -> Generation {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe {
-                self.generate_avx2(prompts, g, max_len, pick, temperature, with_greedy)
-            };
-        }
-        self.generate_body(prompts, g, max_len, pick, temperature, with_greedy)
-    }
-
-    /// `generate` compiled with AVX2 enabled (same operations, wider vectors).
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    fn generate_avx2(
-        &mut self,
-        prompts: &[u32],
-        g: usize,
-        max_len: usize,
-        pick: &Pick,
-        temperature: f32,
-        with_greedy: bool,
-    ) -> Generation {
-        self.generate_body(prompts, g, max_len, pick, temperature, with_greedy)
+    avx2_dispatch! {
+        /// Generate `G` sampled responses per prompt (and, if `with_greedy`, one greedy answer
+        /// per prompt in the same pass) with a KV cache: the prompts' positions once per prompt,
+        /// then one position per response and step, until every row closed or `max_len`.
+        pub fn generate via generate_avx2 => generate_body(
+            &mut self,
+            prompts: &[u32],
+            g: usize,
+            max_len: usize,
+            pick: &Pick,
+            temperature: f32,
+            with_greedy: bool,
+        ) -> Generation
     }
 
     #[inline(always)]
@@ -1707,7 +1632,7 @@ impl FusedTransformer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{KlEstimator, LossMode};
+    use crate::config::{KlEstimator, LossAggMode, LossMode};
     use crate::rng::SplitMix64;
 
     fn shape() -> TransformerShape {

@@ -9,6 +9,34 @@
 //! CPU step) and [`transformer_cpu::FusedTransformerEngine`] (the transformer's fused CPU step,
 //! rollouts with a KV cache). [`kind_for`] picks the fastest one for a config on this machine.
 
+/// The fused CPU engines' AVX2 / portable dispatch, once: `fn NAME(&mut self, ARGS) -> R` runs
+/// `BODY` (an `#[inline(always)]` method) compiled with AVX2 through the generated method `AVX2`
+/// where the CPU has it (x86-64, checked at run time), else compiled as it is. Without FMA
+/// contraction both are the same IEEE operations in the same order: bit-identical results.
+macro_rules! avx2_dispatch {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident via $avx2:ident => $body:ident
+        (&mut self $(, $arg:ident : $ty:ty)* $(,)?) -> $ret:ty) => {
+        $(#[$meta])*
+        #[allow(clippy::too_many_arguments)]
+        $vis fn $name(&mut self $(, $arg: $ty)*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2 (checked just above).
+                return unsafe { self.$avx2($($arg),*) };
+            }
+            self.$body($($arg),*)
+        }
+
+        /// The same method compiled with AVX2 enabled (same operations, wider vectors).
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2")]
+        #[allow(clippy::too_many_arguments)]
+        fn $avx2(&mut self $(, $arg: $ty)*) -> $ret {
+            self.$body($($arg),*)
+        }
+    };
+}
+
 pub mod autodiff;
 pub mod burn_loss;
 pub mod fused_lecture;

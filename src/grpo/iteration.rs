@@ -1,7 +1,16 @@
-//! One GRPO iteration, top to bottom (GRPO-SPEC §2):
+//! One GRPO iteration, top to bottom, numbered as GRPO-SPEC §2 numbers its steps
+//! ([`Trainer::run_iteration`]):
 //!
-//! (refresh the reference) → choose prompts → roll out → verify → advantages →
-//! log π_old / log π_ref → μ optimizer steps → record.
+//! 1. refresh the reference → (choose the prompts) → 2. roll out `[B·G]` responses →
+//! 3. verify → 4. advantages → 5. log π_old / log π_ref `[B·G·T]`, frozen →
+//! 6. `for _ in 0..μ { optimizer step }` → each step's record.
+//!
+//! (4 comes with 3 where nothing waits for it; after 5 where the KL goes into the reward, which
+//! needs log π_old / log π_ref, or where dynamic sampling redraws flat groups.)
+//! The app and the browser drive the same two parts one step at a time ([`Trainer::step`]);
+//! an engine that runs the whole iteration on its device
+//! ([`Engine::iteration`](crate::engine::Engine::iteration)) does steps
+//! 2–6 in one submission, behind the same `Frozen` data (`roll_out_whole`).
 //!
 //! Everything that differs between compute paths is behind [`Engine`]; this file knows no
 //! burn, no gemm, no wgpu (a test drives it with a fake engine).
@@ -60,7 +69,7 @@ impl Laps {
 }
 
 impl Trainer {
-    /// The steps of GRPO-SPEC §2 up to the optimizer steps, for the current iteration.
+    /// Steps 1–5 of GRPO-SPEC §2 for the current iteration: its frozen data.
     pub(super) fn roll_out(&mut self) -> Result<Frozen, TrainError> {
         self.cold_start()?;
         let cfg = self.config.clone();
@@ -72,12 +81,12 @@ impl Trainer {
         if iteration > 0 && a.ref_period > 0 && iteration.is_multiple_of(a.ref_period) {
             self.engine.refresh_reference();
         }
-        // 2. Choose the prompts.
+        // Choose the prompts (`[B]` indices into the training split).
         let mut indices = self.sampler.indices(&cfg, iteration);
         if self.runs_whole() {
             return self.roll_out_whole(indices, laps);
         }
-        // 3. Roll out G responses per prompt from π_old, and 4. verify them (with the
+        // 2. Roll out G responses per prompt from π_old, and 3. verify them (with the
         // advantages on the device when they do not wait for anything else).
         let kl_in_reward = a.kl_penalty == KlPenaltyMode::Reward && a.beta > 0.0;
         let advantages_now = !kl_in_reward && !a.dynamic_sampling && !a.bugs.std_without_eps;
@@ -101,8 +110,8 @@ impl Trainer {
         };
         laps.lap(&mut self.timings.old_ref_logp);
 
-        // 6. Advantages from the scores (minus β·KL when the KL goes into the reward), every
-        // mode for the same rewards; one drives the update.
+        // 4. Advantages from the scores (minus β·KL when the KL goes into the reward), every
+        // mode for the same rewards, `[B·G]`; one drives the update.
         let penalized =
             kl_in_reward.then(|| self.kl_penalized(&scored.rewards, &batch, &old_logp, &ref_logp));
         let rewards = penalized.as_deref().unwrap_or(&scored.rewards);
@@ -378,14 +387,45 @@ impl Trainer {
         (adv, (loss, explained))
     }
 
-    /// One optimizer step (step 7 of GRPO-SPEC §2), rolling out first when an iteration
-    /// begins; then the record.
+    /// One GRPO iteration, GRPO-SPEC §2 top to bottom, each record handed to `sink` as its
+    /// step ends (`sink` returns false to stop at once, the iteration left unfinished: a second
+    /// Ctrl-C). The CLI's run loop calls this; the app and the browser drive [`Self::step`], one
+    /// step at a time over the same two parts.
+    pub fn run_iteration(
+        &mut self,
+        mut sink: impl FnMut(StepRecord) -> bool,
+    ) -> Result<(), TrainError> {
+        let mut started = Instant::now();
+        // 1–5. The reference, the rollout, the verifier, the advantages, log π_old / log π_ref:
+        // the iteration's frozen data (`[B·G·T]`).
+        if self.frozen.is_none() {
+            self.frozen = Some(self.roll_out()?);
+        }
+        // 6. μ optimizer steps on the frozen batch (one mini-batch per step today).
+        for _ in self.step_in_iteration..self.config.algorithm.mu {
+            let record = self.optimizer_step(started)?;
+            started = Instant::now();
+            if !sink(record) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// One optimizer step, rolling out first when an iteration begins: what the app and the
+    /// browser drive, a frame at a time.
     pub fn step(&mut self) -> Result<StepRecord, TrainError> {
         let started = Instant::now();
         if self.frozen.is_none() {
-            let frozen = self.roll_out()?;
-            self.frozen = Some(frozen);
+            self.frozen = Some(self.roll_out()?);
         }
+        self.optimizer_step(started)
+    }
+
+    /// Step 6's optimizer step on the frozen batch, and its record (its time counted from
+    /// `started`: the iteration's first step carries the rollout's); the iteration ends with its
+    /// μ-th.
+    fn optimizer_step(&mut self, started: Instant) -> Result<StepRecord, TrainError> {
         // A config changed live (the app's Apply) to something this engine does not cover
         // (a bug switch, the entropy bonus) moves the run to an engine that does.
         self.ensure_engine_supports_config()?;

@@ -114,9 +114,47 @@ pub mod reference {
         if s.kl_in_loss && s.beta > 0.0 {
             loss += s.beta * kl;
         }
-        let low = (ratio < 1.0 - s.epsilon_low && adv < 0.0) as u32;
-        let high = (ratio > 1.0 + s.epsilon_high && adv > 0.0) as u32;
-        (ratio, loss, kl, low | (high << 1))
+        let (low, high) = clip_flags(ratio, adv, 1.0 - s.epsilon_low, 1.0 + s.epsilon_high);
+        (ratio, loss, kl, low as u32 | ((high as u32) << 1))
+    }
+
+    /// The aggregation (GRPO-SPEC §4) as each token's weight in the loss, `[R·T]` for `R` responses
+    /// padded to `T` (`mask`: 1 on real tokens; padding weighs 0):
+    /// - `seq-mean-token-mean` (GRPO): `1/(R·len_i)`, each response's mean, then their mean;
+    /// - `token-mean` (DAPO): `1/Σ mask`, every token of the batch alike;
+    /// - `seq-mean-token-sum-norm` (Dr. GRPO): `1/(R·max(max_len, T))`, a constant normaliser.
+    ///
+    /// The loss is `Σ_t w_t·ℓ_t`; burn's `aggregate` and the fused transformer weigh alike.
+    pub fn aggregation_weights(
+        agg: crate::config::LossAggMode,
+        mask: &[f32],
+        t: usize,
+        max_len: usize,
+    ) -> Vec<f32> {
+        use crate::config::LossAggMode;
+        let t = t.max(1);
+        let r = mask.len() / t;
+        let token_w = 1.0 / mask.iter().sum::<f32>().max(1.0);
+        mask.chunks(t)
+            .flat_map(|row| {
+                let w = match agg {
+                    LossAggMode::TokenMean => token_w,
+                    LossAggMode::SeqMeanTokenMean => {
+                        1.0 / (row.iter().sum::<f32>().max(1.0) * r as f32)
+                    }
+                    LossAggMode::SeqMeanTokenSumNorm => 1.0 / (r * max_len.max(t)) as f32,
+                };
+                row.iter().map(move |&m| if m == 0.0 { 0.0 } else { w })
+            })
+            .collect()
+    }
+
+    /// Whether the clip is active on a token, low and high: the ratio below `lo = 1 − ε_low` with
+    /// `a < 0`, or above `hi = 1 + ε_high` with `a > 0` (where the clipped objective's gradient is
+    /// 0). The clip fractions every engine logs count these (`lecture_step.wgsl` mirrors it).
+    #[inline(always)]
+    pub fn clip_flags(ratio: f32, adv: f32, lo: f32, hi: f32) -> (bool, bool) {
+        (ratio < lo && adv < 0.0, ratio > hi && adv > 0.0)
     }
 
     /// The policy-gradient part of one token's loss and its derivative with respect to

@@ -18,7 +18,7 @@ pub const LOCK_FILE: &str = ".grpo-lab.lock";
 #[derive(Debug, Error)]
 pub enum LockError {
     #[error(
-        "{dir} is being written by another process ({holder}); refusing to write it too, and nothing was touched. Wait for that process to finish, or stop it (a stopped or killed writer leaves no lock behind), then --resume"
+        "{dir} is being written by another process ({holder}); refusing to write it too, and nothing was touched. Wait for that process to finish, or stop it: a killed writer leaves no lock behind (`--resume` continues its run)"
     )]
     Held { dir: PathBuf, holder: String },
     #[error("{path}: {source}")]

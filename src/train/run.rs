@@ -797,47 +797,50 @@ fn drive(
         // that verifies (a rewrite is not byte-identical: burn records fresh parameter ids).
         write_checkpoint(trainer, out)?;
     }
+    let mu = config.algorithm.mu;
     while !trainer.is_done() {
-        match trainer.step() {
-            Ok(record) => {
-                sinks.write(&record).map_err(io(&jsonl_path))?;
-                bar.inc(1);
-                if record.step_in_iteration == 0 {
-                    bar.set_message(|| {
-                        format!(
-                            "iter {} reward {:.3} acc {:.2}",
-                            record.iteration, record.reward_mean, record.accuracy_train
-                        )
-                    });
-                }
-                driven.last = Some(record);
+        // One iteration, each record to the sinks as its step ends; a second Ctrl-C stops it
+        // in the middle.
+        let mut written = Ok(());
+        let mut stopped = false;
+        let result = trainer.run_iteration(|record| {
+            written = sinks.write(&record);
+            bar.inc(1);
+            if record.step_in_iteration == 0 {
+                bar.set_message(|| {
+                    format!(
+                        "iter {} reward {:.3} acc {:.2}",
+                        record.iteration, record.reward_mean, record.accuracy_train
+                    )
+                });
             }
-            Err(e) => {
-                if let TrainError::NonFinite { step, .. } = e {
-                    driven.status = format!("diverged at step {step}");
-                }
-                driven.failure = Some(e);
-                break;
+            // Not on the iteration's last step: its end is a checkpoint, below.
+            stopped = INTERRUPTS.load(Ordering::SeqCst) > 1 && record.step_in_iteration + 1 < mu;
+            driven.last = Some(record);
+            written.is_ok() && !stopped
+        });
+        written.map_err(io(&jsonl_path))?;
+        if let Err(e) = result {
+            if let TrainError::NonFinite { step, .. } = e {
+                driven.status = format!("diverged at step {step}");
             }
+            driven.failure = Some(e);
+            break;
+        }
+        if stopped {
+            driven.status = "interrupted".into();
+            break;
         }
         let interrupts = INTERRUPTS.load(Ordering::SeqCst);
-        if trainer.at_iteration_boundary() {
-            let every = config.run.checkpoint_every;
-            if interrupts > 0
-                || (every > 0 && trainer.iteration() % every == 0)
-                || trainer.is_done()
-            {
-                // The metrics reach the disk before the checkpoint that follows them.
-                sinks.sync().map_err(io(&jsonl_path))?;
-                write_checkpoint(trainer, out)?;
-            } else {
-                sinks.flush().map_err(io(&jsonl_path))?;
-            }
-            if interrupts > 0 {
-                driven.status = "interrupted".into();
-                break;
-            }
-        } else if interrupts > 1 {
+        let every = config.run.checkpoint_every;
+        if interrupts > 0 || (every > 0 && trainer.iteration() % every == 0) || trainer.is_done() {
+            // The metrics reach the disk before the checkpoint that follows them.
+            sinks.sync().map_err(io(&jsonl_path))?;
+            write_checkpoint(trainer, out)?;
+        } else {
+            sinks.flush().map_err(io(&jsonl_path))?;
+        }
+        if interrupts > 0 {
             driven.status = "interrupted".into();
             break;
         }

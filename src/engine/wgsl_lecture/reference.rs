@@ -5,7 +5,7 @@
 
 use super::{CHUNK, MatmulParams, StepParams};
 use crate::config::{KlEstimator, LossMode};
-use crate::objective::loss::reference::{kl_term, pg_term};
+use crate::objective::loss::reference::{clip_flags, kl_term, pg_term};
 
 /// The buffers a kernel reads and writes.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -160,8 +160,9 @@ pub fn step_kernel(entry: &str, lp: &StepParams, buf: &mut Buffers) {
                     sums[0] += term;
                     sums[1] += kl;
                     sums[2] += ratio;
-                    sums[3] += (ratio < lp.lo && a < 0.0) as u32 as f32;
-                    sums[4] += (ratio > lp.hi && a > 0.0) as u32 as f32;
+                    let (low, high) = clip_flags(ratio, a, lp.lo, lp.hi);
+                    sums[3] += low as u32 as f32;
+                    sums[4] += high as u32 as f32;
                 }
                 let s = w(lp.stats_off);
                 for (c, x) in sums.iter().enumerate() {
