@@ -1,0 +1,439 @@
+//! What a matrix leaves: each cell's results over seeds (`summary.md`, `summary.csv`), the
+//! overlay charts and their seed bands, the report metrics of the cards.
+
+use super::*;
+
+/// Per-cell results over seeds.
+#[derive(Debug, Clone)]
+pub struct CellSummary {
+    pub label: String,
+    pub seeds: usize,
+    pub final_reward: (f64, f64),
+    pub ci95: (f64, f64),
+    pub reached: usize,
+    pub iterations_to_threshold: Option<f64>,
+    pub final_entropy: f64,
+    pub frac_zero_std: f64,
+    pub final_accuracy: f64,
+    pub heldout_accuracy: f64,
+    /// Mean response length over the last 10 iterations: all, correct, wrong.
+    pub final_length: (f64, f64, f64),
+    pub wall_secs: f64,
+    /// The card's report metrics: (mean, std) over seeds, in `Card::report` order.
+    pub report: Vec<(f64, f64)>,
+}
+
+/// Each report metric's (mean, std) over the seeds' numbers (a seed that never logged it is
+/// left out).
+pub fn report_over_seeds(per_seed: &[Vec<f64>], metrics: usize) -> Vec<(f64, f64)> {
+    (0..metrics)
+        .map(|k| {
+            let v: Vec<f64> = per_seed
+                .iter()
+                .filter_map(|r| r.get(k).copied())
+                .filter(|x| x.is_finite())
+                .collect();
+            if v.is_empty() {
+                (f64::NAN, f64::NAN)
+            } else {
+                mean_std(&v)
+            }
+        })
+        .collect()
+}
+
+impl Card {
+    /// The metrics drawn per iteration besides `BAND_METRICS`: the plots, then the report's.
+    pub fn band_metrics(&self) -> Vec<String> {
+        let mut v: Vec<String> = Vec::new();
+        for m in self
+            .plots
+            .iter()
+            .chain(self.report.iter().map(|r| &r.metric))
+        {
+            if !v.contains(m) && !BAND_METRICS.contains(&m.as_str()) {
+                v.push(m.clone());
+            }
+        }
+        v
+    }
+
+    /// The report as a markdown table (cells × metrics, mean ± std over seeds).
+    pub fn report_markdown(&self, rows: &[(String, Vec<(f64, f64)>)]) -> String {
+        if self.report.is_empty() {
+            return String::new();
+        }
+        let mut md = format!(
+            "| cell | {} |\n|---|{}\n",
+            self.report
+                .iter()
+                .map(ReportMetric::header)
+                .collect::<Vec<_>>()
+                .join(" | "),
+            "---|".repeat(self.report.len())
+        );
+        for (label, vals) in rows {
+            md.push_str(&format!(
+                "| {label} | {} |\n",
+                vals.iter()
+                    .map(|(m, s)| fmt_mean_std(*m, *s))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            ));
+        }
+        md
+    }
+}
+
+/// `0.123 ± 0.004`, with digits for the magnitude; `–` when not logged.
+pub fn fmt_mean_std(m: f64, s: f64) -> String {
+    if !m.is_finite() {
+        return "–".into();
+    }
+    let a = m.abs().max(s.abs());
+    if a >= 1e5 {
+        return format!("{m:.2e} ± {s:.2e}");
+    }
+    let d = if a >= 100.0 {
+        1
+    } else if a >= 1.0 {
+        2
+    } else if a >= 0.01 {
+        3
+    } else {
+        4
+    };
+    format!("{m:.d$} ± {s:.d$}")
+}
+
+/// Two-sided 97.5 % quantile of Student's t with `df` degrees of freedom.
+pub(super) fn t975(df: usize) -> f64 {
+    const T: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
+    ];
+    if df == 0 {
+        f64::NAN
+    } else if df <= 30 {
+        T[df - 1]
+    } else {
+        1.96
+    }
+}
+
+/// The metrics drawn as bands over seeds (compare charts and the app).
+pub const BAND_METRICS: [&str; 6] = [
+    "reward/mean",
+    "kl",
+    "entropy",
+    "completions/mean_length",
+    "completions/mean_length_wrong",
+    "accuracy/heldout",
+];
+
+/// Per metric, per iteration: (iteration, mean, std) over the runs (seeds) of one cell. A
+/// run's value at an iteration is the mean over its steps there (the rollout's metrics repeat
+/// on each step; the step's own — KL, ratio, clip fractions — vary). `BAND_METRICS` and `extra`.
+pub fn seed_bands(
+    runs: &[Vec<StepRecord>],
+    extra: &[String],
+) -> BTreeMap<String, Vec<(f64, f64, f64)>> {
+    let names: Vec<(&str, Getter)> = BAND_METRICS
+        .iter()
+        .copied()
+        .chain(extra.iter().map(String::as_str))
+        .filter_map(|n| crate::metrics::getter(n).map(|g| (n, g)))
+        .collect();
+    let mut per_iter: BTreeMap<&str, BTreeMap<usize, Vec<f64>>> = BTreeMap::new();
+    for run in runs {
+        // (metric, iteration) → (sum, count) within this run
+        let mut acc: BTreeMap<(&str, usize), (f64, usize)> = BTreeMap::new();
+        for r in run {
+            for &(name, get) in &names {
+                if let Some(v) = get(r).filter(|v| v.is_finite()) {
+                    let e = acc.entry((name, r.iteration)).or_default();
+                    e.0 += v as f64;
+                    e.1 += 1;
+                }
+            }
+        }
+        for ((name, it), (sum, count)) in acc {
+            per_iter
+                .entry(name)
+                .or_default()
+                .entry(it)
+                .or_default()
+                .push(sum / count as f64);
+        }
+    }
+    per_iter
+        .into_iter()
+        .map(|(name, by_iter)| {
+            let pts = by_iter
+                .iter()
+                .map(|(it, v)| {
+                    let (m, s) = mean_std(v);
+                    (*it as f64, m, s)
+                })
+                .collect();
+            (name.to_string(), pts)
+        })
+        .collect()
+}
+
+/// Per cell: its label and, per metric, (iteration, mean, std) over its seeds.
+pub type CellBands = Vec<(String, BTreeMap<String, Vec<(f64, f64, f64)>>)>;
+
+/// A compare directory read back: each cell's runs, grouped by the run directories' names
+/// (`{cell}__seed{S}`), as bands over seeds.
+pub fn load_compare_dir(dir: &Path) -> Result<CellBands, ExperimentError> {
+    let runs_dir = if dir.join("runs").is_dir() {
+        dir.join("runs")
+    } else {
+        dir.to_path_buf()
+    };
+    let mut cells: BTreeMap<String, Vec<Vec<StepRecord>>> = BTreeMap::new();
+    for entry in std::fs::read_dir(&runs_dir).map_err(io(&runs_dir))? {
+        let path = entry.map_err(io(&runs_dir))?.path();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        let Some((cell, _seed)) = name.rsplit_once("__seed") else {
+            continue;
+        };
+        if let Ok(records) = train::run::read_metrics_decimated(&path.join("metrics.jsonl"), 300) {
+            cells.entry(cell.to_string()).or_default().push(records);
+        }
+    }
+    Ok(cells
+        .into_iter()
+        .map(|(cell, runs)| (cell, seed_bands(&runs, &[])))
+        .collect())
+}
+
+pub(super) fn summarise(
+    matrix: &Matrix,
+    cells: &[Cell],
+    opts: &CompareOptions,
+) -> Result<(Vec<CellSummary>, PathBuf, Vec<PathBuf>), ExperimentError> {
+    let mut summaries = Vec::new();
+    let mut overlays: BTreeMap<String, Vec<Series>> = BTreeMap::new();
+    for cell in cells {
+        let mut finals = Vec::new();
+        let mut entropies = Vec::new();
+        let mut zero = Vec::new();
+        let mut accs = Vec::new();
+        let mut walls = Vec::new();
+        let mut heldout = Vec::new();
+        let mut lengths: [Vec<f64>; 3] = Default::default();
+        let mut reach = Vec::new();
+        let mut reports: Vec<Vec<f64>> = Vec::new();
+        let mut seed_records: Vec<Vec<StepRecord>> = Vec::new();
+        for &seed in &matrix.seeds {
+            let dir = run_dir(&opts.out, cell, seed);
+            let path = dir.join("metrics.jsonl");
+            // Statistics streamed (constant memory for any run length), bands from the
+            // decimated read the charts use.
+            let (mut tail, mut zero_sum, mut firsts, mut reached) =
+                (std::collections::VecDeque::new(), 0f64, 0usize, None);
+            let mut report = ReportAcc::new(&matrix.card.report);
+            let streamed = train::run::for_each_metric(&path, |r| {
+                report.push(&r);
+                if r.step_in_iteration != 0 {
+                    return;
+                }
+                firsts += 1;
+                zero_sum += r.frac_reward_zero_std as f64;
+                if reached.is_none()
+                    && matrix
+                        .threshold
+                        .is_some_and(|th| r.reward_mean as f64 >= th)
+                {
+                    reached = Some(r.iteration as f64);
+                }
+                if tail.len() == 10 {
+                    tail.pop_front();
+                }
+                tail.push_back([r.mean_length, r.mean_length_correct, r.mean_length_wrong]);
+            });
+            let Ok(records) =
+                streamed.and_then(|()| train::run::read_metrics_decimated(&path, 300))
+            else {
+                continue;
+            };
+            let Some(summary) = read_summary(&dir) else {
+                continue;
+            };
+            finals.push(summary.final_reward_mean as f64);
+            entropies.push(summary.final_entropy as f64);
+            accs.push(summary.final_accuracy as f64);
+            walls.push(summary.wall_time_secs);
+            heldout.push(summary.final_heldout_accuracy.map_or(f64::NAN, f64::from));
+            for (k, acc) in lengths.iter_mut().enumerate() {
+                let v: Vec<f64> = tail
+                    .iter()
+                    .map(|l| l[k] as f64)
+                    .filter(|x| x.is_finite())
+                    .collect();
+                if !v.is_empty() {
+                    acc.push(v.iter().sum::<f64>() / v.len() as f64);
+                }
+            }
+            zero.push(zero_sum / firsts.max(1) as f64);
+            if let Some(it) = reached {
+                reach.push(it);
+            }
+            reports.push(report.finish());
+            seed_records.push(records);
+        }
+        let fr = mean_std(&finals);
+        let half = t975(finals.len().saturating_sub(1)) * fr.1 / (finals.len() as f64).sqrt();
+        summaries.push(CellSummary {
+            label: cell.label.clone(),
+            seeds: finals.len(),
+            final_reward: fr,
+            ci95: (fr.0 - half, fr.0 + half),
+            reached: reach.len(),
+            iterations_to_threshold: (!reach.is_empty()).then(|| mean_std(&reach).0),
+            final_entropy: mean_std(&entropies).0,
+            frac_zero_std: mean_std(&zero).0,
+            final_accuracy: mean_std(&accs).0,
+            heldout_accuracy: mean_std(&heldout).0,
+            final_length: (
+                mean_std(&lengths[0]).0,
+                mean_std(&lengths[1]).0,
+                mean_std(&lengths[2]).0,
+            ),
+            wall_secs: mean_std(&walls).0,
+            report: report_over_seeds(&reports, matrix.card.report.len()),
+        });
+        for (name, pts) in seed_bands(&seed_records, &matrix.card.band_metrics()) {
+            let mut series =
+                Series::line(cell.label.clone(), pts.iter().map(|p| (p.0, p.1)).collect());
+            series.band = Some(pts.iter().map(|p| (p.0, p.1 - p.2, p.1 + p.2)).collect());
+            overlays.entry(name).or_default().push(series);
+        }
+    }
+    let out = &opts.out;
+    let mut csv = String::from(
+        "cell,seeds,final_reward_mean,final_reward_std,ci95_low,ci95_high,reached_threshold,iterations_to_threshold,final_entropy,frac_reward_zero_std,final_accuracy,heldout_accuracy,mean_length,mean_length_correct,mean_length_wrong,wall_secs",
+    );
+    // The card's report after the fixed columns: `{metric}@{agg}` mean and std.
+    for m in &matrix.card.report {
+        let name = format!("{}@{}", m.metric, Agg::NAMES[m.agg as usize]);
+        csv.push_str(&format!(",\"{name} mean\",\"{name} std\""));
+    }
+    csv.push('\n');
+    for s in &summaries {
+        csv.push_str(&format!(
+            "\"{}\",{},{:.4},{:.4},{:.4},{:.4},{},{},{:.4},{:.4},{:.4},{:.4},{:.3},{:.3},{:.3},{:.3}",
+            s.label,
+            s.seeds,
+            s.final_reward.0,
+            s.final_reward.1,
+            s.ci95.0,
+            s.ci95.1,
+            s.reached,
+            s.iterations_to_threshold
+                .map(|x| format!("{x:.1}"))
+                .unwrap_or_default(),
+            s.final_entropy,
+            s.frac_zero_std,
+            s.final_accuracy,
+            s.heldout_accuracy,
+            s.final_length.0,
+            s.final_length.1,
+            s.final_length.2,
+            s.wall_secs
+        ));
+        for (mean, std) in &s.report {
+            csv.push_str(&format!(",{mean:.5},{std:.5}"));
+        }
+        csv.push('\n');
+    }
+    let csv_path = out.join("summary.csv");
+    std::fs::write(&csv_path, csv).map_err(io(&csv_path))?;
+    let mut md = format!("# {}\n\n", matrix.name);
+    if !matrix.description.is_empty() {
+        md.push_str(&format!("{}\n\n", matrix.description.trim()));
+    }
+    md.push_str(&format!(
+        "Base preset with {} · seeds {} · final reward = mean reward of the last iteration's rollouts (max {}).\n\n",
+        if matrix.axes.is_empty() { "no axes".to_string() } else { matrix.axes.iter().map(|a| format!("`{}` ∈ {{{}}}", a.key, a.values.join(", "))).collect::<Vec<_>>().join(" × ") },
+        if matrix.seeds.len() > 3 { format!("{}–{} ({} seeds)", matrix.seeds[0], matrix.seeds[matrix.seeds.len() - 1], matrix.seeds.len()) } else { format!("{:?}", matrix.seeds) },
+        crate::task::reward::max_reward_of(&matrix.base)
+    ));
+    let th = matrix
+        .threshold
+        .map(|t| format!("iterations to reward ≥ {t} (runs that got there)"))
+        .unwrap_or_else(|| "iterations to threshold".into());
+    // Variable-length policies get their length columns (the length story).
+    let lengths = matrix.base.model.kind == crate::config::ModelKind::Transformer;
+    md.push_str(&format!(
+        "| cell | final reward (mean ± std) | 95 % interval | {th} | final entropy | zero-std groups | greedy train accuracy |{} wall time |\n|---|---|---|---|---|---|---|{}---|\n",
+        if lengths { " held-out accuracy | length, last 10 it. (all / correct / wrong) |" } else { "" },
+        if lengths { "---|---|" } else { "" },
+    ));
+    for s in &summaries {
+        let extra = if lengths {
+            format!(
+                " {:.3} | {:.2} / {:.2} / {:.2} |",
+                s.heldout_accuracy, s.final_length.0, s.final_length.1, s.final_length.2
+            )
+        } else {
+            String::new()
+        };
+        md.push_str(&format!(
+            "| {} | {:.3} ± {:.3} | [{:.3}, {:.3}] | {} | {:.3} | {:.1} % | {:.3} |{extra} {:.2} s |\n",
+            s.label,
+            s.final_reward.0,
+            s.final_reward.1,
+            s.ci95.0,
+            s.ci95.1,
+            match (matrix.threshold, s.iterations_to_threshold) {
+                (None, _) => "–".to_string(),
+                (Some(_), Some(x)) => format!("{x:.1} ({}/{})", s.reached, s.seeds),
+                (Some(_), None) => format!("never (0/{})", s.seeds),
+            },
+            s.final_entropy,
+            100.0 * s.frac_zero_std,
+            s.final_accuracy,
+            s.wall_secs
+        ));
+    }
+    if !matrix.card.claim.is_empty() {
+        md.push_str(&format!(
+            "\n**Claim** ({}): {}\n\n**Look at**: {}\n",
+            matrix.card.source, matrix.card.claim, matrix.card.look_at
+        ));
+    }
+    if !matrix.card.report.is_empty() {
+        md.push_str("\n## What the mechanism shows (mean ± std over seeds)\n\n");
+        let rows: Vec<(String, Vec<(f64, f64)>)> = summaries
+            .iter()
+            .map(|s| (s.label.clone(), s.report.clone()))
+            .collect();
+        md.push_str(&matrix.card.report_markdown(&rows));
+    }
+    let md_path = out.join("summary.md");
+    std::fs::write(&md_path, md).map_err(io(&md_path))?;
+    let chart_dir = out.join("charts");
+    let mut charts = Vec::new();
+    for (name, series) in &overlays {
+        let stem = name.replace('/', "_");
+        charts.extend(
+            line_chart(
+                &chart_dir,
+                &stem,
+                &format!("{}: {name} (mean ± std over seeds)", matrix.name),
+                "iteration",
+                name,
+                series,
+            )
+            .map_err(io(&chart_dir))?,
+        );
+    }
+    Ok((summaries, md_path, charts))
+}

@@ -1,0 +1,179 @@
+//! Running a matrix: every (cell, seed) run in `--out/runs/`, those already complete skipped,
+//! cells in parallel, the directory locked for one writer.
+
+use super::report::summarise;
+use super::*;
+
+/// Options for running a matrix.
+pub struct CompareOptions {
+    pub out: PathBuf,
+    pub jobs: usize,
+    pub force: bool,
+    pub progress: bool,
+    /// Override every cell's iteration count (CI smoke runs).
+    pub iterations: Option<usize>,
+    pub device: DeviceChoice,
+}
+
+/// What a finished matrix left behind.
+pub struct CompareOutcome {
+    pub cells: Vec<CellSummary>,
+    pub summary_md: PathBuf,
+    pub charts: Vec<PathBuf>,
+    pub skipped: usize,
+    pub ran: usize,
+}
+
+/// One writer per `--out` (and, inside, per cell: `train::run` locks each cell's directory);
+/// with `--force`, the finished runs go, but not from under a writer still busy in one of them
+/// (a `train --resume` there).
+pub(super) fn take_out(opts: &CompareOptions) -> Result<train::RunLock, ExperimentError> {
+    let lock = train::RunLock::acquire(&opts.out)?;
+    if opts.force {
+        let runs = opts.out.join("runs");
+        let cell_locks = std::fs::read_dir(&runs)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.join(train::lock::LOCK_FILE).exists())
+            .map(|p| train::RunLock::acquire(&p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let _ = std::fs::remove_dir_all(&runs);
+        drop(cell_locks);
+    }
+    Ok(lock)
+}
+
+/// Run every (cell, seed), skipping those already complete, then summarise.
+pub fn run_matrix(
+    matrix: &Matrix,
+    opts: &CompareOptions,
+) -> Result<CompareOutcome, ExperimentError> {
+    if opts.iterations == Some(0) {
+        return Err(ExperimentError::ZeroIterations);
+    }
+    let mut cells = matrix.cells()?;
+    for c in &mut cells {
+        if let Some(it) = opts.iterations {
+            c.config.run.iterations = it;
+        }
+        c.config.run.device = opts.device;
+        c.config.run.log_groups = c.config.run.log_groups.min(4);
+    }
+    let _lock = take_out(opts)?;
+    // Plan: which runs are done, which need running; refuse mixed configs up front.
+    let mut todo = Vec::new();
+    let mut skipped = 0;
+    for cell in &cells {
+        for &seed in &matrix.seeds {
+            let mut config = cell.config.clone();
+            config.run.seed = seed;
+            config.run.name = format!("{} seed {seed}", cell.label);
+            let dir = run_dir(&opts.out, cell, seed);
+            let stored = dir.join("config.toml");
+            if stored.exists() {
+                let prev = RunConfig::from_file(&stored)?;
+                if prev != config {
+                    let diff = prev.differing_keys(&config).join(", ");
+                    return Err(ExperimentError::DifferentConfig {
+                        dir: dir.display().to_string(),
+                        cell: cell.label.clone(),
+                        diff,
+                    });
+                }
+                let done = read_summary(&dir).is_some_and(|s| s.status == "completed");
+                if done {
+                    skipped += 1;
+                    continue;
+                }
+                todo.push((config, dir, true));
+            } else {
+                todo.push((config, dir, false));
+            }
+        }
+    }
+    std::fs::create_dir_all(opts.out.join("runs")).map_err(io(&opts.out))?;
+    // Each cell on the fastest engine for it (`auto`; a lecture cell and a transformer cell may
+    // differ), every device opened (and said) once, before any run starts.
+    let mut computes = Vec::with_capacity(todo.len());
+    let mut said = std::collections::BTreeSet::new();
+    for (config, _, _) in &todo {
+        let (compute, why) =
+            crate::engine::select(opts.device, config).map_err(|e| ExperimentError::Run {
+                dir: opts.out.display().to_string(),
+                reason: e.to_string(),
+            })?;
+        if opts.progress && said.insert(why.clone()) {
+            eprintln!("grpo-lab: {why}");
+        }
+        computes.push(compute);
+    }
+    let total_steps: u64 = todo.iter().map(|(c, _, _)| c.total_steps() as u64).sum();
+    let bar = train::run::Progress::new(
+        opts.progress,
+        todo.len() as u64,
+        "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} runs (eta {eta}) {msg}",
+    );
+    bar.set_message(|| format!("{total_steps} steps, {skipped} runs already done"));
+    let next = AtomicUsize::new(0);
+    let errors: Mutex<Vec<ExperimentError>> = Mutex::new(Vec::new());
+    let jobs = opts.jobs.max(1).min(todo.len().max(1));
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some((config, dir, resume)) = todo.get(i) else {
+                        break;
+                    };
+                    if train::interrupted() {
+                        break;
+                    }
+                    let result = train::run(
+                        config.clone(),
+                        computes[i].clone(),
+                        RunOptions {
+                            out: dir.clone(),
+                            resume: *resume,
+                            force: false,
+                            progress: false,
+                            sender: None,
+                            charts: false,
+                            lock: None,
+                        },
+                    );
+                    match result {
+                        Ok(_) => bar.inc(1),
+                        // A diverged run is a result.
+                        Err(train::RunError::Train(crate::grpo::TrainError::NonFinite {
+                            ..
+                        })) => bar.inc(1),
+                        Err(e) => errors.lock().unwrap_or_else(|e| e.into_inner()).push(
+                            ExperimentError::Run {
+                                dir: dir.display().to_string(),
+                                reason: e.to_string(),
+                            },
+                        ),
+                    }
+                }
+            });
+        }
+    });
+    bar.finish_and_clear();
+    if let Some(e) = errors
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .into_iter()
+        .next()
+    {
+        return Err(e);
+    }
+    let ran = todo.len();
+    summarise(matrix, &cells, opts).map(|(cells, summary_md, charts)| CompareOutcome {
+        cells,
+        summary_md,
+        charts,
+        skipped,
+        ran,
+    })
+}
