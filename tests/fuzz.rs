@@ -65,7 +65,8 @@ fn case(seed: u64, dir: &std::path::Path) -> Vec<String> {
         let text = if rng.below(2) == 0 {
             "[task\nn = = 3\n\u{0}\u{1}".to_string()
         } else {
-            let full = grpo_lab::config::RunConfig::preset(*pick(&mut rng, PRESETS))
+            let preset: &&str = pick(&mut rng, PRESETS);
+            let full = grpo_lab::config::RunConfig::preset(preset)
                 .unwrap()
                 .to_toml();
             let cut = rng.below(full.len() as u64) as usize;

@@ -550,3 +550,41 @@ fn a_resume_keeps_its_checkpoint_and_drops_the_abandoned_later_ones() {
         metrics_without_timing(&part.join("metrics.jsonl"))
     );
 }
+
+/// `Trainer::run_iteration` (the CLI's loop: steps 1–5, then the μ optimizer steps) and
+/// `Trainer::step` (the app's, one step at a time) are the same iteration: the same records, bit
+/// for bit (timing aside), on the fused engine and on burn's path.
+#[test]
+fn run_iteration_and_single_steps_give_the_same_records() {
+    use grpo_lab::grpo::Trainer;
+    let strip = |r: &grpo_lab::metrics::StepRecord| {
+        let mut v = serde_json::to_value(r).unwrap();
+        let o = v.as_object_mut().unwrap();
+        o.remove("step_time_secs");
+        o.remove("tokens_per_second");
+        v
+    };
+    for fused in ["auto", "off"] {
+        let config = short_lecture(3)
+            .with_overrides(&[format!("run.fused_step={fused}")])
+            .unwrap();
+        let mut by_step = Trainer::new(config.clone(), Compute::cpu()).unwrap();
+        let mut stepped = Vec::new();
+        while !by_step.is_done() {
+            stepped.push(strip(&by_step.step().unwrap()));
+        }
+        let mut whole = Trainer::new(config.clone(), Compute::cpu()).unwrap();
+        let mut iterated = Vec::new();
+        while !whole.is_done() {
+            assert!(whole.at_iteration_boundary());
+            whole
+                .run_iteration(|r| {
+                    iterated.push(strip(&r));
+                    true
+                })
+                .unwrap();
+        }
+        assert_eq!(iterated.len(), config.total_steps(), "fused_step = {fused}");
+        assert_eq!(iterated, stepped, "fused_step = {fused}");
+    }
+}

@@ -94,10 +94,8 @@ impl Val {
     /// Read back what [`Val::python`] wrote, where an all-caps name is one of the script's
     /// own variables (`names`: the [`Val::Expr`]s it may hold).
     pub fn parse_python(text: &str, names: &[&'static str]) -> Option<Val> {
-        match names.iter().find(|n| **n == text.trim()) {
-            Some(name) => Some(Val::Expr(*name)),
-            None => Self::parse_literal(text),
-        }
+        let name = names.iter().copied().find(|n| *n == text.trim());
+        name.map(Val::Expr).or_else(|| Self::parse_literal(text))
     }
 }
 

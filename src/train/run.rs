@@ -833,7 +833,10 @@ fn drive(
         }
         let interrupts = INTERRUPTS.load(Ordering::SeqCst);
         let every = config.run.checkpoint_every;
-        if interrupts > 0 || (every > 0 && trainer.iteration() % every == 0) || trainer.is_done() {
+        if interrupts > 0
+            || (every > 0 && trainer.iteration().is_multiple_of(every))
+            || trainer.is_done()
+        {
             // The metrics reach the disk before the checkpoint that follows them.
             sinks.sync().map_err(io(&jsonl_path))?;
             write_checkpoint(trainer, out)?;
