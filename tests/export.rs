@@ -520,7 +520,20 @@ fn the_trl_export_trains_two_steps_on_a_cpu_where_trl_imports() {
 
 /// The Python for one framework: `GRPO_LAB_<NAME>_PYTHON`, else `GRPO_LAB_PYTHON`, else
 /// `python3` (verl 0.7 pins `transformers<5`, TRL 1.9 wants 5: two environments are usual).
+/// Where it does not import, the check is skipped — or fails, with
+/// `GRPO_LAB_REQUIRE_FRAMEWORKS=1` (a machine meant to have them, where a broken environment
+/// must not pass as a skip).
 fn framework_python(name: &str, modules: &str) -> Result<String, String> {
+    let found = find_framework_python(name, modules);
+    if let Err(why) = &found
+        && std::env::var_os("GRPO_LAB_REQUIRE_FRAMEWORKS").is_some()
+    {
+        panic!("GRPO_LAB_REQUIRE_FRAMEWORKS is set, but {why}");
+    }
+    found
+}
+
+fn find_framework_python(name: &str, modules: &str) -> Result<String, String> {
     let py = std::env::var(format!("GRPO_LAB_{name}_PYTHON"))
         .or_else(|_| std::env::var("GRPO_LAB_PYTHON"))
         .unwrap_or_else(|_| "python3".into());

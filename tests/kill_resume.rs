@@ -150,12 +150,14 @@ fn a_cold_start_killed_at_random_times_ends_as_the_uninterrupted_run() {
     check(&args, 0..6, "transformer");
 }
 
+#[cfg(unix)]
 fn grpo(args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_grpo-lab"));
     c.args(args).stdin(Stdio::null());
     c
 }
 
+#[cfg(unix)]
 /// Send a signal (`STOP`, `CONT`, `KILL`) to a process.
 fn signal(pid: u32, name: &str) {
     let ok = Command::new("kill")
@@ -166,6 +168,7 @@ fn signal(pid: u32, name: &str) {
     assert!(ok, "kill -{name} {pid}");
 }
 
+#[cfg(unix)]
 /// Start `train` on `out` and freeze it (SIGSTOP) once it holds the directory's lock (its line,
 /// `pid N, ...`, is in the lock file) and `also` holds.
 fn start_frozen_writer(
@@ -187,9 +190,15 @@ fn start_frozen_writer(
         std::thread::sleep(Duration::from_millis(1));
     }
     signal(pid, "STOP");
+    let mut child = child;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the writer ended before it was frozen: make its run longer"
+    );
     child
 }
 
+#[cfg(unix)]
 /// Every file under `dir` with its length and modification time.
 fn listing(dir: &Path) -> Vec<(std::path::PathBuf, u64, std::time::SystemTime)> {
     let mut out = Vec::new();
@@ -213,7 +222,7 @@ fn a_second_writer_is_refused_naming_the_first_and_a_killed_writer_leaves_no_loc
     let args = sets(
         "lecture17",
         &[
-            "run.iterations=60",
+            "run.iterations=200",
             "run.checkpoint_every=7",
             "task.heldout_size=4",
         ],

@@ -26,19 +26,43 @@ pub struct CompareOutcome {
 
 /// One writer per `--out` (and, inside, per cell: `train::run` locks each cell's directory);
 /// with `--force`, the finished runs go, but not from under a writer still busy in one of them
-/// (a `train --resume` there).
+/// (a `train --resume` there), and each cell's lock file stays (a writer that opened it before
+/// must lock the same file as the next one).
 pub(super) fn take_out(opts: &CompareOptions) -> Result<train::RunLock, ExperimentError> {
     let lock = train::RunLock::acquire(&opts.out)?;
     if opts.force {
-        let runs = opts.out.join("runs");
-        let cell_locks = std::fs::read_dir(&runs)
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.join(train::lock::LOCK_FILE).exists())
-            .map(|p| train::RunLock::acquire(&p))
+        let entries = |dir: &Path| -> Vec<PathBuf> {
+            std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .collect()
+        };
+        let runs = entries(&opts.out.join("runs"));
+        let cell_locks = runs
+            .iter()
+            .filter(|p| p.is_dir())
+            .map(|p| train::RunLock::acquire(p))
             .collect::<Result<Vec<_>, _>>()?;
-        let _ = std::fs::remove_dir_all(&runs);
+        for path in runs.iter().flat_map(|p| {
+            if p.is_dir() {
+                entries(p)
+            } else {
+                vec![p.clone()]
+            }
+        }) {
+            if path
+                .file_name()
+                .is_some_and(|n| n == train::lock::LOCK_FILE)
+            {
+                continue;
+            }
+            let _ = if path.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+        }
         drop(cell_locks);
     }
     Ok(lock)
@@ -148,6 +172,11 @@ pub fn run_matrix(
                         Err(train::RunError::Train(crate::grpo::TrainError::NonFinite {
                             ..
                         })) => bar.inc(1),
+                        // A cell another process writes: the user's error, as for `--out`.
+                        Err(train::RunError::Lock(e)) => errors
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(ExperimentError::Lock(e)),
                         Err(e) => errors.lock().unwrap_or_else(|e| e.into_inner()).push(
                             ExperimentError::Run {
                                 dir: dir.display().to_string(),

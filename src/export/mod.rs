@@ -400,7 +400,8 @@ if __name__ == "__main__":
                      help="stop after this many optimizer steps")
     cli.add_argument("--output-dir", default=config.output_dir)
     args = cli.parse_args()
-    config.max_steps, config.output_dir = args.max_steps, args.output_dir
+    # As GRPOConfig's own __post_init__ would have taken them.
+    config.max_steps, config.output_dir = args.max_steps, os.path.expanduser(args.output_dir)
     assert config.reward_weights == reward.REWARD_WEIGHTS, "reward.py and the config disagree"
     trainer = GRPOTrainer(
         model=args.model,

@@ -404,10 +404,11 @@ impl Trainer {
         // 6. μ optimizer steps on the frozen batch (one mini-batch per step today).
         for _ in self.step_in_iteration..self.config.algorithm.mu {
             let record = self.optimizer_step(started)?;
-            started = Instant::now();
             if !sink(record) {
                 break;
             }
+            // The next step's time starts after this record was handed on (written, sent).
+            started = Instant::now();
         }
         Ok(())
     }

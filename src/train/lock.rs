@@ -15,6 +15,9 @@ use thiserror::Error;
 /// The lock file's name inside a run directory.
 pub const LOCK_FILE: &str = ".grpo-lab.lock";
 
+/// "No locks available" (Linux's ENOLCK): NFS without its lock daemon.
+const ENOLCK: i32 = 37;
+
 #[derive(Debug, Error)]
 pub enum LockError {
     #[error(
@@ -68,10 +71,14 @@ impl RunLock {
                     },
                 });
             }
-            // A file system without locks (some network mounts): say so once, and go on as
-            // before locks existed rather than refuse every run there.
-            Err(TryLockError::Error(e)) if e.kind() == std::io::ErrorKind::Unsupported => {
-                log::warn!(
+            // A file system without locks (some network mounts: `Unsupported`, or ENOLCK without
+            // a lock daemon): say so, and go on as before locks existed rather than refuse every
+            // run there.
+            Err(TryLockError::Error(e))
+                if e.kind() == std::io::ErrorKind::Unsupported
+                    || e.raw_os_error() == Some(ENOLCK) =>
+            {
+                eprintln!(
                     "grpo-lab: {} cannot be locked on this file system ({e}); nothing stops a second writer here",
                     path.display()
                 );
@@ -98,7 +105,8 @@ impl RunLock {
 
 /// `pid 1234, `grpo-lab train --resume run2`, since 2026-12-01 13:50:02 UTC`.
 fn holder_line() -> String {
-    let command = std::env::args()
+    let command = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
         .enumerate()
         .map(|(i, a)| {
             let a = if i == 0 {

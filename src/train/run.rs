@@ -621,7 +621,11 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
     // One writer per run directory, held until this function returns.
     let _lock = match opts.lock {
         Some(lock) if lock.dir() == out => lock,
-        _ => super::lock::RunLock::acquire(&out)?,
+        other => {
+            // A lock of another spelling of the directory would refuse this process itself.
+            drop(other);
+            super::lock::RunLock::acquire(&out)?
+        }
     };
     let config = record_config(config, &out, opts.resume, opts.force)?;
     let mut trainer = Trainer::new(config.clone(), compute.clone())?;
