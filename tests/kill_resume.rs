@@ -158,10 +158,11 @@ fn grpo(args: &[&str]) -> Command {
 }
 
 #[cfg(unix)]
-/// Send a signal (`STOP`, `CONT`, `KILL`) to a process.
+/// Send a signal (`STOP`, `CONT`, `KILL`) to a process (the shell's own `kill`: no package
+/// needed beyond `sh`).
 fn signal(pid: u32, name: &str) {
-    let ok = Command::new("kill")
-        .args([format!("-{name}"), pid.to_string()])
+    let ok = Command::new("sh")
+        .args(["-c", &format!("kill -{name} {pid}")])
         .status()
         .unwrap()
         .success();
