@@ -22,15 +22,16 @@ fn flat_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 // The per-token GRPO objective (GRPO-SPEC §4), once for every kernel; reference:
 // objective::loss::reference (pg_term, kl_term). lecture_step.wgsl trains with them.
 // The policy-gradient term and its derivative with respect to log π: (term, ∂term/∂logπ)
-// for mode 0 naive, 1 unclipped, 2 clipped (clip range [lo, hi]).
-fn pg_term(mode: u32, a: f32, r: f32, l: f32, lo: f32, hi: f32) -> vec2<f32> {
+// for mode 0 naive, 1 unclipped, 2 clipped (clip range [lo, hi]); dr = ∂r/∂logπ (r itself
+// for r = exp(logπ − logπ_old)).
+fn pg_term(mode: u32, a: f32, r: f32, dr: f32, l: f32, lo: f32, hi: f32) -> vec2<f32> {
     if (mode == 0u) { return vec2<f32>(-a * l, -a); }
-    if (mode == 1u) { return vec2<f32>(-a * r, -a * r); }
+    if (mode == 1u) { return vec2<f32>(-a * r, -a * dr); }
     let u = r * a;
     let c = clamp(r, lo, hi) * a;
     let live = u <= c || (r > lo && r < hi);
     var d = 0.0;
-    if (live) { d = -a * r; }
+    if (live) { d = -a * dr; }
     return vec2<f32>(-min(u, c), d);
 }
 

@@ -145,7 +145,7 @@ fn row_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
         let kl = kl_term(lp.estimator, l, work[lp.rf_off + t], beta);
         var dkl = kl.y;
         if (lp.kl_on == 0u) { dkl = 0.0; }
-        let pg = pg_term(lp.mode, a, ratio, l, lp.lo, lp.hi);
+        let pg = pg_term(lp.mode, a, ratio, ratio, l, lp.lo, lp.hi);
         let c = (pg.y + dkl) * lp.cw;
         work[lp.coef_off + t] = c;
         row_coef += c;

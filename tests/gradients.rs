@@ -6,47 +6,46 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::*;
 use grpo_lab::config::{KlEstimator, LossAggMode, LossMode};
-use grpo_lab::engine::burn_loss::{self as loss, LossSettings};
+use grpo_lab::engine::autodiff::{read_back, surrogate};
 use grpo_lab::gpu::Compute;
 use grpo_lab::grpo::Trainer;
 use grpo_lab::model::lecture::{LecturePolicy, LectureWeights};
+use grpo_lab::objective::loss::{self, LossSettings, TokenInputs, TokenTerms};
 
 const V: usize = 5;
 const N: usize = 3;
 const D: usize = 4;
 const G: usize = 3;
 
-fn naive_loss(model: &LecturePolicy, device: &Device) -> Tensor<1> {
+/// The naive loss of a fixed batch under `model`: its value (from the objective, on the host)
+/// and the surrogate whose gradient is the loss's (`engine::autodiff::surrogate`).
+fn naive_loss(model: &LecturePolicy, device: &Device) -> (f64, Tensor<1>) {
     let prompts =
         Tensor::<2, Int>::from_data(TensorData::new(vec![1i64, 0, 2, 3, 2, 4], [2, N]), device);
     let responses: Vec<i64> = (0..2 * G * N).map(|i| ((i * 7 + 3) % V) as i64).collect();
     let responses = Tensor::<3, Int>::from_data(TensorData::new(responses, [2, G, N]), device);
-    let adv = Tensor::<2>::from_data(
-        TensorData::new(vec![1.0f32, -0.5, 0.25, -1.0, 2.0, 0.0], [2, G]),
-        device,
+    let policy = grpo_lab::model::Policy::Lecture(model.clone());
+    let (logp, entropy) = policy.score(prompts, responses, 1.0);
+    let (lp, ent) = read_back(&logp, &entropy);
+    let mut settings = LossSettings::plain(
+        LossMode::Naive,
+        KlEstimator::K3,
+        LossAggMode::SeqMeanTokenMean,
     );
-    let logp = grpo_lab::model::token_log_probs(model.forward(prompts), responses, 1.0);
-    let settings = LossSettings {
-        mode: LossMode::Naive,
-        epsilon_low: 0.2,
-        epsilon_high: 0.2,
-        beta: 0.0,
-        kl_in_loss: true,
-        kl_estimator: KlEstimator::K3,
-        agg: LossAggMode::SeqMeanTokenMean,
-        bug_ratio_quotient: false,
-        max_len: N,
+    settings.max_len = N;
+    let mask = vec![1.0; lp.len()];
+    let mut terms = TokenTerms::default();
+    let inputs = TokenInputs {
+        logp: &lp,
+        old_logp: &lp,
+        ref_logp: &lp,
+        advantages: &[1.0, -0.5, 0.25, -1.0, 2.0, 0.0],
+        mask: &mask,
+        entropy: Some(&ent),
+        t: N,
     };
-    let mask = Tensor::<3>::ones([2, G, N], device);
-    loss::grpo_loss(
-        &settings,
-        logp.clone(),
-        logp.clone().detach(),
-        logp.detach(),
-        adv,
-        mask,
-    )
-    .loss
+    loss::evaluate(&settings, &inputs, &mut terms);
+    (terms.loss, surrogate(logp, entropy, &terms, device))
 }
 
 /// d(loss)/dθ by autodiff against central differences (h = 1e-2, f32), every parameter
@@ -56,7 +55,7 @@ fn naive_loss_gradient_matches_finite_differences() {
     let device = Device::flex().autodiff();
     let w = LectureWeights::init(V, N, D, 1.0, 2);
     let model = LecturePolicy::from_weights(&w, V, N, D, &device);
-    let grads = GradientsParams::from_grads(naive_loss(&model, &device).backward(), &model);
+    let grads = GradientsParams::from_grads(naive_loss(&model, &device).1.backward(), &model);
     let auto = [
         grads
             .get::<2>(model.embedding.id)
@@ -80,7 +79,7 @@ fn naive_loss_gradient_matches_finite_differences() {
     let plain = Device::flex();
     let eval = |w: &LectureWeights| -> f64 {
         let m = LecturePolicy::from_weights(w, V, N, D, &plain);
-        naive_loss(&m, &plain).into_scalar::<f32>() as f64
+        naive_loss(&m, &plain).0
     };
     let h = 1e-2f32;
     let mut checked = 0;

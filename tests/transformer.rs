@@ -7,10 +7,11 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::*;
 use grpo_lab::config::{KlEstimator, LossAggMode, LossMode, ModelKind, RunConfig};
-use grpo_lab::engine::burn_loss::{self as loss, LossSettings};
+use grpo_lab::engine::autodiff::read_back;
 use grpo_lab::gpu::Compute;
 use grpo_lab::grpo::Trainer;
 use grpo_lab::model::Policy;
+use grpo_lab::objective::loss::{self, LossSettings, TokenInputs, TokenTerms, reference};
 use grpo_lab::objective::sampling;
 use grpo_lab::rng::SplitMix64;
 
@@ -37,21 +38,17 @@ fn tiny() -> RunConfig {
 fn ints3(v: &[i64], s: [usize; 3], d: &Device) -> Tensor<3, Int> {
     Tensor::from_data(TensorData::new(v.to_vec(), s), d)
 }
-fn floats3(v: &[f32], s: [usize; 3], d: &Device) -> Tensor<3> {
-    Tensor::from_data(TensorData::new(v.to_vec(), s), d)
-}
-fn scalar(t: Tensor<1>) -> f32 {
-    t.into_data().try_to_vec::<f32>().unwrap()[0]
-}
 
 /// The three aggregations against hand values on a ragged batch; padding holds junk.
 #[test]
 fn aggregations_hand_values_on_ragged_batch() {
-    let d = Device::flex();
     // B = 1, G = 2, T = 3: response 0 has 3 tokens (1, 2, 3), response 1 has 1 token (4).
-    let x = floats3(&[1.0, 2.0, 3.0, 4.0, 100.0, -7.0], [1, 2, 3], &d);
-    let mask = floats3(&[1.0, 1.0, 1.0, 1.0, 0.0, 0.0], [1, 2, 3], &d);
-    let agg = |m| scalar(loss::aggregate(m, x.clone(), mask.clone(), 3));
+    let x = [1.0f32, 2.0, 3.0, 4.0, 100.0, -7.0];
+    let mask = [1.0f32, 1.0, 1.0, 1.0, 0.0, 0.0];
+    let agg = |m| -> f32 {
+        let w = reference::aggregation_weights(m, &mask, 3, 3);
+        w.iter().zip(&x).map(|(w, x)| w * x).sum()
+    };
     // GRPO: mean over each response, then over responses: (2 + 4) / 2.
     assert!((agg(LossAggMode::SeqMeanTokenMean) - 3.0).abs() < 1e-6);
     // DAPO: every real token weighs the same: 10 / 4.
@@ -74,7 +71,6 @@ fn padding_never_contributes() {
     let mask: Vec<f32> = (0..g * t)
         .map(|i| (i % t < lengths[i / t]) as u32 as f32)
         .collect();
-    let mask_t = floats3(&mask, [1, g, t], &d);
     let tokens_a: Vec<i64> = (0..g * t).map(|_| rng.below(6) as i64).collect();
     let junk = |v: &[f32], rng: &mut SplitMix64| -> Vec<f32> {
         v.iter()
@@ -107,31 +103,38 @@ fn padding_never_contributes() {
             agg: *agg,
             bug_ratio_quotient: false,
             max_len: t,
+            entropy_coef: 0.02,
+            unfrozen_old_policy: false,
+            shared_reference: false,
         };
         let run = |tokens: &[i64], old: &[f32], refp: &[f32]| -> Vec<f32> {
             let (logp, ent) = policy.score(prompts.clone(), ints3(tokens, [1, g, t], &d), 1.0);
-            let adv =
-                Tensor::<2>::from_data(TensorData::new(vec![1.0f32, -0.5, 0.3, -0.8], [1, g]), &d);
-            let out = loss::grpo_loss(
-                &s,
-                logp,
-                floats3(old, [1, g, t], &d),
-                floats3(refp, [1, g, t], &d),
-                adv,
-                mask_t.clone(),
-            );
-            let h = loss::aggregate(LossAggMode::TokenMean, ent, mask_t.clone(), t);
-            [
-                out.loss,
+            let (logp, ent) = read_back(&logp, &ent);
+            let mut out = TokenTerms::default();
+            let inputs = TokenInputs {
+                logp: &logp,
+                old_logp: old,
+                ref_logp: refp,
+                advantages: &[1.0, -0.5, 0.3, -0.8],
+                mask: &mask,
+                entropy: Some(&ent),
+                t,
+            };
+            loss::evaluate(&s, &inputs, &mut out);
+            // The coefficients: 0 on padding, and (below) the same on real tokens.
+            for (i, (&c, &m)) in out.dlogp.iter().zip(&mask).enumerate() {
+                assert!(m == 1.0 || c == 0.0, "padding {i} has coefficient {c}");
+            }
+            let mut v = vec![
+                out.loss as f32,
                 out.kl,
                 out.clip_low,
                 out.clip_high,
                 out.ratio_mean,
-                h,
-            ]
-            .into_iter()
-            .map(scalar)
-            .collect()
+                out.entropy,
+            ];
+            v.extend(out.dlogp.iter().chain(&out.dentropy));
+            v
         };
         let a = run(&tokens_a, &old, &refp);
         let b = run(&tokens_b, &old_b, &ref_b);
@@ -215,7 +218,8 @@ fn autoregressive_logprobs_equal_teacher_forced() {
     }
     // A log-softmax sanity check of the reference computation itself.
     let l = log_softmax(Tensor::<1>::from_floats([0.0, 0.0], &d), 0);
-    assert!((scalar(l.narrow(0, 0, 1)) + std::f32::consts::LN_2).abs() < 1e-6);
+    let first = l.narrow(0, 0, 1).into_data().try_to_vec::<f32>().unwrap()[0];
+    assert!((first + std::f32::consts::LN_2).abs() < 1e-6);
 }
 
 /// Dynamic sampling with a reward that is flat for every group stops after its bound

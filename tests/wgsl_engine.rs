@@ -817,13 +817,10 @@ fn bad_input_is_refused_with_clear_errors() {
         temperature: 1.0,
         lr: 1e-3,
         max_grad_norm: 0.0,
-        entropy_coef: 0.0,
         advantages: adv,
         token_advantages: None,
         old_logp: Box::leak(logp.clone().into_boxed_slice()),
         ref_logp: Box::leak(logp.clone().into_boxed_slice()),
-        unfrozen_old_policy: false,
-        shared_reference: false,
         logp_rows: 0,
     };
     let err = e.step(&batch, &req(&[1.0])).unwrap_err().to_string();

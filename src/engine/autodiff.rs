@@ -2,15 +2,15 @@
 //! On a wgpu device our WGSL kernels sample (and, for the lecture model, verify and compute
 //! advantages) on the same device as burn's tensors.
 
-use super::burn_loss;
 use super::{
     Advantages, Batch, DeviceScores, Engine, EngineError, SampleRequest, Samples, Snapshot,
     StepOutput, StepRequest, StepScalars, Which,
 };
-use crate::config::{KernelChoice, LossAggMode, RunConfig};
+use crate::config::{KernelChoice, RunConfig};
 use crate::gpu::Compute;
 use crate::gpu::kernels::Kernels;
 use crate::model::{LecturePolicy, Policy};
+use crate::objective::loss::{self, TokenInputs, TokenTerms};
 use crate::objective::sampling;
 use crate::rng::counter_u32;
 use burn::module::{Module, ModuleVisitor, Param};
@@ -29,6 +29,8 @@ pub struct BurnEngine {
     optimizer: crate::config::OptimizerConfig,
     kernels: Option<Arc<Kernels>>,
     vocab: usize,
+    /// The objective's per-token buffers, reused across steps.
+    terms: TokenTerms,
 }
 
 /// Adam as burn's optimizer, from the config's optimizer section.
@@ -56,6 +58,40 @@ fn f32_tensor<const D: usize>(v: &[f32], shape: [usize; D], device: &Device) -> 
 
 fn host(x: Tensor<3>) -> Vec<f32> {
     x.into_data().try_to_vec::<f32>().expect("f32")
+}
+
+/// `[B, G, T]` log π and entropy, detached, on the host in one read-back.
+pub fn read_back(logp: &Tensor<3>, entropy: &Tensor<3>) -> (Vec<f32>, Vec<f32>) {
+    let n = logp.shape().num_elements();
+    let both = Tensor::cat(
+        vec![
+            logp.clone().detach().reshape([n]),
+            entropy.clone().detach().reshape([n]),
+        ],
+        0,
+    );
+    let mut v = both.into_data().try_to_vec::<f32>().expect("f32");
+    let entropy = v.split_off(n);
+    (v, entropy)
+}
+
+/// The surrogate `Σ_t c_t·log π_t + Σ_t e_t·H_t` with the objective's per-token coefficients
+/// `c = ∂L/∂log π`, `e = ∂L/∂H` as constants: its gradient is the loss's (its value is not the
+/// loss: `terms.loss` is). `logp`, `entropy`: `[B, G, T]` with gradient.
+pub fn surrogate(
+    logp: Tensor<3>,
+    entropy: Tensor<3>,
+    terms: &TokenTerms,
+    device: &Device,
+) -> Tensor<1> {
+    let dims = logp.dims();
+    let c = f32_tensor(&terms.dlogp, dims, device);
+    let pg = logp.mul(c).sum();
+    if terms.dentropy.is_empty() {
+        pg
+    } else {
+        pg.add(entropy.mul(f32_tensor(&terms.dentropy, dims, device)).sum())
+    }
 }
 
 /// Supervised steps on a burn policy (the cold start): `−mean log π(target | prompt)`, a fresh
@@ -181,6 +217,7 @@ impl BurnEngine {
             optimizer: config.optimizer.clone(),
             kernels,
             vocab: config.task.vocab,
+            terms: TokenTerms::default(),
         })
     }
 
@@ -405,81 +442,49 @@ impl Engine for BurnEngine {
     fn step(&mut self, batch: &Batch, req: &StepRequest) -> Result<StepOutput, EngineError> {
         let d = &self.device;
         let (b, g, t) = (batch.b, batch.g, batch.t);
-        let mask = f32_tensor(&batch.mask, [b, g, t], d);
         let (logp, token_entropy) = self.policy.score(
             prompt_tensor(batch, d),
             response_tensor(batch, d),
             req.temperature,
         ); // [B, G, T], with gradient
-        let frozen_old = f32_tensor(req.old_logp, [b, g, t], d);
-        let old_logp = if req.unfrozen_old_policy {
-            // BUG (gallery): π_old recomputed with gradient, so ρ ≡ 1 and its gradient vanishes.
-            logp.clone()
-        } else {
-            frozen_old
-        };
-        let logged = req.logp_rows.div_ceil(g.max(1)).min(b);
-        let logp_rows = if logged > 0 {
-            host(logp.clone().detach().slice([0..logged, 0..g, 0..t]))
-        } else {
-            Vec::new()
-        };
-        let ref_logp = if req.shared_reference {
-            // BUG (gallery): the reference is the policy module itself, so log π_ref = log π_θ,
-            // gradient included: KL ≡ 0 and its gradient ≡ 0; the penalty silently does nothing.
-            logp.clone()
-        } else {
-            f32_tensor(req.ref_logp, [b, g, t], d)
-        };
+        // log π and each token's entropy on the host (one read-back); the objective's value and
+        // per-token coefficients from `objective::loss`; the surrogate carries them back.
+        let (logp_h, entropy_h) = read_back(&logp, &token_entropy);
         let s = &req.loss;
-        let out = match req.token_advantages {
-            Some(per_token) => {
-                let adv = f32_tensor(per_token, [b, g, t], d);
-                burn_loss::grpo_loss_per_token(s, logp, old_logp, ref_logp, adv, mask.clone())
-            }
-            None => {
-                let advantages = f32_tensor(req.advantages, [b, g], d);
-                burn_loss::grpo_loss(s, logp, old_logp, ref_logp, advantages, mask.clone())
-            }
-        };
-        let loss_t = if req.entropy_coef > 0.0 {
-            // Entropy bonus: − c·H, aggregated like the loss.
-            let bonus = burn_loss::aggregate(s.agg, token_entropy.clone(), mask.clone(), s.max_len);
-            out.loss.clone().sub(bonus.mul_scalar(req.entropy_coef))
-        } else {
-            out.loss.clone()
-        };
-        let entropy = burn_loss::aggregate(LossAggMode::TokenMean, token_entropy.detach(), mask, 0);
-        let mut grads = GradientsParams::from_grads(loss_t.clone().backward(), &self.policy);
-        let grad_sq = self.policy.grad_norm_sq(&grads, d);
-        // One read-back for every scalar of the step.
-        let scalars: Vec<f32> = Tensor::cat(
-            vec![
-                loss_t.detach(),
-                out.kl,
-                out.clip_low,
-                out.clip_high,
-                out.ratio_mean,
-                entropy,
-                grad_sq,
-            ],
-            0,
-        )
-        .into_data()
-        .try_to_vec::<f32>()
-        .expect("f32 scalars");
-        let [loss, kl, clip_low, clip_high, ratio_mean, entropy, grad_sq] =
-            scalars[..].try_into().expect("seven scalars");
-        let grad_norm = grad_sq.sqrt();
+        let mut terms = std::mem::take(&mut self.terms);
+        loss::evaluate(
+            s,
+            &TokenInputs {
+                logp: &logp_h,
+                old_logp: req.old_logp,
+                ref_logp: req.ref_logp,
+                advantages: req.token_advantages.unwrap_or(req.advantages),
+                mask: &batch.mask,
+                entropy: Some(&entropy_h),
+                t,
+            },
+            &mut terms,
+        );
+        let surrogate = surrogate(logp, token_entropy, &terms, d);
+        let mut grads = GradientsParams::from_grads(surrogate.backward(), &self.policy);
+        let grad_norm = self
+            .policy
+            .grad_norm_sq(&grads, d)
+            .into_scalar::<f32>()
+            .sqrt();
+        let logged = req.logp_rows.div_ceil(g.max(1)).min(b);
+        let logp_rows = logp_h[..logged * g * t].to_vec();
+        let loss = terms.loss as f32;
         let scalars = StepScalars {
             loss,
-            kl,
-            clip_low,
-            clip_high,
-            ratio_mean,
-            entropy,
+            kl: terms.kl,
+            clip_low: terms.clip_low,
+            clip_high: terms.clip_high,
+            ratio_mean: terms.ratio_mean,
+            entropy: terms.entropy,
             grad_norm,
         };
+        self.terms = terms;
         if !loss.is_finite() || !grad_norm.is_finite() {
             // The trainer stops the run; the weights stay as they were.
             return Ok(StepOutput {

@@ -11,9 +11,10 @@
 //! (`FusedLecture::supports`).
 
 pub use super::StepScalars;
-use crate::config::{KlEstimator, LossMode, ModelKind, RunConfig};
+use crate::config::{ModelKind, RunConfig};
 use crate::model::lecture::LectureWeights;
-use crate::objective::loss::{LossSettings, reference};
+use crate::objective::loss::{self, LossSettings, TokenInputs, TokenTerms};
+pub use crate::objective::numeric::{exp_fast, lanes8, sum_f64, sum_sq, zeroed};
 
 /// A read-only strided matrix: element `(i, j)` at `data[i·rs + j·cs]`.
 #[derive(Clone, Copy)]
@@ -90,39 +91,6 @@ pub(crate) fn product_into(
     }
 }
 
-/// `eˣ` with no branches or calls, so loops over it vectorize: Cody–Waite reduction to
-/// `r ∈ [−ln2/2, ln2/2]`, a degree-7 Taylor polynomial and `2ᵏ` from exponent bits: within
-/// 1.0e-7 relative of f64's `exp` on [−87, 88] (measured; tested below one ulp, 1.2e-7).
-/// 0 below −87.3 (where `eˣ` nears the subnormal range); +∞ above 88 (as the true `eˣ` is past
-/// 1.6e38 there: a ratio that large is a diverged run, which the trainer must see as such).
-#[inline(always)]
-pub fn exp_fast(x: f32) -> f32 {
-    const LOG2_E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // 1.5·2²³: adding it rounds to an integer, which then sits in the low mantissa bits.
-    const ROUND: f32 = 12_582_912.0;
-    let xc = x.clamp(-87.3, 88.0);
-    let big = xc * LOG2_E + ROUND;
-    let k = big - ROUND;
-    let r = xc - k * LN2_HI - k * LN2_LO;
-    let poly = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0
-                    + r * (1.0 / 24.0
-                        + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    // big's bits are 0x4B40_0000 + k; 2ᵏ has exponent bits k + 127.
-    let scale = f32::from_bits(big.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
-    if x < -87.3 {
-        0.0
-    } else if x > 88.0 {
-        f32::INFINITY
-    } else {
-        poly * scale
-    }
-}
-
 /// Softmax statistics of `[rows, V]` logits at temperature `1/inv_t`: `z = x·inv_t` and
 /// `log Σ exp z` per row, and (when `probs` is given) the probabilities and the summed
 /// entropy of the rows. `step` and `token_logp` share it, so log π_old at the first step of
@@ -172,81 +140,6 @@ fn softmax_rows(
         }
     }
     entropy
-}
-
-/// A reduction of `x` over eight independent lanes (short rows vectorize instead of
-/// forming one long dependency chain).
-#[inline(always)]
-pub(crate) fn lanes8(x: &[f32], init: f32, op: impl Fn(f32, f32) -> f32) -> f32 {
-    let mut lanes = [init; 8];
-    let chunks = x.chunks_exact(8);
-    let rest = chunks.remainder().iter().fold(init, |a, &b| op(a, b));
-    for c in chunks {
-        for (l, &b) in lanes.iter_mut().zip(c) {
-            *l = op(*l, b);
-        }
-    }
-    let [a, b, c, d, e, f, g, h] = lanes;
-    op(op(op(op(a, e), op(b, f)), op(op(c, g), op(d, h))), rest)
-}
-
-/// `Σ x` in f64 over eight independent lanes (vectorizes; no long dependency chain).
-#[inline(always)]
-pub(crate) fn sum_f64(x: &[f32]) -> f64 {
-    let mut lanes = [0.0f64; 8];
-    let chunks = x.chunks_exact(8);
-    let rest: f64 = chunks.remainder().iter().map(|&v| v as f64).sum();
-    for c in chunks {
-        for (l, &v) in lanes.iter_mut().zip(c) {
-            *l += v as f64;
-        }
-    }
-    lanes.iter().sum::<f64>() + rest
-}
-
-/// `Σ x²` over sixteen independent f32 lanes.
-#[inline(always)]
-pub(crate) fn sum_sq(x: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 16];
-    let chunks = x.chunks_exact(16);
-    let rest: f32 = chunks.remainder().iter().map(|&v| v * v).sum();
-    for c in chunks {
-        for (l, &v) in lanes.iter_mut().zip(c) {
-            *l += v * v;
-        }
-    }
-    lanes.iter().sum::<f32>() + rest
-}
-
-/// `(a[i], b[i]) = f(x[i], y[i])`: one monomorphic loop per closure, so it vectorizes.
-#[inline(always)]
-fn map2(x: &[f32], y: &[f32], a: &mut [f32], b: &mut [f32], f: impl Fn(f32, f32) -> (f32, f32)) {
-    for (((a, b), &x), &y) in a.iter_mut().zip(b.iter_mut()).zip(x).zip(y) {
-        (*a, *b) = f(x, y);
-    }
-}
-
-/// `(a[i], b[i]) = f(x[i], y[i], z[i])`, as `map2`.
-#[inline(always)]
-fn map3(
-    x: &[f32],
-    y: &[f32],
-    z: &[f32],
-    a: &mut [f32],
-    b: &mut [f32],
-    f: impl Fn(f32, f32, f32) -> (f32, f32),
-) {
-    for ((((a, b), &x), &y), &z) in a.iter_mut().zip(b.iter_mut()).zip(x).zip(y).zip(z) {
-        (*a, *b) = f(x, y, z);
-    }
-}
-
-/// `buf` as `len` zeros, reusing its allocation.
-#[inline(always)]
-pub(crate) fn zeroed(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    buf.clear();
-    buf.resize(len, 0.0);
-    buf
 }
 
 /// Adam's state for one parameter array, as burn's `Adam` keeps it.
@@ -331,12 +224,8 @@ struct Scratch {
     row_coef: Vec<f32>,
     // per token
     logp: Vec<f32>,
-    ratio: Vec<f32>,
-    adv: Vec<f32>,
-    term: Vec<f32>,
-    dterm: Vec<f32>,
-    kl: Vec<f32>,
-    dkl: Vec<f32>,
+    ones: Vec<f32>,
+    terms: TokenTerms,
     coef: Vec<f32>,
     // backward
     dm: Vec<f32>,
@@ -680,81 +569,26 @@ impl FusedLecture {
             Some(&mut sc.probs),
         );
         self.gather_logp(prompts.len(), responses, &sc.z, &sc.logz, &mut sc.logp);
-        // Per-token loss terms and dL/dlogp, in passes over plain arrays that vectorize.
-        // Every aggregation is the mean over B·G·n tokens when all responses have n tokens.
+        // The objective over every token (all responses have n tokens: the mask is all ones)
+        // and its ∂L/∂log π, then ·1/T for ∂/∂z.
         let tokens = b * g * n;
-        let w = 1.0 / tokens as f32;
-        zeroed(&mut sc.ratio, tokens);
-        for ((r, &lp), &old) in sc.ratio.iter_mut().zip(&sc.logp).zip(old_logp) {
-            *r = exp_fast(lp - old);
+        if sc.ones.len() != tokens {
+            sc.ones = vec![1.0; tokens];
         }
-        // The advantage of every token.
-        match token_advantages {
-            Some(per_token) => zeroed(&mut sc.adv, tokens).copy_from_slice(&per_token[..tokens]),
-            None => {
-                for (chunk, &a) in zeroed(&mut sc.adv, tokens)
-                    .chunks_exact_mut(n)
-                    .zip(advantages)
-                {
-                    chunk.fill(a);
-                }
-            }
-        }
-        // KL per token (logged always; in the loss when β > 0 and it goes there), and β·∂k/∂logπ.
-        let kl_on = s.kl_in_loss && s.beta > 0.0;
-        let beta = if kl_on { s.beta } else { 0.0 };
-        let (kl, dkl) = (zeroed(&mut sc.kl, tokens), zeroed(&mut sc.dkl, tokens));
-        let (lp, rf) = (&sc.logp[..], ref_logp);
-        // One monomorphic loop per estimator, each the formula of `objective::loss::reference`.
-        match s.kl_estimator {
-            KlEstimator::K1 => map2(lp, rf, kl, dkl, |lp, rf| {
-                reference::kl_term(KlEstimator::K1, lp, rf, beta, exp_fast)
-            }),
-            KlEstimator::K2 => map2(lp, rf, kl, dkl, |lp, rf| {
-                reference::kl_term(KlEstimator::K2, lp, rf, beta, exp_fast)
-            }),
-            KlEstimator::K3 => map2(lp, rf, kl, dkl, |lp, rf| {
-                reference::kl_term(KlEstimator::K3, lp, rf, beta, exp_fast)
-            }),
-        }
-        if !kl_on {
-            // Logged only, no gradient (0·∞ where the logged KL overflowed would be NaN).
-            dkl.fill(0.0);
-        }
-        // The policy-gradient term and its ∂/∂logπ.
-        let (lo, hi) = (1.0 - s.epsilon_low, 1.0 + s.epsilon_high);
-        let (term, dterm) = (zeroed(&mut sc.term, tokens), zeroed(&mut sc.dterm, tokens));
-        let (adv, ratio) = (&sc.adv[..], &sc.ratio[..]);
-        match s.mode {
-            LossMode::Naive => map3(adv, ratio, lp, term, dterm, |a, r, lp| {
-                reference::pg_term(LossMode::Naive, a, r, lp, lo, hi)
-            }),
-            LossMode::Unclipped => map3(adv, ratio, lp, term, dterm, |a, r, lp| {
-                reference::pg_term(LossMode::Unclipped, a, r, lp, lo, hi)
-            }),
-            LossMode::Clipped => map3(adv, ratio, lp, term, dterm, |a, r, lp| {
-                reference::pg_term(LossMode::Clipped, a, r, lp, lo, hi)
-            }),
-        }
+        let inputs = TokenInputs {
+            logp: &sc.logp,
+            old_logp,
+            ref_logp,
+            advantages: token_advantages.map_or(advantages, |per_token| &per_token[..tokens]),
+            mask: &sc.ones,
+            entropy: None,
+            t: n,
+        };
+        loss::evaluate(s, &inputs, &mut sc.terms);
         let coef = zeroed(&mut sc.coef, tokens);
-        let cw = w * inv_t;
-        for ((c, &dt), &dk) in coef.iter_mut().zip(&sc.dterm).zip(&sc.dkl) {
-            *c = (dt + dk) * cw;
+        for (c, &d) in coef.iter_mut().zip(&sc.terms.dlogp) {
+            *c = d * inv_t;
         }
-        let kl_sum = sum_f64(&sc.kl);
-        // The KL enters the loss only when it is on (0·∞ would make a logged-only KL that
-        // overflowed — a diverged metric, not a diverged loss — into a NaN loss).
-        let kl_part = if kl_on { beta as f64 * kl_sum } else { 0.0 };
-        let loss = (sum_f64(&sc.term) + kl_part) / tokens as f64;
-        let (low, high) = sc
-            .ratio
-            .iter()
-            .zip(&sc.adv)
-            .fold((0u32, 0u32), |(l, h), (&r, &a)| {
-                let (low, high) = reference::clip_flags(r, a, lo, hi);
-                (l + low as u32, h + high as u32)
-            });
-        let ratio_sum = sum_f64(&sc.ratio);
         // d logπ / d logits = (onehot − softmax) / T: the one-hot part per token, the softmax
         // part once per row with the summed coefficient.
         zeroed(&mut sc.dlogits, rows * v);
@@ -815,12 +649,13 @@ impl FusedLecture {
         {
             adam.apply(param, grad, &mut st.m, &mut st.v);
         }
+        let t = &sc.terms;
         let scalars = StepScalars {
-            loss: loss as f32,
-            kl: (kl_sum / tokens as f64) as f32,
-            clip_low: low as f32 / tokens as f32,
-            clip_high: high as f32 / tokens as f32,
-            ratio_mean: (ratio_sum / tokens as f64) as f32,
+            loss: t.loss as f32,
+            kl: t.kl,
+            clip_low: t.clip_low,
+            clip_high: t.clip_high,
+            ratio_mean: t.ratio_mean,
             entropy: (entropy / rows as f64) as f32,
             grad_norm,
         };
@@ -833,39 +668,7 @@ impl FusedLecture {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exp_fast_matches_f64_exp_within_one_ulp() {
-        let mut worst = 0.0f64;
-        let steps = 400_000;
-        for i in 0..=steps {
-            let x = -87.0 + 175.0 * i as f32 / steps as f32;
-            let (got, want) = (exp_fast(x) as f64, (x as f64).exp());
-            worst = worst.max((got - want).abs() / want);
-        }
-        eprintln!("exp_fast: worst relative error {worst:e}");
-        // One ulp of f32 is 2⁻²³ ≈ 1.2e-7 of the value at the bottom of a binade.
-        assert!(worst < 1.2e-7, "worst relative error {worst:e}");
-        assert_eq!(exp_fast(0.0), 1.0);
-        assert_eq!(exp_fast(-87.5), 0.0);
-        assert_eq!(exp_fast(-1e30), 0.0);
-        assert!(exp_fast(88.0) > 1.6e38 && exp_fast(88.0).is_finite());
-        assert_eq!(exp_fast(88.5), f32::INFINITY);
-        assert_eq!(exp_fast(f32::INFINITY), f32::INFINITY);
-        assert_eq!(exp_fast(f32::NEG_INFINITY), 0.0);
-        assert!(exp_fast(f32::NAN).is_nan());
-    }
-
-    #[test]
-    fn lane_sums_agree_with_sequential_f64() {
-        let x: Vec<f32> = (0..1237)
-            .map(|i| ((i * 7919) % 1000) as f32 / 37.0 - 13.0)
-            .collect();
-        let want: f64 = x.iter().map(|&v| v as f64).sum();
-        assert!((sum_f64(&x) - want).abs() < 1e-9 * want.abs().max(1.0));
-        let want_sq: f64 = x.iter().map(|&v| (v as f64).powi(2)).sum();
-        assert!(((sum_sq(&x) as f64) - want_sq).abs() < 1e-5 * want_sq);
-    }
+    use crate::config::{KlEstimator, LossMode};
 
     /// The AVX2 build of the step and the portable one give bit-identical results on the
     /// same CPU.
@@ -906,6 +709,9 @@ mod tests {
                 agg: LossAggMode::TokenMean,
                 bug_ratio_quotient: false,
                 max_len: n,
+                entropy_coef: 0.0,
+                unfrozen_old_policy: false,
+                shared_reference: false,
             };
             let (mut wide, mut portable) = (
                 FusedLecture::new(&w, vocab, n, d, &c),
@@ -964,6 +770,9 @@ mod tests {
                 agg: LossAggMode::TokenMean,
                 bug_ratio_quotient: false,
                 max_len: n,
+                entropy_coef: 0.0,
+                unfrozen_old_policy: false,
+                shared_reference: false,
             };
             let (sc, _) = f.step(
                 &prompts,

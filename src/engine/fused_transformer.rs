@@ -13,7 +13,7 @@
 use super::StepScalars;
 use super::fused_lecture::{View, exp_fast, lanes8, product_into, sum_sq, zeroed};
 use crate::model::TransformerShape;
-use crate::objective::loss::{LossSettings, reference};
+use crate::objective::loss::{self, LossSettings, TokenInputs, TokenTerms};
 
 /// LayerNorm's ε (as `model::transformer::layer_norm`).
 const LN_EPS: f32 = 1e-5;
@@ -233,6 +233,7 @@ struct Scratch {
     logz: Vec<f32>,
     ent: Vec<f32>,
     logp: Vec<f32>,
+    terms: TokenTerms,
     dlogits: Vec<f32>,
     // backward
     dx: Vec<f32>,
@@ -291,7 +292,6 @@ pub struct StepSettings {
     pub temperature: f32,
     pub lr: f64,
     pub max_grad_norm: f32,
-    pub entropy_coef: f32,
 }
 
 /// The transformer's weights, Adam state and scratch on the host.
@@ -1126,10 +1126,10 @@ impl FusedTransformer {
         let sel = geo.sel();
         let s = &st.loss;
         let inv_t = 1.0 / st.temperature;
-        // Softmax statistics per real token: z = logits/T, log Z, entropy (padding: log π 0).
+        // Softmax statistics per real token: z = logits/T, log Z, entropy (padding: 0).
         sized(&mut sc.z, sel * v);
         sized(&mut sc.logz, sel);
-        sized(&mut sc.ent, sel);
+        zeroed(&mut sc.ent, tokens);
         zeroed(&mut sc.logp, tokens);
         for (k, i, _, _) in geo.selected() {
             let z = &mut sc.z[k * v..(k + 1) * v];
@@ -1140,42 +1140,31 @@ impl FusedTransformer {
                 let lp = zi - lz;
                 h -= exp_fast(lp) * lp;
             }
-            sc.ent[k] = h;
+            sc.ent[i] = h;
             sc.logp[i] = z[x.responses[i] as usize] - lz;
         }
-        // Aggregation weight of every token (0 on padding).
-        let mask_sum: f32 = x.mask.iter().sum();
-        let weights = reference::aggregation_weights(s.agg, x.mask, t, s.max_len);
-        let weight = |i: usize| weights[i];
-        let kl_on = s.kl_in_loss && s.beta > 0.0;
-        let beta = if kl_on { s.beta } else { 0.0 };
-        let (lo, hi) = (1.0 - s.epsilon_low, 1.0 + s.epsilon_high);
-        let c = st.entropy_coef;
-        let (mut loss, mut kl_sum, mut ratio_sum, mut ent_sum) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-        let (mut low, mut high) = (0u32, 0u32);
+        // The objective and its coefficients ∂L/∂log π_t, ∂L/∂H_t.
+        let bonus = s.entropy_coef != 0.0;
+        let inputs = TokenInputs {
+            logp: &sc.logp,
+            old_logp: x.old_logp,
+            ref_logp: x.ref_logp,
+            advantages: x.token_advantages.unwrap_or(x.advantages),
+            mask: x.mask,
+            entropy: Some(&sc.ent),
+            t,
+        };
+        let mut terms = std::mem::take(&mut sc.terms);
+        loss::evaluate(s, &inputs, &mut terms);
+        // ∂L/∂z_j = c_t·(1[j = token] − p_j) + e_t·(−p_j·(log p_j + H)), then /T.
         let dl = zeroed(&mut sc.dlogits, sel * v);
         for (k, i, _, _) in geo.selected() {
             if x.mask[i] == 0.0 {
                 continue;
             }
-            let wi = weight(i);
-            let a = x.token_advantages.map_or(x.advantages[i / t], |ta| ta[i]);
-            let lp = sc.logp[i];
-            let ratio = exp_fast(lp - x.old_logp[i]);
-            let (term, dterm) = reference::pg_term(s.mode, a, ratio, lp, lo, hi);
-            let (kl, dkl) = reference::kl_term(s.kl_estimator, lp, x.ref_logp[i], beta, exp_fast);
-            let h = sc.ent[k];
-            loss += wi as f64 * (term as f64 + if kl_on { (beta * kl) as f64 } else { 0.0 })
-                - (c * wi * h) as f64;
-            kl_sum += kl as f64;
-            ratio_sum += ratio as f64;
-            ent_sum += h as f64;
-            let (is_low, is_high) = reference::clip_flags(ratio, a, lo, hi);
-            low += is_low as u32;
-            high += is_high as u32;
-            // ∂L/∂z_j = coef·(1[j = token] − p_j) + c·w·p_j·(log p_j + H), then /T.
-            let coef = wi * (dterm + if kl_on { dkl } else { 0.0 });
-            let cw = c * wi;
+            let coef = terms.dlogp[i];
+            let cw = if bonus { -terms.dentropy[i] } else { 0.0 };
+            let h = sc.ent[i];
             let z = &sc.z[k * v..(k + 1) * v];
             let lz = sc.logz[k];
             let drow = &mut dl[k * v..(k + 1) * v];
@@ -1186,19 +1175,19 @@ impl FusedTransformer {
             }
             drow[x.responses[i] as usize] += coef * inv_t;
         }
-        let count = mask_sum.max(1.0) as f64;
         sc.geo = geo;
         Self::backward(&self.shape, &self.layout, n, &self.w, r, g, t, &mut sc);
         let grad_norm = sum_sq(&sc.grad).sqrt();
         let scalars = StepScalars {
-            loss: loss as f32,
-            kl: (kl_sum / count) as f32,
-            clip_low: (low as f64 / count) as f32,
-            clip_high: (high as f64 / count) as f32,
-            ratio_mean: (ratio_sum / count) as f32,
-            entropy: (ent_sum / count) as f32,
+            loss: terms.loss as f32,
+            kl: terms.kl,
+            clip_low: terms.clip_low,
+            clip_high: terms.clip_high,
+            ratio_mean: terms.ratio_mean,
+            entropy: terms.entropy,
             grad_norm,
         };
+        sc.terms = terms;
         self.scratch = sc;
         scalars
     }
@@ -1721,11 +1710,13 @@ mod tests {
                 agg,
                 bug_ratio_quotient: false,
                 max_len: 6,
+                entropy_coef: coef,
+                unfrozen_old_policy: false,
+                shared_reference: false,
             },
             temperature: 0.9,
             lr: 1e-3,
             max_grad_norm: 0.0,
-            entropy_coef: coef,
         }
     }
 
@@ -1823,7 +1814,7 @@ mod tests {
     /// every loss mode, KL estimator and aggregation, with the entropy bonus.
     #[test]
     fn loss_and_gradient_equal_burn_autodiff() {
-        use crate::engine::burn_loss;
+        use crate::engine::autodiff;
         use crate::model::Policy;
         use burn::module::{Module, ModuleVisitor, Param};
         use burn::optim::GradientsParams;
@@ -1851,9 +1842,6 @@ mod tests {
             let v: Vec<i64> = v.iter().map(|&x| x as i64).collect();
             TensorData::new(v, s)
         };
-        let floats = |v: &[f32], s: [usize; 3]| {
-            Tensor::<3>::from_data(TensorData::new(v.to_vec(), s), &device)
-        };
         let mut cases = 0;
         for mode in [LossMode::Naive, LossMode::Unclipped, LossMode::Clipped] {
             for est in [KlEstimator::K1, KlEstimator::K2, KlEstimator::K3] {
@@ -1867,45 +1855,32 @@ mod tests {
                         Tensor::<3, Int>::from_data(ints(&c.responses, vec![b, G, t]), &device),
                         st.temperature,
                     );
-                    let mask = floats(&c.mask, [b, G, t]);
-                    let adv = Tensor::<2>::from_data(
-                        TensorData::new(c.advantages.clone(), [b, G]),
-                        &device,
-                    );
-                    let out = burn_loss::grpo_loss(
-                        &st.loss,
-                        logp,
-                        floats(&c.old, [b, G, t]),
-                        floats(&c.refl, [b, G, t]),
-                        adv,
-                        mask.clone(),
-                    );
-                    let bonus = burn_loss::aggregate(*agg, ent, mask, st.loss.max_len);
-                    let loss = out.loss.sub(bonus.mul_scalar(coef));
-                    let value = loss.clone().into_scalar::<f32>();
-                    let grads = GradientsParams::from_grads(loss.backward(), &policy);
+                    // burn's side: log π and H by autodiff, the coefficients from the objective.
+                    let (lp_h, ent_h) = autodiff::read_back(&logp, &ent);
+                    let mut terms = TokenTerms::default();
+                    let inputs = TokenInputs {
+                        logp: &lp_h,
+                        old_logp: &c.old,
+                        ref_logp: &c.refl,
+                        advantages: &c.advantages,
+                        mask: &c.mask,
+                        entropy: Some(&ent_h),
+                        t,
+                    };
+                    loss::evaluate(&st.loss, &inputs, &mut terms);
+                    let sur = autodiff::surrogate(logp, ent, &terms, &device);
+                    let grads = GradientsParams::from_grads(sur.backward(), &policy);
                     let mut flat = Flat(&grads, Vec::new());
                     policy.visit(&mut flat);
                     let theirs = flat.1;
                     let label = format!("{mode:?} {est:?} {agg}");
-                    assert!(
-                        (ours.loss - value).abs() <= 1e-5 * (1.0 + value.abs()),
-                        "{label}: loss {} vs {value}",
-                        ours.loss
-                    );
                     for (name, a, bv) in [
-                        ("kl", ours.kl, out.kl.into_scalar::<f32>()),
-                        ("clip_low", ours.clip_low, out.clip_low.into_scalar::<f32>()),
-                        (
-                            "clip_high",
-                            ours.clip_high,
-                            out.clip_high.into_scalar::<f32>(),
-                        ),
-                        (
-                            "ratio",
-                            ours.ratio_mean,
-                            out.ratio_mean.into_scalar::<f32>(),
-                        ),
+                        ("loss", ours.loss, terms.loss as f32),
+                        ("kl", ours.kl, terms.kl),
+                        ("clip_low", ours.clip_low, terms.clip_low),
+                        ("clip_high", ours.clip_high, terms.clip_high),
+                        ("ratio", ours.ratio_mean, terms.ratio_mean),
+                        ("entropy", ours.entropy, terms.entropy),
                     ] {
                         assert!(
                             (a - bv).abs() <= 1e-5 * (1.0 + bv.abs()),

@@ -38,7 +38,6 @@ macro_rules! avx2_dispatch {
 }
 
 pub mod autodiff;
-pub mod burn_loss;
 pub mod fused_lecture;
 pub mod fused_transformer;
 pub mod lecture_cpu;
@@ -142,7 +141,6 @@ pub struct StepRequest<'a> {
     pub temperature: f32,
     pub lr: f64,
     pub max_grad_norm: f32,
-    pub entropy_coef: f32,
     /// `[B·G]`, the mode that drives the update.
     pub advantages: &'a [f32],
     /// `[B·G·T]`: an advantage per token (PPO's GAE with a learned critic); when present it
@@ -151,10 +149,6 @@ pub struct StepRequest<'a> {
     /// `[B·G·T]`, frozen.
     pub old_logp: &'a [f32],
     pub ref_logp: &'a [f32],
-    /// BUG (gallery): π_old recomputed with gradient, so ρ ≡ 1.
-    pub unfrozen_old_policy: bool,
-    /// BUG (gallery): the reference is the policy module itself.
-    pub shared_reference: bool,
     /// Return `log π` (before the update) of the first this many responses.
     pub logp_rows: usize,
 }

@@ -139,7 +139,6 @@ impl Engine for FusedTransformerEngine {
                 temperature: req.temperature,
                 lr: req.lr,
                 max_grad_norm: req.max_grad_norm,
-                entropy_coef: req.entropy_coef,
             },
         );
         // burn's path returns whole groups: the first ⌈rows/G⌉ prompts' responses.

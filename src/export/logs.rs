@@ -522,7 +522,7 @@ pub fn unipo(c: &RunConfig, records: &[StepRecord], max_prompts: usize) -> serde
                                     .map(|(&lp, &op)| {
                                         let ratio = (lp - op).exp();
                                         -crate::objective::loss::reference::pg_term(
-                                            c.algorithm.loss, a, ratio, lp, lo, hi,
+                                            c.algorithm.loss, a, ratio, ratio, lp, lo, hi,
                                         )
                                         .0
                                     })

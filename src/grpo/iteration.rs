@@ -451,13 +451,10 @@ impl Trainer {
             temperature: cfg.sampling.temperature as f32,
             lr: cfg.optimizer.lr,
             max_grad_norm: cfg.optimizer.max_grad_norm as f32,
-            entropy_coef: a.entropy_coef as f32,
             advantages: &frozen.advantages,
             token_advantages: frozen.token_advantages.as_deref(),
             old_logp: &frozen.old_logp,
             ref_logp: &frozen.ref_logp,
-            unfrozen_old_policy: a.bugs.unfrozen_old_policy,
-            shared_reference: a.bugs.shared_reference,
             logp_rows: rows,
         };
         let out = match self.pending.pop_front() {

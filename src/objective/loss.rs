@@ -1,8 +1,13 @@
-//! The per-token GRPO objective (GRPO-SPEC §4), once: the settings every engine reads and
-//! the scalar formulas — ratio, clip, loss, KL k1/k2/k3 and the loss's derivative with respect
-//! to `log π` — that the fused engines, the WGSL kernel tests and the app's inspector call.
+//! The per-token GRPO objective (GRPO-SPEC §4), once: the settings every engine reads, the
+//! scalar formulas — ratio, clip, loss, KL k1/k2/k3, the aggregation's weights — and
+//! [`evaluate`], the whole objective of one optimizer step over a batch's tokens: its value and
+//! its derivative with respect to each token's `log π` (and entropy). Every engine takes those
+//! per-token coefficients and applies them through its own backward (the fused CPU engines by
+//! hand, burn's autodiff as the surrogate `Σ_t c_t·log π_t`); `shaders/common.wgsl` mirrors the
+//! per-token formulas for the WGSL engine. A new objective is written here and there only.
 
 use crate::config::{KlEstimator, LossAggMode, LossMode};
+use crate::objective::numeric::{exp_fast, map2, map3, zeroed};
 
 /// Everything the per-token loss needs besides the log-probs.
 #[derive(Debug, Clone, Copy)]
@@ -21,6 +26,12 @@ pub struct LossSettings {
     /// be (`task.max_len` for the transformer, `n` for the lecture model), never the batch's
     /// padded width.
     pub max_len: usize,
+    /// The entropy bonus `c`: the loss gains `− c·H`, aggregated like the loss.
+    pub entropy_coef: f32,
+    /// BUG (gallery): π_old recomputed with gradient, so `ρ ≡ 1` and `∂ρ/∂log π = 0`.
+    pub unfrozen_old_policy: bool,
+    /// BUG (gallery): the reference is the policy itself, so the KL and its gradient are 0.
+    pub shared_reference: bool,
 }
 
 impl LossSettings {
@@ -37,8 +48,250 @@ impl LossSettings {
             agg: a.loss_agg_mode,
             bug_ratio_quotient: a.bugs.ratio_as_logprob_quotient,
             max_len: c.max_len(),
+            entropy_coef: a.entropy_coef as f32,
+            unfrozen_old_policy: a.bugs.unfrozen_old_policy,
+            shared_reference: a.bugs.shared_reference,
         }
     }
+
+    /// GRPO-SPEC §4's settings with no bug switched on and no entropy bonus.
+    pub fn plain(mode: LossMode, kl_estimator: KlEstimator, agg: LossAggMode) -> Self {
+        Self {
+            mode,
+            epsilon_low: 0.2,
+            epsilon_high: 0.2,
+            beta: 0.0,
+            kl_in_loss: true,
+            kl_estimator,
+            agg,
+            bug_ratio_quotient: false,
+            max_len: 0,
+            entropy_coef: 0.0,
+            unfrozen_old_policy: false,
+            shared_reference: false,
+        }
+    }
+
+    /// How the ratio is formed under these settings.
+    pub fn ratio_form(&self) -> RatioForm {
+        if self.unfrozen_old_policy {
+            RatioForm::Unfrozen
+        } else if self.bug_ratio_quotient {
+            RatioForm::Quotient
+        } else {
+            RatioForm::Exp
+        }
+    }
+
+    /// Whether the KL term is part of the loss (it is logged always).
+    pub fn kl_on(&self) -> bool {
+        self.kl_in_loss && self.beta > 0.0
+    }
+}
+
+/// How `ρ = π_θ/π_old` is formed: the right way, or one of the bug gallery's two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RatioForm {
+    /// `exp(log π − log π_old)`.
+    Exp,
+    /// BUG: `log π / log π_old`.
+    Quotient,
+    /// BUG: π_old recomputed with gradient: `ρ ≡ 1` and its derivative vanishes.
+    Unfrozen,
+}
+
+/// One optimizer step's per-token inputs. `R` responses padded to `T` positions; every
+/// `[R·T]` array is row-major by response.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenInputs<'a> {
+    /// `[R·T]` log π_θ of each sampled token (the only input the engine differentiates).
+    pub logp: &'a [f32],
+    /// `[R·T]` log π_old (frozen at the iteration's start).
+    pub old_logp: &'a [f32],
+    /// `[R·T]` log π_ref.
+    pub ref_logp: &'a [f32],
+    /// `[R]` one advantage per response, or `[R·T]` one per token (PPO's GAE).
+    pub advantages: &'a [f32],
+    /// `[R·T]` 1 on real tokens, 0 on padding (padding contributes nothing, whatever it holds).
+    pub mask: &'a [f32],
+    /// `[R·T]` each token's entropy `H_t` (at the sampling temperature); `None` where the engine
+    /// does not compute it (then the entropy bonus must be off and the entropy mean is NaN).
+    pub entropy: Option<&'a [f32]>,
+    /// `T`, the padded width.
+    pub t: usize,
+}
+
+/// What [`evaluate`] returns: the loss, its per-token coefficients, and the step's statistics.
+/// Buffers are reused across calls (an engine keeps one `TokenTerms`).
+#[derive(Debug, Clone, Default)]
+pub struct TokenTerms {
+    /// The aggregated loss `Σ_t w_t·(ℓ_t + β·KL_t − c·H_t)`.
+    pub loss: f64,
+    /// `[R·T]` `∂L/∂log π_t`, the aggregation's weight included; 0 on padding.
+    pub dlogp: Vec<f32>,
+    /// `[R·T]` `∂L/∂H_t` (`− c·w_t`); empty when the entropy bonus is off.
+    pub dentropy: Vec<f32>,
+    /// Means over real tokens: KL(π_θ ‖ π_ref) by the configured estimator, the clip fractions
+    /// (low: `ρ < 1 − ε_low` with `A < 0`; high: `ρ > 1 + ε_high` with `A > 0`), `ρ`, and `H`.
+    pub kl: f32,
+    pub clip_low: f32,
+    pub clip_high: f32,
+    pub ratio_mean: f32,
+    pub entropy: f32,
+    /// `[R·T]` per token, for the inspector and the tests: `A_t`, `ρ_t`, the policy-gradient
+    /// term `ℓ_t` and its derivative, `KL_t` and `β·∂KL_t/∂log π`, the aggregation weight `w_t`.
+    pub adv: Vec<f32>,
+    pub ratio: Vec<f32>,
+    pub term: Vec<f32>,
+    pub dterm: Vec<f32>,
+    pub kl_tokens: Vec<f32>,
+    pub dkl: Vec<f32>,
+    pub weight: Vec<f32>,
+}
+
+/// The objective of one optimizer step over a batch's tokens (GRPO-SPEC §4): the per-token
+/// policy-gradient term (naive, unclipped or clipped ratio), the KL penalty (in the loss when
+/// β > 0), the entropy bonus, aggregated by the configured mode; its value and `∂L/∂log π_t`.
+/// Passes over plain arrays, one monomorphic loop per mode and estimator, so they vectorize.
+pub fn evaluate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
+    let n = x.logp.len();
+    debug_assert!(x.old_logp.len() == n && x.ref_logp.len() == n && x.mask.len() == n);
+    per_token_advantages(x, &mut out.adv);
+    ratios(s.ratio_form(), x, &mut out.ratio);
+    kl_terms(s, x, out);
+    pg_terms(s, x, out);
+    reference::aggregation_weights_into(s.agg, x.mask, x.t, s.max_len, &mut out.weight);
+    aggregate(s, x, out);
+}
+
+/// `A_t`: one per response broadcast over its tokens, or one per token.
+fn per_token_advantages(x: &TokenInputs, adv: &mut Vec<f32>) {
+    let adv = zeroed(adv, x.logp.len());
+    if x.advantages.len() == adv.len() {
+        adv.copy_from_slice(x.advantages);
+    } else {
+        for (chunk, &a) in adv.chunks_exact_mut(x.t.max(1)).zip(x.advantages) {
+            chunk.fill(a);
+        }
+    }
+}
+
+/// `ρ_t`.
+fn ratios(form: RatioForm, x: &TokenInputs, ratio: &mut Vec<f32>) {
+    let ratio = zeroed(ratio, x.logp.len());
+    let pairs = ratio.iter_mut().zip(x.logp).zip(x.old_logp);
+    match form {
+        // Its own monomorphic loop (it vectorizes).
+        RatioForm::Exp => {
+            for ((r, &l), &o) in pairs {
+                *r = reference::ratio_of(RatioForm::Exp, l, o, exp_fast).0;
+            }
+        }
+        _ => {
+            for ((r, &l), &o) in pairs {
+                *r = reference::ratio_of(form, l, o, exp_fast).0;
+            }
+        }
+    }
+}
+
+/// `KL_t` (logged always) and `β·∂KL_t/∂log π` (0 when the KL is not in the loss).
+fn kl_terms(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
+    let n = x.logp.len();
+    let beta = if s.kl_on() { s.beta } else { 0.0 };
+    let (kl, dkl) = (zeroed(&mut out.kl_tokens, n), zeroed(&mut out.dkl, n));
+    let (lp, rf) = (x.logp, x.ref_logp);
+    match s.kl_estimator {
+        KlEstimator::K1 => map2(lp, rf, kl, dkl, |lp, rf| {
+            reference::kl_term(KlEstimator::K1, lp, rf, beta, exp_fast)
+        }),
+        KlEstimator::K2 => map2(lp, rf, kl, dkl, |lp, rf| {
+            reference::kl_term(KlEstimator::K2, lp, rf, beta, exp_fast)
+        }),
+        KlEstimator::K3 => map2(lp, rf, kl, dkl, |lp, rf| {
+            reference::kl_term(KlEstimator::K3, lp, rf, beta, exp_fast)
+        }),
+    }
+    if s.shared_reference {
+        // BUG (gallery): log π_ref is log π itself, gradient included: KL ≡ 0, ∂KL ≡ 0.
+        kl.fill(0.0);
+    }
+    if !s.kl_on() || s.shared_reference {
+        // Logged only, no gradient (0·∞ where the logged KL overflowed would be NaN).
+        dkl.fill(0.0);
+    }
+}
+
+/// `ℓ_t` and `∂ℓ_t/∂log π`.
+fn pg_terms(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
+    let n = x.logp.len();
+    let (lo, hi) = (1.0 - s.epsilon_low, 1.0 + s.epsilon_high);
+    let (term, dterm) = (zeroed(&mut out.term, n), zeroed(&mut out.dterm, n));
+    let (adv, ratio, lp) = (&out.adv[..], &out.ratio[..], x.logp);
+    match (s.ratio_form(), s.mode) {
+        (RatioForm::Exp, LossMode::Naive) => map3(adv, ratio, lp, term, dterm, |a, r, lp| {
+            reference::pg_term(LossMode::Naive, a, r, r, lp, lo, hi)
+        }),
+        (RatioForm::Exp, LossMode::Unclipped) => map3(adv, ratio, lp, term, dterm, |a, r, lp| {
+            reference::pg_term(LossMode::Unclipped, a, r, r, lp, lo, hi)
+        }),
+        (RatioForm::Exp, LossMode::Clipped) => map3(adv, ratio, lp, term, dterm, |a, r, lp| {
+            reference::pg_term(LossMode::Clipped, a, r, r, lp, lo, hi)
+        }),
+        (form, mode) => {
+            for i in 0..n {
+                let dr = reference::ratio_of(form, lp[i], x.old_logp[i], exp_fast).1;
+                (term[i], dterm[i]) = reference::pg_term(mode, adv[i], ratio[i], dr, lp[i], lo, hi);
+            }
+        }
+    }
+}
+
+/// The coefficients `∂L/∂log π_t = w_t·(∂ℓ_t + β·∂KL_t)`, `∂L/∂H_t = −c·w_t`, the loss
+/// `Σ_t w_t·(ℓ_t + β·KL_t − c·H_t)` and the means over real tokens (padding is skipped, so
+/// whatever it holds never reaches a sum).
+fn aggregate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
+    let n = x.logp.len();
+    let (lo, hi) = (1.0 - s.epsilon_low, 1.0 + s.epsilon_high);
+    let kl_on = s.kl_on();
+    let c = s.entropy_coef;
+    let bonus = c != 0.0;
+    assert!(
+        !bonus || x.entropy.is_some(),
+        "the entropy bonus needs each token's entropy"
+    );
+    let dl = zeroed(&mut out.dlogp, n);
+    let de = zeroed(&mut out.dentropy, if bonus { n } else { 0 });
+    let (mut loss, mut kl_sum, mut ratio_sum, mut ent_sum) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    let (mut low, mut high, mut count) = (0u32, 0u32, 0.0f32);
+    for i in (0..n).filter(|&i| x.mask[i] != 0.0) {
+        let w = out.weight[i];
+        let h = x.entropy.map_or(0.0, |e| e[i]);
+        let kl_i = out.kl_tokens[i];
+        let kl_part = if kl_on { (s.beta * kl_i) as f64 } else { 0.0 };
+        loss += w as f64 * (out.term[i] as f64 + kl_part) - (c * w * h) as f64;
+        dl[i] = w * (out.dterm[i] + out.dkl[i]);
+        if bonus {
+            de[i] = -(c * w);
+        }
+        kl_sum += kl_i as f64;
+        ratio_sum += out.ratio[i] as f64;
+        ent_sum += h as f64;
+        let (is_low, is_high) = reference::clip_flags(out.ratio[i], out.adv[i], lo, hi);
+        low += is_low as u32;
+        high += is_high as u32;
+        count += x.mask[i];
+    }
+    let count = count.max(1.0) as f64;
+    out.loss = loss;
+    out.kl = (kl_sum / count) as f32;
+    out.clip_low = (low as f64 / count) as f32;
+    out.clip_high = (high as f64 / count) as f32;
+    out.ratio_mean = (ratio_sum / count) as f32;
+    out.entropy = match x.entropy {
+        Some(_) => (ent_sum / count) as f32,
+        None => f32::NAN,
+    };
 }
 
 /// Scalar references, one formula each, for the tests and for teaching.
@@ -47,9 +300,28 @@ pub mod reference {
         (logp - old_logp).exp()
     }
 
+    /// `(ρ, ∂ρ/∂log π)` in the given form; `exp` is the exponential the caller computes with.
+    #[inline(always)]
+    pub fn ratio_of(
+        form: super::RatioForm,
+        logp: f32,
+        old_logp: f32,
+        exp: impl Fn(f32) -> f32,
+    ) -> (f32, f32) {
+        use super::RatioForm;
+        match form {
+            RatioForm::Exp => {
+                let r = exp(logp - old_logp);
+                (r, r)
+            }
+            RatioForm::Quotient => (logp / old_logp, 1.0 / old_logp),
+            RatioForm::Unfrozen => (1.0, 0.0),
+        }
+    }
+
     pub fn clipped_token_loss(ratio: f32, adv: f32, eps_low: f32, eps_high: f32) -> f32 {
-        let clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high);
-        -(ratio * adv).min(clipped * adv)
+        let mode = crate::config::LossMode::Clipped;
+        pg_term(mode, adv, ratio, ratio, 0.0, 1.0 - eps_low, 1.0 + eps_high).0
     }
 
     /// KL in the reward, PPO-RLHF style: `r − β·Σ_t KL_t(π_old ‖ π_ref)` per response over its
@@ -81,8 +353,9 @@ pub mod reference {
 
     /// `(k1, k2, k3)` for `Δ = log π_ref − log π_θ`.
     pub fn kl(logp: f32, ref_logp: f32) -> (f32, f32, f32) {
-        let d = ref_logp - logp;
-        (-d, d * d / 2.0, d.exp() - d - 1.0)
+        use crate::config::KlEstimator;
+        let k = |e| kl_term(e, logp, ref_logp, 0.0, f32::exp).0;
+        (k(KlEstimator::K1), k(KlEstimator::K2), k(KlEstimator::K3))
     }
 
     /// One token's `(ratio, loss, kl, flags)` (flags: bit 0 clipped low, bit 1 clipped high),
@@ -94,27 +367,14 @@ pub mod reference {
         ref_logp: f32,
         adv: f32,
     ) -> (f32, f32, f32, u32) {
-        use crate::config::{KlEstimator, LossMode};
-        let ratio = if s.bug_ratio_quotient {
-            logp / old_logp
-        } else {
-            (logp - old_logp).exp()
-        };
-        let mut loss = match s.mode {
-            LossMode::Naive => -adv * logp,
-            LossMode::Unclipped => -adv * ratio,
-            LossMode::Clipped => clipped_token_loss(ratio, adv, s.epsilon_low, s.epsilon_high),
-        };
-        let (k1, k2, k3) = kl(logp, ref_logp);
-        let kl = match s.kl_estimator {
-            KlEstimator::K1 => k1,
-            KlEstimator::K2 => k2,
-            KlEstimator::K3 => k3,
-        };
-        if s.kl_in_loss && s.beta > 0.0 {
+        let (lo, hi) = (1.0 - s.epsilon_low, 1.0 + s.epsilon_high);
+        let (ratio, dr) = ratio_of(s.ratio_form(), logp, old_logp, f32::exp);
+        let (mut loss, _) = pg_term(s.mode, adv, ratio, dr, logp, lo, hi);
+        let (kl, _) = kl_term(s.kl_estimator, logp, ref_logp, s.beta, f32::exp);
+        if s.kl_on() {
             loss += s.beta * kl;
         }
-        let (low, high) = clip_flags(ratio, adv, 1.0 - s.epsilon_low, 1.0 + s.epsilon_high);
+        let (low, high) = clip_flags(ratio, adv, lo, hi);
         (ratio, loss, kl, low as u32 | ((high as u32) << 1))
     }
 
@@ -131,22 +391,34 @@ pub mod reference {
         t: usize,
         max_len: usize,
     ) -> Vec<f32> {
+        let mut w = Vec::new();
+        aggregation_weights_into(agg, mask, t, max_len, &mut w);
+        w
+    }
+
+    /// [`aggregation_weights`] into a reused buffer.
+    pub fn aggregation_weights_into(
+        agg: crate::config::LossAggMode,
+        mask: &[f32],
+        t: usize,
+        max_len: usize,
+        out: &mut Vec<f32>,
+    ) {
         use crate::config::LossAggMode;
         let t = t.max(1);
         let r = mask.len() / t;
         let token_w = 1.0 / mask.iter().sum::<f32>().max(1.0);
-        mask.chunks(t)
-            .flat_map(|row| {
-                let w = match agg {
-                    LossAggMode::TokenMean => token_w,
-                    LossAggMode::SeqMeanTokenMean => {
-                        1.0 / (row.iter().sum::<f32>().max(1.0) * r as f32)
-                    }
-                    LossAggMode::SeqMeanTokenSumNorm => 1.0 / (r * max_len.max(t)) as f32,
-                };
-                row.iter().map(move |&m| if m == 0.0 { 0.0 } else { w })
-            })
-            .collect()
+        out.clear();
+        out.extend(mask.chunks(t).flat_map(|row| {
+            let w = match agg {
+                LossAggMode::TokenMean => token_w,
+                LossAggMode::SeqMeanTokenMean => {
+                    1.0 / (row.iter().sum::<f32>().max(1.0) * r as f32)
+                }
+                LossAggMode::SeqMeanTokenSumNorm => 1.0 / (r * max_len.max(t)) as f32,
+            };
+            row.iter().map(move |&m| if m == 0.0 { 0.0 } else { w })
+        }));
     }
 
     /// Whether the clip is active on a token, low and high: the ratio below `lo = 1 − ε_low` with
@@ -158,15 +430,17 @@ pub mod reference {
     }
 
     /// The policy-gradient part of one token's loss and its derivative with respect to
-    /// `log π`: `(term, ∂term/∂log π)` for advantage `a`, ratio `r = π/π_old` and `lp = log π`.
-    /// Clipped: the derivative is `−a·r` wherever the unclipped branch is the minimum (or the
-    /// ratio is inside the clip range), else 0. `#[inline(always)]` so the fused engines' loops
-    /// over tokens specialise it per mode.
+    /// `log π`: `(term, ∂term/∂log π)` for advantage `a`, ratio `r = π/π_old`, its derivative
+    /// `dr = ∂r/∂log π` (`r` itself when `r = exp(log π − log π_old)`) and `lp = log π`.
+    /// Clipped: the derivative is `−a·dr` wherever the unclipped branch is the minimum (or the
+    /// ratio is inside the clip range), else 0. `#[inline(always)]` so the loops over tokens
+    /// specialise it per mode.
     #[inline(always)]
     pub fn pg_term(
         mode: crate::config::LossMode,
         a: f32,
         r: f32,
+        dr: f32,
         lp: f32,
         lo: f32,
         hi: f32,
@@ -174,11 +448,11 @@ pub mod reference {
         use crate::config::LossMode;
         match mode {
             LossMode::Naive => (-a * lp, -a),
-            LossMode::Unclipped => (-a * r, -a * r),
+            LossMode::Unclipped => (-a * r, -a * dr),
             LossMode::Clipped => {
                 let (u, c) = (r * a, r.clamp(lo, hi) * a);
                 let live = u <= c || (r > lo && r < hi);
-                (-u.min(c), if live { -a * r } else { 0.0 })
+                (-u.min(c), if live { -a * dr } else { 0.0 })
             }
         }
     }
@@ -244,9 +518,10 @@ mod tests {
                 (-2.0, -0.9, -0.8),
                 (-1.0, -1.0, -2.0),
             ] {
-                let f = |x: f32| pg_term(mode, a, (x - old).exp(), x, 0.8, 1.28).0;
+                let r = |x: f32| (x - old).exp();
+                let f = |x: f32| pg_term(mode, a, r(x), r(x), x, 0.8, 1.28).0;
                 let numeric = (f(lp + h) - f(lp - h)) / (2.0 * h);
-                let (_, d) = pg_term(mode, a, (lp - old).exp(), lp, 0.8, 1.28);
+                let (_, d) = pg_term(mode, a, r(lp), r(lp), lp, 0.8, 1.28);
                 assert!(
                     (numeric - d).abs() < 2e-2,
                     "{mode:?} {lp} {old} {a}: {numeric} vs {d}"
@@ -261,5 +536,168 @@ mod tests {
             assert!((numeric - d).abs() < 1e-2, "{est:?}: {numeric} vs {d}");
         }
         let _ = LossAggMode::TokenMean;
+    }
+    /// A ragged batch (R = 3, T = 4) whose padding holds junk.
+    fn ragged(seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+        let mut rng = crate::rng::SplitMix64::new(seed);
+        let mut u = |lo: f32, hi: f32| lo + (hi - lo) * rng.next_f64() as f32;
+        let lens = [4usize, 2, 3];
+        let mask: Vec<f32> = (0..12)
+            .map(|i| (i % 4 < lens[i / 4]) as u32 as f32)
+            .collect();
+        let junk = |v: Vec<f32>, u: &mut dyn FnMut(f32, f32) -> f32| -> Vec<f32> {
+            v.iter()
+                .zip(&mask)
+                .map(|(&x, &m)| if m == 1.0 { x } else { u(-1e3, 1e3) })
+                .collect()
+        };
+        let mut draw = |lo: f32, hi: f32| -> Vec<f32> { (0..12).map(|_| u(lo, hi)).collect() };
+        let logp = draw(-2.5, -0.1);
+        let old = draw(-2.5, -0.1);
+        let refl = draw(-2.5, -0.1);
+        let ent = draw(0.1, 1.5);
+        let mut u2 = |lo: f32, hi: f32| lo + (hi - lo) * 0.37;
+        let (old, refl) = (junk(old, &mut u2), junk(refl, &mut u2));
+        (logp, old, refl, ent, mask, vec![1.3, -0.7, 0.4])
+    }
+
+    /// `evaluate`'s coefficients are the derivatives of its own loss, by central differences,
+    /// for every loss mode, KL estimator, aggregation, both ratio bugs, the shared reference and
+    /// the entropy bonus, on a ragged batch whose padding holds junk (padding gets 0).
+    #[test]
+    fn evaluate_coefficients_are_the_loss_derivatives() {
+        let (logp, old, refl, ent, mask, adv) = ragged(5);
+        let h = 1e-3f32;
+        let mut cases = 0;
+        for mode in [LossMode::Naive, LossMode::Unclipped, LossMode::Clipped] {
+            for est in [KlEstimator::K1, KlEstimator::K2, KlEstimator::K3] {
+                for agg in LossAggMode::ALL {
+                    for bug in 0..4 {
+                        let mut s = LossSettings::plain(mode, est, *agg);
+                        s.beta = 0.3;
+                        s.max_len = 6;
+                        s.epsilon_high = 0.28;
+                        s.entropy_coef = if cases % 2 == 0 { 0.05 } else { 0.0 };
+                        s.bug_ratio_quotient = bug == 1;
+                        s.unfrozen_old_policy = bug == 2;
+                        s.shared_reference = bug == 3;
+                        cases += 1;
+                        // The loss as a function of log π and H; under a bug switch π_old or
+                        // π_ref track log π, as they do in the buggy program.
+                        let loss_at = |lp: &[f32], en: &[f32]| -> (f64, TokenTerms) {
+                            let o: Vec<f32> = if s.unfrozen_old_policy {
+                                lp.to_vec()
+                            } else {
+                                old.clone()
+                            };
+                            let r: Vec<f32> = if s.shared_reference {
+                                lp.to_vec()
+                            } else {
+                                refl.clone()
+                            };
+                            let mut out = TokenTerms::default();
+                            let x = TokenInputs {
+                                logp: lp,
+                                old_logp: &o,
+                                ref_logp: &r,
+                                advantages: &adv,
+                                mask: &mask,
+                                entropy: Some(en),
+                                t: 4,
+                            };
+                            evaluate(&s, &x, &mut out);
+                            (out.loss, out)
+                        };
+                        let (_, base) = loss_at(&logp, &ent);
+                        let (lo, hi) = (1.0 - s.epsilon_low, 1.0 + s.epsilon_high);
+                        for i in 0..12 {
+                            if mask[i] == 0.0 {
+                                assert_eq!(base.dlogp[i], 0.0);
+                                continue;
+                            }
+                            let r = base.ratio[i];
+                            if (r - lo).abs() < 2e-2 || (r - hi).abs() < 2e-2 {
+                                continue; // a kink of the clip
+                            }
+                            let bump = |d: f32| {
+                                let mut lp = logp.clone();
+                                lp[i] += d;
+                                loss_at(&lp, &ent).0
+                            };
+                            let fd = ((bump(h) - bump(-h)) / (2.0 * h as f64)) as f32;
+                            let label = format!("{mode:?} {est:?} {agg} bug {bug} token {i}");
+                            assert!(
+                                (fd - base.dlogp[i]).abs() <= 2e-3 + 2e-2 * fd.abs(),
+                                "{label}: ∂L/∂logπ {} vs finite differences {fd}",
+                                base.dlogp[i]
+                            );
+                            if s.entropy_coef != 0.0 {
+                                let bump = |d: f32| {
+                                    let mut en = ent.clone();
+                                    en[i] += d;
+                                    loss_at(&logp, &en).0
+                                };
+                                let fd = ((bump(h) - bump(-h)) / (2.0 * h as f64)) as f32;
+                                assert!(
+                                    (fd - base.dentropy[i]).abs() <= 1e-4,
+                                    "{label}: ∂L/∂H {} vs {fd}",
+                                    base.dentropy[i]
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(cases, 3 * 3 * LossAggMode::ALL.len() * 4);
+    }
+
+    /// `evaluate`'s loss and statistics equal the per-token scalar reference (`token_terms`,
+    /// `aggregation_weights`, `clip_flags`) summed by hand.
+    #[test]
+    fn evaluate_equals_the_per_token_reference() {
+        let (logp, old, refl, ent, mask, adv) = ragged(9);
+        for mode in [LossMode::Naive, LossMode::Unclipped, LossMode::Clipped] {
+            for agg in LossAggMode::ALL {
+                let mut s = LossSettings::plain(mode, KlEstimator::K3, *agg);
+                s.beta = 0.1;
+                s.max_len = 5;
+                s.entropy_coef = 0.02;
+                let mut out = TokenTerms::default();
+                let x = TokenInputs {
+                    logp: &logp,
+                    old_logp: &old,
+                    ref_logp: &refl,
+                    advantages: &adv,
+                    mask: &mask,
+                    entropy: Some(&ent),
+                    t: 4,
+                };
+                evaluate(&s, &x, &mut out);
+                let w = reference::aggregation_weights(*agg, &mask, 4, 5);
+                let (mut loss, mut kl, mut ratio, mut low, mut high, mut n) =
+                    (0.0f64, 0.0f64, 0.0f64, 0.0, 0.0, 0.0);
+                for i in (0..12).filter(|&i| mask[i] == 1.0) {
+                    let (r, l, k, flags) =
+                        reference::token_terms(&s, logp[i], old[i], refl[i], adv[i / 4]);
+                    loss += (w[i] * l - s.entropy_coef * w[i] * ent[i]) as f64;
+                    kl += k as f64;
+                    ratio += r as f64;
+                    low += (flags & 1) as f64;
+                    high += (flags >> 1) as f64;
+                    n += 1.0;
+                }
+                let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * (1.0 + b.abs());
+                assert!(
+                    close(out.loss, loss),
+                    "{mode:?} {agg}: {} vs {loss}",
+                    out.loss
+                );
+                assert!(close(out.kl as f64, kl / n));
+                assert!(close(out.ratio_mean as f64, ratio / n));
+                assert_eq!(out.clip_low, (low / n) as f32);
+                assert_eq!(out.clip_high, (high / n) as f32);
+            }
+        }
     }
 }

@@ -5,5 +5,6 @@
 pub mod adam;
 pub mod advantage;
 pub mod loss;
+pub mod numeric;
 pub mod sampling;
 pub mod value;

@@ -153,7 +153,7 @@ pub fn step_kernel(entry: &str, lp: &StepParams, buf: &mut Buffers) {
                     if lp.kl_on == 0 {
                         dkl = 0.0;
                     }
-                    let (term, dterm) = pg_term(mode, a, ratio, l, lp.lo, lp.hi);
+                    let (term, dterm) = pg_term(mode, a, ratio, ratio, l, lp.lo, lp.hi);
                     let c = (dterm + dkl) * lp.cw;
                     buf.work[w(lp.coef_off) + t] = c;
                     rc += c;
