@@ -198,24 +198,10 @@ struct Axis {
     size: fn(usize, &RunConfig) -> usize,
 }
 
-/// The transformer's scaling sweep: D, layers, B·G and `max_len` one at a time around the
-/// preset, on the fused engine and on burn's autodiff path (`run.fused_step=off`, fewer
-/// points: it is 6× slower), without the cold start or dynamic sampling (a step's cost, not a
-/// recipe's), so responses have init's lengths (`<eos>` drawn with ≈ 1/V chance per token).
-fn bench_scaling_transformer(
-    base: &RunConfig,
-    compute: &Compute,
-    options: &BenchOptions,
-    out: &Path,
-) -> Result<()> {
-    let base = base
-        .with_overrides(&[
-            "sft.steps=0".to_string(),
-            "algorithm.dynamic_sampling=false".to_string(),
-        ])
-        .map_err(user)?;
+/// The transformer sweep's axes: each varied alone around the base config.
+fn transformer_axes() -> [Axis; 4] {
     let one = |v: usize, _: &RunConfig| v;
-    let axes = [
+    [
         Axis {
             name: "D",
             fused: &[32, 64, 128, 256],
@@ -254,7 +240,26 @@ fn bench_scaling_transformer(
             },
             size: one,
         },
-    ];
+    ]
+}
+
+/// The transformer's scaling sweep: D, layers, B·G and `max_len` one at a time around the
+/// preset, on the fused engine and on burn's autodiff path (`run.fused_step=off`, fewer
+/// points: it is 6× slower), without the cold start or dynamic sampling (a step's cost, not a
+/// recipe's), so responses have init's lengths (`<eos>` drawn with ≈ 1/V chance per token).
+fn bench_scaling_transformer(
+    base: &RunConfig,
+    compute: &Compute,
+    options: &BenchOptions,
+    out: &Path,
+) -> Result<()> {
+    let base = base
+        .with_overrides(&[
+            "sft.steps=0".to_string(),
+            "algorithm.dynamic_sampling=false".to_string(),
+        ])
+        .map_err(user)?;
+    let axes = transformer_axes();
     let mut series = Vec::new();
     let mut table = String::from("engine,axis,value,size,cpu_ms_per_step,wall_ms_per_step,slope\n");
     println!(
@@ -334,44 +339,15 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
     config.run.log_groups = 0;
     config.run.eval_every = 0;
     let mu = config.algorithm.mu;
-    let setup = std::time::Instant::now();
-    // Building the engine: the WGSL engine compiles its shaders here.
-    let mut trainer = Trainer::new(config.clone(), compute.clone()).map_err(user)?;
-    let setup_ms = setup.elapsed().as_secs_f64() * 1000.0;
-    let t0 = std::time::Instant::now();
-    // The supervised cold start (when the config has one) runs before the first step; timed
-    // apart so the first step's own warm-up shows.
-    trainer.cold_start().map_err(user)?;
-    let cold_start_ms = t0.elapsed().as_secs_f64() * 1000.0;
-    trainer.step().map_err(user)?;
-    let first_step_ms = t0.elapsed().as_secs_f64() * 1000.0;
-    while !trainer.at_iteration_boundary() {
-        trainer.step().map_err(user)?;
-    }
+    let (mut trainer, [setup_ms, cold_start_ms, first_step_ms]) = warm_up(&config, compute)?;
     let counts_before = trainer.engine().device_counts();
-    let mut per_step = Vec::new();
-    let mut cpu_per_step = Vec::new();
-    let mut rollout_steps = Vec::new();
-    let mut plain_steps = Vec::new();
-    let mut parts: Vec<Timings> = Vec::new();
-    for _ in 0..options.iterations {
-        trainer.reset_timings();
-        let cpu = process_cpu_ns();
-        let t = std::time::Instant::now();
-        for _ in 0..mu {
-            let r = trainer.step().map_err(user)?;
-            if r.step_in_iteration == 0 {
-                rollout_steps.push(r.step_time_secs as f64 * 1000.0);
-            } else {
-                plain_steps.push(r.step_time_secs as f64 * 1000.0);
-            }
-        }
-        per_step.push(t.elapsed().as_secs_f64() * 1000.0 / mu as f64);
-        if let (Some(a), Some(b)) = (cpu, process_cpu_ns()) {
-            cpu_per_step.push(b.saturating_sub(a) as f64 / 1e6 / mu as f64);
-        }
-        parts.push(trainer.timings());
-    }
+    let Timed {
+        per_step,
+        cpu_per_step,
+        rollout_steps,
+        plain_steps,
+        parts,
+    } = time_iterations(&mut trainer, options.iterations, mu)?;
     let ms = median(&per_step);
     let counts = trainer.engine().device_counts();
     let submissions_per_iteration = counts.zip(counts_before).map(|(after, before)| {
@@ -451,122 +427,222 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
     if options.json {
         println!("{report}");
     } else {
-        println!(
-            "{} on {} ({})",
-            options.preset.as_deref().unwrap_or("config"),
-            compute.label,
-            trainer.engine_label()
-        );
-        println!(
-            "  ms/step (median, rollout share included): {:.3}  [p10 {:.3}, p90 {:.3}]",
-            ms,
-            report["ms_per_step_p10"].as_f64().unwrap_or(f64::NAN),
-            report["ms_per_step_p90"].as_f64().unwrap_or(f64::NAN)
-        );
-        println!(
-            "  first step (kernel compilation): {:.1} ms, of which the cold start ({} supervised steps) {:.1} ms; building the engine (the WGSL engine compiles its shaders there) {:.1} ms",
-            first_step_ms, config.sft.steps, cold_start_ms, setup_ms
-        );
-        if let (Some(c), Some(subs)) = (counts, submissions_per_iteration) {
-            println!(
-                "  device work: {} dispatches per optimizer step, {} per rollout; {:.1} submissions per iteration (μ = {mu})",
-                c.dispatches_per_step, c.dispatches_per_rollout, subs
-            );
-        }
-        if let Some(b) = burn_ms {
-            println!(
-                "  burn's autodiff path on the same device: {b:.3} ms/step; this engine is {:.1}× faster",
-                b / ms
-            );
-        }
-        println!(
-            "  first step of an iteration (rollout + step): {:.3} ms; other steps: {:.3} ms",
-            report["rollout_step_ms"].as_f64().unwrap_or(f64::NAN),
-            report["optimizer_step_ms"].as_f64().unwrap_or(f64::NAN)
-        );
-        println!(
-            "  parts per step (ms, median): rollout {:.3} · advantages {:.3} · log π_old/π_ref {:.3} · evaluation {:.3} · step (forward, backward, Adam) {:.3}",
-            parts_json["rollout"].as_f64().unwrap_or(f64::NAN),
-            parts_json["advantages"].as_f64().unwrap_or(f64::NAN),
-            parts_json["old_ref_logp"].as_f64().unwrap_or(f64::NAN),
-            parts_json["evaluation"].as_f64().unwrap_or(f64::NAN),
-            parts_json["step"].as_f64().unwrap_or(f64::NAN),
-        );
-        if let Some(m) = memory_mib {
-            println!("  peak resident memory: {m:.0} MiB");
-        }
-        if let Some(p) = &report["pytorch"].as_object() {
-            println!(
-                "  vectorized PyTorch {} ({} thread): {:.3} ms/step [p10 {:.3}, p90 {:.3}], first step {:.1} ms; greedy answers at init agree",
-                p["torch"].as_str().unwrap_or("?"),
-                p["threads"],
-                p["ms_per_step"].as_f64().unwrap_or(f64::NAN),
-                p["ms_per_step_p10"].as_f64().unwrap_or(f64::NAN),
-                p["ms_per_step_p90"].as_f64().unwrap_or(f64::NAN),
-                p["first_step_ms"].as_f64().unwrap_or(f64::NAN),
-            );
-            if let Some(parts) = p.get("parts_ms_per_step").and_then(|x| x.as_object()) {
-                let get = |k: &str| parts.get(k).and_then(|x| x.as_f64()).unwrap_or(f64::NAN);
-                println!(
-                    "  PyTorch parts per step (ms, median): rollout {:.3} · advantages {:.3} · log π_old/π_ref {:.3} · evaluation {:.3} · forward + backward {:.3} · optimizer {:.3}",
-                    get("rollout"),
-                    get("advantages"),
-                    get("old_ref_logp"),
-                    get("evaluation"),
-                    get("forward_backward"),
-                    get("optimizer"),
-                );
-                println!(
-                    "  PyTorch first step {:.1} ms, of which the cold start {:.1} ms; peak resident memory {:.0} MiB ({:.0} MiB after `import torch`)",
-                    p["first_step_ms"].as_f64().unwrap_or(f64::NAN),
-                    p["cold_start_ms"].as_f64().unwrap_or(f64::NAN),
-                    p["peak_rss_mib"].as_f64().unwrap_or(f64::NAN),
-                    p["rss_after_import_mib"].as_f64().unwrap_or(f64::NAN),
-                );
-            }
-            if let Some(r) = p.get("no_cache") {
-                let their_ms = r["ms_per_step"].as_f64().unwrap_or(f64::NAN);
-                println!(
-                    "  PyTorch recomputing the prefix (no KV cache): {:.3} ms/step [p10 {:.3}, p90 {:.3}] (rollout {:.3}, evaluation {:.3}), ratio {:.2}×",
-                    their_ms,
-                    r["ms_per_step_p10"].as_f64().unwrap_or(f64::NAN),
-                    r["ms_per_step_p90"].as_f64().unwrap_or(f64::NAN),
-                    r["parts_ms_per_step"]["rollout"]
-                        .as_f64()
-                        .unwrap_or(f64::NAN),
-                    r["parts_ms_per_step"]["evaluation"]
-                        .as_f64()
-                        .unwrap_or(f64::NAN),
-                    ms / their_ms
-                );
-            }
-            if let Some(r) = p.get("reordered") {
-                let their_ms = r["ms_per_step"].as_f64().unwrap_or(f64::NAN);
-                println!(
-                    "  PyTorch with grpo-lab's order of products (not the baseline): {:.3} ms/step [p10 {:.3}, p90 {:.3}], ratio {:.2}×",
-                    their_ms,
-                    r["ms_per_step_p10"].as_f64().unwrap_or(f64::NAN),
-                    r["ms_per_step_p90"].as_f64().unwrap_or(f64::NAN),
-                    ms / their_ms
-                );
-            }
-            let range = |i: usize| report["ratio_range"][i].as_f64().unwrap_or(f64::NAN);
-            println!(
-                "  ratio grpo-lab / PyTorch: {:.2}× [{:.2}, {:.2}] (medians; p10/p90 against p90/p10; < 1 is faster)",
-                report["ratio_vs_pytorch"].as_f64().unwrap_or(f64::NAN),
-                range(0),
-                range(1)
-            );
-            if let Some(r) = report["cpu_ratio_vs_pytorch"].as_f64() {
-                println!(
-                    "  on-CPU time per step (waits for a core excluded): grpo-lab {:.3} ms, PyTorch {:.3} ms, ratio {r:.2}×",
-                    report["cpu_ms_per_step"].as_f64().unwrap_or(f64::NAN),
-                    p["cpu_ms_per_step"].as_f64().unwrap_or(f64::NAN),
-                );
-            }
-        }
+        print_step_report(&report, config.sft.steps);
     }
     Ok(())
+}
+
+/// `bench-rollout`'s sizes within what it allows.
+fn check_rollout_options(a: &RolloutBenchOptions) -> Result<()> {
+    for (name, value, max) in [
+        ("--prompts", a.prompts, 1 << 20),
+        ("--generations", a.generations, 1 << 12),
+        ("--n", a.n, 64),
+        ("--vocab", a.vocab, 1024),
+        ("--repeats", a.repeats, 1000),
+    ] {
+        if !(1..=max).contains(&value) {
+            return Err(user(format!("{name} {value}: allowed 1..={max}")));
+        }
+    }
+    let floats = a.prompts as u128 * (a.generations as u128 + a.vocab as u128) * a.n as u128;
+    if floats > 1 << 28 {
+        return Err(user(format!(
+            "--prompts × (--generations + --vocab) × --n = {floats} values: over the 2^28 this benchmark allows (1 GiB of f32)"
+        )));
+    }
+    Ok(())
+}
+
+/// A trainer past its first iteration, and how long it took (ms) to build its engine (the WGSL
+/// engine compiles its shaders there), to run the supervised cold start (when the config has
+/// one; timed apart so the first step's own warm-up shows) and to reach the first step's end.
+fn warm_up(config: &RunConfig, compute: &Compute) -> Result<(Trainer, [f64; 3])> {
+    let setup = std::time::Instant::now();
+    let mut trainer = Trainer::new(config.clone(), compute.clone()).map_err(user)?;
+    let setup_ms = setup.elapsed().as_secs_f64() * 1000.0;
+    let t0 = std::time::Instant::now();
+    trainer.cold_start().map_err(user)?;
+    let cold_start_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    trainer.step().map_err(user)?;
+    let first_step_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    while !trainer.at_iteration_boundary() {
+        trainer.step().map_err(user)?;
+    }
+    Ok((trainer, [setup_ms, cold_start_ms, first_step_ms]))
+}
+
+/// Per-step times of the timed iterations (ms) and each iteration's parts.
+struct Timed {
+    per_step: Vec<f64>,
+    cpu_per_step: Vec<f64>,
+    rollout_steps: Vec<f64>,
+    plain_steps: Vec<f64>,
+    parts: Vec<Timings>,
+}
+
+/// Times `iterations` whole iterations of `mu` steps each.
+fn time_iterations(trainer: &mut Trainer, iterations: usize, mu: usize) -> Result<Timed> {
+    let mut t = Timed {
+        per_step: Vec::new(),
+        cpu_per_step: Vec::new(),
+        rollout_steps: Vec::new(),
+        plain_steps: Vec::new(),
+        parts: Vec::new(),
+    };
+    for _ in 0..iterations {
+        trainer.reset_timings();
+        let cpu = process_cpu_ns();
+        let started = std::time::Instant::now();
+        for _ in 0..mu {
+            let r = trainer.step().map_err(user)?;
+            let ms = r.step_time_secs as f64 * 1000.0;
+            if r.step_in_iteration == 0 {
+                t.rollout_steps.push(ms);
+            } else {
+                t.plain_steps.push(ms);
+            }
+        }
+        t.per_step
+            .push(started.elapsed().as_secs_f64() * 1000.0 / mu as f64);
+        if let (Some(a), Some(b)) = (cpu, process_cpu_ns()) {
+            t.cpu_per_step
+                .push(b.saturating_sub(a) as f64 / 1e6 / mu as f64);
+        }
+        t.parts.push(trainer.timings());
+    }
+    Ok(t)
+}
+
+/// A number of a report (NaN where it is absent).
+fn num(v: &serde_json::Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+/// `bench`'s report for a reader.
+fn print_step_report(report: &serde_json::Value, sft_steps: usize) {
+    let ms = num(&report["ms_per_step"]);
+    println!(
+        "{} on {} ({})",
+        report["preset"].as_str().unwrap_or("config"),
+        report["device"].as_str().unwrap_or("?"),
+        report["engine"].as_str().unwrap_or("?"),
+    );
+    println!(
+        "  ms/step (median, rollout share included): {ms:.3}  [p10 {:.3}, p90 {:.3}]",
+        num(&report["ms_per_step_p10"]),
+        num(&report["ms_per_step_p90"])
+    );
+    println!(
+        "  first step (kernel compilation): {:.1} ms, of which the cold start ({sft_steps} supervised steps) {:.1} ms; building the engine (the WGSL engine compiles its shaders there) {:.1} ms",
+        num(&report["first_step_ms"]),
+        num(&report["cold_start_ms"]),
+        num(&report["setup_ms"])
+    );
+    if let (Some(step), Some(rollout), Some(subs)) = (
+        report["dispatches_per_step"].as_u64(),
+        report["dispatches_per_rollout"].as_u64(),
+        report["submissions_per_iteration"].as_f64(),
+    ) {
+        println!(
+            "  device work: {step} dispatches per optimizer step, {rollout} per rollout; {subs:.1} submissions per iteration (μ = {})",
+            report["shape"]["mu"]
+        );
+    }
+    if let Some(b) = report["burn_ms_per_step"].as_f64() {
+        println!(
+            "  burn's autodiff path on the same device: {b:.3} ms/step; this engine is {:.1}× faster",
+            b / ms
+        );
+    }
+    println!(
+        "  first step of an iteration (rollout + step): {:.3} ms; other steps: {:.3} ms",
+        num(&report["rollout_step_ms"]),
+        num(&report["optimizer_step_ms"])
+    );
+    let parts = &report["parts_ms_per_step"];
+    println!(
+        "  parts per step (ms, median): rollout {:.3} · advantages {:.3} · log π_old/π_ref {:.3} · evaluation {:.3} · step (forward, backward, Adam) {:.3}",
+        num(&parts["rollout"]),
+        num(&parts["advantages"]),
+        num(&parts["old_ref_logp"]),
+        num(&parts["evaluation"]),
+        num(&parts["step"]),
+    );
+    if let Some(m) = report["peak_rss_mib"].as_f64() {
+        println!("  peak resident memory: {m:.0} MiB");
+    }
+    if report["pytorch"].is_object() {
+        print_pytorch(report);
+    }
+}
+
+/// The PyTorch reference's lines of `bench`'s report.
+fn print_pytorch(report: &serde_json::Value) {
+    let (p, ms) = (&report["pytorch"], num(&report["ms_per_step"]));
+    println!(
+        "  vectorized PyTorch {} ({} thread): {:.3} ms/step [p10 {:.3}, p90 {:.3}], first step {:.1} ms; greedy answers at init agree",
+        p["torch"].as_str().unwrap_or("?"),
+        p["threads"],
+        num(&p["ms_per_step"]),
+        num(&p["ms_per_step_p10"]),
+        num(&p["ms_per_step_p90"]),
+        num(&p["first_step_ms"]),
+    );
+    if let Some(parts) = p.get("parts_ms_per_step").filter(|x| x.is_object()) {
+        println!(
+            "  PyTorch parts per step (ms, median): rollout {:.3} · advantages {:.3} · log π_old/π_ref {:.3} · evaluation {:.3} · forward + backward {:.3} · optimizer {:.3}",
+            num(&parts["rollout"]),
+            num(&parts["advantages"]),
+            num(&parts["old_ref_logp"]),
+            num(&parts["evaluation"]),
+            num(&parts["forward_backward"]),
+            num(&parts["optimizer"]),
+        );
+        println!(
+            "  PyTorch first step {:.1} ms, of which the cold start {:.1} ms; peak resident memory {:.0} MiB ({:.0} MiB after `import torch`)",
+            num(&p["first_step_ms"]),
+            num(&p["cold_start_ms"]),
+            num(&p["peak_rss_mib"]),
+            num(&p["rss_after_import_mib"]),
+        );
+    }
+    if let Some(r) = p.get("no_cache") {
+        let their_ms = num(&r["ms_per_step"]);
+        println!(
+            "  PyTorch recomputing the prefix (no KV cache): {:.3} ms/step [p10 {:.3}, p90 {:.3}] (rollout {:.3}, evaluation {:.3}), ratio {:.2}×",
+            their_ms,
+            num(&r["ms_per_step_p10"]),
+            num(&r["ms_per_step_p90"]),
+            num(&r["parts_ms_per_step"]["rollout"]),
+            num(&r["parts_ms_per_step"]["evaluation"]),
+            ms / their_ms
+        );
+    }
+    if let Some(r) = p.get("reordered") {
+        let their_ms = num(&r["ms_per_step"]);
+        println!(
+            "  PyTorch with grpo-lab's order of products (not the baseline): {:.3} ms/step [p10 {:.3}, p90 {:.3}], ratio {:.2}×",
+            their_ms,
+            num(&r["ms_per_step_p10"]),
+            num(&r["ms_per_step_p90"]),
+            ms / their_ms
+        );
+    }
+    let range = |i: usize| num(&report["ratio_range"][i]);
+    println!(
+        "  ratio grpo-lab / PyTorch: {:.2}× [{:.2}, {:.2}] (medians; p10/p90 against p90/p10; < 1 is faster)",
+        num(&report["ratio_vs_pytorch"]),
+        range(0),
+        range(1)
+    );
+    if let Some(r) = report["cpu_ratio_vs_pytorch"].as_f64() {
+        println!(
+            "  on-CPU time per step (waits for a core excluded): grpo-lab {:.3} ms, PyTorch {:.3} ms, ratio {r:.2}×",
+            num(&report["cpu_ms_per_step"]),
+            num(&p["cpu_ms_per_step"]),
+        );
+    }
 }
 
 /// Peak resident memory of this process (Linux), in MiB.
@@ -816,23 +892,7 @@ pub struct RolloutBenchOptions {
 pub fn bench_rollout(compute: &Compute, a: &RolloutBenchOptions) -> Result<()> {
     use crate::gpu::kernels::Kernels;
     use crate::objective::sampling::{self, SamplingParams};
-    for (name, value, max) in [
-        ("--prompts", a.prompts, 1 << 20),
-        ("--generations", a.generations, 1 << 12),
-        ("--n", a.n, 64),
-        ("--vocab", a.vocab, 1024),
-        ("--repeats", a.repeats, 1000),
-    ] {
-        if !(1..=max).contains(&value) {
-            return Err(user(format!("{name} {value}: allowed 1..={max}")));
-        }
-    }
-    let floats = a.prompts as u128 * (a.generations as u128 + a.vocab as u128) * a.n as u128;
-    if floats > 1 << 28 {
-        return Err(user(format!(
-            "--prompts × (--generations + --vocab) × --n = {floats} values: over the 2^28 this benchmark allows (1 GiB of f32)"
-        )));
-    }
+    check_rollout_options(a)?;
     let Some(ctx) = compute.gpu.clone() else {
         return Err(user(
             "bench-rollout needs a wgpu adapter (--device software or gpu)",

@@ -88,54 +88,14 @@ pub fn estimate(c: &RunConfig) -> Estimate {
         u(a.prompts_per_iteration)
     };
     let g = u(a.num_generations);
-    let (n, d, len) = (u(t.n), u(m.d_model), u(c.max_len()));
+    let n = u(t.n);
     // A prompt is a Vec<u32>: its numbers and a 24-byte header; the split keeps an index too.
     let mut parts = vec![Part {
         what: "prompt set",
         fields: "task.train_size, task.heldout_size, task.n",
         bytes: prompts.saturating_mul(n * F32 + 32),
     }];
-    let (params, rollout, backward, sft) = match m.kind {
-        ModelKind::Lecture => {
-            let v = u(t.vocab);
-            let params = v * d + 2 * n * d * d;
-            let logits = b.saturating_mul(n).saturating_mul(v).saturating_mul(F32);
-            let tokens = b
-                .saturating_mul(g)
-                .saturating_mul(n)
-                .saturating_mul(F32 * 8);
-            let act = b.saturating_mul(n * d + n * v).saturating_mul(F32 * TAPE);
-            let sft = u(c.sft.batch_size).saturating_mul((n * d + n * v) * F32 * TAPE);
-            (
-                params,
-                logits.saturating_add(tokens),
-                act.saturating_add(tokens),
-                sft,
-            )
-        }
-        ModelKind::Transformer => {
-            let v = u(t.vocab) + 1;
-            let ff = u(if m.d_ff == 0 { 4 * m.d_model } else { m.d_ff });
-            let (layers, heads, ctx) = (u(m.layers), u(m.heads), u(m.context));
-            let per_layer = 4 * d * d + 2 * d * ff + 9 * d + ff;
-            let params = v * d + ctx * d + layers.saturating_mul(per_layer) + d * v + 2 * d;
-            let seq = n + len;
-            // Per sequence position: the residual stream, q/k/v, the MLP's hidden layer, and
-            // the attention scores over the sequence, in every layer; the logits.
-            let per_token = layers.saturating_mul(8 * d + 2 * ff + 2 * heads * seq) + 2 * v;
-            let rows = b.saturating_mul(g);
-            let rollout = rows
-                .saturating_mul(seq)
-                .saturating_mul(per_token)
-                .saturating_mul(F32);
-            let backward = rollout.saturating_mul(TAPE);
-            let sft = u(c.sft.batch_size)
-                .saturating_mul(seq)
-                .saturating_mul(per_token)
-                .saturating_mul(F32 * TAPE);
-            (params, rollout, backward, sft)
-        }
-    };
+    let (params, rollout, backward, sft) = model_bytes(c, b, g);
     let (model_fields, act_fields) = match m.kind {
         ModelKind::Lecture => (
             "task.vocab, task.n, model.d_model",
@@ -189,6 +149,55 @@ pub fn estimate(c: &RunConfig) -> Estimate {
         });
     }
     Estimate { parts }
+}
+
+/// `(parameters, rollout bytes, backward bytes, cold-start bytes)` of the policy for `b`
+/// prompts of `g` responses.
+fn model_bytes(c: &RunConfig, b: u128, g: u128) -> (u128, u128, u128, u128) {
+    let (t, m) = (&c.task, &c.model);
+    let u = |x: usize| x as u128;
+    let (n, d, len) = (u(t.n), u(m.d_model), u(c.max_len()));
+    match m.kind {
+        ModelKind::Lecture => {
+            let v = u(t.vocab);
+            let params = v * d + 2 * n * d * d;
+            let logits = b.saturating_mul(n).saturating_mul(v).saturating_mul(F32);
+            let tokens = b
+                .saturating_mul(g)
+                .saturating_mul(n)
+                .saturating_mul(F32 * 8);
+            let act = b.saturating_mul(n * d + n * v).saturating_mul(F32 * TAPE);
+            let sft = u(c.sft.batch_size).saturating_mul((n * d + n * v) * F32 * TAPE);
+            (
+                params,
+                logits.saturating_add(tokens),
+                act.saturating_add(tokens),
+                sft,
+            )
+        }
+        ModelKind::Transformer => {
+            let v = u(t.vocab) + 1;
+            let ff = u(if m.d_ff == 0 { 4 * m.d_model } else { m.d_ff });
+            let (layers, heads, ctx) = (u(m.layers), u(m.heads), u(m.context));
+            let per_layer = 4 * d * d + 2 * d * ff + 9 * d + ff;
+            let params = v * d + ctx * d + layers.saturating_mul(per_layer) + d * v + 2 * d;
+            let seq = n + len;
+            // Per sequence position: the residual stream, q/k/v, the MLP's hidden layer, and
+            // the attention scores over the sequence, in every layer; the logits.
+            let per_token = layers.saturating_mul(8 * d + 2 * ff + 2 * heads * seq) + 2 * v;
+            let rows = b.saturating_mul(g);
+            let rollout = rows
+                .saturating_mul(seq)
+                .saturating_mul(per_token)
+                .saturating_mul(F32);
+            let backward = rollout.saturating_mul(TAPE);
+            let sft = u(c.sft.batch_size)
+                .saturating_mul(seq)
+                .saturating_mul(per_token)
+                .saturating_mul(F32 * TAPE);
+            (params, rollout, backward, sft)
+        }
+    }
 }
 
 #[cfg(test)]

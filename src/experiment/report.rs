@@ -221,95 +221,14 @@ pub(super) fn summarise(
     let mut summaries = Vec::new();
     let mut overlays: BTreeMap<String, Vec<Series>> = BTreeMap::new();
     for cell in cells {
-        let mut finals = Vec::new();
-        let mut entropies = Vec::new();
-        let mut zero = Vec::new();
-        let mut accs = Vec::new();
-        let mut walls = Vec::new();
-        let mut heldout = Vec::new();
-        let mut lengths: [Vec<f64>; 3] = Default::default();
-        let mut reach = Vec::new();
-        let mut reports: Vec<Vec<f64>> = Vec::new();
-        let mut seed_records: Vec<Vec<StepRecord>> = Vec::new();
-        for &seed in &matrix.seeds {
-            let dir = run_dir(&opts.out, cell, seed);
-            let path = dir.join("metrics.jsonl");
-            // Statistics streamed (constant memory for any run length), bands from the
-            // decimated read the charts use.
-            let (mut tail, mut zero_sum, mut firsts, mut reached) =
-                (std::collections::VecDeque::new(), 0f64, 0usize, None);
-            let mut report = ReportAcc::new(&matrix.card.report);
-            let streamed = train::run::for_each_metric(&path, |r| {
-                report.push(&r);
-                if r.step_in_iteration != 0 {
-                    return;
-                }
-                firsts += 1;
-                zero_sum += r.frac_reward_zero_std as f64;
-                if reached.is_none()
-                    && matrix
-                        .threshold
-                        .is_some_and(|th| r.reward_mean as f64 >= th)
-                {
-                    reached = Some(r.iteration as f64);
-                }
-                if tail.len() == 10 {
-                    tail.pop_front();
-                }
-                tail.push_back([r.mean_length, r.mean_length_correct, r.mean_length_wrong]);
-            });
-            let Ok(records) =
-                streamed.and_then(|()| train::run::read_metrics_decimated(&path, 300))
-            else {
-                continue;
-            };
-            let Some(summary) = read_summary(&dir) else {
-                continue;
-            };
-            finals.push(summary.final_reward_mean as f64);
-            entropies.push(summary.final_entropy as f64);
-            accs.push(summary.final_accuracy as f64);
-            walls.push(summary.wall_time_secs);
-            heldout.push(summary.final_heldout_accuracy.map_or(f64::NAN, f64::from));
-            for (k, acc) in lengths.iter_mut().enumerate() {
-                let v: Vec<f64> = tail
-                    .iter()
-                    .map(|l| l[k] as f64)
-                    .filter(|x| x.is_finite())
-                    .collect();
-                if !v.is_empty() {
-                    acc.push(v.iter().sum::<f64>() / v.len() as f64);
-                }
-            }
-            zero.push(zero_sum / firsts.max(1) as f64);
-            if let Some(it) = reached {
-                reach.push(it);
-            }
-            reports.push(report.finish());
-            seed_records.push(records);
-        }
-        let fr = mean_std(&finals);
-        let half = t975(finals.len().saturating_sub(1)) * fr.1 / (finals.len() as f64).sqrt();
-        summaries.push(CellSummary {
-            label: cell.label.clone(),
-            seeds: finals.len(),
-            final_reward: fr,
-            ci95: (fr.0 - half, fr.0 + half),
-            reached: reach.len(),
-            iterations_to_threshold: (!reach.is_empty()).then(|| mean_std(&reach).0),
-            final_entropy: mean_std(&entropies).0,
-            frac_zero_std: mean_std(&zero).0,
-            final_accuracy: mean_std(&accs).0,
-            heldout_accuracy: mean_std(&heldout).0,
-            final_length: (
-                mean_std(&lengths[0]).0,
-                mean_std(&lengths[1]).0,
-                mean_std(&lengths[2]).0,
-            ),
-            wall_secs: mean_std(&walls).0,
-            report: report_over_seeds(&reports, matrix.card.report.len()),
-        });
-        for (name, pts) in seed_bands(&seed_records, &matrix.card.band_metrics()) {
+        let seeds: Vec<SeedStats> = matrix
+            .seeds
+            .iter()
+            .filter_map(|&seed| read_seed(matrix, &run_dir(&opts.out, cell, seed)))
+            .collect();
+        summaries.push(cell_summary(matrix, cell, &seeds));
+        let records: Vec<Vec<StepRecord>> = seeds.into_iter().map(|s| s.records).collect();
+        for (name, pts) in seed_bands(&records, &matrix.card.band_metrics()) {
             let mut series =
                 Series::line(cell.label.clone(), pts.iter().map(|p| (p.0, p.1)).collect());
             series.band = Some(pts.iter().map(|p| (p.0, p.1 - p.2, p.1 + p.2)).collect());
@@ -317,16 +236,132 @@ pub(super) fn summarise(
         }
     }
     let out = &opts.out;
+    let csv_path = out.join("summary.csv");
+    std::fs::write(&csv_path, summary_csv(matrix, &summaries)).map_err(io(&csv_path))?;
+    let md_path = out.join("summary.md");
+    std::fs::write(&md_path, summary_md(matrix, &summaries)).map_err(io(&md_path))?;
+    let chart_dir = out.join("charts");
+    let mut charts = Vec::new();
+    for (name, series) in &overlays {
+        let stem = name.replace('/', "_");
+        charts.extend(
+            line_chart(
+                &chart_dir,
+                &stem,
+                &format!("{}: {name} (mean ± std over seeds)", matrix.name),
+                "iteration",
+                name,
+                series,
+            )
+            .map_err(io(&chart_dir))?,
+        );
+    }
+    Ok((summaries, md_path, charts))
+}
+
+/// What one seed's run contributes to its cell.
+struct SeedStats {
+    summary: crate::metrics::RunSummary,
+    /// Mean length (all / correct / wrong) over the last 10 iterations, where finite.
+    lengths: [Option<f64>; 3],
+    frac_zero_std: f64,
+    reached: Option<f64>,
+    report: Vec<f64>,
+    /// Decimated records, for the bands.
+    records: Vec<StepRecord>,
+}
+
+/// One seed's run: statistics streamed (constant memory for any run length), bands from the
+/// decimated read the charts use. `None` where the run has no metrics or no summary.
+fn read_seed(matrix: &Matrix, dir: &std::path::Path) -> Option<SeedStats> {
+    let path = dir.join("metrics.jsonl");
+    let (mut tail, mut zero_sum, mut firsts, mut reached) =
+        (std::collections::VecDeque::new(), 0f64, 0usize, None);
+    let mut report = ReportAcc::new(&matrix.card.report);
+    let streamed = train::run::for_each_metric(&path, |r| {
+        report.push(&r);
+        if r.step_in_iteration != 0 {
+            return;
+        }
+        firsts += 1;
+        zero_sum += r.frac_reward_zero_std as f64;
+        if reached.is_none()
+            && matrix
+                .threshold
+                .is_some_and(|th| r.reward_mean as f64 >= th)
+        {
+            reached = Some(r.iteration as f64);
+        }
+        if tail.len() == 10 {
+            tail.pop_front();
+        }
+        tail.push_back([r.mean_length, r.mean_length_correct, r.mean_length_wrong]);
+    });
+    let records = streamed
+        .and_then(|()| train::run::read_metrics_decimated(&path, 300))
+        .ok()?;
+    let summary = read_summary(dir)?;
+    let lengths = [0, 1, 2].map(|k| {
+        let v: Vec<f64> = tail
+            .iter()
+            .map(|l: &[f32; 3]| l[k] as f64)
+            .filter(|x| x.is_finite())
+            .collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    });
+    Some(SeedStats {
+        summary,
+        lengths,
+        frac_zero_std: zero_sum / firsts.max(1) as f64,
+        reached,
+        report: report.finish(),
+        records,
+    })
+}
+
+/// A cell's row: means (and the final reward's spread) over its seeds.
+fn cell_summary(matrix: &Matrix, cell: &Cell, seeds: &[SeedStats]) -> CellSummary {
+    let over = |f: &dyn Fn(&SeedStats) -> f64| -> Vec<f64> { seeds.iter().map(f).collect() };
+    let finals = over(&|s| s.summary.final_reward_mean as f64);
+    let reach: Vec<f64> = seeds.iter().filter_map(|s| s.reached).collect();
+    let length = |k: usize| -> f64 {
+        let v: Vec<f64> = seeds.iter().filter_map(|s| s.lengths[k]).collect();
+        mean_std(&v).0
+    };
+    let reports: Vec<Vec<f64>> = seeds.iter().map(|s| s.report.clone()).collect();
+    let fr = mean_std(&finals);
+    let half = t975(finals.len().saturating_sub(1)) * fr.1 / (finals.len() as f64).sqrt();
+    CellSummary {
+        label: cell.label.clone(),
+        seeds: finals.len(),
+        final_reward: fr,
+        ci95: (fr.0 - half, fr.0 + half),
+        reached: reach.len(),
+        iterations_to_threshold: (!reach.is_empty()).then(|| mean_std(&reach).0),
+        final_entropy: mean_std(&over(&|s| s.summary.final_entropy as f64)).0,
+        frac_zero_std: mean_std(&over(&|s| s.frac_zero_std)).0,
+        final_accuracy: mean_std(&over(&|s| s.summary.final_accuracy as f64)).0,
+        heldout_accuracy: mean_std(&over(&|s| {
+            s.summary.final_heldout_accuracy.map_or(f64::NAN, f64::from)
+        }))
+        .0,
+        final_length: (length(0), length(1), length(2)),
+        wall_secs: mean_std(&over(&|s| s.summary.wall_time_secs)).0,
+        report: report_over_seeds(&reports, matrix.card.report.len()),
+    }
+}
+
+/// `summary.csv`: the fixed columns, then the card's report (`{metric}@{agg}` mean and std).
+fn summary_csv(matrix: &Matrix, summaries: &[CellSummary]) -> String {
     let mut csv = String::from(
         "cell,seeds,final_reward_mean,final_reward_std,ci95_low,ci95_high,reached_threshold,iterations_to_threshold,final_entropy,frac_reward_zero_std,final_accuracy,heldout_accuracy,mean_length,mean_length_correct,mean_length_wrong,wall_secs",
     );
-    // The card's report after the fixed columns: `{metric}@{agg}` mean and std.
     for m in &matrix.card.report {
         let name = format!("{}@{}", m.metric, Agg::NAMES[m.agg as usize]);
         csv.push_str(&format!(",\"{name} mean\",\"{name} std\""));
     }
     csv.push('\n');
-    for s in &summaries {
+    for s in summaries {
         csv.push_str(&format!(
             "\"{}\",{},{:.4},{:.4},{:.4},{:.4},{},{},{:.4},{:.4},{:.4},{:.4},{:.3},{:.3},{:.3},{:.3}",
             s.label,
@@ -353,8 +388,11 @@ pub(super) fn summarise(
         }
         csv.push('\n');
     }
-    let csv_path = out.join("summary.csv");
-    std::fs::write(&csv_path, csv).map_err(io(&csv_path))?;
+    csv
+}
+
+/// `summary.md`: the matrix, the table of cells, the card's claim and its report.
+fn summary_md(matrix: &Matrix, summaries: &[CellSummary]) -> String {
     let mut md = format!("# {}\n\n", matrix.name);
     if !matrix.description.is_empty() {
         md.push_str(&format!("{}\n\n", matrix.description.trim()));
@@ -376,7 +414,7 @@ pub(super) fn summarise(
         if lengths { " held-out accuracy | length, last 10 it. (all / correct / wrong) |" } else { "" },
         if lengths { "---|---|" } else { "" },
     ));
-    for s in &summaries {
+    for s in summaries {
         let extra = if lengths {
             format!(
                 " {:.3} | {:.2} / {:.2} / {:.2} |",
@@ -417,23 +455,5 @@ pub(super) fn summarise(
             .collect();
         md.push_str(&matrix.card.report_markdown(&rows));
     }
-    let md_path = out.join("summary.md");
-    std::fs::write(&md_path, md).map_err(io(&md_path))?;
-    let chart_dir = out.join("charts");
-    let mut charts = Vec::new();
-    for (name, series) in &overlays {
-        let stem = name.replace('/', "_");
-        charts.extend(
-            line_chart(
-                &chart_dir,
-                &stem,
-                &format!("{}: {name} (mean ± std over seeds)", matrix.name),
-                "iteration",
-                name,
-                series,
-            )
-            .map_err(io(&chart_dir))?,
-        );
-    }
-    Ok((summaries, md_path, charts))
+    md
 }

@@ -85,10 +85,55 @@ pub fn run_matrix(
         c.config.run.log_groups = c.config.run.log_groups.min(4);
     }
     let _lock = take_out(opts)?;
-    // Plan: which runs are done, which need running; refuse mixed configs up front.
+    let (todo, skipped) = plan(matrix, &cells, opts)?;
+    std::fs::create_dir_all(opts.out.join("runs")).map_err(io(&opts.out))?;
+    // Each cell on the fastest engine for it (`auto`; a lecture cell and a transformer cell may
+    // differ), every device opened (and said) once, before any run starts.
+    let mut computes = Vec::with_capacity(todo.len());
+    let mut said = std::collections::BTreeSet::new();
+    for (config, _, _) in &todo {
+        let (compute, why) =
+            crate::engine::select(opts.device, config).map_err(|e| ExperimentError::Run {
+                dir: opts.out.display().to_string(),
+                reason: e.to_string(),
+            })?;
+        if opts.progress && said.insert(why.clone()) {
+            eprintln!("grpo-lab: {why}");
+        }
+        computes.push(compute);
+    }
+    let total_steps: u64 = todo.iter().map(|(c, _, _)| c.total_steps() as u64).sum();
+    let bar = train::run::Progress::new(
+        opts.progress,
+        todo.len() as u64,
+        "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} runs (eta {eta}) {msg}",
+    );
+    bar.set_message(|| format!("{total_steps} steps, {skipped} runs already done"));
+    run_all(&todo, &computes, opts.jobs, &bar)?;
+    bar.finish_and_clear();
+    let ran = todo.len();
+    summarise(matrix, &cells, opts).map(|(cells, summary_md, charts)| CompareOutcome {
+        cells,
+        summary_md,
+        charts,
+        skipped,
+        ran,
+    })
+}
+
+/// A run of the matrix: its config, its directory, and whether it continues a stopped one.
+type Todo = (RunConfig, PathBuf, bool);
+
+/// Which runs are done, which need running; a cell whose stored config differs is refused up
+/// front. Returns the runs to do and how many are done already.
+fn plan(
+    matrix: &Matrix,
+    cells: &[Cell],
+    opts: &CompareOptions,
+) -> Result<(Vec<Todo>, usize), ExperimentError> {
     let mut todo = Vec::new();
     let mut skipped = 0;
-    for cell in &cells {
+    for cell in cells {
         for &seed in &matrix.seeds {
             let mut config = cell.config.clone();
             config.run.seed = seed;
@@ -116,32 +161,19 @@ pub fn run_matrix(
             }
         }
     }
-    std::fs::create_dir_all(opts.out.join("runs")).map_err(io(&opts.out))?;
-    // Each cell on the fastest engine for it (`auto`; a lecture cell and a transformer cell may
-    // differ), every device opened (and said) once, before any run starts.
-    let mut computes = Vec::with_capacity(todo.len());
-    let mut said = std::collections::BTreeSet::new();
-    for (config, _, _) in &todo {
-        let (compute, why) =
-            crate::engine::select(opts.device, config).map_err(|e| ExperimentError::Run {
-                dir: opts.out.display().to_string(),
-                reason: e.to_string(),
-            })?;
-        if opts.progress && said.insert(why.clone()) {
-            eprintln!("grpo-lab: {why}");
-        }
-        computes.push(compute);
-    }
-    let total_steps: u64 = todo.iter().map(|(c, _, _)| c.total_steps() as u64).sum();
-    let bar = train::run::Progress::new(
-        opts.progress,
-        todo.len() as u64,
-        "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} runs (eta {eta}) {msg}",
-    );
-    bar.set_message(|| format!("{total_steps} steps, {skipped} runs already done"));
+    Ok((todo, skipped))
+}
+
+/// Runs `todo` on `jobs` threads, `computes[i]` for run `i`; the first error, after all stop.
+fn run_all(
+    todo: &[Todo],
+    computes: &[crate::gpu::Compute],
+    jobs: usize,
+    bar: &train::run::Progress,
+) -> Result<(), ExperimentError> {
     let next = AtomicUsize::new(0);
     let errors: Mutex<Vec<ExperimentError>> = Mutex::new(Vec::new());
-    let jobs = opts.jobs.max(1).min(todo.len().max(1));
+    let jobs = jobs.max(1).min(todo.len().max(1));
     std::thread::scope(|s| {
         for _ in 0..jobs {
             s.spawn(|| {
@@ -188,21 +220,13 @@ pub fn run_matrix(
             });
         }
     });
-    bar.finish_and_clear();
-    if let Some(e) = errors
+    match errors
         .into_inner()
         .unwrap_or_else(|e| e.into_inner())
         .into_iter()
         .next()
     {
-        return Err(e);
+        Some(e) => Err(e),
+        None => Ok(()),
     }
-    let ran = todo.len();
-    summarise(matrix, &cells, opts).map(|(cells, summary_md, charts)| CompareOutcome {
-        cells,
-        summary_md,
-        charts,
-        skipped,
-        ran,
-    })
 }

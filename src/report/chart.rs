@@ -238,9 +238,63 @@ pub fn run_charts(
     let it = per_iteration(records);
     let mu = config.algorithm.mu.max(1);
     let name = &config.run.name;
-    let x = |r: &StepRecord| r.iteration as f64;
+    let kl = Series::line(
+        format!("kl ({})", config.algorithm.kl_estimator),
+        per_step(records, mu, |r| r.kl),
+    );
+    let ent = Series::line("entropy", per_step(records, mu, |r| r.entropy));
+    // (file stem, title, y axis, series)
+    let charts: [(&str, String, &str, Vec<Series>); 6] = [
+        (
+            "reward",
+            format!("{name}: reward per iteration"),
+            "reward",
+            reward_series(&it, config),
+        ),
+        (
+            "advantages",
+            format!("{name}: mean |advantage| of logged groups, every mode"),
+            "mean |A|",
+            advantage_series(records, config),
+        ),
+        (
+            "kl",
+            format!("{name}: KL to the reference"),
+            "KL per token",
+            vec![kl],
+        ),
+        (
+            "entropy",
+            format!("{name}: policy entropy"),
+            "nats per position",
+            vec![ent],
+        ),
+        (
+            "length",
+            format!("{name}: response length"),
+            "tokens",
+            length_series(&it),
+        ),
+        (
+            "accuracy",
+            format!("{name}: exact-match accuracy"),
+            "fraction",
+            accuracy_series(&it),
+        ),
+    ];
     let mut out = Vec::new();
+    for (stem, title, y, series) in &charts {
+        out.extend(line_chart(dir, stem, title, "iteration", y, series)?);
+    }
+    Ok(out)
+}
 
+fn x(r: &StepRecord) -> f64 {
+    r.iteration as f64
+}
+
+/// Mean reward ± std per iteration, the minimum and the most a response can score.
+fn reward_series(it: &[&StepRecord], config: &RunConfig) -> Vec<Series> {
     let mut reward = Series::line(
         "mean reward (± std)",
         it.iter().map(|r| (x(r), r.reward_mean as f64)).collect(),
@@ -268,17 +322,12 @@ pub fn run_charts(
         it.iter().map(|r| (x(r), r.reward_min as f64)).collect(),
     );
     lo.dashed = true;
-    out.extend(line_chart(
-        dir,
-        "reward",
-        &format!("{name}: reward per iteration"),
-        "iteration",
-        "reward",
-        &[reward, lo, best],
-    )?);
+    vec![reward, lo, best]
+}
 
-    // Mean |A| of the logged groups under every mode: how each mode scales the same signal.
-    let adv: Vec<Series> = AdvantageMode::GROUP
+/// Mean |A| of the logged groups under every mode: how each mode scales the same signal.
+fn advantage_series(records: &[StepRecord], config: &RunConfig) -> Vec<Series> {
+    AdvantageMode::GROUP
         .iter()
         .map(|m| {
             let pts = records
@@ -304,40 +353,12 @@ pub fn run_charts(
             };
             Series::line(label, pts)
         })
-        .collect();
-    out.extend(line_chart(
-        dir,
-        "advantages",
-        &format!("{name}: mean |advantage| of logged groups, every mode"),
-        "iteration",
-        "mean |A|",
-        &adv,
-    )?);
+        .collect()
+}
 
-    let kl = Series::line(
-        format!("kl ({})", config.algorithm.kl_estimator),
-        per_step(records, mu, |r| r.kl),
-    );
-    out.extend(line_chart(
-        dir,
-        "kl",
-        &format!("{name}: KL to the reference"),
-        "iteration",
-        "KL per token",
-        &[kl],
-    )?);
-
-    let ent = Series::line("entropy", per_step(records, mu, |r| r.entropy));
-    out.extend(line_chart(
-        dir,
-        "entropy",
-        &format!("{name}: policy entropy"),
-        "iteration",
-        "nats per position",
-        &[ent],
-    )?);
-
-    let len = vec![
+/// Response length per iteration: mean, min, max, and the mean of correct and wrong ones.
+fn length_series(it: &[&StepRecord]) -> Vec<Series> {
+    vec![
         Series::line(
             "mean",
             it.iter().map(|r| (x(r), r.mean_length as f64)).collect(),
@@ -370,16 +391,11 @@ pub fn run_charts(
                 .map(|r| (x(r), r.mean_length_wrong as f64))
                 .collect(),
         ),
-    ];
-    out.extend(line_chart(
-        dir,
-        "length",
-        &format!("{name}: response length"),
-        "iteration",
-        "tokens",
-        &len,
-    )?);
+    ]
+}
 
+/// Exact-match accuracy: greedy on train (and held out), sampled responses, flat groups.
+fn accuracy_series(it: &[&StepRecord]) -> Vec<Series> {
     let mut acc = vec![
         Series::line(
             "train (greedy)",
@@ -407,13 +423,5 @@ pub fn run_charts(
             ),
         );
     }
-    out.extend(line_chart(
-        dir,
-        "accuracy",
-        &format!("{name}: exact-match accuracy"),
-        "iteration",
-        "fraction",
-        &acc,
-    )?);
-    Ok(out)
+    acc
 }

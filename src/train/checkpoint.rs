@@ -14,6 +14,31 @@ use std::path::Path;
 
 const MANIFEST: &str = "manifest.json";
 
+/// Why a checkpoint directory does not verify (the resume passes over it, saying this).
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{name}: {source}")]
+    Read {
+        name: String,
+        source: std::io::Error,
+    },
+    #[error("{name}: {source}")]
+    Parse {
+        name: String,
+        source: serde_json::Error,
+    },
+    #[error("{name} does not match the manifest (size {size} vs {expected}, or its checksum)")]
+    Mismatch {
+        name: String,
+        size: u64,
+        expected: u64,
+    },
+    #[error("no {MANIFEST} ({0}): the checkpoint was not finished")]
+    Unfinished(std::io::Error),
+    #[error("no state.json")]
+    NoState,
+}
+
 fn err(dir: &Path, e: impl std::fmt::Display) -> TrainError {
     TrainError::Checkpoint {
         path: dir.display().to_string(),
@@ -72,52 +97,60 @@ pub fn save(trainer: &Trainer, dir: &Path) -> Result<(), TrainError> {
 
 /// Read a checkpoint's files, verified against its manifest. A checkpoint written before
 /// manifests existed (only `state.json`) is read as it is.
-fn read_verified(dir: &Path) -> Result<(TrainerState, crate::engine::Snapshot), String> {
-    let read = |name: &str| fs::read(dir.join(name)).map_err(|e| format!("{name}: {e}"));
+fn read_verified(dir: &Path) -> Result<(TrainerState, crate::engine::Snapshot), CheckpointError> {
+    let read = |name: &str| {
+        fs::read(dir.join(name)).map_err(|source| CheckpointError::Read {
+            name: name.into(),
+            source,
+        })
+    };
+    let parse = |name: &str| {
+        let name = name.to_string();
+        move |source| CheckpointError::Parse { name, source }
+    };
     let mut blobs = Vec::new();
     match fs::read(dir.join(MANIFEST)) {
         Ok(text) => {
-            let manifest: Manifest =
-                serde_json::from_slice(&text).map_err(|e| format!("{MANIFEST}: {e}"))?;
+            let manifest: Manifest = serde_json::from_slice(&text).map_err(parse(MANIFEST))?;
             for (name, (size, hash)) in &manifest.files {
                 let bytes = read(name)?;
                 if bytes.len() as u64 != *size || sha256(&bytes) != *hash {
-                    return Err(format!(
-                        "{name} does not match the manifest (size {} vs {size}, or its checksum)",
-                        bytes.len()
-                    ));
+                    return Err(CheckpointError::Mismatch {
+                        name: name.clone(),
+                        size: bytes.len() as u64,
+                        expected: *size,
+                    });
                 }
                 blobs.push((name.clone(), bytes));
             }
         }
         Err(_) if dir.join("state.json").exists() => {
-            for entry in fs::read_dir(dir).map_err(|e| e.to_string())? {
-                let path = entry.map_err(|e| e.to_string())?.path();
+            let listing = |source| CheckpointError::Read {
+                name: ".".into(),
+                source,
+            };
+            for entry in fs::read_dir(dir).map_err(listing)? {
+                let path = entry.map_err(listing)?.path();
                 let name = path.file_name().map(|n| n.to_string_lossy().to_string());
                 if let Some(name) = name.filter(|n| !n.ends_with(".tmp")) {
                     blobs.push((name.clone(), read(&name)?));
                 }
             }
         }
-        Err(e) => {
-            return Err(format!(
-                "no {MANIFEST} ({e}): the checkpoint was not finished"
-            ));
-        }
+        Err(e) => return Err(CheckpointError::Unfinished(e)),
     }
     let state_at = blobs
         .iter()
         .position(|(n, _)| n == "state.json")
-        .ok_or("no state.json")?;
+        .ok_or(CheckpointError::NoState)?;
     let (_, state) = blobs.remove(state_at);
-    let state: TrainerState =
-        serde_json::from_slice(&state).map_err(|e| format!("state.json: {e}"))?;
+    let state: TrainerState = serde_json::from_slice(&state).map_err(parse("state.json"))?;
     blobs.sort();
     Ok((state, blobs))
 }
 
 /// Whether `dir` holds a complete checkpoint whose files match their manifest.
-pub fn verify(dir: &Path) -> Result<(), String> {
+pub fn verify(dir: &Path) -> Result<(), CheckpointError> {
     read_verified(dir).map(|_| ())
 }
 

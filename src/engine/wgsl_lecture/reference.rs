@@ -71,195 +71,213 @@ fn token_logp(lp: &StepParams, buf: &Buffers, i: usize) -> f32 {
         - buf.work[lp.logz_off as usize + row]
 }
 
-/// One entry point of `lecture_step.wgsl`.
+/// The Rust reference of one kernel entry point of the lecture step (the WGSL program's
+/// `entry`), on the host mirror of its buffers.
 pub fn step_kernel(entry: &str, lp: &StepParams, buf: &mut Buffers) {
-    let (b, g, n, v, d) = (
-        lp.b as usize,
-        lp.g as usize,
-        lp.n as usize,
-        lp.v as usize,
-        lp.d as usize,
-    );
-    let (rows, tokens) = (lp.rows as usize, lp.tokens as usize);
-    let w = |x: u32| x as usize;
     match entry {
-        "gather_enc" => {
-            for i in 0..b * d {
-                let (bi, j) = (i / d, i % d);
-                let mut acc = 0.0f32;
-                for p in 0..n {
-                    let tok = buf.ints[w(lp.i_prompts) + bi * n + p] as usize;
-                    acc += buf.work[w(lp.t_off) + tok * n * d + p * d + j];
-                }
-                buf.work[w(lp.enc_off) + i] = acc;
-            }
-        }
-        "row_stats" => {
-            for r in 0..rows {
-                let x = &buf.work[w(lp.logits_off) + r * v..w(lp.logits_off) + (r + 1) * v];
-                let m = x
-                    .iter()
-                    .fold(-3.402_823_5e38f32, |m, &l| m.max(l * lp.inv_t));
-                let total: f32 = x.iter().map(|&l| (l * lp.inv_t - m).exp()).sum();
-                let lz = m + total.ln();
-                let mut h = 0.0f32;
-                for &l in x {
-                    let z = l * lp.inv_t;
-                    let e = (z - m).exp();
-                    if e > 0.0 {
-                        h -= e / total * (z - lz);
-                    }
-                }
-                buf.work[w(lp.logz_off) + r] = lz;
-                buf.work[w(lp.ent_off) + r] = h;
-            }
-        }
-        "gather_logp" => {
-            for i in 0..tokens {
-                buf.work[w(lp.out_off) + i] = token_logp(lp, buf, i);
-            }
-        }
-        "row_step" => {
-            let mode = [LossMode::Naive, LossMode::Unclipped, LossMode::Clipped][w(lp.mode)];
-            let est = [KlEstimator::K1, KlEstimator::K2, KlEstimator::K3][w(lp.estimator)];
-            let beta = if lp.kl_on == 1 { lp.beta } else { 0.0 };
-            for r in 0..rows {
-                let base = w(lp.logits_off) + r * v;
-                let x: Vec<f32> = buf.work[base..base + v].to_vec();
-                let m = x
-                    .iter()
-                    .fold(-3.402_823_5e38f32, |m, &l| m.max(l * lp.inv_t));
-                let total: f32 = x.iter().map(|&l| (l * lp.inv_t - m).exp()).sum();
-                let lz = m + total.ln();
-                let mut h = 0.0f32;
-                for &l in &x {
-                    let z = l * lp.inv_t;
-                    let e = (z - m).exp();
-                    if e > 0.0 {
-                        h -= e / total * (z - lz);
-                    }
-                }
-                let (bi, pos) = (r / n, r % n);
-                let mut rc = 0.0f32;
-                let mut sums = [0.0f32; 5];
-                for gi in 0..g {
-                    let t = (bi * g + gi) * n + pos;
-                    let tok = buf.ints[w(lp.i_tokens) + t] as usize;
-                    let l = x[tok] * lp.inv_t - lz;
-                    buf.work[w(lp.out_off) + t] = l;
-                    let ratio = (l - buf.work[w(lp.old_off) + t]).exp();
-                    let a = buf.work[w(lp.adv_off) + t / n];
-                    let (kl, mut dkl) = kl_term(est, l, buf.work[w(lp.rf_off) + t], beta, f32::exp);
-                    if lp.kl_on == 0 {
-                        dkl = 0.0;
-                    }
-                    let (term, dterm) = pg_term(mode, a, ratio, ratio, l, lp.lo, lp.hi);
-                    let c = (dterm + dkl) * lp.cw;
-                    buf.work[w(lp.coef_off) + t] = c;
-                    rc += c;
-                    sums[0] += term;
-                    sums[1] += kl;
-                    sums[2] += ratio;
-                    let (low, high) = clip_flags(ratio, a, lp.lo, lp.hi);
-                    sums[3] += low as u32 as f32;
-                    sums[4] += high as u32 as f32;
-                }
-                let s = w(lp.stats_off);
-                for (c, x) in sums.iter().enumerate() {
-                    buf.work[s + c * rows + r] = *x;
-                }
-                buf.work[s + 5 * rows + r] = h * g as f32;
-                let dl = w(lp.dl_off) + r * v;
-                buf.work[dl..dl + v].fill(0.0);
-                for gi in 0..g {
-                    let t = (bi * g + gi) * n + pos;
-                    let at = dl + buf.ints[w(lp.i_tokens) + t] as usize;
-                    buf.work[at] += buf.work[w(lp.coef_off) + t];
-                }
-                for (u, &xu) in x.iter().enumerate() {
-                    buf.work[dl + u] -= rc * (xu * lp.inv_t - lz).exp();
-                }
-            }
-        }
-        "scatter_dt" => {
-            let nd = n * d;
-            for i in 0..nd {
-                let (p, j) = (i / d, i % d);
-                for u in 0..v {
-                    buf.work[w(lp.dt_off) + u * nd + i] = 0.0;
-                }
-                for bi in 0..b {
-                    let tok = buf.ints[w(lp.i_prompts) + bi * n + p] as usize;
-                    buf.work[w(lp.dt_off) + tok * nd + i] += buf.work[w(lp.denc_off) + bi * d + j];
-                }
-            }
-        }
-        "argmax" => {
-            for r in 0..rows {
-                let x = &buf.work[w(lp.logits_off) + r * v..w(lp.logits_off) + (r + 1) * v];
-                let mut best = 0;
-                for (u, &l) in x.iter().enumerate() {
-                    if l > x[best] {
-                        best = u;
-                    }
-                }
-                buf.ints[w(lp.i_greedy) + r] = best as u32;
-            }
-        }
-        "reduce" => {
-            // reduce_partial then reduce_final: per chunk of `chunk` elements a partial
-            // sum, then the sum of the partials (the kernel's tree order within a chunk
-            // differs from this sequential one: equal within rounding).
-            let (count, chunk) = (w(lp.count), w(lp.chunk).max(1));
-            let nchunks = count.div_ceil(chunk).max(1);
-            for c in 0..w(lp.channels) {
-                let mut total = 0.0f32;
-                for ch in 0..nchunks {
-                    let mut part = 0.0f64;
-                    for i in ch * chunk..((ch + 1) * chunk).min(count) {
-                        let x = buf.work[w(lp.src_off) + c * count + i] as f64;
-                        part += if lp.square == 1 { x * x } else { x };
-                    }
-                    buf.work[w(lp.part_off) + c * nchunks + ch] = part as f32;
-                    total += part as f32;
-                }
-                buf.work[w(lp.sums_off) + c] = total;
-            }
-            let _ = CHUNK;
-        }
-        "adam" => {
-            let norm = buf.work[w(lp.sums_off) + 6].sqrt();
-            let scale = if lp.max_norm > 0.0 && norm > lp.max_norm {
-                lp.max_norm / norm
-            } else {
-                1.0
-            };
-            let adam = crate::objective::adam::AdamStep {
-                b1: lp.b1,
-                b2: lp.b2,
-                eps: lp.eps,
-                bc2: lp.bc2,
-                factor: lp.factor,
-                lr: lp.lr,
-                scale,
-            };
-            for i in 0..w(lp.p_count) {
-                let (mut x, mut m, mut v) = (
-                    buf.model[w(lp.w_off) + i],
-                    buf.model[w(lp.am_off) + i],
-                    buf.model[w(lp.av_off) + i],
-                );
-                adam.element(&mut x, buf.work[w(lp.grad_off) + i], &mut m, &mut v);
-                buf.model[w(lp.w_off) + i] = x;
-                buf.model[w(lp.am_off) + i] = m;
-                buf.model[w(lp.av_off) + i] = v;
-            }
-        }
-        "copy_ref" => {
-            for i in 0..w(lp.p_count) {
-                buf.model[w(lp.ref_off) + i] = buf.model[w(lp.w_off) + i];
-            }
-        }
+        "gather_enc" => gather_enc(lp, buf),
+        "row_stats" => row_stats(lp, buf),
+        "gather_logp" => gather_logp(lp, buf),
+        "row_step" => row_step(lp, buf),
+        "scatter_dt" => scatter_dt(lp, buf),
+        "argmax" => argmax(lp, buf),
+        "reduce" => reduce(lp, buf),
+        "adam" => adam(lp, buf),
+        "copy_ref" => copy_ref(lp, buf),
         other => panic!("no reference for {other}"),
+    }
+}
+
+/// `(b, g, n, v, d, rows, tokens)` of a step's parameters.
+fn dims(lp: &StepParams) -> [usize; 7] {
+    [lp.b, lp.g, lp.n, lp.v, lp.d, lp.rows, lp.tokens].map(|x| x as usize)
+}
+
+fn w(x: u32) -> usize {
+    x as usize
+}
+
+/// `(log Z, H)` of one row of logits at temperature `1/inv_t`, as `row_stats` and `row_step`
+/// compute them (a max-shifted sum, `f32::exp`; terms with `e^{z−m} = 0` skipped).
+fn row_logz_entropy(x: &[f32], inv_t: f32) -> (f32, f32) {
+    let m = x.iter().fold(-3.402_823_5e38f32, |m, &l| m.max(l * inv_t));
+    let total: f32 = x.iter().map(|&l| (l * inv_t - m).exp()).sum();
+    let lz = m + total.ln();
+    let mut h = 0.0f32;
+    for &l in x {
+        let z = l * inv_t;
+        let e = (z - m).exp();
+        if e > 0.0 {
+            h -= e / total * (z - lz);
+        }
+    }
+    (lz, h)
+}
+
+fn gather_enc(lp: &StepParams, buf: &mut Buffers) {
+    let [b, _, n, _, d, _, _] = dims(lp);
+    for i in 0..b * d {
+        let (bi, j) = (i / d, i % d);
+        let mut acc = 0.0f32;
+        for p in 0..n {
+            let tok = buf.ints[w(lp.i_prompts) + bi * n + p] as usize;
+            acc += buf.work[w(lp.t_off) + tok * n * d + p * d + j];
+        }
+        buf.work[w(lp.enc_off) + i] = acc;
+    }
+}
+
+fn row_stats(lp: &StepParams, buf: &mut Buffers) {
+    let [_, _, _, v, _, rows, _] = dims(lp);
+    for r in 0..rows {
+        let x = &buf.work[w(lp.logits_off) + r * v..w(lp.logits_off) + (r + 1) * v];
+        let (lz, h) = row_logz_entropy(x, lp.inv_t);
+        buf.work[w(lp.logz_off) + r] = lz;
+        buf.work[w(lp.ent_off) + r] = h;
+    }
+}
+
+fn gather_logp(lp: &StepParams, buf: &mut Buffers) {
+    let [_, _, _, _, _, _, tokens] = dims(lp);
+    for i in 0..tokens {
+        buf.work[w(lp.out_off) + i] = token_logp(lp, buf, i);
+    }
+}
+
+fn row_step(lp: &StepParams, buf: &mut Buffers) {
+    let [_, g, n, v, _, rows, _] = dims(lp);
+    let mode = [LossMode::Naive, LossMode::Unclipped, LossMode::Clipped][w(lp.mode)];
+    let est = [KlEstimator::K1, KlEstimator::K2, KlEstimator::K3][w(lp.estimator)];
+    let beta = if lp.kl_on == 1 { lp.beta } else { 0.0 };
+    for r in 0..rows {
+        let base = w(lp.logits_off) + r * v;
+        let x: Vec<f32> = buf.work[base..base + v].to_vec();
+        let (lz, h) = row_logz_entropy(&x, lp.inv_t);
+        let (bi, pos) = (r / n, r % n);
+        let mut rc = 0.0f32;
+        let mut sums = [0.0f32; 5];
+        for gi in 0..g {
+            let t = (bi * g + gi) * n + pos;
+            let tok = buf.ints[w(lp.i_tokens) + t] as usize;
+            let l = x[tok] * lp.inv_t - lz;
+            buf.work[w(lp.out_off) + t] = l;
+            let ratio = (l - buf.work[w(lp.old_off) + t]).exp();
+            let a = buf.work[w(lp.adv_off) + t / n];
+            let (kl, mut dkl) = kl_term(est, l, buf.work[w(lp.rf_off) + t], beta, f32::exp);
+            if lp.kl_on == 0 {
+                dkl = 0.0;
+            }
+            let (term, dterm) = pg_term(mode, a, ratio, ratio, l, lp.lo, lp.hi);
+            let c = (dterm + dkl) * lp.cw;
+            buf.work[w(lp.coef_off) + t] = c;
+            rc += c;
+            sums[0] += term;
+            sums[1] += kl;
+            sums[2] += ratio;
+            let (low, high) = clip_flags(ratio, a, lp.lo, lp.hi);
+            sums[3] += low as u32 as f32;
+            sums[4] += high as u32 as f32;
+        }
+        let s = w(lp.stats_off);
+        for (c, x) in sums.iter().enumerate() {
+            buf.work[s + c * rows + r] = *x;
+        }
+        buf.work[s + 5 * rows + r] = h * g as f32;
+        let dl = w(lp.dl_off) + r * v;
+        buf.work[dl..dl + v].fill(0.0);
+        for gi in 0..g {
+            let t = (bi * g + gi) * n + pos;
+            let at = dl + buf.ints[w(lp.i_tokens) + t] as usize;
+            buf.work[at] += buf.work[w(lp.coef_off) + t];
+        }
+        for (u, &xu) in x.iter().enumerate() {
+            buf.work[dl + u] -= rc * (xu * lp.inv_t - lz).exp();
+        }
+    }
+}
+
+fn scatter_dt(lp: &StepParams, buf: &mut Buffers) {
+    let [b, _, n, v, d, _, _] = dims(lp);
+    let nd = n * d;
+    for i in 0..nd {
+        let (p, j) = (i / d, i % d);
+        for u in 0..v {
+            buf.work[w(lp.dt_off) + u * nd + i] = 0.0;
+        }
+        for bi in 0..b {
+            let tok = buf.ints[w(lp.i_prompts) + bi * n + p] as usize;
+            buf.work[w(lp.dt_off) + tok * nd + i] += buf.work[w(lp.denc_off) + bi * d + j];
+        }
+    }
+}
+
+fn argmax(lp: &StepParams, buf: &mut Buffers) {
+    let [_, _, _, v, _, rows, _] = dims(lp);
+    for r in 0..rows {
+        let x = &buf.work[w(lp.logits_off) + r * v..w(lp.logits_off) + (r + 1) * v];
+        let mut best = 0;
+        for (u, &l) in x.iter().enumerate() {
+            if l > x[best] {
+                best = u;
+            }
+        }
+        buf.ints[w(lp.i_greedy) + r] = best as u32;
+    }
+}
+
+fn reduce(lp: &StepParams, buf: &mut Buffers) {
+    // reduce_partial then reduce_final: per chunk of `chunk` elements a partial
+    // sum, then the sum of the partials (the kernel's tree order within a chunk
+    // differs from this sequential one: equal within rounding).
+    let (count, chunk) = (w(lp.count), w(lp.chunk).max(1));
+    let nchunks = count.div_ceil(chunk).max(1);
+    for c in 0..w(lp.channels) {
+        let mut total = 0.0f32;
+        for ch in 0..nchunks {
+            let mut part = 0.0f64;
+            for i in ch * chunk..((ch + 1) * chunk).min(count) {
+                let x = buf.work[w(lp.src_off) + c * count + i] as f64;
+                part += if lp.square == 1 { x * x } else { x };
+            }
+            buf.work[w(lp.part_off) + c * nchunks + ch] = part as f32;
+            total += part as f32;
+        }
+        buf.work[w(lp.sums_off) + c] = total;
+    }
+    let _ = CHUNK;
+}
+
+fn adam(lp: &StepParams, buf: &mut Buffers) {
+    let norm = buf.work[w(lp.sums_off) + 6].sqrt();
+    let scale = if lp.max_norm > 0.0 && norm > lp.max_norm {
+        lp.max_norm / norm
+    } else {
+        1.0
+    };
+    let adam = crate::objective::adam::AdamStep {
+        b1: lp.b1,
+        b2: lp.b2,
+        eps: lp.eps,
+        bc2: lp.bc2,
+        factor: lp.factor,
+        lr: lp.lr,
+        scale,
+    };
+    for i in 0..w(lp.p_count) {
+        let (mut x, mut m, mut v) = (
+            buf.model[w(lp.w_off) + i],
+            buf.model[w(lp.am_off) + i],
+            buf.model[w(lp.av_off) + i],
+        );
+        adam.element(&mut x, buf.work[w(lp.grad_off) + i], &mut m, &mut v);
+        buf.model[w(lp.w_off) + i] = x;
+        buf.model[w(lp.am_off) + i] = m;
+        buf.model[w(lp.av_off) + i] = v;
+    }
+}
+
+fn copy_ref(lp: &StepParams, buf: &mut Buffers) {
+    for i in 0..w(lp.p_count) {
+        buf.model[w(lp.ref_off) + i] = buf.model[w(lp.w_off) + i];
     }
 }

@@ -8,6 +8,9 @@
 //! `assets/experiments/*.toml`; a run directory keeps the exact config it ran with as
 //! `config.toml`; [`RunConfig::layered`] builds one from a preset, a file and `--set`s.
 
+mod fields;
+use fields::json_path;
+pub use fields::*;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use thiserror::Error;
@@ -477,466 +480,31 @@ impl Default for RunSettings {
     }
 }
 
-// ---------------------------------------------------------------- the field table
-
-/// One bound of a number's range.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Bound {
-    /// No bound on this side (the number must still be finite).
-    None,
-    /// The bound itself is allowed.
-    Closed(f64),
-    /// The bound itself is excluded.
-    Open(f64),
-}
-
-/// The values a config key accepts.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Range {
-    /// An integer in `min..=max` (`max: None`: no upper bound).
-    Int {
-        min: u64,
-        max: Option<u64>,
-    },
-    /// A finite number between two bounds.
-    Float {
-        low: Bound,
-        high: Bound,
-    },
-    /// One of these names (an enum; serde refuses any other).
-    Choice(&'static [&'static str]),
-    Bool,
-    /// Any text.
-    Text,
-    /// A structured value, described in words (its checks are in `validate`).
-    Other(&'static str),
-}
-
-impl Range {
-    const fn int(min: u64, max: u64) -> Self {
-        Range::Int {
-            min,
-            max: Some(max),
-        }
-    }
-    const fn at_least(min: u64) -> Self {
-        Range::Int { min, max: None }
-    }
-    const fn float(low: Bound, high: Bound) -> Self {
-        Range::Float { low, high }
-    }
-    const ANY_INT: Range = Range::Int { min: 0, max: None };
-    const ANY_FLOAT: Range = Range::Float {
-        low: Bound::None,
-        high: Bound::None,
-    };
-    const POSITIVE: Range = Range::Float {
-        low: Bound::Open(0.0),
-        high: Bound::None,
-    };
-    const NON_NEGATIVE: Range = Range::Float {
-        low: Bound::Closed(0.0),
-        high: Bound::None,
-    };
-
-    /// Whether a number is in the range (integers and floats; other kinds always pass).
-    fn contains(&self, value: &serde_json::Value) -> bool {
-        match *self {
-            Range::Int { min, max } => value
-                .as_u64()
-                .is_some_and(|v| v >= min && max.is_none_or(|m| v <= m)),
-            Range::Float { low, high } => value.as_f64().is_some_and(|v| {
-                v.is_finite()
-                    && match low {
-                        Bound::None => true,
-                        Bound::Closed(b) => v >= b,
-                        Bound::Open(b) => v > b,
-                    }
-                    && match high {
-                        Bound::None => true,
-                        Bound::Closed(b) => v <= b,
-                        Bound::Open(b) => v < b,
-                    }
-            }),
-            _ => true,
-        }
-    }
-}
-
-impl std::fmt::Display for Range {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match *self {
-            Range::Int {
-                min,
-                max: Some(max),
-            } => write!(f, "{min}..={max}"),
-            Range::Int { min, max: None } => write!(f, "an integer ≥ {min}"),
-            Range::Float { low, high } => match (low, high) {
-                (Bound::None, Bound::None) => f.write_str("any finite number"),
-                (Bound::Open(l), Bound::None) => write!(f, "> {l}"),
-                (Bound::Closed(l), Bound::None) => write!(f, "≥ {l}"),
-                (Bound::None, Bound::Open(h)) => write!(f, "< {h}"),
-                (Bound::None, Bound::Closed(h)) => write!(f, "≤ {h}"),
-                (low, high) => {
-                    let (open_l, l) = match low {
-                        Bound::Open(l) => ("(", l),
-                        Bound::Closed(l) => ("[", l),
-                        Bound::None => unreachable!(),
-                    };
-                    let (h, close_h) = match high {
-                        Bound::Open(h) => (h, ")"),
-                        Bound::Closed(h) => (h, "]"),
-                        Bound::None => unreachable!(),
-                    };
-                    write!(f, "{open_l}{l}, {h}{close_h}")
-                }
-            },
-            Range::Choice(names) => f.write_str(&names.join(", ")),
-            Range::Bool => f.write_str("true, false"),
-            Range::Text => f.write_str("any text"),
-            Range::Other(words) => f.write_str(words),
-        }
-    }
-}
-
-/// When a field's range is checked (elsewhere the field is ignored, so any value passes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
-    Always,
-    /// `model.kind = transformer`.
-    Transformer,
-    /// `model.kind = transformer` and `task.length_reward = overlong`.
-    Overlong,
-    /// `sft.steps > 0`.
-    Sft,
-}
-
-impl Scope {
-    fn applies(self, c: &RunConfig) -> bool {
-        match self {
-            Scope::Always => true,
-            Scope::Transformer => c.model.kind == ModelKind::Transformer,
-            Scope::Overlong => {
-                c.model.kind == ModelKind::Transformer
-                    && c.task.length_reward == LengthReward::Overlong
-            }
-            Scope::Sft => c.sft.steps > 0,
-        }
-    }
-    fn words(self) -> &'static str {
-        match self {
-            Scope::Always => "",
-            Scope::Transformer => "model.kind = transformer",
-            Scope::Overlong => "task.length_reward = overlong",
-            Scope::Sft => "sft.steps > 0",
-        }
-    }
-}
-
-/// One config key: what the app, the docs and `validate` know about it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Field {
-    /// Dotted key, as in `--set` and the TOML file (`algorithm.epsilon_high`).
-    pub key: &'static str,
-    /// Short label (the app's field name).
-    pub label: &'static str,
-    /// What it does, the usual values, the paper, and the TRL / verl names of the knob.
-    pub help: &'static str,
-    /// The values it accepts on its own.
-    pub range: Range,
-    /// When the range is checked.
-    pub scope: Scope,
-    /// A rule against other fields, in words (checked by `validate`; empty: none).
-    pub rule: &'static str,
-}
-
-impl Field {
-    const fn new(key: &'static str, label: &'static str, range: Range, help: &'static str) -> Self {
-        Field {
-            key,
-            label,
-            help,
-            range,
-            scope: Scope::Always,
-            rule: "",
-        }
-    }
-    const fn only(mut self, scope: Scope) -> Self {
-        self.scope = scope;
-        self
-    }
-    const fn rule(mut self, rule: &'static str) -> Self {
-        self.rule = rule;
-        self
-    }
-
-    /// The allowed values in words: the range, when it is checked, and any rule against
-    /// other fields (the text of error messages, tooltips and the docs).
-    pub fn allowed(&self) -> String {
-        let mut s = self.range.to_string();
-        if self.scope != Scope::Always {
-            s.push_str(&format!(" (checked when {})", self.scope.words()));
-        }
-        if !self.rule.is_empty() {
-            s.push_str("; ");
-            s.push_str(self.rule);
-        }
-        s
-    }
-
-    /// The app's tooltip: the help, the allowed values, the key.
-    pub fn tooltip(&self) -> String {
-        format!(
-            "{}\n\nAllowed: {}\n`{}`",
-            self.help,
-            self.allowed(),
-            self.key
-        )
-    }
-}
-
-/// The field of a dotted key.
-pub fn field_info(key: &str) -> Option<&'static Field> {
-    FIELDS.iter().find(|f| f.key == key)
-}
-
-use Bound::{Closed, Open};
-use Scope::{Overlong, Sft, Transformer};
-
-/// Every key of [`RunConfig`], in file order. The one source of labels, help and ranges.
-pub const FIELDS: &[Field] = &[
-    // task
-    Field::new("task.n", "n (prompt length)", Range::int(1, 64),
-        "How many numbers to sort; the lecture model answers exactly n tokens. Lecture: 3; usual 3..=16. The upper bound is the verifier kernel's (MAX_N = 64)."),
-    Field::new("task.vocab", "vocab", Range::int(2, 1024),
-        "Numbers are drawn from 0..vocab. Lecture: 5; usual 5..=64. The upper bound is the tokenizer's (1024 number tokens)."),
-    Field::new("task.prompts", "prompts", Range::Other("lists of task.n numbers, each in 0..task.vocab"),
-        "Fixed training prompts (the lecture's [1,0,2], [3,2,4], [1,2,3]). Empty: draw task.train_size random prompts instead."),
-    Field::new("task.train_size", "train prompts", Range::ANY_INT,
-        "Random training prompts (disjoint from the held-out ones), used when task.prompts is empty. Usual 64..=100000; train_size + heldout_size must not exceed the distinct prompts that exist for n and vocab.")
-        .rule("≥ 1 when task.prompts is empty"),
-    Field::new("task.heldout_size", "held-out prompts", Range::ANY_INT,
-        "Prompts never trained on, for greedy held-out accuracy (0 = none; usual 32..=1024). verl: data.val_files."),
-    Field::new("task.allow_repeats", "repeats", Range::Bool,
-        "Whether random prompts may repeat a number ([2,2,0]).")
-        .rule("false needs task.vocab ≥ task.n"),
-    Field::new("task.reward", "Reward", Range::Choice(RewardKind::NAMES),
-        "The verifier (GRPO-SPEC §1). distance: positions equal to sorted(prompt). inclusion_ordering: prompt numbers found + non-decreasing neighbours (can be gamed: [0,0,0] scores high). exact: 1 if sorted, else 0 (the RLVR indicator). TRL: reward_funcs."),
-    Field::new("task.reward_weights", "reward weights", Range::Other("a table verifier = weight (distance, inclusion_ordering, exact), finite weights"),
-        "A weighted sum of verifiers, e.g. { exact = 1.0, distance = 0.25 }; overrides task.reward when not empty. Dense terms keep a sparse exact reward learnable. TRL: reward_funcs with reward_weights."),
-    Field::new("task.max_len", "max_len", Range::ANY_INT,
-        "Longest response in tokens, <eos> included (0 = n + 1). Responses that reach it without <eos> are truncated. Transformer only. TRL: max_completion_length; verl: data.max_response_length.")
-        .rule("0 or ≥ task.n (transformer); 0 or task.n (lecture)"),
-    Field::new("task.format_reward", "format reward", Range::ANY_FLOAT,
-        "Format reward: added when the answer closes with <eos> within max_len (0 = off; usual 0.1..=1). Transformer only: the lecture model has no <eos>.")
-        .only(Transformer).rule("0 with model.kind = lecture"),
-    Field::new("task.length_reward", "length reward", Range::Choice(LengthReward::NAMES),
-        "none; kimi: Kimi k1.5's group-relative length reward (short correct answers win); overlong: DAPO's soft overlong punishment over the last task.overlong_buffer tokens before max_len. Transformer only.")
-        .rule("none with model.kind = lecture"),
-    Field::new("task.length_reward_weight", "length weight", Range::ANY_FLOAT,
-        "Weight of the length reward (Kimi k1.5 and DAPO: 1.0). verl (DAPO): reward_model.overlong_buffer.penalty_factor.")
-        .only(Transformer),
-    Field::new("task.overlong_buffer", "overlong buffer", Range::at_least(1),
-        "DAPO's L_cache: the last this-many tokens before max_len are penalised linearly (with task.length_reward = overlong). verl (DAPO): reward_model.overlong_buffer.len.")
-        .only(Overlong).rule("≤ task.max_len"),
-    // model
-    Field::new("model.kind", "policy", Range::Choice(ModelKind::NAMES),
-        "lecture: the lecture's per-position model (GRPO-SPEC §6; answers exactly n tokens). transformer: a small causal transformer that answers token by token until <eos>."),
-    Field::new("model.d_model", "D", Range::int(1, 4096),
-        "Embedding width D. Lecture: 10; transformer: usual 32..=256, a multiple of model.heads. HF: hidden_size."),
-    Field::new("model.init_scale", "init scale", Range::POSITIVE,
-        "Multiplies the initial weights. 1 = the lecture's init (logits of scale ~5: nearly deterministic from the start) and GPT-2's; smaller = closer to uniform, more exploration (usual 0.1..=1)."),
-    Field::new("model.layers", "layers", Range::int(1, 12),
-        "Transformer blocks (usual 1..=4 here). HF: num_hidden_layers.")
-        .only(Transformer),
-    Field::new("model.heads", "heads", Range::int(1, 64),
-        "Attention heads per block; must divide D. HF: num_attention_heads.")
-        .only(Transformer).rule("divides model.d_model"),
-    Field::new("model.d_ff", "d_ff", Range::ANY_INT,
-        "MLP width (0 = 4·d_model). HF: intermediate_size."),
-    Field::new("model.context", "context", Range::int(1, 4096),
-        "Longest sequence the transformer reads: at least n + max_len − 1. HF: max_position_embeddings.")
-        .only(Transformer).rule("≥ task.n + task.max_len − 1"),
-    Field::new("model.vocab", "model vocab", Range::ANY_INT,
-        "Token ids the transformer embeds (0 = from the task: task.vocab numbers + <eos>). HF: vocab_size.")
-        .rule("0 or task.vocab + 1 (transformer)"),
-    // algorithm
-    Field::new("algorithm.num_generations", "G (group size)", Range::int(1, 4096),
-        "Responses sampled per prompt, the group size G; advantages compare within a group (G = 1 gives no signal). Lecture: 10; usual 4..=64 (GRPO, Shao et al. 2024: 64). TRL: num_generations; verl: actor_rollout_ref.rollout.n."),
-    Field::new("algorithm.prompts_per_iteration", "prompts / iteration", Range::ANY_INT,
-        "Prompts per iteration B (0 = every training prompt each iteration). verl: data.train_batch_size; TRL: generation_batch_size / num_generations."),
-    Field::new("algorithm.mu", "μ (steps per iteration)", Range::int(1, 1000),
-        "Optimizer steps on one batch of rollouts, μ. Lecture: 10; GRPO paper: 1; usual 1..=4. With μ > 1 the naive loss has no off-policy correction. TRL: num_iterations; verl: actor_rollout_ref.actor.ppo_epochs."),
-    Field::new("algorithm.advantage", "Advantage", Range::Choice(AdvantageMode::NAMES),
-        "How a group's rewards become advantages (GRPO-SPEC §3). raw: A = r. centered: r − mean (Dr. GRPO). normalized (GRPO): (r − mean)/(std + 1e-5). max: r where r is the group max, else 0. rloo: r − mean of the others (RLOO). batch_normalized: centered / batch std. gae: PPO with a learned critic — per-token GAE(γ, λ) from a small value model trained on the returns, whitened over the batch (the critic GRPO removes; see algorithm.gamma, lam, value_*). TRL: scale_rewards (group, none, batch); verl: algorithm.adv_estimator (grpo, rloo) with algorithm.norm_adv_by_std_in_grpo. The std's ε: TRL 1e-4, verl 1e-6."),
-    Field::new("algorithm.loss", "Loss", Range::Choice(LossMode::NAMES),
-        "Per-token objective (GRPO-SPEC §4). naive: −A·log π (REINFORCE). unclipped: −A·ρ with ρ = π/π_old. clipped: PPO's −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A), what TRL and verl always use (verl: actor_rollout_ref.actor.policy_loss.loss_mode = vanilla, plus its dual clip clip_ratio_c)."),
-    Field::new("algorithm.epsilon_low", "ε low", Range::float(Open(0.0), Open(1.0)),
-        "Lower clip range: the ratio is clipped below at 1 − ε_low (so ε_low < 1). PPO: 0.2; lecture: 0.01. TRL: epsilon; verl: actor_rollout_ref.actor.clip_ratio_low."),
-    Field::new("algorithm.epsilon_high", "ε high", Range::float(Open(0.0), Open(10.0)),
-        "Upper clip range: the ratio is clipped above at 1 + ε_high. PPO: 0.2; DAPO clip-higher (Yu et al. 2025): 0.28. TRL: epsilon_high; verl: actor_rollout_ref.actor.clip_ratio_high."),
-    Field::new("algorithm.beta", "β (KL)", Range::NON_NEGATIVE,
-        "KL coefficient β toward the reference policy (0 = no KL and no reference). GRPO paper: 0.04; usual 0.001..=0.1. TRL: beta (its default went 0.04 → 0.0); verl: actor_rollout_ref.actor.kl_loss_coef (in the loss) or algorithm.kl_ctrl.kl_coef (in the reward)."),
-    Field::new("algorithm.kl_estimator", "KL estimator", Range::Choice(KlEstimator::NAMES),
-        "With Δ = log π_ref − log π: k1 = −Δ, k2 = Δ²/2, k3 = e^Δ − Δ − 1 (Schulman 2020; GRPO uses k3). verl: actor_rollout_ref.actor.kl_loss_type (k1, mse = k2, low_var_kl = k3); TRL: always k3."),
-    Field::new("algorithm.kl_penalty", "KL penalty", Range::Choice(KlPenaltyMode::NAMES),
-        "Where the KL goes: loss (GRPO: + β·KL in the loss) or reward (PPO-RLHF: r − β·KL). verl: actor_rollout_ref.actor.use_kl_loss or algorithm.use_kl_in_reward; TRL: always in the loss."),
-    Field::new("algorithm.ref_period", "ref period", Range::ANY_INT,
-        "Copy the policy into the reference every this many iterations (lecture: 10; 0 = never). TRL: sync_ref_model with ref_model_sync_steps (counted in optimizer steps: ref_period·μ); verl: none (the reference stays fixed)."),
-    Field::new("algorithm.loss_agg_mode", "Aggregation", Range::Choice(LossAggMode::NAMES),
-        "How per-token losses become one number: seq-mean-token-mean (GRPO paper), token-mean (DAPO), seq-mean-token-sum-norm (Dr. GRPO, Liu et al. 2025). Equal for fixed-length responses. verl: actor_rollout_ref.actor.loss_agg_mode; TRL: loss_type (grpo, dapo, dr_grpo; its default became dapo)."),
-    Field::new("algorithm.entropy_coef", "entropy bonus", Range::NON_NEGATIVE,
-        "Entropy bonus: −coef·H is added to the loss to keep exploring (0 = off; usual 0.001..=0.01). TRL: entropy_coef; verl: actor_rollout_ref.actor.entropy_coeff."),
-    Field::new("algorithm.dynamic_sampling", "dynamic sampling", Range::Bool,
-        "DAPO dynamic sampling: replace groups whose rewards are all equal (no learning signal) by fresh ones, at most algorithm.max_resample_rounds rounds per iteration. verl (DAPO): algorithm.filter_groups.enable."),
-    Field::new("algorithm.max_resample_rounds", "max rounds", Range::int(0, 64),
-        "Bound on dynamic-sampling rounds per iteration; groups still flat after it are kept. verl (DAPO): algorithm.filter_groups.max_num_gen_batches."),
-    Field::new("algorithm.prompt_sampling", "prompt sampling", Range::Choice(PromptSampling::NAMES),
-        "Which training prompts an iteration uses: uniform; prioritized by 1 − success rate; curriculum from the easiest quarter (fewest inversions) to every prompt at mid-run. Both after Kimi k1.5.")
-        .rule("prioritized and curriculum need algorithm.prompts_per_iteration > 0"),
-    Field::new("algorithm.gamma", "γ (GAE)", Range::float(Closed(0.0), Closed(1.0)),
-        "Discount of GAE (advantage = gae only). 1 for a reward paid once at the end, as here. TRL PPO: gamma; verl: algorithm.gamma."),
-    Field::new("algorithm.lam", "λ (GAE)", Range::float(Closed(0.0), Closed(1.0)),
-        "GAE's λ (advantage = gae only): 1 = return minus the critic's value (low bias, high variance), 0 = one-step TD error (the critic carries everything). TRL PPO: lam (0.95); verl: algorithm.lam."),
-    Field::new("algorithm.value_lr", "critic lr", Range::float(Open(0.0), Open(10.0)),
-        "Adam step size of the critic (advantage = gae only). verl: critic.optim.lr."),
-    Field::new("algorithm.value_hidden", "critic width", Range::int(1, 4096),
-        "Hidden units of the critic: one tanh layer over one-hot features of the prompt, the tokens so far and the position (advantage = gae only). A separate model, not a head on the policy."),
-    Field::new("algorithm.value_epochs", "critic steps", Range::int(1, 1000),
-        "Full-batch Adam steps of the critic on each iteration's returns (advantage = gae only). verl: critic.ppo_epochs."),
-    Field::new("algorithm.bugs.ratio_as_logprob_quotient", "BUG: ratio = logπ / logπ_old", Range::Bool,
-        "Deliberate bug (GRPO-SPEC §5): the ratio written as log π / log π_old instead of exp(log π − log π_old); the gradient flips sign."),
-    Field::new("algorithm.bugs.unfrozen_old_policy", "BUG: π_old not frozen", Range::Bool,
-        "Deliberate bug (GRPO-SPEC §5): π_old recomputed with gradient each step instead of frozen at rollout; the ratio's gradient vanishes and nothing is learned."),
-    Field::new("algorithm.bugs.shared_reference", "BUG: reference shared, not copied", Range::Bool,
-        "Deliberate bug (GRPO-SPEC §5): the reference shares the policy's weights instead of being a copy; the KL is always 0, the penalty silently off."),
-    Field::new("algorithm.bugs.std_without_eps", "BUG: std without ε", Range::Bool,
-        "Deliberate bug: normalized advantages (r − mean)/std with no ε. A flat group divides 0 by 0 (NaN: the run stops); a nearly flat one (a KL penalty in the reward, tiny differences) has its noise blown up to advantages of size 1."),
-    // optimizer
-    Field::new("optimizer.lr", "learning rate", Range::float(Open(0.0), Open(10.0)),
-        "Adam's step size. Lecture: 1e-3; usual 1e-5..=1e-2 (LLMs: ~1e-6). TRL: learning_rate; verl: actor_rollout_ref.actor.optim.lr."),
-    Field::new("optimizer.beta1", "Adam β1", Range::float(Closed(0.0), Open(1.0)),
-        "Adam's first-moment decay (0.9). TRL: adam_beta1; verl: actor_rollout_ref.actor.optim.betas."),
-    Field::new("optimizer.beta2", "Adam β2", Range::float(Closed(0.0), Open(1.0)),
-        "Adam's second-moment decay (0.999). TRL: adam_beta2; verl: actor_rollout_ref.actor.optim.betas."),
-    Field::new("optimizer.eps", "Adam ε", Range::POSITIVE,
-        "Adam's ε (PyTorch default 1e-8). TRL: adam_epsilon."),
-    Field::new("optimizer.max_grad_norm", "max grad norm", Range::NON_NEGATIVE,
-        "Clip the global gradient norm to this value (0 = off; TRL's default 1.0). TRL: max_grad_norm; verl: actor_rollout_ref.actor.grad_clip."),
-    // sampling
-    Field::new("sampling.temperature", "temperature", Range::POSITIVE,
-        "Softmax temperature T for rollouts (1 = the policy as is; usual 0.6..=1.2). TRL: temperature; verl: actor_rollout_ref.rollout.temperature."),
-    Field::new("sampling.top_k", "top-k", Range::ANY_INT,
-        "Keep the k most likely tokens (0 = off). TRL: top_k; verl: actor_rollout_ref.rollout.top_k (−1 = off)."),
-    Field::new("sampling.top_p", "top-p", Range::float(Open(0.0), Closed(1.0)),
-        "Nucleus sampling: keep the smallest set with this much probability (1 = off). TRL: top_p; verl: actor_rollout_ref.rollout.top_p."),
-    // sft
-    Field::new("sft.steps", "SFT steps", Range::ANY_INT,
-        "Supervised steps on (prompt, sorted) pairs before RL (DeepSeek-R1's cold start). 0 = pure RL (R1-Zero)."),
-    Field::new("sft.examples", "examples", Range::at_least(1),
-        "Distinct training prompts used as (prompt, sorted) examples.")
-        .only(Sft),
-    Field::new("sft.batch_size", "SFT batch", Range::at_least(1),
-        "Examples per supervised step. TRL SFTConfig: per_device_train_batch_size.")
-        .only(Sft),
-    Field::new("sft.lr", "SFT lr", Range::float(Open(0.0), Open(10.0)),
-        "Adam's step size for the cold start (1e-3). TRL SFTConfig: learning_rate.")
-        .only(Sft),
-    Field::new("sft.teacher", "SFT teacher", Range::Text,
-        "Distillation (DeepSeek-R1 §distillation): none = the cold start's targets are the sorted prompts; a preset name = that preset is trained first (this run's seed, on the CPU) and the cold start fine-tunes on its sampled answers, right or wrong. The teacher's task must be this run's.")
-        .rule("none, or a preset with the same task section"),
-    // run
-    Field::new("run.name", "Name", Range::Text,
-        "Name used in run directories and chart titles."),
-    Field::new("run.seed", "Seed", Range::ANY_INT,
-        "The run is a pure function of its config and this seed. TRL: seed; verl: data.seed."),
-    Field::new("run.iterations", "Iterations", Range::at_least(1),
-        "GRPO iterations (the lecture's \"epochs\": 100): a rollout, then μ optimizer steps. verl: trainer.total_training_steps (iterations); TRL: max_steps (optimizer steps: iterations·μ)."),
-    Field::new("run.checkpoint_every", "Checkpoint every", Range::ANY_INT,
-        "Write a checkpoint every this many iterations (0 = only at the end). TRL: save_steps; verl: trainer.save_freq."),
-    Field::new("run.log_groups", "Logged groups", Range::ANY_INT,
-        "How many groups per iteration are logged in full (prompt, responses, rewards, advantages). TRL: log_completions."),
-    Field::new("run.device", "Device", Range::Choice(DeviceChoice::NAMES),
-        "Compute device. auto: picked for this machine (`grpo-lab devices` says which); gpu: a hardware wgpu adapter; software: lavapipe; cpu: burn's CPU backend, the fastest choice for these tiny models without a GPU."),
-    Field::new("run.kernels", "Kernels", Range::Choice(KernelChoice::NAMES),
-        "Sampling, verifier and advantages in our WGSL kernels (gpu) or plain Rust (reference); auto: the kernels whenever the device is a wgpu adapter. Same tokens either way."),
-    Field::new("run.fused_step", "Fused step", Range::Choice(FusedChoice::NAMES),
-        "The fused CPU engines (the lecture model's step; the transformer's step with KV-cache rollouts): forward, backward and Adam by hand, held equal to burn's by tests. auto uses them on the CPU backend when the config allows (not with a bug-gallery switch on); off always takes burn's autodiff path."),
-    Field::new("run.engine", "Engine on a wgpu device", Range::Choice(EngineChoice::NAMES),
-        "On a wgpu device (--device gpu|software): auto takes the WGSL engine for the lecture model (weights, Adam and every activation on the device; forward, backward and Adam as compute dispatches) where it covers the config (no bug-gallery switch, no entropy bonus, run.kernels not reference), else burn's autodiff; wgsl asks for the WGSL engine (on lavapipe when there is no hardware GPU); burn always takes burn's autodiff path there."),
-    Field::new("run.max_memory_mib", "Memory cap (MiB)", Range::ANY_INT,
-        "A config whose memory estimate (`grpo-lab train --dry-run` prints it) exceeds this is refused before anything is allocated, naming the fields that drive it. 0 = the memory this machine has available."),
-    Field::new("run.eval_every", "pass@k every", Range::ANY_INT,
-        "Every this many iterations, from iteration 0 (so a run of 61 iterations ends with one after 60), sample run.pass_samples answers per held-out prompt at the sampling temperature and log eval/pass@1, eval/pass@4 and eval/pass@k (the unbiased estimator of Chen et al. 2021). 0 = never; no held-out split: nothing logged. verl: trainer.test_freq with val_kwargs.n."),
-    Field::new("run.pass_k", "k of pass@k", Range::int(1, 1024),
-        "The k of eval/pass@k (usual 8..=64; 16 by default)."),
-    Field::new("run.pass_samples", "pass@k samples", Range::ANY_INT,
-        "Answers sampled per held-out prompt for pass@k (0 = run.pass_k); more samples lower the estimator's variance.")
-        .rule("0 or ≥ run.pass_k"),
-    Field::new("run.rollout_budget", "Rollout budget", Range::ANY_INT,
-        "Stop once this many responses have been sampled, dynamic sampling's redraws included (0 = none: run.iterations alone ends the run). Compares arms at equal sampling cost. Logged as sampling/rollouts."),
-];
-
-/// The config reference as markdown, from [`FIELDS`] (`grpo-lab config-docs`).
-pub fn config_docs() -> String {
-    let defaults = serde_json::to_value(RunConfig::default()).expect("default serializes");
-    let cell = |s: &str| s.replace('|', "\\|").replace('\n', " ");
-    let mut out = String::from(
-        "# grpo-lab config reference\n\n\
-         Every key of a run's TOML config (`--config FILE`, `--set key=value`), generated \
-         from the field table in `src/config.rs` (`grpo-lab config-docs`). `validate` checks \
-         these ranges; the app shows the same text as tooltips.\n",
-    );
-    let mut section = "";
-    for f in FIELDS {
-        let this = f.key.split('.').next().unwrap_or("");
-        if this != section {
-            section = this;
-            out.push_str(&format!(
-                "\n## `{section}`\n\n| key | label | default | allowed | what it does |\n|---|---|---|---|---|\n"
-            ));
-        }
-        let default = json_path(&defaults, f.key)
-            .map(|v| v.to_string())
-            .unwrap_or_default();
-        out.push_str(&format!(
-            "| `{}` | {} | `{}` | {} | {} |\n",
-            f.key,
-            cell(f.label),
-            cell(&default),
-            cell(&f.allowed()),
-            cell(f.help)
-        ));
-    }
-    out
-}
-
-fn json_path<'a>(value: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::Value> {
-    key.split('.').try_fold(value, |v, part| v.get(part))
-}
-
 /// The built-in presets, `assets/experiments/NAME.toml`, compiled in so the binary needs no files.
 pub const PRESETS: &[(&str, &str)] = &[
     (
         "lecture17",
-        include_str!("../assets/experiments/lecture17.toml"),
+        include_str!("../../assets/experiments/lecture17.toml"),
     ),
-    ("scaled", include_str!("../assets/experiments/scaled.toml")),
+    (
+        "scaled",
+        include_str!("../../assets/experiments/scaled.toml"),
+    ),
     (
         "random-sort",
-        include_str!("../assets/experiments/random-sort.toml"),
+        include_str!("../../assets/experiments/random-sort.toml"),
     ),
     (
         "transformer-sort",
-        include_str!("../assets/experiments/transformer-sort.toml"),
+        include_str!("../../assets/experiments/transformer-sort.toml"),
     ),
     (
         "length-bias",
-        include_str!("../assets/experiments/length-bias.toml"),
+        include_str!("../../assets/experiments/length-bias.toml"),
     ),
     (
         "r1-vs-r1-zero",
-        include_str!("../assets/experiments/r1-vs-r1-zero.toml"),
+        include_str!("../../assets/experiments/r1-vs-r1-zero.toml"),
     ),
 ];
 
@@ -1041,6 +609,25 @@ impl RunConfig {
     /// Semantic checks serde cannot make. Each error names the field and what it allows:
     /// first every field's own range from [`FIELDS`], then the rules between fields.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_ranges()?;
+        self.validate_task()?;
+        self.validate_model()?;
+        self.validate_algorithm()?;
+        let r = &self.run;
+        if r.pass_samples != 0 && r.pass_samples < r.pass_k {
+            return bad(
+                "run.pass_samples",
+                format!(
+                    "{} < run.pass_k = {}: pass@k needs at least k answers per prompt (0 = run.pass_k)",
+                    r.pass_samples, r.pass_k
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// Every field of the table within its range (and finite), where its scope applies.
+    fn validate_ranges(&self) -> Result<(), ConfigError> {
         let values = serde_json::to_value(self).expect("config serializes");
         for f in FIELDS {
             let Some(value) = json_path(&values, f.key) else {
@@ -1070,6 +657,11 @@ impl RunConfig {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// The task's prompts, reward weights and vocabulary against each other.
+    fn validate_task(&self) -> Result<(), ConfigError> {
         let t = &self.task;
         for (i, p) in t.prompts.iter().enumerate() {
             if p.len() != t.n {
@@ -1111,7 +703,11 @@ impl RunConfig {
                 format!("false needs task.vocab ≥ task.n ({} < {})", t.vocab, t.n),
             );
         }
-        self.validate_model()?;
+        Ok(())
+    }
+
+    /// The algorithm's prompt sampling and the SFT teacher.
+    fn validate_algorithm(&self) -> Result<(), ConfigError> {
         let a = &self.algorithm;
         if a.prompt_sampling != PromptSampling::Uniform && a.prompts_per_iteration == 0 {
             return bad(
@@ -1163,16 +759,6 @@ impl RunConfig {
                 }
                 Ok(_) => {}
             }
-        }
-        let r = &self.run;
-        if r.pass_samples != 0 && r.pass_samples < r.pass_k {
-            return bad(
-                "run.pass_samples",
-                format!(
-                    "{} < run.pass_k = {}: pass@k needs at least k answers per prompt (0 = run.pass_k)",
-                    r.pass_samples, r.pass_k
-                ),
-            );
         }
         Ok(())
     }
@@ -1723,7 +1309,7 @@ mod tests {
 
     #[test]
     fn the_readme_config_table_names_only_keys_of_the_field_table() {
-        let readme = include_str!("../README.md");
+        let readme = include_str!("../../README.md");
         let start = readme
             .find("| section | keys |")
             .expect("README has the config table");
