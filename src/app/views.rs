@@ -621,30 +621,7 @@ pub fn inspector_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
         ui.label("No groups yet: take a step (the groups of an iteration are logged on its last optimizer step).");
         return;
     }
-    let last = app.run.groups.len() - 1;
-    let mut sel = app.inspector_iteration.unwrap_or(last).min(last);
-    ui.horizontal(|ui| {
-        ui.label("Iteration");
-        let iterations: Vec<usize> = app.run.groups.iter().map(|(i, _)| *i).collect();
-        if ui
-            .add(
-                egui::Slider::new(&mut sel, 0..=last)
-                    .text("logged iteration")
-                    .custom_formatter(|v, _| {
-                        iterations
-                            .get(v as usize)
-                            .map(|i| i.to_string())
-                            .unwrap_or_default()
-                    }),
-            )
-            .changed()
-        {
-            app.inspector_iteration = if sel == last { None } else { Some(sel) };
-        }
-        if app.inspector_iteration.is_some() && ui.button("follow latest").clicked() {
-            app.inspector_iteration = None;
-        }
-    });
+    let sel = iteration_slider(app, ui);
     let (iteration, groups) = &app.run.groups[sel];
     let gi = app.inspector_group.min(groups.len() - 1);
     ui.horizontal_wrapped(|ui| {
@@ -693,57 +670,98 @@ pub fn inspector_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                 }
                 ui.strong("per token: log π_old → log π (ratio ρ, clipped?)");
                 ui.end_row();
-                for (i, resp) in g.responses.iter().enumerate() {
-                    ui.label(i.to_string());
-                    ui.monospace(tokenizer().decode(resp));
-                    ui.label(format!("{:.2}", g.rewards[i]));
-                    let parts = reward_fn.score_logged(&config, &g.prompt, resp).parts;
-                    ui.label(
-                        parts
-                            .iter()
-                            .map(|(k, v)| format!("{k} {v}"))
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                    );
-                    for m in AdvantageMode::GROUP {
-                        let v = g
-                            .advantages
-                            .get(m.name())
-                            .and_then(|a| a.get(i))
-                            .copied()
-                            .unwrap_or(f32::NAN);
-                        ui.label(format!("{v:+.3}"));
-                    }
-                    let adv = g
-                        .advantages
-                        .get(config.algorithm.advantage.name())
-                        .and_then(|a| a.get(i))
-                        .copied()
-                        .unwrap_or(0.0);
-                    let tokens: Vec<String> = (0..resp.len())
-                        .map(|t| {
-                            let (Some(old), Some(new)) = (
-                                g.old_logp.get(i).and_then(|v| v.get(t)),
-                                g.logp.get(i).and_then(|v| v.get(t)),
-                            ) else {
-                                return "–".into();
-                            };
-                            let (ratio, _, _, flags) =
-                                crate::objective::loss::reference::token_terms(
-                                    &settings, *new, *old, *old, adv,
-                                );
-                            let clipped = flags != 0;
-                            format!(
-                                "{old:.2}→{new:.2} ({ratio:.3}{})",
-                                if clipped { " ✂" } else { "" }
-                            )
-                        })
-                        .collect();
-                    ui.monospace(tokens.join("  "));
-                    ui.end_row();
+                for i in 0..g.responses.len() {
+                    response_row(ui, g, i, &config, &reward_fn, &settings);
                 }
             });
     });
+}
+
+/// The inspector's choice of a logged iteration (the latest unless one is pinned); its index.
+fn iteration_slider(app: &mut GrpoApp, ui: &mut egui::Ui) -> usize {
+    let last = app.run.groups.len() - 1;
+    let mut sel = app.inspector_iteration.unwrap_or(last).min(last);
+    ui.horizontal(|ui| {
+        ui.label("Iteration");
+        let iterations: Vec<usize> = app.run.groups.iter().map(|(i, _)| *i).collect();
+        if ui
+            .add(
+                egui::Slider::new(&mut sel, 0..=last)
+                    .text("logged iteration")
+                    .custom_formatter(|v, _| {
+                        iterations
+                            .get(v as usize)
+                            .map(|i| i.to_string())
+                            .unwrap_or_default()
+                    }),
+            )
+            .changed()
+        {
+            app.inspector_iteration = if sel == last { None } else { Some(sel) };
+        }
+        if app.inspector_iteration.is_some() && ui.button("follow latest").clicked() {
+            app.inspector_iteration = None;
+        }
+    });
+    sel
+}
+
+/// One response of a logged group: its tokens, reward and its parts, its advantage under every
+/// mode, and per token log π_old → log π with the ratio and whether the clip is active.
+fn response_row(
+    ui: &mut egui::Ui,
+    g: &crate::metrics::GroupRecord,
+    i: usize,
+    config: &RunConfig,
+    reward_fn: &RewardFn,
+    settings: &crate::objective::loss::LossSettings,
+) {
+    let resp = &g.responses[i];
+    ui.label(i.to_string());
+    ui.monospace(tokenizer().decode(resp));
+    ui.label(format!("{:.2}", g.rewards[i]));
+    let parts = reward_fn.score_logged(config, &g.prompt, resp).parts;
+    ui.label(
+        parts
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    for m in AdvantageMode::GROUP {
+        let v = g
+            .advantages
+            .get(m.name())
+            .and_then(|a| a.get(i))
+            .copied()
+            .unwrap_or(f32::NAN);
+        ui.label(format!("{v:+.3}"));
+    }
+    let adv = g
+        .advantages
+        .get(config.algorithm.advantage.name())
+        .and_then(|a| a.get(i))
+        .copied()
+        .unwrap_or(0.0);
+    let tokens: Vec<String> = (0..resp.len())
+        .map(|t| {
+            let (Some(old), Some(new)) = (
+                g.old_logp.get(i).and_then(|v| v.get(t)),
+                g.logp.get(i).and_then(|v| v.get(t)),
+            ) else {
+                return "–".into();
+            };
+            let (ratio, _, _, flags) =
+                crate::objective::loss::reference::token_terms(settings, *new, *old, *old, adv);
+            let clipped = flags != 0;
+            format!(
+                "{old:.2}→{new:.2} ({ratio:.3}{})",
+                if clipped { " ✂" } else { "" }
+            )
+        })
+        .collect();
+    ui.monospace(tokens.join("  "));
+    ui.end_row();
 }
 
 // ---------------------------------------------------------------- playground
@@ -847,38 +865,7 @@ pub fn playground_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
 // ---------------------------------------------------------------- runs
 
 pub fn runs_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
-    ui.horizontal(|ui| {
-        let l = ui.label("Run directory");
-        ui.add(egui::TextEdit::singleline(&mut app.runs_path).char_limit(4096))
-            .labelled_by(l.id);
-        if ui
-            .button("Add")
-            .on_hover_text("A directory written by `grpo-lab train`")
-            .clicked()
-        {
-            add_runs(app, false);
-        }
-        if ui
-            .button("Add all inside")
-            .on_hover_text("Every run directory inside (a compare directory's runs too)")
-            .clicked()
-        {
-            add_runs(app, true);
-        }
-        if ui
-            .button("Open compare dir")
-            .on_hover_text(
-                "A directory written by `grpo-lab compare`: each cell as mean ± std over its seeds",
-            )
-            .clicked()
-        {
-            match crate::experiment::load_compare_dir(std::path::Path::new(&app.runs_path)) {
-                Ok(c) if !c.is_empty() => app.compare = c,
-                Ok(_) => app.error = Some(format!("no compare runs in {}", app.runs_path)),
-                Err(e) => app.error = Some(e.to_string()),
-            }
-        }
-    });
+    runs_path_row(app, ui);
     experiment_row(app, ui);
     if !app.compare.is_empty() {
         compare_ui(app, ui);
@@ -917,6 +904,47 @@ pub fn runs_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     if let Some(i) = remove {
         app.overlays.remove(i);
     }
+    overlay_plots(app, ui);
+}
+
+/// The run directory to add, and the buttons that add it (or a compare directory).
+fn runs_path_row(app: &mut GrpoApp, ui: &mut egui::Ui) {
+    ui.horizontal(|ui| {
+        let l = ui.label("Run directory");
+        ui.add(egui::TextEdit::singleline(&mut app.runs_path).char_limit(4096))
+            .labelled_by(l.id);
+        if ui
+            .button("Add")
+            .on_hover_text("A directory written by `grpo-lab train`")
+            .clicked()
+        {
+            add_runs(app, false);
+        }
+        if ui
+            .button("Add all inside")
+            .on_hover_text("Every run directory inside (a compare directory's runs too)")
+            .clicked()
+        {
+            add_runs(app, true);
+        }
+        if ui
+            .button("Open compare dir")
+            .on_hover_text(
+                "A directory written by `grpo-lab compare`: each cell as mean ± std over its seeds",
+            )
+            .clicked()
+        {
+            match crate::experiment::load_compare_dir(std::path::Path::new(&app.runs_path)) {
+                Ok(c) if !c.is_empty() => app.compare = c,
+                Ok(_) => app.error = Some(format!("no compare runs in {}", app.runs_path)),
+                Err(e) => app.error = Some(e.to_string()),
+            }
+        }
+    });
+}
+
+/// The current run and every shown overlay on the same axes: reward, entropy, KL.
+fn overlay_plots(app: &mut GrpoApp, ui: &mut egui::Ui) {
     let link = egui::Id::NULL.with("runs-axis");
     let smoothing = app.persisted.smoothing;
     for r in app.overlays.iter_mut().map(|(r, _)| r) {

@@ -409,7 +409,7 @@ pub fn config_docs() -> String {
     let mut out = String::from(
         "# grpo-lab config reference\n\n\
          Every key of a run's TOML config (`--config FILE`, `--set key=value`), generated \
-         from the field table in `src/config.rs` (`grpo-lab config-docs`). `validate` checks \
+         from the field table in `src/config/fields.rs` (`grpo-lab config-docs`). `validate` checks \
          these ranges; the app shows the same text as tooltips.\n",
     );
     let mut section = "";

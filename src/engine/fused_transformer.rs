@@ -456,6 +456,178 @@ fn bias_grad(dy: &[f32], db: &mut [f32]) {
     }
 }
 
+/// `x = tok_emb[tok] + pos_emb[pos]`.
+#[inline(always)]
+fn embed(w: &[f32], lay: &Layout, d: usize, tok: u32, pos: usize, x: &mut [f32]) {
+    let te = &w[lay.tok_emb + tok as usize * d..][..d];
+    let pe = &w[lay.pos_emb + pos * d..][..d];
+    for ((xv, &a), &bb) in x.iter_mut().zip(te).zip(pe) {
+        *xv = a + bb;
+    }
+}
+
+/// A LayerNorm's output buffers: `x̂` and `1/σ` (kept for the backward) and the output.
+struct Ln<'a> {
+    xhat: &'a mut Vec<f32>,
+    rstd: &'a mut Vec<f32>,
+    out: &'a mut Vec<f32>,
+}
+
+impl<'a> Ln<'a> {
+    /// `LayerNorm(x)·g + b` of `rows` rows of `d`; the output.
+    #[inline(always)]
+    fn apply(self, x: &[f32], g: &[f32], b: &[f32], (d, rows): (usize, usize)) -> &'a [f32] {
+        sized(self.xhat, rows * d);
+        sized(self.rstd, rows);
+        sized(self.out, rows * d);
+        layer_norm(x, g, b, d, self.xhat, self.rstd, self.out);
+        self.out
+    }
+}
+
+/// A block's first half: `a = LN₁(x)`, `qkv = a·W_qkv` (`[rows, 3D]`).
+#[inline(always)]
+fn block_qkv(
+    w: &[f32],
+    bl: &BlockLayout,
+    (d, rows): (usize, usize),
+    x: &[f32],
+    ln1: Ln,
+    qkv: &mut Vec<f32>,
+) {
+    let a = ln1.apply(x, &w[bl.ln1_g..][..d], &w[bl.ln1_b..][..d], (d, rows));
+    let qkv = sized(qkv, rows * 3 * d);
+    product_into(
+        qkv,
+        3 * d,
+        View::rows(a, d),
+        View::rows(&w[bl.wqkv..][..d * 3 * d], 3 * d),
+        (rows, d, 3 * d),
+        false,
+    );
+}
+
+/// One query's causal attention over `kc` keys, every head: `p = softmax(q·k_j·scale)` into
+/// `probs` (head `h` at `h·stride`), `out += Σ_j p_j·v_j`. Key by key across the heads: each
+/// key's row is read once, and the heads' accumulators are independent chains.
+#[inline(always)]
+fn attend<'k>(
+    q: &[f32],
+    kc: usize,
+    key: impl Fn(usize) -> &'k [f32],
+    value: impl Fn(usize) -> &'k [f32],
+    (hh, scale, stride): (usize, f32, usize),
+    probs: &mut [f32],
+    out: &mut [f32],
+) {
+    let dh = q.len() / hh;
+    for j in 0..kc {
+        let krow = key(j);
+        for h in 0..hh {
+            probs[h * stride + j] = dot(&q[h * dh..][..dh], &krow[h * dh..][..dh]) * scale;
+        }
+    }
+    for h in 0..hh {
+        softmax_in_place(&mut probs[h * stride..][..kc]);
+    }
+    for j in 0..kc {
+        let vrow = value(j);
+        for h in 0..hh {
+            axpy(
+                &mut out[h * dh..][..dh],
+                probs[h * stride + j],
+                &vrow[h * dh..][..dh],
+            );
+        }
+    }
+}
+
+/// A block's second half: `x += ctx·W_o`, `a = LN₂(x)`, `x += GELU(a·W₁ + b₁)·W₂ + b₂`.
+/// `keep`: the activation and `Φ` of the hidden layer for the backward (its pre-activation stays
+/// in `hpre`); `None` applies GELU in place in `hpre`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn block_rest(
+    w: &[f32],
+    bl: &BlockLayout,
+    (d, f, rows): (usize, usize, usize),
+    x: &mut [f32],
+    ctx: &[f32],
+    ln2: Ln,
+    hpre: &mut Vec<f32>,
+    keep: Option<(&mut Vec<f32>, &mut Vec<f32>)>,
+) {
+    product_into(
+        x,
+        d,
+        View::rows(ctx, d),
+        View::rows(&w[bl.wo..][..d * d], d),
+        (rows, d, d),
+        true,
+    );
+    let a = ln2.apply(x, &w[bl.ln2_g..][..d], &w[bl.ln2_b..][..d], (d, rows));
+    let h = sized(hpre, rows * f);
+    product_into(
+        h,
+        f,
+        View::rows(a, d),
+        View::rows(&w[bl.w1..][..d * f], f),
+        (rows, d, f),
+        false,
+    );
+    add_bias(h, &w[bl.b1..][..f]);
+    let act: &[f32] = match keep {
+        Some((hact, cdf)) => {
+            let y = sized(hact, rows * f);
+            let c = sized(cdf, rows * f);
+            for ((y, c), &xv) in y.iter_mut().zip(c.iter_mut()).zip(h.iter()) {
+                // gelu(x) = x·Φ(x); Φ kept for the backward.
+                let p = normal_cdf(xv);
+                *c = p;
+                *y = xv * p;
+            }
+            hact
+        }
+        None => {
+            for hv in h.iter_mut() {
+                *hv = gelu(*hv);
+            }
+            hpre
+        }
+    };
+    product_into(
+        x,
+        d,
+        View::rows(act, f),
+        View::rows(&w[bl.w2..][..f * d], d),
+        (rows, f, d),
+        true,
+    );
+    add_bias(x, &w[bl.b2..][..d]);
+}
+
+/// The final LayerNorm and the head: `logits = LN_f(x)·W_head` (`[rows, V]`).
+#[inline(always)]
+fn head(
+    w: &[f32],
+    lay: &Layout,
+    (d, v, rows): (usize, usize, usize),
+    x: &[f32],
+    lnf: Ln,
+    logits: &mut Vec<f32>,
+) {
+    let a = lnf.apply(x, &w[lay.lnf_g..][..d], &w[lay.lnf_b..][..d], (d, rows));
+    let out = sized(logits, rows * v);
+    product_into(
+        out,
+        v,
+        View::rows(a, d),
+        View::rows(&w[lay.head..][..d * v], v),
+        (rows, d, v),
+        false,
+    );
+}
+
 /// `z = x·inv_t` and `log Σ exp z` of one row of logits.
 #[inline(always)]
 fn row_logz(logits: &[f32], inv_t: f32, z: &mut [f32]) -> f32 {
@@ -616,118 +788,50 @@ impl FusedTransformer {
         }
         let x = sized(&mut sc.x, rows * d);
         for (q, (xr, &tok)) in x.chunks_exact_mut(d).zip(&sc.tokens).enumerate() {
-            let pos = geo.keys(q).4;
-            let te = &w[lay.tok_emb + tok as usize * d..][..d];
-            let pe = &w[lay.pos_emb + pos * d..][..d];
-            for ((xv, &a), &bb) in xr.iter_mut().zip(te).zip(pe) {
-                *xv = a + bb;
-            }
+            embed(w, lay, d, tok, geo.keys(q).4, xr);
         }
         sc.blocks.resize_with(lay.blocks.len(), BlockActs::default);
         let scale = 1.0 / (dh as f32).sqrt();
         for (bl, acts) in lay.blocks.iter().zip(sc.blocks.iter_mut()) {
-            sized(&mut acts.xhat1, rows * d);
-            sized(&mut acts.rstd1, rows);
-            sized(&mut acts.a1, rows * d);
-            layer_norm(
-                &sc.x,
-                &w[bl.ln1_g..][..d],
-                &w[bl.ln1_b..][..d],
-                d,
-                &mut acts.xhat1,
-                &mut acts.rstd1,
-                &mut acts.a1,
-            );
-            let qkv = sized(&mut acts.qkv, rows * 3 * d);
-            product_into(
-                qkv,
-                3 * d,
-                View::rows(&acts.a1, d),
-                View::rows(&w[bl.wqkv..][..d * 3 * d], 3 * d),
-                (rows, d, 3 * d),
-                false,
-            );
+            let ln1 = Ln {
+                xhat: &mut acts.xhat1,
+                rstd: &mut acts.rstd1,
+                out: &mut acts.a1,
+            };
+            block_qkv(w, bl, (d, rows), &sc.x, ln1, &mut acts.qkv);
             // Causal attention of every token and head over its keys.
             let att = sized(&mut acts.att, rows * hh * s);
             let ctx = zeroed(&mut acts.ctx, rows * d);
             let qkv = &acts.qkv;
-            // Key by key across the heads: each key's row is read once, and the heads'
-            // accumulators are independent chains.
             for q in 0..rows {
                 let (ps, pc, rs, rc, _) = geo.keys(q);
                 let key = |j: usize| if j < pc { ps + j } else { rs + j - pc };
-                let kc = pc + rc;
-                let qrow = &qkv[q * 3 * d..][..d];
-                let arow = &mut att[q * hh * s..][..hh * s];
-                for j in 0..kc {
-                    let krow = &qkv[key(j) * 3 * d + d..][..d];
-                    for h in 0..hh {
-                        arow[h * s + j] = dot(&qrow[h * dh..][..dh], &krow[h * dh..][..dh]) * scale;
-                    }
-                }
-                for h in 0..hh {
-                    softmax_in_place(&mut arow[h * s..][..kc]);
-                }
-                let out = &mut ctx[q * d..][..d];
-                for j in 0..kc {
-                    let vrow = &qkv[key(j) * 3 * d + 2 * d..][..d];
-                    for h in 0..hh {
-                        axpy(
-                            &mut out[h * dh..][..dh],
-                            arow[h * s + j],
-                            &vrow[h * dh..][..dh],
-                        );
-                    }
-                }
+                attend(
+                    &qkv[q * 3 * d..][..d],
+                    pc + rc,
+                    |j| &qkv[key(j) * 3 * d + d..][..d],
+                    |j| &qkv[key(j) * 3 * d + 2 * d..][..d],
+                    (hh, scale, s),
+                    &mut att[q * hh * s..][..hh * s],
+                    &mut ctx[q * d..][..d],
+                );
             }
-            // x += ctx · Wo
-            product_into(
+            let ln2 = Ln {
+                xhat: &mut acts.xhat2,
+                rstd: &mut acts.rstd2,
+                out: &mut acts.a2,
+            };
+            let kept = Some((&mut acts.hact, &mut acts.cdf));
+            block_rest(
+                w,
+                bl,
+                (d, f, rows),
                 &mut sc.x,
-                d,
-                View::rows(&acts.ctx, d),
-                View::rows(&w[bl.wo..][..d * d], d),
-                (rows, d, d),
-                true,
+                &acts.ctx,
+                ln2,
+                &mut acts.hpre,
+                kept,
             );
-            sized(&mut acts.xhat2, rows * d);
-            sized(&mut acts.rstd2, rows);
-            sized(&mut acts.a2, rows * d);
-            layer_norm(
-                &sc.x,
-                &w[bl.ln2_g..][..d],
-                &w[bl.ln2_b..][..d],
-                d,
-                &mut acts.xhat2,
-                &mut acts.rstd2,
-                &mut acts.a2,
-            );
-            let hpre = sized(&mut acts.hpre, rows * f);
-            product_into(
-                hpre,
-                f,
-                View::rows(&acts.a2, d),
-                View::rows(&w[bl.w1..][..d * f], f),
-                (rows, d, f),
-                false,
-            );
-            add_bias(hpre, &w[bl.b1..][..f]);
-            let hact = sized(&mut acts.hact, rows * f);
-            let cdf = sized(&mut acts.cdf, rows * f);
-            for ((y, c), &xv) in hact.iter_mut().zip(cdf.iter_mut()).zip(acts.hpre.iter()) {
-                // gelu(x) = x·Φ(x); Φ kept for the backward.
-                let p = normal_cdf(xv);
-                *c = p;
-                *y = xv * p;
-            }
-            product_into(
-                &mut sc.x,
-                d,
-                View::rows(&acts.hact, f),
-                View::rows(&w[bl.w2..][..f * d], d),
-                (rows, f, d),
-                true,
-            );
-            add_bias(&mut sc.x, &w[bl.b2..][..d]);
         }
         // The final LayerNorm and the head at the positions that predict a real token.
         let sel = geo.sel();
@@ -736,27 +840,12 @@ impl FusedTransformer {
             let from = geo.predictor(ri, i) * d;
             xsel[k * d..(k + 1) * d].copy_from_slice(&sc.x[from..from + d]);
         }
-        sized(&mut sc.xhatf, sel * d);
-        sized(&mut sc.rstdf, sel);
-        sized(&mut sc.af, sel * d);
-        layer_norm(
-            &sc.xsel,
-            &w[lay.lnf_g..][..d],
-            &w[lay.lnf_b..][..d],
-            d,
-            &mut sc.xhatf,
-            &mut sc.rstdf,
-            &mut sc.af,
-        );
-        let logits = sized(&mut sc.logits, sel * v);
-        product_into(
-            logits,
-            v,
-            View::rows(&sc.af, d),
-            View::rows(&w[lay.head..][..d * v], v),
-            (sel, d, v),
-            false,
-        );
+        let lnf = Ln {
+            xhat: &mut sc.xhatf,
+            rstd: &mut sc.rstdf,
+            out: &mut sc.af,
+        };
+        head(w, lay, (d, v, sel), &sc.xsel, lnf, &mut sc.logits);
         sc.geo = geo;
     }
 
@@ -1457,36 +1546,18 @@ impl FusedTransformer {
         let rows = tokens.len();
         let x = sized(&mut c.x, rows * d);
         for (xr, &tok) in x.chunks_exact_mut(d).zip(tokens) {
-            let te = &w[lay.tok_emb + tok as usize * d..][..d];
-            let pe = &w[lay.pos_emb + s * d..][..d];
-            for ((xv, &a), &bb) in xr.iter_mut().zip(te).zip(pe) {
-                *xv = a + bb;
-            }
+            embed(w, lay, d, tok, s, xr);
         }
         let scale = 1.0 / (dh as f32).sqrt();
         let mut rstd = vec![0.0f32; rows];
         let layers = lay.blocks.len();
         for (l, bl) in lay.blocks.iter().enumerate() {
-            sized(&mut c.tmp, rows * d);
-            sized(&mut c.a, rows * d);
-            layer_norm(
-                &c.x,
-                &w[bl.ln1_g..][..d],
-                &w[bl.ln1_b..][..d],
-                d,
-                &mut c.tmp,
-                &mut rstd,
-                &mut c.a,
-            );
-            let qkv = sized(&mut c.qkv, rows * 3 * d);
-            product_into(
-                qkv,
-                3 * d,
-                View::rows(&c.a, d),
-                View::rows(&w[bl.wqkv..][..d * 3 * d], 3 * d),
-                (rows, d, 3 * d),
-                false,
-            );
+            let ln1 = Ln {
+                xhat: &mut c.tmp,
+                rstd: &mut rstd,
+                out: &mut c.a,
+            };
+            block_qkv(w, bl, (d, rows), &c.x, ln1, &mut c.qkv);
             // This position's keys and values into the cache.
             for (i, &p) in prompt_of.iter().enumerate().take(rows) {
                 let kv = &c.qkv[i * 3 * d..(i + 1) * 3 * d];
@@ -1513,7 +1584,7 @@ impl FusedTransformer {
             let ctx = zeroed(&mut c.ctx, rows * d);
             let span = s + 1;
             let scores = sized(&mut c.scores, hh * span);
-            // As the teacher-forced pass: key by key across the heads, the same softmax.
+            // As the teacher-forced pass: the same attention over the cached keys and values.
             for i in 0..rows {
                 let (p, cr) = (prompt_of[i], cache_row[i]);
                 let (kp, vp, kr, vr) = (&c.pk[l], &c.pv[l], &c.rk[l], &c.rv[l]);
@@ -1524,96 +1595,42 @@ impl FusedTransformer {
                         (cr * max_len + j - n) * d
                     }
                 };
-                let qrow = &c.qkv[i * 3 * d..][..d];
-                for j in 0..span {
-                    let krow = if j < n {
-                        &kp[at(j)..][..d]
-                    } else {
-                        &kr[at(j)..][..d]
-                    };
-                    for h in 0..hh {
-                        scores[h * span + j] =
-                            dot(&qrow[h * dh..][..dh], &krow[h * dh..][..dh]) * scale;
-                    }
-                }
-                for h in 0..hh {
-                    softmax_in_place(&mut scores[h * span..][..span]);
-                }
-                let out = &mut ctx[i * d..][..d];
-                for j in 0..span {
-                    let vrow = if j < n {
-                        &vp[at(j)..][..d]
-                    } else {
-                        &vr[at(j)..][..d]
-                    };
-                    for h in 0..hh {
-                        axpy(
-                            &mut out[h * dh..][..dh],
-                            scores[h * span + j],
-                            &vrow[h * dh..][..dh],
-                        );
-                    }
-                }
+                attend(
+                    &c.qkv[i * 3 * d..][..d],
+                    span,
+                    |j| {
+                        if j < n {
+                            &kp[at(j)..][..d]
+                        } else {
+                            &kr[at(j)..][..d]
+                        }
+                    },
+                    |j| {
+                        if j < n {
+                            &vp[at(j)..][..d]
+                        } else {
+                            &vr[at(j)..][..d]
+                        }
+                    },
+                    (hh, scale, span),
+                    scores,
+                    &mut ctx[i * d..][..d],
+                );
             }
-            product_into(
-                &mut c.x,
-                d,
-                View::rows(&c.ctx, d),
-                View::rows(&w[bl.wo..][..d * d], d),
-                (rows, d, d),
-                true,
-            );
-            layer_norm(
-                &c.x,
-                &w[bl.ln2_g..][..d],
-                &w[bl.ln2_b..][..d],
-                d,
-                &mut c.tmp,
-                &mut rstd,
-                &mut c.a,
-            );
-            let hid = sized(&mut c.h, rows * f);
-            product_into(
-                hid,
-                f,
-                View::rows(&c.a, d),
-                View::rows(&w[bl.w1..][..d * f], f),
-                (rows, d, f),
-                false,
-            );
-            add_bias(hid, &w[bl.b1..][..f]);
-            for hv in hid.iter_mut() {
-                *hv = gelu(*hv);
-            }
-            product_into(
-                &mut c.x,
-                d,
-                View::rows(&c.h, f),
-                View::rows(&w[bl.w2..][..f * d], d),
-                (rows, f, d),
-                true,
-            );
-            add_bias(&mut c.x, &w[bl.b2..][..d]);
+            let ln2 = Ln {
+                xhat: &mut c.tmp,
+                rstd: &mut rstd,
+                out: &mut c.a,
+            };
+            block_rest(w, bl, (d, f, rows), &mut c.x, &c.ctx, ln2, &mut c.h, None);
         }
         if logits {
-            layer_norm(
-                &c.x,
-                &w[lay.lnf_g..][..d],
-                &w[lay.lnf_b..][..d],
-                d,
-                &mut c.tmp,
-                &mut rstd,
-                &mut c.a,
-            );
-            let out = sized(&mut c.logits, rows * v);
-            product_into(
-                out,
-                v,
-                View::rows(&c.a, d),
-                View::rows(&w[lay.head..][..d * v], v),
-                (rows, d, v),
-                false,
-            );
+            let lnf = Ln {
+                xhat: &mut c.tmp,
+                rstd: &mut rstd,
+                out: &mut c.a,
+            };
+            head(w, lay, (d, v, rows), &c.x, lnf, &mut c.logits);
         }
     }
 }

@@ -437,6 +437,26 @@ pub fn unipo_algorithm(c: &RunConfig) -> &'static str {
 /// objective. grpo-lab does not log reference log-probs, so `ref_log_probs` is absent.
 pub fn unipo(c: &RunConfig, records: &[StepRecord], max_prompts: usize) -> serde_json::Value {
     use serde_json::{Value, json};
+    let entries: Vec<Value> = records
+        .iter()
+        .map(|r| {
+            let mut entry = json!({
+                "step": r.step.saturating_sub(1),
+                "is_first_step_after_rollout_phase": r.step_in_iteration == 0,
+                "metrics": unipo_metrics(c, r),
+            });
+            if let Some(groups) = &r.groups {
+                entry["prompts"] = Value::Array(unipo_prompts(c, r, groups, max_prompts));
+            }
+            entry
+        })
+        .collect();
+    json!({ "header": unipo_header(c, records), "entries": entries })
+}
+
+/// UNIPO's header: the task, the reward, the algorithm, every config key as an hparam.
+fn unipo_header(c: &RunConfig, records: &[StepRecord]) -> serde_json::Value {
+    use serde_json::{Value, json};
     let mut hparams = serde_json::Map::new();
     flatten(
         "",
@@ -451,7 +471,7 @@ pub fn unipo(c: &RunConfig, records: &[StepRecord], max_prompts: usize) -> serde
         },
         c.model.d_model
     );
-    let header = json!({
+    json!({
         "task": format!("sorting {} numbers from 0..{} (grpo-lab GRPO-SPEC §1)", c.task.n, c.task.vocab),
         "dataset": if c.task.prompts.is_empty() {
             format!("grpo-lab random prompts: {} train, {} held-out", c.task.train_size, c.task.heldout_size)
@@ -464,100 +484,110 @@ pub fn unipo(c: &RunConfig, records: &[StepRecord], max_prompts: usize) -> serde
         "model_name": model,
         "reference_model_name": if c.algorithm.beta > 0.0 { Value::String(model.clone()) } else { Value::Null },
         "hparams": hparams,
-    });
+    })
+}
+
+/// One step's metrics under UNIPO's names (and every CSV column as `grpo_lab/NAME`).
+fn unipo_metrics(c: &RunConfig, r: &StepRecord) -> serde_json::Map<String, serde_json::Value> {
+    use serde_json::json;
+    let mut metrics = serde_json::Map::new();
+    let mut put = |k: &str, v: f32| {
+        metrics.insert(k.into(), json!(v));
+    };
+    put("policy_objective", -r.loss);
+    put("reward", r.reward_mean);
+    put("reward_std", r.reward_std);
+    put("policy_loss", r.loss);
+    put("total_loss", r.loss);
+    put("entropy", r.entropy);
+    put("kl", r.kl);
+    put("clip_fraction", r.clip_ratio_low + r.clip_ratio_high);
+    put("grad_norm", r.grad_norm);
+    put("learning_rate", r.lr);
+    put("response_length", r.mean_length);
+    put("importance_sampling_ratio", r.ratio_mean);
+    if c.algorithm.dynamic_sampling {
+        put(
+            "dynamic_sampling_pass_rate",
+            100.0 * (1.0 - r.zero_std_first_draw),
+        );
+    }
+    for (name, get) in CSV_COLUMNS {
+        if let Some(v) = get(r) {
+            metrics.insert(format!("grpo_lab/{name}"), json!(v));
+        }
+    }
+    metrics
+}
+
+/// A step's logged groups: every response's tokens, log-probs, advantage and per-token
+/// objective (the advantage mode that drives the update).
+fn unipo_prompts(
+    c: &RunConfig,
+    r: &StepRecord,
+    groups: &[crate::metrics::GroupRecord],
+    max_prompts: usize,
+) -> Vec<serde_json::Value> {
+    use serde_json::{Value, json};
     let advantage_mode = c.algorithm.advantage.name();
     let (lo, hi) = (
         1.0 - c.algorithm.epsilon_low as f32,
         1.0 + c.algorithm.epsilon_high as f32,
     );
-    let entries: Vec<Value> = records
+    groups
         .iter()
-        .map(|r| {
-            let mut metrics = serde_json::Map::new();
-            let mut put = |k: &str, v: f32| {
-                metrics.insert(k.into(), json!(v));
-            };
-            put("policy_objective", -r.loss);
-            put("reward", r.reward_mean);
-            put("reward_std", r.reward_std);
-            put("policy_loss", r.loss);
-            put("total_loss", r.loss);
-            put("entropy", r.entropy);
-            put("kl", r.kl);
-            put("clip_fraction", r.clip_ratio_low + r.clip_ratio_high);
-            put("grad_norm", r.grad_norm);
-            put("learning_rate", r.lr);
-            put("response_length", r.mean_length);
-            put("importance_sampling_ratio", r.ratio_mean);
-            if c.algorithm.dynamic_sampling {
-                put("dynamic_sampling_pass_rate", 100.0 * (1.0 - r.zero_std_first_draw));
-            }
-            for (name, get) in CSV_COLUMNS {
-                if let Some(v) = get(r) {
-                    metrics.insert(format!("grpo_lab/{name}"), json!(v));
-                }
-            }
-            let mut entry = json!({
-                "step": r.step.saturating_sub(1),
-                "is_first_step_after_rollout_phase": r.step_in_iteration == 0,
-                "metrics": metrics,
-            });
-            if let Some(groups) = &r.groups {
-                let prompts: Vec<Value> = groups
-                    .iter()
-                    .take(max_prompts)
-                    .map(|g| {
-                        let adv = g.advantages.get(advantage_mode);
-                        let responses: Vec<Value> = g
-                            .responses
-                            .iter()
-                            .enumerate()
-                            .map(|(i, resp)| {
-                                let a = adv.and_then(|v| v.get(i)).copied().unwrap_or(f32::NAN);
-                                let logp = g.logp.get(i).cloned().unwrap_or_default();
-                                let old = g.old_logp.get(i).cloned().unwrap_or_default();
-                                let objective: Vec<f32> = logp
-                                    .iter()
-                                    .zip(&old)
-                                    .map(|(&lp, &op)| {
-                                        let ratio = (lp - op).exp();
-                                        -crate::objective::loss::reference::pg_term(
-                                            c.algorithm.loss, a, ratio, ratio, lp, lo, hi,
-                                        )
-                                        .0
-                                    })
-                                    .collect();
-                                let strings: Vec<String> =
-                                    resp.iter().map(|&t| token_string(t)).collect();
-                                json!({
-                                    "id": format!("step{}_p{}_sample{i}", r.step - 1, g.prompt_index),
-                                    "reward": g.rewards.get(i),
-                                    "advantage": a,
-                                    "response_text": strings.join(" "),
-                                    "response_length": resp.len(),
-                                    "tokens": {
-                                        "ids": resp,
-                                        "strings": strings,
-                                        "log_probs": logp,
-                                        "old_log_probs": old,
-                                        "advantages": vec![a; resp.len()],
-                                        "token_objective": objective,
-                                    },
-                                })
-                            })
-                            .collect();
-                        json!({
-                            "prompt": g.prompt.iter().map(|&t| token_string(t)).collect::<Vec<_>>().join(" "),
-                            "responses": responses,
+        .take(max_prompts)
+        .map(|g| {
+            let adv = g.advantages.get(advantage_mode);
+            let responses: Vec<Value> = g
+                .responses
+                .iter()
+                .enumerate()
+                .map(|(i, resp)| {
+                    let a = adv.and_then(|v| v.get(i)).copied().unwrap_or(f32::NAN);
+                    let logp = g.logp.get(i).cloned().unwrap_or_default();
+                    let old = g.old_logp.get(i).cloned().unwrap_or_default();
+                    let objective: Vec<f32> = logp
+                        .iter()
+                        .zip(&old)
+                        .map(|(&lp, &op)| {
+                            let ratio = (lp - op).exp();
+                            -crate::objective::loss::reference::pg_term(
+                                c.algorithm.loss,
+                                a,
+                                ratio,
+                                ratio,
+                                lp,
+                                lo,
+                                hi,
+                            )
+                            .0
                         })
+                        .collect();
+                    let strings: Vec<String> = resp.iter().map(|&t| token_string(t)).collect();
+                    json!({
+                        "id": format!("step{}_p{}_sample{i}", r.step - 1, g.prompt_index),
+                        "reward": g.rewards.get(i),
+                        "advantage": a,
+                        "response_text": strings.join(" "),
+                        "response_length": resp.len(),
+                        "tokens": {
+                            "ids": resp,
+                            "strings": strings,
+                            "log_probs": logp,
+                            "old_log_probs": old,
+                            "advantages": vec![a; resp.len()],
+                            "token_objective": objective,
+                        },
                     })
-                    .collect();
-                entry["prompts"] = Value::Array(prompts);
-            }
-            entry
+                })
+                .collect();
+            json!({
+                "prompt": g.prompt.iter().map(|&t| token_string(t)).collect::<Vec<_>>().join(" "),
+                "responses": responses,
+            })
         })
-        .collect();
-    json!({ "header": header, "entries": entries })
+        .collect()
 }
 
 fn flatten(

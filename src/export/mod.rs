@@ -338,23 +338,32 @@ for split in ("train", "heldout"):
 
 fn config_file(fw: Framework, plan: &Plan, header: &str) -> String {
     let settings = plan.settings();
-    let note_of = |key: &str| -> String {
-        plan.rows
-            .iter()
-            .find(|r| r.theirs.iter().any(|(k, _)| k == key))
-            .map(|r| r.key.to_string())
-            .or_else(|| {
-                plan.pinned
-                    .iter()
-                    .find(|p| p.key == key)
-                    .map(|_| "pinned".into())
-            })
-            .unwrap_or_default()
-    };
     match fw {
-        Framework::Trl => {
-            let mut out = format!(
-                r#"# {header}
+        Framework::Trl => trl_script(plan, &settings, header),
+        Framework::Verl => verl_script(&settings, header),
+        Framework::OpenRlhf => openrlhf_script(&settings, header),
+    }
+}
+
+/// The grpo-lab key a framework key comes from ("pinned" where none does).
+fn source_of(plan: &Plan, key: &str) -> String {
+    plan.rows
+        .iter()
+        .find(|r| r.theirs.iter().any(|(k, _)| k == key))
+        .map(|r| r.key.to_string())
+        .or_else(|| {
+            plan.pinned
+                .iter()
+                .find(|p| p.key == key)
+                .map(|_| "pinned".into())
+        })
+        .unwrap_or_default()
+}
+
+/// `train_trl.py`: a `GRPOConfig` with every setting, then the trainer.
+fn trl_script(plan: &Plan, settings: &[(String, Val)], header: &str) -> String {
+    let mut out = format!(
+        r#"# {header}
 # Every GRPOConfig key that decides the algorithm is written out; MAPPING.md says where each
 # comes from. Run: python3 train_trl.py  (pip install "trl==1.9.0" datasets)
 # It runs as written on a machine without a GPU too (fp32 there). A first check, on a small
@@ -380,79 +389,85 @@ REPORT_TO = ["tensorboard"] if importlib.util.find_spec("tensorboard") else "non
 
 def load(path):
     with open(os.path.join(HERE, path)) as f:
-        return Dataset.from_list([json.loads(line) for line in f])
+return Dataset.from_list([json.loads(line) for line in f])
 
 
 config = GRPOConfig(
 "#,
-                model = Val::str(plan_model(plan)).python()
-            );
-            for (k, v) in &settings {
-                out.push_str(&format!("    {k}={},  # {}\n", v.python(), note_of(k)));
-            }
-            out.push_str(
-                r#")
+        model = Val::str(plan_model(plan)).python()
+    );
+    for (k, v) in settings {
+        out.push_str(&format!(
+            "    {k}={},  # {}\n",
+            v.python(),
+            source_of(plan, k)
+        ));
+    }
+    out.push_str(
+        r#")
 
 if __name__ == "__main__":
     cli = argparse.ArgumentParser(description="GRPO in TRL, as the grpo-lab run")
     cli.add_argument("--model", default=MODEL, help="a hub name or a local directory")
     cli.add_argument("--max-steps", type=int, default=config.max_steps,
-                     help="stop after this many optimizer steps")
+             help="stop after this many optimizer steps")
     cli.add_argument("--output-dir", default=config.output_dir)
     args = cli.parse_args()
     # As GRPOConfig's own __post_init__ would have taken them.
     config.max_steps, config.output_dir = args.max_steps, os.path.expanduser(args.output_dir)
     assert config.reward_weights == reward.REWARD_WEIGHTS, "reward.py and the config disagree"
     trainer = GRPOTrainer(
-        model=args.model,
-        reward_funcs=reward.REWARD_FUNCS,
-        args=config,
-        train_dataset=load("data/train.jsonl"),
+model=args.model,
+reward_funcs=reward.REWARD_FUNCS,
+args=config,
+train_dataset=load("data/train.jsonl"),
     )
     trainer.train()
 "#,
-            );
-            out
-        }
-        Framework::Verl => {
-            let mut out = format!(
-                "#!/usr/bin/env bash\n# {header}\n# Every main_ppo key that decides the algorithm is written out; MAPPING.md says where each\n# comes from. Run: python3 data/make_parquet.py && bash run_verl.sh  (pip install \"verl==0.7.0\")\nset -euo pipefail\ncd \"$(dirname \"$0\")\"\npython3 -m verl.trainer.main_ppo \\\n"
-            );
-            for (k, v) in &settings {
-                out.push_str(&format!("    {k}={} \\\n", v.hydra()));
-            }
-            out.push_str("    \"$@\"\n");
-            out
-        }
-        Framework::OpenRlhf => {
-            let mut out = format!(
-                "#!/usr/bin/env bash\n# {header}\n# Every train_ppo_ray flag that decides the algorithm is written out; MAPPING.md says where\n# each comes from. store_true flags that are off and flags left at None are listed as\n# comments (argparse cannot take `false` or `None`). Run inside a Ray cluster:\n#   ray start --head && bash run_openrlhf.sh   (pip install \"openrlhf==0.11.0\")\nset -euo pipefail\ncd \"$(dirname \"$0\")\"\n"
-            );
-            let mut off = Vec::new();
-            let mut args = Vec::new();
-            for (k, v) in &settings {
-                match v {
-                    Val::Bool(true) => args.push(format!("--{k}")),
-                    Val::Bool(false) => off.push(format!("#   --{k}  (store_true, off)")),
-                    Val::None => off.push(format!("#   --{k}  (None)")),
-                    v => args.push(format!("--{k} {}", v.cli())),
-                }
-            }
-            if !off.is_empty() {
-                out.push_str("# Written as off:\n");
-                for line in &off {
-                    out.push_str(line);
-                    out.push('\n');
-                }
-            }
-            out.push_str("python3 -m openrlhf.cli.train_ppo_ray \\\n");
-            for a in &args {
-                out.push_str(&format!("    {a} \\\n"));
-            }
-            out.push_str("    \"$@\"\n");
-            out
+    );
+    out
+}
+
+/// `run_verl.sh`: `main_ppo` with every setting as a Hydra override.
+fn verl_script(settings: &[(String, Val)], header: &str) -> String {
+    let mut out = format!(
+        "#!/usr/bin/env bash\n# {header}\n# Every main_ppo key that decides the algorithm is written out; MAPPING.md says where each\n# comes from. Run: python3 data/make_parquet.py && bash run_verl.sh  (pip install \"verl==0.7.0\")\nset -euo pipefail\ncd \"$(dirname \"$0\")\"\npython3 -m verl.trainer.main_ppo \\\n"
+    );
+    for (k, v) in settings {
+        out.push_str(&format!("    {k}={} \\\n", v.hydra()));
+    }
+    out.push_str("    \"$@\"\n");
+    out
+}
+
+/// `run_openrlhf.sh`: `train_ppo_ray` with every setting as a flag (off switches as comments).
+fn openrlhf_script(settings: &[(String, Val)], header: &str) -> String {
+    let mut out = format!(
+        "#!/usr/bin/env bash\n# {header}\n# Every train_ppo_ray flag that decides the algorithm is written out; MAPPING.md says where\n# each comes from. store_true flags that are off and flags left at None are listed as\n# comments (argparse cannot take `false` or `None`). Run inside a Ray cluster:\n#   ray start --head && bash run_openrlhf.sh   (pip install \"openrlhf==0.11.0\")\nset -euo pipefail\ncd \"$(dirname \"$0\")\"\n"
+    );
+    let mut off = Vec::new();
+    let mut args = Vec::new();
+    for (k, v) in settings {
+        match v {
+            Val::Bool(true) => args.push(format!("--{k}")),
+            Val::Bool(false) => off.push(format!("#   --{k}  (store_true, off)")),
+            Val::None => off.push(format!("#   --{k}  (None)")),
+            v => args.push(format!("--{k} {}", v.cli())),
         }
     }
+    if !off.is_empty() {
+        out.push_str("# Written as off:\n");
+        for line in &off {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out.push_str("python3 -m openrlhf.cli.train_ppo_ray \\\n");
+    for a in &args {
+        out.push_str(&format!("    {a} \\\n"));
+    }
+    out.push_str("    \"$@\"\n");
+    out
 }
 
 /// The variables of the TRL script that a setting may name ([`Val::Expr`]): decided where the
@@ -614,6 +629,27 @@ fn mapping_md(c: &RunConfig, fw: Framework, plan: &Plan, opts: &Options) -> Stri
             cell(&r.note)
         ));
     }
+    out.push_str(&not_exact_md(c, fw, plan, opts));
+    out.push_str(&format!(
+        "\n## {} keys grpo-lab has no key for (pinned)\n\n| key | value | why |\n|---|---|---|\n",
+        fw.display()
+    ));
+    for p in &plan.pinned {
+        out.push_str(&format!(
+            "| `{}` | `{}` | {} |\n",
+            p.key,
+            p.val.hydra(),
+            cell(&p.why)
+        ));
+    }
+    out.push_str("\n## Checking the reward\n\n`python3 -m doctest reward.py -v` runs the worked values of GRPO-SPEC §1 and the text-parsing cases (`reward_cases.json`, computed by grpo-lab's own verifiers); `grpo-lab score --reward distance --prompt 3,1,0,2 --response 0,3,1,2` gives the same numbers.\n");
+    out
+}
+
+/// The mapping's "Not exact" section: every approximate or refused key and every pinned key
+/// that differs, with both values.
+fn not_exact_md(c: &RunConfig, fw: Framework, plan: &Plan, opts: &Options) -> String {
+    let mut out = String::new();
     out.push_str("\n## Not exact (both values)\n\n");
     let mut any = false;
     for r in plan
@@ -652,19 +688,6 @@ fn mapping_md(c: &RunConfig, fw: Framework, plan: &Plan, opts: &Options) -> Stri
     if !any {
         out.push_str("- nothing else\n");
     }
-    out.push_str(&format!(
-        "\n## {} keys grpo-lab has no key for (pinned)\n\n| key | value | why |\n|---|---|---|\n",
-        fw.display()
-    ));
-    for p in &plan.pinned {
-        out.push_str(&format!(
-            "| `{}` | `{}` | {} |\n",
-            p.key,
-            p.val.hydra(),
-            cell(&p.why)
-        ));
-    }
-    out.push_str("\n## Checking the reward\n\n`python3 -m doctest reward.py -v` runs the worked values of GRPO-SPEC §1 and the text-parsing cases (`reward_cases.json`, computed by grpo-lab's own verifiers); `grpo-lab score --reward distance --prompt 3,1,0,2 --response 0,3,1,2` gives the same numbers.\n");
     out
 }
 

@@ -255,12 +255,33 @@ const A: &str = "actor_rollout_ref.actor";
 const R: &str = "actor_rollout_ref.rollout";
 
 fn row(x: &Ctx, key: &str) -> Mapped {
+    match key.split('.').next().unwrap_or_default() {
+        "task" => task_row(x, key),
+        "model" => model_row(x, key),
+        "algorithm" => algorithm_row(x, key),
+        "optimizer" => optimizer_row(x, key),
+        "sampling" => sampling_row(x, key),
+        "sft" => sft_row(x, key),
+        "run" => run_row(x, key),
+        _ => unmapped(),
+    }
+}
+
+/// A key with no export rule.
+fn unmapped() -> Mapped {
+    (
+        vec![],
+        Status::Approx,
+        "no export rule for this key yet".into(),
+    )
+}
+
+/// The `task.*` keys.
+fn task_row(x: &Ctx, key: &str) -> Mapped {
     use Framework::*;
     let c = x.c;
-    let a = &c.algorithm;
     let s = &x.s;
     let fw = x.fw;
-    let k = |suffix: &str| format!("{A}.{suffix}");
     let rk = |suffix: &str| format!("{R}.{suffix}");
     match key {
         "task.n" | "task.vocab" | "task.prompts" | "task.train_size" | "task.heldout_size"
@@ -379,6 +400,15 @@ fn row(x: &Ctx, key: &str) -> Mapped {
                 inert(vec![], "carried with task.length_reward")
             }
         }
+        _ => unmapped(),
+    }
+}
+
+/// The `model.*` keys.
+fn model_row(x: &Ctx, key: &str) -> Mapped {
+    use Framework::*;
+    let fw = x.fw;
+    match key {
         k if k.starts_with("model.") => {
             let theirs = match (fw, k) {
                 (Verl, "model.kind") => {
@@ -395,6 +425,20 @@ fn row(x: &Ctx, key: &str) -> Mapped {
                 format!("the policy is the pretrained {}", x.model),
             )
         }
+        _ => unmapped(),
+    }
+}
+
+/// The `algorithm.*` keys.
+fn algorithm_row(x: &Ctx, key: &str) -> Mapped {
+    use Framework::*;
+    let c = x.c;
+    let a = &c.algorithm;
+    let s = &x.s;
+    let fw = x.fw;
+    let k = |suffix: &str| format!("{A}.{suffix}");
+    let rk = |suffix: &str| format!("{R}.{suffix}");
+    match key {
         "algorithm.num_generations" => {
             let theirs = match fw {
                 Trl => vec![kv("num_generations", i(s.g))],
@@ -748,6 +792,17 @@ fn row(x: &Ctx, key: &str) -> Mapped {
                 inert(vec![], "off")
             }
         }
+        _ => unmapped(),
+    }
+}
+
+/// The `optimizer.*` keys.
+fn optimizer_row(x: &Ctx, key: &str) -> Mapped {
+    use Framework::*;
+    let c = x.c;
+    let fw = x.fw;
+    let k = |suffix: &str| format!("{A}.{suffix}");
+    match key {
         "optimizer.lr" => {
             let lr = f(c.optimizer.lr);
             let theirs = match fw {
@@ -811,6 +866,17 @@ fn row(x: &Ctx, key: &str) -> Mapped {
                 }
             }
         }
+        _ => unmapped(),
+    }
+}
+
+/// The `sampling.*` keys.
+fn sampling_row(x: &Ctx, key: &str) -> Mapped {
+    use Framework::*;
+    let c = x.c;
+    let fw = x.fw;
+    let rk = |suffix: &str| format!("{R}.{suffix}");
+    match key {
         "sampling.temperature" => {
             let t = f(c.sampling.temperature);
             let theirs = match fw {
@@ -844,6 +910,14 @@ fn row(x: &Ctx, key: &str) -> Mapped {
             };
             exact(theirs, "")
         }
+        _ => unmapped(),
+    }
+}
+
+/// The `sft.*` keys.
+fn sft_row(x: &Ctx, key: &str) -> Mapped {
+    let c = x.c;
+    match key {
         "sft.steps" => {
             if c.sft.steps == 0 {
                 inert(vec![], "no supervised cold start")
@@ -858,6 +932,18 @@ fn row(x: &Ctx, key: &str) -> Mapped {
             }
         }
         k if k.starts_with("sft.") => inert(vec![], "carried with sft.steps"),
+        _ => unmapped(),
+    }
+}
+
+/// The `run.*` keys.
+fn run_row(x: &Ctx, key: &str) -> Mapped {
+    use Framework::*;
+    let c = x.c;
+    let s = &x.s;
+    let fw = x.fw;
+    let k = |suffix: &str| format!("{A}.{suffix}");
+    match key {
         "run.name" => {
             let n = Val::str(&c.run.name);
             let theirs = match fw {
@@ -982,11 +1068,7 @@ fn row(x: &Ctx, key: &str) -> Mapped {
             Status::Local,
             "grpo-lab's compute choice; the framework's placement is in the pinned keys".into(),
         ),
-        _ => (
-            vec![],
-            Status::Approx,
-            "no export rule for this key yet".into(),
-        ),
+        _ => unmapped(),
     }
 }
 

@@ -58,17 +58,9 @@ const PALETTE: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
-fn draw<DB: DrawingBackend>(
-    root: DrawingArea<DB, plotters::coord::Shift>,
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    series: &[Series],
-) -> Result<(), String>
-where
-    DB::ErrorType: 'static,
-{
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
+/// The x and y ranges of a chart: every finite point and band edge, `[0, 1]` where there is
+/// none, y padded by 5 %.
+fn extent(series: &[Series]) -> ((f64, f64), (f64, f64)) {
     let finite = |v: f64| v.is_finite();
     let xs = series
         .iter()
@@ -99,6 +91,22 @@ where
     }
     let pad = ((y1 - y0).abs() * 0.05).max(1e-6);
     let (y0, y1) = (y0 - pad, y1 + pad);
+    ((x0, x1), (y0, y1))
+}
+
+fn draw<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let finite = |v: f64| v.is_finite();
+    let ((x0, x1), (y0, y1)) = extent(series);
     let font = |size| (FONT_NAME, size).into_font();
     let mut chart = ChartBuilder::on(&root)
         .caption(title, font(22))

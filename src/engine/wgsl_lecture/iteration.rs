@@ -13,39 +13,15 @@ impl WgslLectureEngine {
         verify: Option<([f32; 3], bool)>,
     ) -> Result<Rollout, EngineError> {
         let (b, g, n, v) = (req.prompts.len(), req.g, self.n, self.vocab);
-        if let Some(p) = req.prompts.iter().find(|p| p.len() != n) {
-            return Err(kerr(
-                "prompts",
-                format!("a prompt of {} tokens; this model reads {n}", p.len()),
-            ));
-        }
         let t = req.params.temperature;
-        if !(t.is_finite() && t > 0.0) {
-            return Err(kerr("temperature", format!("{t}: must be > 0")));
-        }
-        let prompts: Vec<u32> = req.prompts.iter().flat_map(|p| p.iter().copied()).collect();
-        self.check_tokens(&prompts, "prompts")?;
+        let prompts = self.rollout_prompts(req)?;
         self.plan(b, g)?;
         let plan = self.plan.take().expect("planned");
         let l = plan.layout;
         let mut dp = std::mem::take(&mut self.dev_prompts);
         self.sync_ints(&plan, &mut dp, &prompts, l.i_prompts);
         self.dev_prompts = dp;
-        let sp = req.params;
-        let words: Vec<u32> = vec![
-            b as u32,
-            g as u32,
-            n as u32,
-            v as u32,
-            (1.0 / sp.temperature).to_bits(),
-            sp.top_k as u32,
-            sp.top_p.to_bits(),
-            req.stream,
-            req.seed as u32,
-            (req.seed >> 32) as u32,
-            0,
-            0,
-        ];
+        let words = sample_words(req, [b, g, n, v]);
         self.ctx
             .queue
             .write_buffer(&plan.sample_params, 0, &u32_bytes(&words));
@@ -99,19 +75,7 @@ impl WgslLectureEngine {
         );
         rec.step(p, "argmax", base, rows);
         // π_ref on the same tokens.
-        let w_ref = self.params;
-        self.record_forward(&mut rec, &base, w_ref);
-        let p = &self.programs;
-        rec.step(p, "row_stats", base, rows);
-        rec.step(
-            p,
-            "gather_logp",
-            StepParams {
-                out_off: l.rf as u32,
-                ..base
-            },
-            tokens,
-        );
+        self.record_logp_of(&mut rec, &base, self.params, l.rf, [rows, tokens]);
         let mut reads = vec![
             (Reads::Ints, l.i_tokens, tokens),
             (Reads::Ints, l.i_greedy, rows),
@@ -120,31 +84,12 @@ impl WgslLectureEngine {
         ];
         // Verify (sort_reward.wgsl) and every advantage mode (advantage.wgsl) on the sampled
         // tokens, in a command buffer of the same submission.
-        let mut advantages = None;
-        if let Some((weights, with_adv)) = verify {
-            let k = &self.verify;
-            let mut enc = k.encoder();
-            let lengths = vec![n as u32; b * g];
-            let (parts, rewards) = k.encode_score(
-                &mut enc,
-                &prompts,
-                &sample_tokens,
-                &lengths,
-                (b, g, n, n),
-                weights,
-            )?;
-            rec.dispatches += 1;
-            reads.push((Reads::Buffer(parts), 0, 4 * b * g));
-            reads.push((Reads::Buffer(rewards.clone()), 0, b * g));
-            if with_adv {
-                let [_, _, zero, adv] = k.encode_advantages(&mut enc, &rewards, b, g)?;
-                rec.dispatches += 2;
-                reads.push((Reads::Buffer(zero), 0, b));
-                reads.push((Reads::Buffer(adv.clone()), 0, 6 * b * g));
-                advantages = Some(adv);
+        let advantages = match verify {
+            Some(v) => {
+                self.record_verify(&mut rec, &mut reads, &prompts, &sample_tokens, [b, g], v)?
             }
-            rec.ops.push(Op::Commands(enc.finish()));
-        }
+            None => None,
+        };
         self.rollout_dispatches = rec.dispatches;
         Ok(Rollout {
             rec,
@@ -155,6 +100,87 @@ impl WgslLectureEngine {
             advantages,
             temperature: t,
         })
+    }
+
+    /// The forward pass of the weights at `w` (0: the policy; `self.params`: the reference),
+    /// its row statistics and `log π` of the sampled tokens into `out`.
+    fn record_logp_of(
+        &self,
+        rec: &mut Recorder,
+        base: &StepParams,
+        w: usize,
+        out: usize,
+        [rows, tokens]: [usize; 2],
+    ) {
+        self.record_forward(rec, base, w);
+        let p = &self.programs;
+        rec.step(p, "row_stats", *base, rows);
+        rec.step(
+            p,
+            "gather_logp",
+            StepParams {
+                out_off: out as u32,
+                ..*base
+            },
+            tokens,
+        );
+    }
+
+    /// The prompts of a rollout request, flat, once checked: each of `n` tokens, all in the
+    /// vocabulary, and a temperature > 0.
+    fn rollout_prompts(&self, req: &SampleRequest) -> Result<Vec<u32>, EngineError> {
+        let n = self.n;
+        if let Some(p) = req.prompts.iter().find(|p| p.len() != n) {
+            return Err(kerr(
+                "prompts",
+                format!("a prompt of {} tokens; this model reads {n}", p.len()),
+            ));
+        }
+        let t = req.params.temperature;
+        if !(t.is_finite() && t > 0.0) {
+            return Err(kerr("temperature", format!("{t}: must be > 0")));
+        }
+        let prompts: Vec<u32> = req.prompts.iter().flat_map(|p| p.iter().copied()).collect();
+        self.check_tokens(&prompts, "prompts")?;
+        Ok(prompts)
+    }
+
+    /// Records the verifier and (`with_adv`) every advantage mode on the sampled tokens, with
+    /// their read-backs; returns the advantages' buffer.
+    fn record_verify(
+        &self,
+        rec: &mut Recorder,
+        reads: &mut Vec<(Reads, usize, usize)>,
+        prompts: &[u32],
+        sample_tokens: &wgpu::Buffer,
+        [b, g]: [usize; 2],
+        (weights, with_adv): ([f32; 3], bool),
+    ) -> Result<Option<wgpu::Buffer>, EngineError> {
+        let n = self.n;
+        let mut advantages = None;
+        let k = &self.verify;
+        let mut enc = k.encoder();
+        let lengths = vec![n as u32; b * g];
+        let (parts, rewards) = k.encode_score(
+            &mut enc,
+            prompts,
+            sample_tokens,
+            &lengths,
+            (b, g, n, n),
+            weights,
+        )?;
+        rec.dispatches += 1;
+        reads.push((Reads::Buffer(parts), 0, 4 * b * g));
+        reads.push((Reads::Buffer(rewards.clone()), 0, b * g));
+        if with_adv {
+            let [_, _, zero, adv] = k.encode_advantages(&mut enc, &rewards, b, g)?;
+            rec.dispatches += 2;
+            reads.push((Reads::Buffer(zero), 0, b));
+            reads.push((Reads::Buffer(adv.clone()), 0, 6 * b * g));
+            advantages = Some(adv);
+        }
+        rec.ops.push(Op::Commands(enc.finish()));
+        Ok(advantages)
     }
 
     /// The samples from a rollout's read-backs (the first ones of `out`, in
@@ -287,4 +313,23 @@ impl WgslLectureEngine {
             steps,
         }
     }
+}
+
+/// `sample.wgsl`'s parameters for a rollout of `[b, g, n, v]`.
+fn sample_words(req: &SampleRequest, [b, g, n, v]: [usize; 4]) -> Vec<u32> {
+    let sp = req.params;
+    vec![
+        b as u32,
+        g as u32,
+        n as u32,
+        v as u32,
+        (1.0 / sp.temperature).to_bits(),
+        sp.top_k as u32,
+        sp.top_p.to_bits(),
+        req.stream,
+        req.seed as u32,
+        (req.seed >> 32) as u32,
+        0,
+        0,
+    ]
 }

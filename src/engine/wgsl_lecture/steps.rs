@@ -188,7 +188,6 @@ impl WgslLectureEngine {
     pub(super) fn record_step(&self, rec: &mut Recorder, base: &StepParams, l: &Layout, b: usize) {
         let (v, n, d) = (self.vocab, self.n, self.d);
         let rows = b * n;
-        let (vd, ndd) = (v * d, n * d * d);
         let u = |x: usize| x as u32;
         let base = *base;
         self.record_forward(rec, &base, 0);
@@ -226,6 +225,18 @@ impl WgslLectureEngine {
         );
         // enc[b] = Σ_p T_p[x_bp]: dT_p = onehot(x_p)ᵀ · d_enc, as a race-free scatter.
         rec.step(p, "scatter_dt", base, n * d);
+        self.record_weight_grads(rec, l);
+        let p = &self.programs;
+        rec.reduce(p, base, l.stats, rows, CHANNELS, 0, false);
+        rec.reduce(p, base, l.grad, self.params, 1, 6, true);
+        rec.step(p, "adam", base, self.params.div_ceil(4));
+    }
+    /// The weights' gradients from dM (`l.dm`) and dT (`l.dt`), into `l.grad`.
+    fn record_weight_grads(&self, rec: &mut Recorder, l: &Layout) {
+        let (v, n, d) = (self.vocab, self.n, self.d);
+        let (vd, ndd) = (v * d, n * d * d);
+        let u = |x: usize| x as u32;
+        let p = &self.programs;
         // M_p = decode_p · Eᵀ: ∂decode_p = dM_p · E, ∂E = Σ_p dM_pᵀ · decode_p.
         rec.matmul(
             p,
@@ -286,8 +297,5 @@ impl WgslLectureEngine {
                 reduce: true,
             },
         );
-        rec.reduce(p, base, l.stats, rows, CHANNELS, 0, false);
-        rec.reduce(p, base, l.grad, self.params, 1, 6, true);
-        rec.step(p, "adam", base, self.params.div_ceil(4));
     }
 }

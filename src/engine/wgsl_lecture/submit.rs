@@ -57,68 +57,7 @@ impl WgslLectureEngine {
         if std::env::var_os("GRPO_WGSL_PROFILE").is_some() {
             self.profile(&ops, slots);
         }
-        let new_encoder = || {
-            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("wgsl_lecture"),
-            })
-        };
-        // Command buffers of one submission, in order: the recorded ops, broken where commands
-        // encoded elsewhere come in.
-        let mut buffers = Vec::new();
-        let mut encoder = new_encoder();
-        let mut ops = ops.into_iter().peekable();
-        while let Some(op) = ops.next() {
-            match op {
-                Op::Copy {
-                    src,
-                    src_off,
-                    dst,
-                    dst_off,
-                    bytes,
-                } => {
-                    if bytes > 0 {
-                        encoder.copy_buffer_to_buffer(&src, src_off, &dst, dst_off, bytes);
-                    }
-                }
-                Op::Commands(commands) => {
-                    buffers.push(std::mem::replace(&mut encoder, new_encoder()).finish());
-                    buffers.push(commands);
-                }
-                first => {
-                    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                        label: Some("wgsl_lecture"),
-                        timestamp_writes: None,
-                    });
-                    // One pass for each run of dispatches.
-                    let mut op = first;
-                    loop {
-                        match op {
-                            Op::Step {
-                                pipeline,
-                                slot,
-                                grid,
-                                ..
-                            } => {
-                                pass.set_pipeline(&pipeline);
-                                pass.set_bind_group(0, &plan.group, &[slot * SLOT as u32]);
-                                pass.dispatch_workgroups(grid.0, grid.1, grid.2);
-                            }
-                            Op::Sample { pipeline, grid } => {
-                                pass.set_pipeline(&pipeline);
-                                pass.set_bind_group(0, &plan.sample_group, &[]);
-                                pass.dispatch_workgroups(grid.0, grid.1, grid.2);
-                            }
-                            // Not dispatches: `next_if` below never hands them here.
-                            Op::Copy { .. } | Op::Commands(_) => {}
-                        }
-                        match ops.next_if(|o| matches!(o, Op::Step { .. } | Op::Sample { .. })) {
-                            Some(next) => op = next,
-                            None => break,
-                        }
-                    }
-                }
-            }
-        }
+        let (mut buffers, mut encoder) = encode_ops(device, plan, ops);
         let total: u64 = reads.iter().map(|r| (r.2 * 4) as u64).sum();
         let staging = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wgsl_lecture.staging"),
@@ -376,4 +315,75 @@ impl Staged {
         self.staging.unmap();
         Ok(out)
     }
+}
+
+/// The command buffers of one submission, in order: the recorded ops, broken where commands
+/// encoded elsewhere come in, and one compute pass for each run of dispatches. Returns them
+/// with the encoder still open (the read-backs go last).
+fn encode_ops(
+    device: &wgpu::Device,
+    plan: &Plan,
+    ops: Vec<Op>,
+) -> (Vec<wgpu::CommandBuffer>, wgpu::CommandEncoder) {
+    let new_encoder = || {
+        device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("wgsl_lecture"),
+        })
+    };
+    let mut buffers = Vec::new();
+    let mut encoder = new_encoder();
+    let mut ops = ops.into_iter().peekable();
+    while let Some(op) = ops.next() {
+        match op {
+            Op::Copy {
+                src,
+                src_off,
+                dst,
+                dst_off,
+                bytes,
+            } => {
+                if bytes > 0 {
+                    encoder.copy_buffer_to_buffer(&src, src_off, &dst, dst_off, bytes);
+                }
+            }
+            Op::Commands(commands) => {
+                buffers.push(std::mem::replace(&mut encoder, new_encoder()).finish());
+                buffers.push(commands);
+            }
+            first => {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("wgsl_lecture"),
+                    timestamp_writes: None,
+                });
+                // One pass for each run of dispatches.
+                let mut op = first;
+                loop {
+                    match op {
+                        Op::Step {
+                            pipeline,
+                            slot,
+                            grid,
+                            ..
+                        } => {
+                            pass.set_pipeline(&pipeline);
+                            pass.set_bind_group(0, &plan.group, &[slot * SLOT as u32]);
+                            pass.dispatch_workgroups(grid.0, grid.1, grid.2);
+                        }
+                        Op::Sample { pipeline, grid } => {
+                            pass.set_pipeline(&pipeline);
+                            pass.set_bind_group(0, &plan.sample_group, &[]);
+                            pass.dispatch_workgroups(grid.0, grid.1, grid.2);
+                        }
+                        // Not dispatches: `next_if` below never hands them here.
+                        Op::Copy { .. } | Op::Commands(_) => {}
+                    }
+                    match ops.next_if(|o| matches!(o, Op::Step { .. } | Op::Sample { .. })) {
+                        Some(next) => op = next,
+                        None => break,
+                    }
+                }
+            }
+        }
+    }
+    (buffers, encoder)
 }
