@@ -43,3 +43,9 @@ fn kl_term(estimator: u32, l: f32, rf: f32, beta: f32) -> vec2<f32> {
     let e = exp(delta);
     return vec2<f32>(e - delta - 1.0, beta * (1.0 - e));
 }
+
+// Whether the clip is active on a token, low and high, as 0/1: the ratio below lo with a < 0,
+// or above hi with a > 0 (reference: objective::loss::reference::clip_flags).
+fn clip_flags(ratio: f32, a: f32, lo: f32, hi: f32) -> vec2<f32> {
+    return vec2<f32>(select(0.0, 1.0, ratio < lo && a < 0.0), select(0.0, 1.0, ratio > hi && a > 0.0));
+}

@@ -75,24 +75,30 @@ fn gather_enc(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     if (j0 + 3u < lp.d) { work[out + 3u] = acc.w; }
 }
 
-@compute @workgroup_size(64)
-fn row_stats(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let r = flat_index(gid, nwg);
-    if (r >= lp.rows) { return; }
-    let base = lp.logits_off + r * lp.v;
+// (log Z, H) of the row of logits at `base`, at temperature 1/inv_t: a max-shifted sum; terms
+// with e^{z−m} = 0 skipped (reference: wgsl_lecture::reference::row_logz_entropy).
+fn row_logz_entropy(base: u32) -> vec2<f32> {
     var m = F32_LOWEST;
     for (var u = 0u; u < lp.v; u++) { m = max(m, work[base + u] * lp.inv_t); }
     var total = 0.0;
     for (var u = 0u; u < lp.v; u++) { total += exp(work[base + u] * lp.inv_t - m); }
     let lz = m + log(total);
-    work[lp.logz_off + r] = lz;
     var h = 0.0;
     for (var u = 0u; u < lp.v; u++) {
         let z = work[base + u] * lp.inv_t;
         let e = exp(z - m);
         if (e > 0.0) { h -= e / total * (z - lz); }
     }
-    work[lp.ent_off + r] = h;
+    return vec2<f32>(lz, h);
+}
+
+@compute @workgroup_size(64)
+fn row_stats(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = flat_index(gid, nwg);
+    if (r >= lp.rows) { return; }
+    let stats = row_logz_entropy(lp.logits_off + r * lp.v);
+    work[lp.logz_off + r] = stats.x;
+    work[lp.ent_off + r] = stats.y;
 }
 
 fn token_logp(i: u32) -> f32 {
@@ -118,17 +124,9 @@ fn row_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let r = flat_index(gid, nwg);
     if (r >= lp.rows) { return; }
     let base = lp.logits_off + r * lp.v;
-    var m = F32_LOWEST;
-    for (var u = 0u; u < lp.v; u++) { m = max(m, work[base + u] * lp.inv_t); }
-    var total = 0.0;
-    for (var u = 0u; u < lp.v; u++) { total += exp(work[base + u] * lp.inv_t - m); }
-    let lz = m + log(total);
-    var h = 0.0;
-    for (var u = 0u; u < lp.v; u++) {
-        let z = work[base + u] * lp.inv_t;
-        let e = exp(z - m);
-        if (e > 0.0) { h -= e / total * (z - lz); }
-    }
+    let stats = row_logz_entropy(base);
+    let lz = stats.x;
+    let h = stats.y;
     let bi = r / lp.n;
     let pos = r % lp.n;
     var beta = 0.0;
@@ -152,8 +150,9 @@ fn row_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
         s_term += pg.x;
         s_kl += kl.x;
         s_ratio += ratio;
-        s_low += select(0.0, 1.0, ratio < lp.lo && a < 0.0);
-        s_high += select(0.0, 1.0, ratio > lp.hi && a > 0.0);
+        let flags = clip_flags(ratio, a, lp.lo, lp.hi);
+        s_low += flags.x;
+        s_high += flags.y;
     }
     let s = lp.stats_off;
     let rows = lp.rows;

@@ -569,8 +569,7 @@ impl FusedLecture {
             Some(&mut sc.probs),
         );
         self.gather_logp(prompts.len(), responses, &sc.z, &sc.logz, &mut sc.logp);
-        // The objective over every token (all responses have n tokens: the mask is all ones)
-        // and its ∂L/∂log π, then ·1/T for ∂/∂z.
+        // The objective over every token (all responses have n tokens: the mask is all ones).
         let tokens = b * g * n;
         if sc.ones.len() != tokens {
             sc.ones = vec![1.0; tokens];
@@ -585,9 +584,12 @@ impl FusedLecture {
             t: n,
         };
         loss::evaluate(s, &inputs, &mut sc.terms);
+        // ∂L/∂z = ∂L/∂log π · 1/T: `dlogp`'s terms with 1/T folded into each weight first (the
+        // order the lecture's tables were measured in; equal to `dlogp·inv_t` at T = 1).
         let coef = zeroed(&mut sc.coef, tokens);
-        for (c, &d) in coef.iter_mut().zip(&sc.terms.dlogp) {
-            *c = d * inv_t;
+        let t = &sc.terms;
+        for (((c, &dt), &dk), &w) in coef.iter_mut().zip(&t.dterm).zip(&t.dkl).zip(&t.weight) {
+            *c = (dt + dk) * (w * inv_t);
         }
         // d logπ / d logits = (onehot − softmax) / T: the one-hot part per token, the softmax
         // part once per row with the summed coefficient.

@@ -385,6 +385,55 @@ fn layer_norm_backward(
     }
 }
 
+/// The backward of `y = x·W` (`x [rows, k]`, `W [k, m]` at `w[at..]`): `∂W = xᵀ·dy` into
+/// `grad[at..]` (overwritten: each weight is used once), `dx = dy·Wᵀ` into `dx`.
+#[inline(always)]
+fn linear_backward(
+    w: &[f32],
+    grad: &mut [f32],
+    at: usize,
+    x: &[f32],
+    dy: &[f32],
+    (rows, k, m): (usize, usize, usize),
+    dx: &mut Vec<f32>,
+) {
+    product_into(
+        &mut grad[at..],
+        m,
+        View::rows(x, k).t(),
+        View::rows(dy, m),
+        (k, rows, m),
+        false,
+    );
+    let dx = sized(dx, rows * k);
+    product_into(
+        dx,
+        k,
+        View::rows(dy, m),
+        View::rows(&w[at..][..k * m], m).t(),
+        (rows, m, k),
+        false,
+    );
+}
+
+/// The backward of a LayerNorm whose gain sits at `w[at..]` and bias right after it: `∂g`, `∂b`
+/// into `grad`, `dx +=`. `saved`: its `x̂` and `1/σ` from the forward.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn ln_backward(
+    w: &[f32],
+    grad: &mut [f32],
+    at: usize,
+    d: usize,
+    dy: &[f32],
+    (xhat, rstd): (&[f32], &[f32]),
+    dx: &mut [f32],
+    tmp: &mut Vec<f32>,
+) {
+    let (g, rest) = grad[at..].split_at_mut(d);
+    layer_norm_backward(dy, xhat, rstd, &w[at..][..d], d, g, &mut rest[..d], dx, tmp);
+}
+
 /// `Φ(x)`, the standard normal CDF, as `erfc(−x/√2)/2` with Numerical Recipes' `erfc`
 /// (fractional error < 1.2e-7 everywhere) and `exp_fast`: branch-free, so loops over it
 /// vectorize (libm's `erff`, which burn's CPU backend calls, does not, and costs as much as
@@ -871,38 +920,11 @@ impl FusedTransformer {
         let sel = geo.sel();
         let grad = zeroed(&mut sc.grad, lay.total);
         // logits = af · head
-        product_into(
-            &mut grad[lay.head..],
-            v,
-            View::rows(&sc.af, d).t(),
-            View::rows(&sc.dlogits, v),
-            (d, sel, v),
-            false,
-        );
-        let daf = sized(&mut sc.da, sel * d);
-        product_into(
-            daf,
-            d,
-            View::rows(&sc.dlogits, v),
-            View::rows(&w[lay.head..][..d * v], v).t(),
-            (sel, v, d),
-            false,
-        );
+        let head = (sel, d, v);
+        linear_backward(w, grad, lay.head, &sc.af, &sc.dlogits, head, &mut sc.da);
         let dsel = zeroed(&mut sc.dsel, sel * d);
-        {
-            let (gf, rest) = grad[lay.lnf_g..].split_at_mut(d);
-            layer_norm_backward(
-                &sc.da,
-                &sc.xhatf,
-                &sc.rstdf,
-                &w[lay.lnf_g..][..d],
-                d,
-                gf,
-                &mut rest[..d],
-                dsel,
-                &mut sc.tmp,
-            );
-        }
+        let lnf = (&sc.xhatf[..], &sc.rstdf[..]);
+        ln_backward(w, grad, lay.lnf_g, d, &sc.da, lnf, dsel, &mut sc.tmp);
         let dx = zeroed(&mut sc.dx, rows * d);
         for (k, _, ri, i) in geo.selected() {
             let to = geo.predictor(ri, i) * d;
@@ -913,75 +935,23 @@ impl FusedTransformer {
         for (bl, acts) in lay.blocks.iter().zip(sc.blocks.iter()).rev() {
             // MLP: x += gelu(a2·W1 + b1)·W2 + b2
             bias_grad(&sc.dx, &mut grad[bl.b2..][..d]);
-            product_into(
-                &mut grad[bl.w2..],
-                d,
-                View::rows(&acts.hact, f).t(),
-                View::rows(&sc.dx, d),
-                (f, rows, d),
-                false,
-            );
-            let dhid = sized(&mut sc.dh, rows * f);
-            product_into(
-                dhid,
-                f,
-                View::rows(&sc.dx, d),
-                View::rows(&w[bl.w2..][..f * d], d).t(),
-                (rows, d, f),
-                false,
-            );
-            for ((dv, &xv), &p) in dhid.iter_mut().zip(&acts.hpre).zip(&acts.cdf) {
+            linear_backward(w, grad, bl.w2, &acts.hact, &sc.dx, (rows, f, d), &mut sc.dh);
+            for ((dv, &xv), &p) in sc.dh.iter_mut().zip(&acts.hpre).zip(&acts.cdf) {
                 *dv *= gelu_grad_from(xv, p);
             }
             bias_grad(&sc.dh, &mut grad[bl.b1..][..f]);
-            product_into(
-                &mut grad[bl.w1..],
-                f,
-                View::rows(&acts.a2, d).t(),
-                View::rows(&sc.dh, f),
-                (d, rows, f),
-                false,
-            );
-            let da2 = sized(&mut sc.da, rows * d);
-            product_into(
-                da2,
-                d,
-                View::rows(&sc.dh, f),
-                View::rows(&w[bl.w1..][..d * f], f).t(),
-                (rows, f, d),
-                false,
-            );
-            {
-                let (g2, rest) = grad[bl.ln2_g..].split_at_mut(d);
-                layer_norm_backward(
-                    &sc.da,
-                    &acts.xhat2,
-                    &acts.rstd2,
-                    &w[bl.ln2_g..][..d],
-                    d,
-                    g2,
-                    &mut rest[..d],
-                    &mut sc.dx,
-                    &mut sc.tmp,
-                );
-            }
+            linear_backward(w, grad, bl.w1, &acts.a2, &sc.dh, (rows, d, f), &mut sc.da);
+            let ln2 = (&acts.xhat2[..], &acts.rstd2[..]);
+            ln_backward(w, grad, bl.ln2_g, d, &sc.da, ln2, &mut sc.dx, &mut sc.tmp);
             // Attention: x += ctx·Wo
-            product_into(
-                &mut grad[bl.wo..],
-                d,
-                View::rows(&acts.ctx, d).t(),
-                View::rows(&sc.dx, d),
-                (d, rows, d),
-                false,
-            );
-            let dctx = sized(&mut sc.dctx, rows * d);
-            product_into(
-                dctx,
-                d,
-                View::rows(&sc.dx, d),
-                View::rows(&w[bl.wo..][..d * d], d).t(),
+            linear_backward(
+                w,
+                grad,
+                bl.wo,
+                &acts.ctx,
+                &sc.dx,
                 (rows, d, d),
-                false,
+                &mut sc.dctx,
             );
             let dqkv = zeroed(&mut sc.dqkv, rows * 3 * d);
             let qkv = &acts.qkv;
@@ -1031,37 +1001,10 @@ impl FusedTransformer {
                     }
                 }
             }
-            product_into(
-                &mut grad[bl.wqkv..],
-                3 * d,
-                View::rows(&acts.a1, d).t(),
-                View::rows(&sc.dqkv, 3 * d),
-                (d, rows, 3 * d),
-                false,
-            );
-            let da1 = sized(&mut sc.da, rows * d);
-            product_into(
-                da1,
-                d,
-                View::rows(&sc.dqkv, 3 * d),
-                View::rows(&w[bl.wqkv..][..d * 3 * d], 3 * d).t(),
-                (rows, 3 * d, d),
-                false,
-            );
-            {
-                let (g1, rest) = grad[bl.ln1_g..].split_at_mut(d);
-                layer_norm_backward(
-                    &sc.da,
-                    &acts.xhat1,
-                    &acts.rstd1,
-                    &w[bl.ln1_g..][..d],
-                    d,
-                    g1,
-                    &mut rest[..d],
-                    &mut sc.dx,
-                    &mut sc.tmp,
-                );
-            }
+            let qkv_shape = (rows, d, 3 * d);
+            linear_backward(w, grad, bl.wqkv, &acts.a1, &sc.dqkv, qkv_shape, &mut sc.da);
+            let ln1 = (&acts.xhat1[..], &acts.rstd1[..]);
+            ln_backward(w, grad, bl.ln1_g, d, &sc.da, ln1, &mut sc.dx, &mut sc.tmp);
         }
         // x = tok_emb[token] + pos_emb[position]
         for (q, (dr, &tok)) in sc.dx.chunks_exact(d).zip(&sc.tokens).enumerate() {

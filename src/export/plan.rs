@@ -267,6 +267,89 @@ fn row(x: &Ctx, key: &str) -> Mapped {
     }
 }
 
+/// `run.iterations`: each framework counts the run's length in its own unit.
+fn run_iterations(x: &Ctx) -> Mapped {
+    use Framework::*;
+    let (s, fw) = (&x.s, x.fw);
+    let (it, mu) = (s.iterations, s.mu);
+    match fw {
+        Trl => exact(
+            vec![
+                kv("max_steps", i(it * mu)),
+                kv("num_train_epochs", f(s.epochs() as f64)),
+            ],
+            format!(
+                "TRL counts optimizer steps: max_steps = iterations·μ = {it}·{mu} = {}",
+                it * mu
+            ),
+        ),
+        Verl => exact(
+            vec![
+                kv("trainer.total_training_steps", i(it)),
+                kv("trainer.total_epochs", i(s.epochs())),
+            ],
+            format!(
+                "verl counts iterations (one rollout each): total_training_steps = {it}; total_epochs = ⌈{it}·B/P⌉ = {} only bounds it",
+                s.epochs()
+            ),
+        ),
+        OpenRlhf => {
+            let per_episode = s.p.div_ceil(s.b.max(1));
+            let note = format!(
+                "OpenRLHF counts passes: num_episodes = ⌈iterations·B/P⌉ = ⌈{it}·{}/{}⌉ = {} ({} iterations each)",
+                s.b,
+                s.p,
+                s.epochs(),
+                per_episode
+            );
+            if (it * s.b).is_multiple_of(s.p.max(1)) {
+                exact(vec![kv("train.num_episodes", i(s.epochs()))], note)
+            } else {
+                approx(
+                    vec![kv("train.num_episodes", i(s.epochs()))],
+                    format!(
+                        "{note}: {} iterations instead of {it}",
+                        s.epochs() * per_episode
+                    ),
+                )
+            }
+        }
+    }
+}
+
+/// `task.length_reward`: where a framework has the same shaping, and where not.
+fn length_reward(x: &Ctx) -> Mapped {
+    use Framework::*;
+    let (c, fw) = (x.c, x.fw);
+    match c.task.length_reward {
+        LengthReward::None => inert(vec![], "off"),
+        LengthReward::Kimi => refused(
+            "Kimi k1.5's group-relative length reward has no key in any of the three frameworks",
+        ),
+        LengthReward::Overlong => match fw {
+            OpenRlhf => approx(
+                vec![
+                    kv(
+                        "reward.overlong_buffer_len",
+                        f((4 * c.task.overlong_buffer) as f64),
+                    ),
+                    kv(
+                        "reward.overlong_penalty_factor",
+                        f(c.task.length_reward_weight),
+                    ),
+                ],
+                "DAPO's soft overlong punishment over the last 4·overlong_buffer LLM tokens",
+            ),
+            Trl => refused(
+                "TRL v1.9.0 has no overlong punishment (mask_truncated_completions only drops truncated answers from the loss)",
+            ),
+            Verl => refused(
+                "verl's main_ppo has no overlong punishment (reward_model.overlong_buffer lives in the DAPO recipe, not in ppo_trainer.yaml)",
+            ),
+        },
+    }
+}
+
 /// A key with no export rule.
 fn unmapped() -> Mapped {
     (
@@ -366,33 +449,7 @@ fn task_row(x: &Ctx, key: &str) -> Mapped {
                 )
             }
         }
-        "task.length_reward" => match c.task.length_reward {
-            LengthReward::None => inert(vec![], "off"),
-            LengthReward::Kimi => refused(
-                "Kimi k1.5's group-relative length reward has no key in any of the three frameworks",
-            ),
-            LengthReward::Overlong => match fw {
-                OpenRlhf => approx(
-                    vec![
-                        kv(
-                            "reward.overlong_buffer_len",
-                            f((4 * c.task.overlong_buffer) as f64),
-                        ),
-                        kv(
-                            "reward.overlong_penalty_factor",
-                            f(c.task.length_reward_weight),
-                        ),
-                    ],
-                    "DAPO's soft overlong punishment over the last 4·overlong_buffer LLM tokens",
-                ),
-                Trl => refused(
-                    "TRL v1.9.0 has no overlong punishment (mask_truncated_completions only drops truncated answers from the loss)",
-                ),
-                Verl => refused(
-                    "verl's main_ppo has no overlong punishment (reward_model.overlong_buffer lives in the DAPO recipe, not in ppo_trainer.yaml)",
-                ),
-            },
-        },
+        "task.length_reward" => length_reward(x),
         "task.length_reward_weight" | "task.overlong_buffer" => {
             if c.task.length_reward == LengthReward::None {
                 inert(vec![], "task.length_reward = none")
@@ -984,52 +1041,7 @@ fn run_row(x: &Ctx, key: &str) -> Mapped {
                 "the seed is carried; the frameworks' random draws differ from grpo-lab's",
             )
         }
-        "run.iterations" => {
-            let (it, mu) = (s.iterations, s.mu);
-            match fw {
-                Trl => exact(
-                    vec![
-                        kv("max_steps", i(it * mu)),
-                        kv("num_train_epochs", f(s.epochs() as f64)),
-                    ],
-                    format!(
-                        "TRL counts optimizer steps: max_steps = iterations·μ = {it}·{mu} = {}",
-                        it * mu
-                    ),
-                ),
-                Verl => exact(
-                    vec![
-                        kv("trainer.total_training_steps", i(it)),
-                        kv("trainer.total_epochs", i(s.epochs())),
-                    ],
-                    format!(
-                        "verl counts iterations (one rollout each): total_training_steps = {it}; total_epochs = ⌈{it}·B/P⌉ = {} only bounds it",
-                        s.epochs()
-                    ),
-                ),
-                OpenRlhf => {
-                    let per_episode = s.p.div_ceil(s.b.max(1));
-                    let note = format!(
-                        "OpenRLHF counts passes: num_episodes = ⌈iterations·B/P⌉ = ⌈{it}·{}/{}⌉ = {} ({} iterations each)",
-                        s.b,
-                        s.p,
-                        s.epochs(),
-                        per_episode
-                    );
-                    if (it * s.b).is_multiple_of(s.p.max(1)) {
-                        exact(vec![kv("train.num_episodes", i(s.epochs()))], note)
-                    } else {
-                        approx(
-                            vec![kv("train.num_episodes", i(s.epochs()))],
-                            format!(
-                                "{note}: {} iterations instead of {it}",
-                                s.epochs() * per_episode
-                            ),
-                        )
-                    }
-                }
-            }
-        }
+        "run.iterations" => run_iterations(x),
         "run.checkpoint_every" => {
             let every = if c.run.checkpoint_every == 0 {
                 s.iterations

@@ -538,7 +538,7 @@ mod tests {
         let _ = LossAggMode::TokenMean;
     }
     /// A ragged batch (R = 3, T = 4) whose padding holds junk.
-    fn ragged(seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    fn ragged(seed: u64) -> [Vec<f32>; 6] {
         let mut rng = crate::rng::SplitMix64::new(seed);
         let mut u = |lo: f32, hi: f32| lo + (hi - lo) * rng.next_f64() as f32;
         let lens = [4usize, 2, 3];
@@ -558,7 +558,7 @@ mod tests {
         let ent = draw(0.1, 1.5);
         let mut u2 = |lo: f32, hi: f32| lo + (hi - lo) * 0.37;
         let (old, refl) = (junk(old, &mut u2), junk(refl, &mut u2));
-        (logp, old, refl, ent, mask, vec![1.3, -0.7, 0.4])
+        [logp, old, refl, ent, mask, vec![1.3, -0.7, 0.4]]
     }
 
     /// `evaluate`'s coefficients are the derivatives of its own loss, by central differences,
@@ -566,7 +566,7 @@ mod tests {
     /// the entropy bonus, on a ragged batch whose padding holds junk (padding gets 0).
     #[test]
     fn evaluate_coefficients_are_the_loss_derivatives() {
-        let (logp, old, refl, ent, mask, adv) = ragged(5);
+        let [logp, old, refl, ent, mask, adv] = ragged(5);
         let h = 1e-3f32;
         let mut cases = 0;
         for mode in [LossMode::Naive, LossMode::Unclipped, LossMode::Clipped] {
@@ -656,7 +656,7 @@ mod tests {
     /// `aggregation_weights`, `clip_flags`) summed by hand.
     #[test]
     fn evaluate_equals_the_per_token_reference() {
-        let (logp, old, refl, ent, mask, adv) = ragged(9);
+        let [logp, old, refl, ent, mask, adv] = ragged(9);
         for mode in [LossMode::Naive, LossMode::Unclipped, LossMode::Clipped] {
             for agg in LossAggMode::ALL {
                 let mut s = LossSettings::plain(mode, KlEstimator::K3, *agg);
