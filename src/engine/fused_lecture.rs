@@ -226,7 +226,6 @@ struct Scratch {
     logp: Vec<f32>,
     ones: Vec<f32>,
     terms: TokenTerms,
-    coef: Vec<f32>,
     // backward
     dm: Vec<f32>,
     d_enc: Vec<f32>,
@@ -584,12 +583,14 @@ impl FusedLecture {
             t: n,
         };
         loss::evaluate(s, &inputs, &mut sc.terms);
-        // ∂L/∂z = ∂L/∂log π · 1/T: `dlogp`'s terms with 1/T folded into each weight first (the
-        // order the lecture's tables were measured in; equal to `dlogp·inv_t` at T = 1).
-        let coef = zeroed(&mut sc.coef, tokens);
-        let t = &sc.terms;
-        for (((c, &dt), &dk), &w) in coef.iter_mut().zip(&t.dterm).zip(&t.dkl).zip(&t.weight) {
-            *c = (dt + dk) * (w * inv_t);
+        // ∂L/∂z = ∂L/∂log π · 1/T: at T ≠ 1 `dlogp`'s terms again with 1/T folded into each
+        // weight first (the order the lecture's tables were measured in).
+        if inv_t != 1.0 {
+            let t = &mut sc.terms;
+            let terms = t.dterm.iter().zip(&t.dkl).zip(&t.weight);
+            for (c, ((&dt, &dk), &w)) in t.dlogp.iter_mut().zip(terms) {
+                *c = (dt + dk) * (w * inv_t);
+            }
         }
         // d logπ / d logits = (onehot − softmax) / T: the one-hot part per token, the softmax
         // part once per row with the summed coefficient.
@@ -603,10 +604,10 @@ impl FusedLecture {
         {
             for gi in 0..g {
                 let span = (bi * g + gi) * n..(bi * g + gi + 1) * n;
-                for (r, &c) in rc.iter_mut().zip(&sc.coef[span.clone()]) {
+                for (r, &c) in rc.iter_mut().zip(&sc.terms.dlogp[span.clone()]) {
                     *r += c;
                 }
-                for (p, (&c, &tok)) in sc.coef[span.clone()]
+                for (p, (&c, &tok)) in sc.terms.dlogp[span.clone()]
                     .iter()
                     .zip(&responses[span])
                     .enumerate()

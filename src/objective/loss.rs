@@ -7,7 +7,9 @@
 //! per-token formulas for the WGSL engine. A new objective is written here and there only.
 
 use crate::config::{KlEstimator, LossAggMode, LossMode};
-use crate::objective::numeric::{exp_fast, map2, map3, zeroed};
+use crate::objective::numeric::{
+    exp_fast, map2, map3, masked_dot_f64, masked_sum_f64, sum_f64, zeroed,
+};
 
 /// Everything the per-token loss needs besides the log-probs.
 #[derive(Debug, Clone, Copy)]
@@ -153,6 +155,7 @@ pub struct TokenTerms {
 /// policy-gradient term (naive, unclipped or clipped ratio), the KL penalty (in the loss when
 /// β > 0), the entropy bonus, aggregated by the configured mode; its value and `∂L/∂log π_t`.
 /// Passes over plain arrays, one monomorphic loop per mode and estimator, so they vectorize.
+#[inline(always)]
 pub fn evaluate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     let n = x.logp.len();
     debug_assert!(x.old_logp.len() == n && x.ref_logp.len() == n && x.mask.len() == n);
@@ -165,6 +168,7 @@ pub fn evaluate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
 }
 
 /// `A_t`: one per response broadcast over its tokens, or one per token.
+#[inline(always)]
 fn per_token_advantages(x: &TokenInputs, adv: &mut Vec<f32>) {
     let adv = zeroed(adv, x.logp.len());
     if x.advantages.len() == adv.len() {
@@ -177,6 +181,7 @@ fn per_token_advantages(x: &TokenInputs, adv: &mut Vec<f32>) {
 }
 
 /// `ρ_t`.
+#[inline(always)]
 fn ratios(form: RatioForm, x: &TokenInputs, ratio: &mut Vec<f32>) {
     let ratio = zeroed(ratio, x.logp.len());
     let pairs = ratio.iter_mut().zip(x.logp).zip(x.old_logp);
@@ -196,6 +201,7 @@ fn ratios(form: RatioForm, x: &TokenInputs, ratio: &mut Vec<f32>) {
 }
 
 /// `KL_t` (logged always) and `β·∂KL_t/∂log π` (0 when the KL is not in the loss).
+#[inline(always)]
 fn kl_terms(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     let n = x.logp.len();
     let beta = if s.kl_on() { s.beta } else { 0.0 };
@@ -223,6 +229,7 @@ fn kl_terms(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
 }
 
 /// `ℓ_t` and `∂ℓ_t/∂log π`.
+#[inline(always)]
 fn pg_terms(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     let n = x.logp.len();
     let (lo, hi) = (1.0 - s.epsilon_low, 1.0 + s.epsilon_high);
@@ -250,46 +257,52 @@ fn pg_terms(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
 /// The coefficients `∂L/∂log π_t = w_t·(∂ℓ_t + β·∂KL_t)`, `∂L/∂H_t = −c·w_t`, the loss
 /// `Σ_t w_t·(ℓ_t + β·KL_t − c·H_t)` and the means over real tokens (padding is skipped, so
 /// whatever it holds never reaches a sum).
+#[inline(always)]
 fn aggregate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     let n = x.logp.len();
     let (lo, hi) = (1.0 - s.epsilon_low, 1.0 + s.epsilon_high);
-    let kl_on = s.kl_on();
     let c = s.entropy_coef;
     let bonus = c != 0.0;
     assert!(
         !bonus || x.entropy.is_some(),
         "the entropy bonus needs each token's entropy"
     );
+    let (mask, w) = (&x.mask[..n], &out.weight[..n]);
+    let (dterm, dkl) = (&out.dterm[..n], &out.dkl[..n]);
+    // Branch-free selects, so the passes vectorize; padding's values never reach a result.
     let dl = zeroed(&mut out.dlogp, n);
-    let de = zeroed(&mut out.dentropy, if bonus { n } else { 0 });
-    let (mut loss, mut kl_sum, mut ratio_sum, mut ent_sum) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-    let (mut low, mut high, mut count) = (0u32, 0u32, 0.0f32);
-    for i in (0..n).filter(|&i| x.mask[i] != 0.0) {
-        let w = out.weight[i];
-        let h = x.entropy.map_or(0.0, |e| e[i]);
-        let kl_i = out.kl_tokens[i];
-        let kl_part = if kl_on { (s.beta * kl_i) as f64 } else { 0.0 };
-        loss += w as f64 * (out.term[i] as f64 + kl_part) - (c * w * h) as f64;
-        dl[i] = w * (out.dterm[i] + out.dkl[i]);
-        if bonus {
-            de[i] = -(c * w);
-        }
-        kl_sum += kl_i as f64;
-        ratio_sum += out.ratio[i] as f64;
-        ent_sum += h as f64;
-        let (is_low, is_high) = reference::clip_flags(out.ratio[i], out.adv[i], lo, hi);
-        low += is_low as u32;
-        high += is_high as u32;
-        count += x.mask[i];
+    for ((((d, &m), &wi), &dt), &dk) in dl.iter_mut().zip(mask).zip(w).zip(dterm).zip(dkl) {
+        *d = if m != 0.0 { wi * (dt + dk) } else { 0.0 };
     }
-    let count = count.max(1.0) as f64;
+    let de = zeroed(&mut out.dentropy, if bonus { n } else { 0 });
+    for ((d, &m), &wi) in de.iter_mut().zip(mask).zip(w) {
+        *d = if m != 0.0 { -(c * wi) } else { 0.0 };
+    }
+    // The loss Σ w·(ℓ + β·KL − c·H) and the means over real tokens. The KL enters only when it
+    // is on (0·∞ would make a logged-only KL that overflowed — a diverged metric, not a
+    // diverged loss — into a NaN loss).
+    let (kl, ratio, adv) = (&out.kl_tokens[..n], &out.ratio[..n], &out.adv[..n]);
+    let mut loss = masked_dot_f64(mask, &out.term[..n], w);
+    if s.kl_on() {
+        loss += s.beta as f64 * masked_dot_f64(mask, kl, w);
+    }
+    if let (true, Some(h)) = (bonus, x.entropy) {
+        loss -= c as f64 * masked_dot_f64(mask, &h[..n], w);
+    }
+    let (mut low, mut high) = (0u32, 0u32);
+    for ((&r, &a), &m) in ratio.iter().zip(adv).zip(mask) {
+        let (l, h) = reference::clip_flags(r, a, lo, hi);
+        low += (m != 0.0 && l) as u32;
+        high += (m != 0.0 && h) as u32;
+    }
+    let count = sum_f64(mask).max(1.0);
     out.loss = loss;
-    out.kl = (kl_sum / count) as f32;
+    out.kl = (masked_sum_f64(mask, kl) / count) as f32;
     out.clip_low = (low as f64 / count) as f32;
     out.clip_high = (high as f64 / count) as f32;
-    out.ratio_mean = (ratio_sum / count) as f32;
+    out.ratio_mean = (masked_sum_f64(mask, ratio) / count) as f32;
     out.entropy = match x.entropy {
-        Some(_) => (ent_sum / count) as f32,
+        Some(h) => (masked_sum_f64(mask, &h[..n]) / count) as f32,
         None => f32::NAN,
     };
 }
@@ -397,6 +410,7 @@ pub mod reference {
     }
 
     /// [`aggregation_weights`] into a reused buffer.
+    #[inline(always)]
     pub fn aggregation_weights_into(
         agg: crate::config::LossAggMode,
         mask: &[f32],
@@ -405,11 +419,18 @@ pub mod reference {
         out: &mut Vec<f32>,
     ) {
         use crate::config::LossAggMode;
+        // Counts of 0/1 masks: exact in f32 in any order.
         let t = t.max(1);
         let r = mask.len() / t;
-        let token_w = 1.0 / mask.iter().sum::<f32>().max(1.0);
+        let token_w = match agg {
+            LossAggMode::TokenMean => {
+                1.0 / crate::objective::numeric::lanes8(mask, 0.0, |a, b| a + b).max(1.0)
+            }
+            _ => 0.0,
+        };
         out.clear();
-        out.extend(mask.chunks(t).flat_map(|row| {
+        out.resize(mask.len(), 0.0);
+        for (row, wrow) in mask.chunks(t).zip(out.chunks_mut(t)) {
             let w = match agg {
                 LossAggMode::TokenMean => token_w,
                 LossAggMode::SeqMeanTokenMean => {
@@ -417,8 +438,10 @@ pub mod reference {
                 }
                 LossAggMode::SeqMeanTokenSumNorm => 1.0 / (r * max_len.max(t)) as f32,
             };
-            row.iter().map(move |&m| if m == 0.0 { 0.0 } else { w })
-        }));
+            for (o, &m) in wrow.iter_mut().zip(row) {
+                *o = if m == 0.0 { 0.0 } else { w };
+            }
+        }
     }
 
     /// Whether the clip is active on a token, low and high: the ratio below `lo = 1 − ε_low` with

@@ -65,6 +65,34 @@ pub fn sum_f64(x: &[f32]) -> f64 {
     lanes.iter().sum::<f64>() + rest
 }
 
+/// `Σ_{m_i ≠ 0} x_i` in f64 over eight lanes, for a 0/1 mask `m`: what `x` holds where `m`
+/// is 0 (padding: junk, ∞, NaN) never reaches the sum (a select, so it stays exact).
+#[inline(always)]
+pub fn masked_sum_f64(m: &[f32], x: &[f32]) -> f64 {
+    masked_dot_f64(m, x, m)
+}
+
+/// `Σ_{m_i ≠ 0} w_i·x_i` in f64 over eight lanes, as [`masked_sum_f64`]; vectorizes.
+#[inline(always)]
+pub fn masked_dot_f64(m: &[f32], x: &[f32], w: &[f32]) -> f64 {
+    let term = |m: f32, x: f32, w: f32| if m != 0.0 { x as f64 * w as f64 } else { 0.0 };
+    let mut lanes = [0.0f64; 8];
+    let (mc, xc, wc) = (m.chunks_exact(8), x.chunks_exact(8), w.chunks_exact(8));
+    let rest: f64 = (mc
+        .remainder()
+        .iter()
+        .zip(xc.remainder())
+        .zip(wc.remainder()))
+    .map(|((&m, &x), &w)| term(m, x, w))
+    .sum();
+    for ((m8, x8), w8) in mc.zip(xc).zip(wc) {
+        for l in 0..8 {
+            lanes[l] += term(m8[l], x8[l], w8[l]);
+        }
+    }
+    lanes.iter().sum::<f64>() + rest
+}
+
 /// `Σ x²` over sixteen independent f32 lanes.
 #[inline(always)]
 pub fn sum_sq(x: &[f32]) -> f32 {
