@@ -422,6 +422,18 @@ pub mod reference {
         // Counts of 0/1 masks: exact in f32 in any order.
         let t = t.max(1);
         let r = mask.len() / t;
+        if mask.iter().all(|&m| m == 1.0) {
+            // No padding (the lecture model, full-length batches): one weight for every token,
+            // the value the rows below would give, without a pass per row.
+            let w = match agg {
+                LossAggMode::TokenMean => 1.0 / (mask.len() as f32).max(1.0),
+                LossAggMode::SeqMeanTokenMean => 1.0 / ((t as f32).max(1.0) * r as f32),
+                LossAggMode::SeqMeanTokenSumNorm => 1.0 / (r * max_len.max(t)) as f32,
+            };
+            out.clear();
+            out.resize(mask.len(), w);
+            return;
+        }
         let token_w = match agg {
             LossAggMode::TokenMean => {
                 1.0 / crate::objective::numeric::lanes8(mask, 0.0, |a, b| a + b).max(1.0)
