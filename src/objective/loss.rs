@@ -281,13 +281,15 @@ fn aggregate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     // The loss Σ w·(ℓ + β·KL − c·H) and the means over real tokens. The KL enters only when it
     // is on (0·∞ would make a logged-only KL that overflowed — a diverged metric, not a
     // diverged loss — into a NaN loss).
+    let dot = |v: &[f32]| masked_dot_f64(mask, v, w);
+    let total = |v: &[f32]| masked_sum_f64(mask, v);
     let (kl, ratio, adv) = (&out.kl_tokens[..n], &out.ratio[..n], &out.adv[..n]);
-    let mut loss = masked_dot_f64(mask, &out.term[..n], w);
+    let mut loss = dot(&out.term[..n]);
     if s.kl_on() {
-        loss += s.beta as f64 * masked_dot_f64(mask, kl, w);
+        loss += s.beta as f64 * dot(kl);
     }
     if let (true, Some(h)) = (bonus, x.entropy) {
-        loss -= c as f64 * masked_dot_f64(mask, &h[..n], w);
+        loss -= c as f64 * dot(&h[..n]);
     }
     let (mut low, mut high) = (0u32, 0u32);
     for ((&r, &a), &m) in ratio.iter().zip(adv).zip(mask) {
@@ -297,12 +299,12 @@ fn aggregate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     }
     let count = sum_f64(mask).max(1.0);
     out.loss = loss;
-    out.kl = (masked_sum_f64(mask, kl) / count) as f32;
+    out.kl = (total(kl) / count) as f32;
     out.clip_low = (low as f64 / count) as f32;
     out.clip_high = (high as f64 / count) as f32;
-    out.ratio_mean = (masked_sum_f64(mask, ratio) / count) as f32;
+    out.ratio_mean = (total(ratio) / count) as f32;
     out.entropy = match x.entropy {
-        Some(h) => (masked_sum_f64(mask, &h[..n]) / count) as f32,
+        Some(h) => (total(&h[..n]) / count) as f32,
         None => f32::NAN,
     };
 }
@@ -691,47 +693,57 @@ mod tests {
     /// `aggregation_weights`, `clip_flags`) summed by hand.
     #[test]
     fn evaluate_equals_the_per_token_reference() {
-        let [logp, old, refl, ent, mask, adv] = ragged(9);
-        for mode in [LossMode::Naive, LossMode::Unclipped, LossMode::Clipped] {
-            for agg in LossAggMode::ALL {
-                let mut s = LossSettings::plain(mode, KlEstimator::K3, *agg);
-                s.beta = 0.1;
-                s.max_len = 5;
-                s.entropy_coef = 0.02;
-                let mut out = TokenTerms::default();
-                let x = TokenInputs {
-                    logp: &logp,
-                    old_logp: &old,
-                    ref_logp: &refl,
-                    advantages: &adv,
-                    mask: &mask,
-                    entropy: Some(&ent),
-                    t: 4,
-                };
-                evaluate(&s, &x, &mut out);
-                let w = reference::aggregation_weights(*agg, &mask, 4, 5);
-                let (mut loss, mut kl, mut ratio, mut low, mut high, mut n) =
-                    (0.0f64, 0.0f64, 0.0f64, 0.0, 0.0, 0.0);
-                for i in (0..12).filter(|&i| mask[i] == 1.0) {
-                    let (r, l, k, flags) =
-                        reference::token_terms(&s, logp[i], old[i], refl[i], adv[i / 4]);
-                    loss += (w[i] * l - s.entropy_coef * w[i] * ent[i]) as f64;
-                    kl += k as f64;
-                    ratio += r as f64;
-                    low += (flags & 1) as f64;
-                    high += (flags >> 1) as f64;
-                    n += 1.0;
+        let [logp, junk_old, junk_ref, ent, ragged_mask, adv] = ragged(9);
+        // A ragged batch, and one without padding (whose weights take their one-fill path; its
+        // former padding holds ordinary values).
+        let clean = |v: &[f32]| -> Vec<f32> {
+            let real = v.iter().zip(&ragged_mask);
+            real.map(|(&x, &m)| if m == 1.0 { x } else { -0.5 })
+                .collect()
+        };
+        let full = (vec![1.0; 12], clean(&junk_old), clean(&junk_ref));
+        for (mask, old, refl) in [(ragged_mask.clone(), junk_old, junk_ref), full] {
+            for mode in [LossMode::Naive, LossMode::Unclipped, LossMode::Clipped] {
+                for agg in LossAggMode::ALL {
+                    let mut s = LossSettings::plain(mode, KlEstimator::K3, *agg);
+                    s.beta = 0.1;
+                    s.max_len = 5;
+                    s.entropy_coef = 0.02;
+                    let mut out = TokenTerms::default();
+                    let x = TokenInputs {
+                        logp: &logp,
+                        old_logp: &old,
+                        ref_logp: &refl,
+                        advantages: &adv,
+                        mask: &mask,
+                        entropy: Some(&ent),
+                        t: 4,
+                    };
+                    evaluate(&s, &x, &mut out);
+                    let w = reference::aggregation_weights(*agg, &mask, 4, 5);
+                    let (mut loss, mut kl, mut ratio, mut low, mut high, mut n) =
+                        (0.0f64, 0.0f64, 0.0f64, 0.0, 0.0, 0.0);
+                    for i in (0..12).filter(|&i| mask[i] == 1.0) {
+                        let (r, l, k, flags) =
+                            reference::token_terms(&s, logp[i], old[i], refl[i], adv[i / 4]);
+                        loss += (w[i] * l - s.entropy_coef * w[i] * ent[i]) as f64;
+                        kl += k as f64;
+                        ratio += r as f64;
+                        low += (flags & 1) as f64;
+                        high += (flags >> 1) as f64;
+                        n += 1.0;
+                    }
+                    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * (1.0 + b.abs());
+                    assert!(
+                        close(out.loss, loss),
+                        "{mode:?} {agg}: {} vs {loss}",
+                        out.loss
+                    );
+                    assert!(close(out.kl as f64, kl / n));
+                    assert!(close(out.ratio_mean as f64, ratio / n));
+                    assert_eq!(out.clip_low, (low / n) as f32);
+                    assert_eq!(out.clip_high, (high / n) as f32);
                 }
-                let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * (1.0 + b.abs());
-                assert!(
-                    close(out.loss, loss),
-                    "{mode:?} {agg}: {} vs {loss}",
-                    out.loss
-                );
-                assert!(close(out.kl as f64, kl / n));
-                assert!(close(out.ratio_mean as f64, ratio / n));
-                assert_eq!(out.clip_low, (low / n) as f32);
-                assert_eq!(out.clip_high, (high / n) as f32);
             }
         }
     }
