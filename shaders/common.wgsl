@@ -20,19 +20,40 @@ fn flat_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 }
 
 // The per-token GRPO objective (GRPO-SPEC §4), once for every kernel; reference:
-// objective::loss::reference (pg_term, kl_term). lecture_step.wgsl trains with them.
+// objective::loss::reference (pg_term, kl_term, clip_flags), with its PgParams: the loss (0
+// naive, 1 unclipped, 2 clipped, 3 cispo, 4 sapo), the clip range [lo, hi], the dual clip c
+// and δ (0 = off), CISPO's cap, SAPO's τ for a > 0 and a ≤ 0. lecture_step.wgsl trains with
+// them. (GMPO and the sequence levels need a response's mean log-ratio first: CPU engines.)
+struct Pg {
+    mode: u32, lo: f32, hi: f32, dual_clip: f32,
+    delta: f32, cispo_cap: f32, tau_pos: f32, tau_neg: f32,
+}
+
 // The policy-gradient term and its derivative with respect to log π: (term, ∂term/∂logπ)
-// for mode 0 naive, 1 unclipped, 2 clipped (clip range [lo, hi]); dr = ∂r/∂logπ (r itself
-// for r = exp(logπ − logπ_old)).
-fn pg_term(mode: u32, a: f32, r: f32, dr: f32, l: f32, lo: f32, hi: f32) -> vec2<f32> {
-    if (mode == 0u) { return vec2<f32>(-a * l, -a); }
-    if (mode == 1u) { return vec2<f32>(-a * r, -a * dr); }
-    let u = r * a;
-    let c = clamp(r, lo, hi) * a;
-    let live = u <= c || (r > lo && r < hi);
+// for advantage a, ratio r, dr = ∂r/∂logπ (r itself for r = exp(logπ − logπ_old)), l = log π.
+fn pg_term(p: Pg, a: f32, r: f32, dr: f32, l: f32) -> vec2<f32> {
+    if (p.mode == 0u) { return vec2<f32>(-a * l, -a); }
+    if (p.mode == 1u) { return vec2<f32>(-a * r, -a * dr); }
+    if (p.mode == 3u) {
+        let w = select(r, p.cispo_cap, r > p.cispo_cap);
+        return vec2<f32>(-w * a * l, -w * a);
+    }
+    if (p.mode == 4u) {
+        let tau = select(p.tau_neg, p.tau_pos, a > 0.0);
+        let sg = 1.0 / (1.0 + exp(-tau * (r - 1.0)));
+        return vec2<f32>(-(4.0 / tau) * sg * a, -a * 4.0 * sg * (1.0 - sg) * dr);
+    }
+    let capped = p.delta > 0.0 && r > p.delta;
+    let rd = select(r, p.delta, capped);
+    let u = rd * a;
+    let c = clamp(r, p.lo, p.hi) * a;
+    let live = (u <= c || (r > p.lo && r < p.hi)) && !capped;
+    let l_clip = -min(u, c);
     var d = 0.0;
     if (live) { d = -a * dr; }
-    return vec2<f32>(-min(u, c), d);
+    let cap = -a * p.dual_clip;
+    if (p.dual_clip > 0.0 && a < 0.0 && l_clip > cap) { return vec2<f32>(cap, 0.0); }
+    return vec2<f32>(l_clip, d);
 }
 
 // A KL estimate of Δ = log π_ref − log π (0 k1, 1 k2, 2 k3) and β·∂KL/∂logπ.
@@ -45,7 +66,10 @@ fn kl_term(estimator: u32, l: f32, rf: f32, beta: f32) -> vec2<f32> {
 }
 
 // Whether the clip is active on a token, low and high, as 0/1: the ratio below lo with a < 0,
-// or above hi with a > 0 (reference: objective::loss::reference::clip_flags).
-fn clip_flags(ratio: f32, a: f32, lo: f32, hi: f32) -> vec2<f32> {
-    return vec2<f32>(select(0.0, 1.0, ratio < lo && a < 0.0), select(0.0, 1.0, ratio > hi && a > 0.0));
+// or above hi with a > 0; CISPO: above its cap with a > 0; SAPO never (reference:
+// objective::loss::reference::clip_flags).
+fn clip_flags(p: Pg, ratio: f32, a: f32) -> vec2<f32> {
+    if (p.mode == 3u) { return vec2<f32>(0.0, select(0.0, 1.0, ratio > p.cispo_cap && a > 0.0)); }
+    if (p.mode == 4u) { return vec2<f32>(0.0, 0.0); }
+    return vec2<f32>(select(0.0, 1.0, ratio < p.lo && a < 0.0), select(0.0, 1.0, ratio > p.hi && a > 0.0));
 }

@@ -39,6 +39,8 @@ struct Lp {
     inv_t: f32, cw: f32, beta: f32, lo: f32,
     hi: f32, lr: f32, b1: f32, b2: f32,
     eps: f32, bc2: f32, factor: f32, max_norm: f32,
+    dual_clip: f32, delta: f32, cispo_cap: f32, tau_pos: f32,
+    tau_neg: f32, _f0: f32, _f1: f32, _f2: f32,
 }
 
 @group(0) @binding(0) var<uniform> lp: Lp;
@@ -101,6 +103,10 @@ fn row_stats(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     work[lp.ent_off + r] = stats.y;
 }
 
+fn pg_params() -> Pg {
+    return Pg(lp.mode, lp.lo, lp.hi, lp.dual_clip, lp.delta, lp.cispo_cap, lp.tau_pos, lp.tau_neg);
+}
+
 fn token_logp(i: u32) -> f32 {
     let bi = i / (lp.g * lp.n);
     let row = bi * lp.n + i % lp.n;
@@ -143,14 +149,14 @@ fn row_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
         let kl = kl_term(lp.estimator, l, work[lp.rf_off + t], beta);
         var dkl = kl.y;
         if (lp.kl_on == 0u) { dkl = 0.0; }
-        let pg = pg_term(lp.mode, a, ratio, ratio, l, lp.lo, lp.hi);
+        let pg = pg_term(pg_params(), a, ratio, ratio, l);
         let c = (pg.y + dkl) * lp.cw;
         work[lp.coef_off + t] = c;
         row_coef += c;
         s_term += pg.x;
         s_kl += kl.x;
         s_ratio += ratio;
-        let flags = clip_flags(ratio, a, lp.lo, lp.hi);
+        let flags = clip_flags(pg_params(), ratio, a);
         s_low += flags.x;
         s_high += flags.y;
     }

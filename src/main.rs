@@ -53,6 +53,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// One response's objective under a loss: each token's term and ∂L/∂log π, and the loss.
+    Objective(ObjectiveArgs),
     /// List every wgpu adapter and what `--device auto` picks.
     Devices {
         #[arg(long)]
@@ -685,6 +687,65 @@ fn advantages_cmd(rewards: &str, json: bool) -> Result<()> {
     Ok(())
 }
 
+#[derive(Args)]
+struct ObjectiveArgs {
+    /// The loss (algorithm.loss): naive, unclipped, clipped, cispo, sapo, gmpo.
+    #[arg(long)]
+    loss: String,
+    /// Where the ratio lives (algorithm.importance_sampling_level): token, sequence, sequence_token.
+    #[arg(long, default_value = "token")]
+    importance_sampling_level: String,
+    /// Comma-separated log π of each token, e.g. -1.0,-2.1,-0.4
+    #[arg(long, allow_hyphen_values = true)]
+    logp: String,
+    /// Comma-separated log π_old, one per token.
+    #[arg(long, allow_hyphen_values = true)]
+    old_logp: String,
+    /// Comma-separated log π_ref (needed where algorithm.beta > 0).
+    #[arg(long, allow_hyphen_values = true)]
+    ref_logp: Option<String>,
+    /// The response's advantage.
+    #[arg(long, allow_hyphen_values = true)]
+    advantage: f32,
+    /// Any other algorithm key, e.g. --set algorithm.epsilon_high=0.28 (repeatable).
+    #[arg(long = "set")]
+    sets: Vec<String>,
+    /// `{"tokens": [{"objective", "dlogp", "ratio", "loss_term", "kl", "weight"}, ..], "loss", ..}`
+    #[arg(long)]
+    json: bool,
+}
+
+fn objective_cmd(a: ObjectiveArgs) -> Result<()> {
+    use grpo_lab::objective::calculator;
+    let mut sets = vec![
+        format!("algorithm.loss={}", a.loss),
+        format!(
+            "algorithm.importance_sampling_level={}",
+            a.importance_sampling_level
+        ),
+    ];
+    sets.extend(a.sets.iter().cloned());
+    let config = RunConfig::default()
+        .with_overrides(&sets)
+        .map_err(|e| user(e.to_string()))?;
+    let floats = |flag: &str, s: &str| parse_floats(s).map_err(|e| user(format!("{flag}: {e}")));
+    let logp = floats("--logp", &a.logp)?;
+    let old = floats("--old-logp", &a.old_logp)?;
+    let refl = a
+        .ref_logp
+        .as_deref()
+        .map(|s| floats("--ref-logp", s))
+        .transpose()?;
+    let got = calculator::calculate(&config, &logp, &old, refl.as_deref(), a.advantage)
+        .map_err(|e| user(e.to_string()))?;
+    if a.json {
+        println!("{}", serde_json::to_string(&got)?);
+    } else {
+        print!("{}", got.table(&config));
+    }
+    Ok(())
+}
+
 fn devices_cmd(json: bool) -> Result<()> {
     let adapters = grpo_lab::gpu::context::list_adapters();
     if json {
@@ -979,6 +1040,7 @@ fn main() -> ExitCode {
             json,
         }) => score_cmd(reward, &prompt, &response, json),
         Some(Command::Advantages { rewards, json }) => advantages_cmd(&rewards, json),
+        Some(Command::Objective(a)) => objective_cmd(a),
         Some(Command::Devices { json }) => devices_cmd(json),
         Some(Command::ConfigDocs) => {
             print!("{}", grpo_lab::config::config_docs());

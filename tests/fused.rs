@@ -92,6 +92,41 @@ fn fused_step_equals_burn_with_clipping_kl_and_grad_clipping() {
     }
 }
 
+/// The 2025–26 objectives train the same on the fused lecture step as on burn's path, at a
+/// temperature ≠ 1 (where the fused step folds 1/T into its coefficients).
+#[test]
+fn fused_step_equals_burn_for_every_new_objective() {
+    for sets in [
+        &["algorithm.loss=cispo", "algorithm.loss_agg_mode=token-mean"][..],
+        &["algorithm.loss=sapo"],
+        &[
+            "algorithm.loss=gmpo",
+            "algorithm.epsilon_low=0.4",
+            "algorithm.epsilon_high=0.4",
+        ],
+        &[
+            "algorithm.importance_sampling_level=sequence",
+            "algorithm.epsilon_low=0.003",
+            "algorithm.epsilon_high=0.004",
+        ],
+        &[
+            "algorithm.importance_sampling_level=sequence",
+            "algorithm.loss_agg_mode=luspo",
+        ],
+        &["algorithm.importance_sampling_level=sequence_token"],
+        &["algorithm.dual_clip=1.5", "algorithm.delta=1.4"],
+    ] {
+        let mut c = short_lecture(2);
+        c.model.init_scale = 0.3;
+        c.optimizer.lr = 0.01;
+        c.algorithm.loss = LossMode::Clipped;
+        c.sampling.temperature = 0.8;
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let c = c.with_overrides(&sets).expect("a valid objective");
+        compare(c, 2, TOL);
+    }
+}
+
 #[test]
 fn fused_step_equals_burn_on_random_prompts() {
     let mut c = RunConfig::preset("random-sort").unwrap();

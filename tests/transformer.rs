@@ -104,8 +104,7 @@ fn padding_never_contributes() {
             bug_ratio_quotient: false,
             max_len: t,
             entropy_coef: 0.02,
-            unfrozen_old_policy: false,
-            shared_reference: false,
+            ..LossSettings::plain(LossMode::Clipped, KlEstimator::K3, *agg)
         };
         let run = |tokens: &[i64], old: &[f32], refp: &[f32]| -> Vec<f32> {
             let (logp, ent) = policy.score(prompts.clone(), ints3(tokens, [1, g, t], &d), 1.0);

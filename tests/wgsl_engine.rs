@@ -412,7 +412,13 @@ fn gather_logp_matches_reference() {
 #[test]
 fn row_step_matches_reference() {
     step_kernel_cases(31, "row_step", false, |rng, p, _| {
-        p.mode = rng.below(3) as u32;
+        // naive, unclipped, clipped, cispo, sapo; the clipped one with and without the dual
+        // clip and δ.
+        p.mode = rng.below(5) as u32;
+        (p.dual_clip, p.delta) =
+            [(0.0, 0.0), (3.0, 0.0), (0.0, 1.5), (2.0, 1.3)][rng.below(4) as usize];
+        p.cispo_cap = [5.0, 1.1][rng.below(2) as usize];
+        (p.tau_pos, p.tau_neg) = (1.0, 1.05);
         p.estimator = rng.below(3) as u32;
         p.kl_on = rng.below(2) as u32;
         p.beta = [0.0, 0.04, 0.5][rng.below(3) as usize];
@@ -570,6 +576,35 @@ fn wgsl_engine_equals_fused_cpu_with_each_loss_and_kl_estimator() {
         eprintln!("{loss:?} {est:?} β {beta} ε_high {eps_high} max_grad_norm {max_norm}");
         compare(c, 3, 2e-3);
     }
+}
+
+/// CISPO, SAPO, the dual clip and δ in `common.wgsl` train as the fused CPU step does; the
+/// sequence-level objectives are refused by name (`run.engine = wgsl`).
+#[test]
+fn wgsl_engine_equals_fused_cpu_with_the_token_level_2025_objectives() {
+    for sets in [
+        &["algorithm.loss=cispo", "algorithm.cispo_max_ratio=1.2"][..],
+        &["algorithm.loss=sapo"],
+        &[
+            "algorithm.loss=clipped",
+            "algorithm.dual_clip=1.5",
+            "algorithm.delta=1.3",
+        ],
+    ] {
+        let mut c = RunConfig::preset("random-sort").unwrap();
+        c.algorithm.mu = 3;
+        c.optimizer.lr = 1e-2;
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        eprintln!("{sets:?}");
+        compare(c.with_overrides(&sets).unwrap(), 3, 2e-3);
+    }
+    let Some(wgpu) = wgpu_compute() else { return };
+    let mut c = RunConfig::preset("lecture17").unwrap();
+    c.run.engine = EngineChoice::Wgsl;
+    c.algorithm.importance_sampling_level = grpo_lab::config::ImportanceSamplingLevel::Sequence;
+    c.algorithm.loss = LossMode::Clipped;
+    let e = Trainer::new(c, wgpu).err().expect("refused").to_string();
+    assert!(e.contains("sequence-level ratio"), "{e}");
 }
 
 #[test]

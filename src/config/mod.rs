@@ -9,6 +9,7 @@
 //! `config.toml`; [`RunConfig::layered`] builds one from a preset, a file and `--set`s.
 
 mod fields;
+mod objective;
 use fields::json_path;
 pub use fields::*;
 use serde::{Deserialize, Serialize};
@@ -219,10 +220,22 @@ pub struct AlgorithmConfig {
     pub advantage: AdvantageMode,
     /// Per-token objective: naive (`-A·logπ`), unclipped (`-A·ρ`), clipped (PPO).
     pub loss: LossMode,
+    /// Where the ratio lives: token (PPO, GRPO), sequence (GSPO), sequence_token (GSPO-token).
+    pub importance_sampling_level: ImportanceSamplingLevel,
     /// Lower clip range ε_low for the ratio (PPO: 0.2; lecture: 0.01).
     pub epsilon_low: f64,
     /// Upper clip range ε_high (PPO: 0.2; DAPO clip-higher: 0.28).
     pub epsilon_high: f64,
+    /// verl's dual clip `c` (`clip_ratio_c`): for A < 0 the clipped loss is capped at c·|A| (0 = off).
+    pub dual_clip: f64,
+    /// TRL's `delta` (INTELLECT-2): the unclipped branch's ratio capped at δ (0 = off).
+    pub delta: f64,
+    /// CISPO's cap on the detached ratio (TRL: epsilon_high read as a ratio; ScaleRL: 5).
+    pub cispo_max_ratio: f64,
+    /// SAPO's gate temperature τ for A > 0.
+    pub sapo_temperature_pos: f64,
+    /// SAPO's gate temperature τ for A ≤ 0.
+    pub sapo_temperature_neg: f64,
     /// KL coefficient β toward the reference policy (0 = no KL and no reference).
     pub beta: f64,
     /// KL estimator: k1, k2 or k3 (GRPO: k3).
@@ -264,8 +277,14 @@ impl Default for AlgorithmConfig {
             mu: 10,
             advantage: AdvantageMode::Normalized,
             loss: LossMode::Naive,
+            importance_sampling_level: ImportanceSamplingLevel::Token,
             epsilon_low: 0.2,
             epsilon_high: 0.2,
+            dual_clip: 0.0,
+            delta: 0.0,
+            cispo_max_ratio: 5.0,
+            sapo_temperature_pos: 1.0,
+            sapo_temperature_neg: 1.05,
             beta: 0.0,
             kl_estimator: KlEstimator::K3,
             kl_penalty: KlPenaltyMode::Loss,
@@ -347,13 +366,26 @@ impl AdvantageMode {
         AdvantageMode::BatchNormalized,
     ];
 }
-named_enum!(LossMode { Naive => "naive", Unclipped => "unclipped", Clipped => "clipped" });
+named_enum!(LossMode {
+    Naive => "naive",
+    Unclipped => "unclipped",
+    Clipped => "clipped",
+    Cispo => "cispo",
+    Sapo => "sapo",
+    Gmpo => "gmpo",
+});
+named_enum!(ImportanceSamplingLevel {
+    Token => "token",
+    Sequence => "sequence",
+    SequenceToken => "sequence_token",
+});
 named_enum!(KlEstimator { K1 => "k1", K2 => "k2", K3 => "k3" });
 named_enum!(KlPenaltyMode { Loss => "loss", Reward => "reward" });
 named_enum!(LossAggMode {
     SeqMeanTokenMean => "seq-mean-token-mean",
     TokenMean => "token-mean",
     SeqMeanTokenSumNorm => "seq-mean-token-sum-norm",
+    Luspo => "luspo",
 });
 named_enum!(LengthReward { None => "none", Kimi => "kimi", Overlong => "overlong" });
 named_enum!(PromptSampling {
@@ -613,6 +645,7 @@ impl RunConfig {
         self.validate_task()?;
         self.validate_model()?;
         self.validate_algorithm()?;
+        self.validate_objective()?;
         let r = &self.run;
         if r.pass_samples != 0 && r.pass_samples < r.pass_k {
             return bad(

@@ -15,6 +15,7 @@ use crate::config::{ModelKind, RunConfig};
 use crate::model::lecture::LectureWeights;
 use crate::objective::loss::{self, LossSettings, TokenInputs, TokenTerms};
 pub use crate::objective::numeric::{exp_fast, lanes8, sum_f64, sum_sq, zeroed};
+use crate::objective::numeric::{row_entropy, row_softmax};
 
 /// A read-only strided matrix: element `(i, j)` at `data[i·rs + j·cs]`.
 #[derive(Clone, Copy)]
@@ -104,8 +105,7 @@ fn softmax_rows(
     logz: &mut Vec<f32>,
     mut probs: Option<&mut Vec<f32>>,
 ) -> f64 {
-    z.clear();
-    z.extend(logits.iter().map(|&x| x * inv_t));
+    zeroed(z, logits.len());
     let rows = logits.len() / v;
     logz.clear();
     logz.resize(rows, 0.0);
@@ -116,27 +116,16 @@ fn softmax_rows(
     let mut entropy = 0.0f64;
     let mut e = vec![0.0f32; v];
     let mut h = vec![0.0f32; v];
-    for r in 0..rows {
-        let zr = &z[r * v..(r + 1) * v];
-        let m = lanes8(zr, f32::MIN, f32::max);
-        for (ei, &x) in e.iter_mut().zip(zr) {
-            *ei = exp_fast(x - m);
-        }
-        let total = lanes8(&e, 0.0, |a, b| a + b);
-        let lz = m + total.ln();
-        logz[r] = lz;
+    for (r, (x, zr)) in logits
+        .chunks_exact(v)
+        .zip(z.chunks_exact_mut(v))
+        .enumerate()
+    {
+        let stats = row_softmax(x, inv_t, zr, &mut e);
+        logz[r] = stats.0;
         if let Some(pr) = probs.as_deref_mut() {
-            let inv = 1.0 / total;
-            for (((p, hi), &ei), &x) in pr[r * v..(r + 1) * v]
-                .iter_mut()
-                .zip(h.iter_mut())
-                .zip(&e)
-                .zip(zr)
-            {
-                *p = ei * inv;
-                *hi = if ei > 0.0 { *p * (x - lz) } else { 0.0 };
-            }
-            entropy -= lanes8(&h, 0.0, |a, b| a + b) as f64;
+            let p = &mut pr[r * v..(r + 1) * v];
+            entropy += row_entropy(zr, &e, stats, p, &mut h) as f64;
         }
     }
     entropy
@@ -585,7 +574,11 @@ impl FusedLecture {
         loss::evaluate(s, &inputs, &mut sc.terms);
         // ∂L/∂z = ∂L/∂log π · 1/T: at T ≠ 1 `dlogp`'s terms again with 1/T folded into each
         // weight first (the order the lecture's tables were measured in).
-        if inv_t != 1.0 {
+        if inv_t != 1.0 && s.coupled() {
+            // A response's ratio reaches its tokens through `couple`: the coefficients as
+            // they are, then 1/T.
+            sc.terms.dlogp.iter_mut().for_each(|c| *c *= inv_t);
+        } else if inv_t != 1.0 {
             let t = &mut sc.terms;
             let terms = t.dterm.iter().zip(&t.dkl).zip(&t.weight);
             for (c, ((&dt, &dk), &w)) in t.dlogp.iter_mut().zip(terms) {
@@ -713,8 +706,7 @@ mod tests {
                 bug_ratio_quotient: false,
                 max_len: n,
                 entropy_coef: 0.0,
-                unfrozen_old_policy: false,
-                shared_reference: false,
+                ..LossSettings::plain(LossMode::Naive, KlEstimator::K3, LossAggMode::TokenMean)
             };
             let (mut wide, mut portable) = (
                 FusedLecture::new(&w, vocab, n, d, &c),
@@ -774,8 +766,7 @@ mod tests {
                 bug_ratio_quotient: false,
                 max_len: n,
                 entropy_coef: 0.0,
-                unfrozen_old_policy: false,
-                shared_reference: false,
+                ..LossSettings::plain(LossMode::Naive, KlEstimator::K3, LossAggMode::TokenMean)
             };
             let (sc, _) = f.step(
                 &prompts,

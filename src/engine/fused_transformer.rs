@@ -14,6 +14,7 @@ use super::StepScalars;
 use super::fused_lecture::{View, exp_fast, lanes8, product_into, sum_sq, zeroed};
 use crate::model::TransformerShape;
 use crate::objective::loss::{self, LossSettings, TokenInputs, TokenTerms};
+use crate::objective::numeric::{row_entropy, row_softmax};
 
 /// LayerNorm's ε (as `model::transformer::layer_norm`).
 const LN_EPS: f32 = 1e-5;
@@ -677,20 +678,6 @@ fn head(
     );
 }
 
-/// `z = x·inv_t` and `log Σ exp z` of one row of logits.
-#[inline(always)]
-fn row_logz(logits: &[f32], inv_t: f32, z: &mut [f32]) -> f32 {
-    for (zi, &x) in z.iter_mut().zip(logits) {
-        *zi = x * inv_t;
-    }
-    let m = lanes8(z, f32::MIN, f32::max);
-    let mut total = 0.0f32;
-    for &x in z.iter() {
-        total += exp_fast(x - m);
-    }
-    m + total.ln()
-}
-
 /// `Σ a·b` in 8 lanes (fixed-size chunks and a pairwise reduction, so the lanes stay in a
 /// register: a short dot product — a head's 16 values — is mostly its reduction).
 /// Index loops, not iterator adapters: called per key and head, where an adapter's setup
@@ -1100,10 +1087,10 @@ impl FusedTransformer {
         );
         let v = self.shape.vocab;
         let inv_t = 1.0 / temperature;
-        let mut z = vec![0.0f32; v];
+        let (mut z, mut e) = (vec![0.0f32; v], vec![0.0f32; v]);
         let mut out = vec![0.0f32; responses.len()];
         for (k, i, _, _) in sc.geo.selected() {
-            let lz = row_logz(&sc.logits[k * v..(k + 1) * v], inv_t, &mut z);
+            let (lz, _) = row_softmax(&sc.logits[k * v..(k + 1) * v], inv_t, &mut z, &mut e);
             out[i] = z[responses[i] as usize] - lz;
         }
         self.scratch = sc;
@@ -1163,17 +1150,13 @@ impl FusedTransformer {
         sized(&mut sc.logz, sel);
         zeroed(&mut sc.ent, tokens);
         zeroed(&mut sc.logp, tokens);
+        let (mut e, mut p, mut h) = (vec![0.0f32; v], vec![0.0f32; v], vec![0.0f32; v]);
         for (k, i, _, _) in geo.selected() {
             let z = &mut sc.z[k * v..(k + 1) * v];
-            let lz = row_logz(&sc.logits[k * v..(k + 1) * v], inv_t, z);
-            sc.logz[k] = lz;
-            let mut h = 0.0f32;
-            for &zi in z.iter() {
-                let lp = zi - lz;
-                h -= exp_fast(lp) * lp;
-            }
-            sc.ent[i] = h;
-            sc.logp[i] = z[x.responses[i] as usize] - lz;
+            let stats = row_softmax(&sc.logits[k * v..(k + 1) * v], inv_t, z, &mut e);
+            sc.logz[k] = stats.0;
+            sc.ent[i] = row_entropy(z, &e, stats, &mut p, &mut h);
+            sc.logp[i] = z[x.responses[i] as usize] - stats.0;
         }
         // The objective and its coefficients ∂L/∂log π_t, ∂L/∂H_t.
         let bonus = s.entropy_coef != 0.0;
@@ -1248,10 +1231,10 @@ impl FusedTransformer {
             let tokens = targets.len();
             let coef = -1.0 / tokens as f32;
             let mut total = 0.0f64;
-            let mut z = vec![0.0f32; v];
+            let (mut z, mut e) = (vec![0.0f32; v], vec![0.0f32; v]);
             let dl = sized(&mut sc.dlogits, tokens * v);
             for (i, row) in sc.logits.chunks_exact(v).enumerate() {
-                let lz = row_logz(row, 1.0, &mut z);
+                let (lz, _) = row_softmax(row, 1.0, &mut z, &mut e);
                 let tok = targets[i] as usize;
                 total += (z[tok] - lz) as f64;
                 let drow = &mut dl[i * v..(i + 1) * v];
@@ -1366,7 +1349,7 @@ impl FusedTransformer {
         let mut closed = vec![false; r];
         let mut logp_all = vec![0.0f32; sampled * max_len];
         let inv_t = 1.0 / temperature;
-        let mut z = vec![0.0f32; v];
+        let (mut z, mut e) = (vec![0.0f32; v], vec![0.0f32; v]);
         let mut active: Vec<usize> = Vec::with_capacity(r);
         let mut active_prompt: Vec<usize> = Vec::with_capacity(r);
         let mut toks: Vec<u32> = Vec::with_capacity(r);
@@ -1430,7 +1413,8 @@ impl FusedTransformer {
                     greedy_next[i - sampled]
                 };
                 if i < sampled && !closed[i] {
-                    let lz = row_logz(&logits[i * v..(i + 1) * v], inv_t, &mut z);
+                    let row = &logits[i * v..(i + 1) * v];
+                    let (lz, _) = row_softmax(row, inv_t, &mut z, &mut e);
                     logp_all[i * max_len + t] = z[tok as usize] - lz;
                 }
                 if !closed[i] {
@@ -1671,8 +1655,7 @@ mod tests {
                 bug_ratio_quotient: false,
                 max_len: 6,
                 entropy_coef: coef,
-                unfrozen_old_policy: false,
-                shared_reference: false,
+                ..LossSettings::plain(LossMode::Naive, KlEstimator::K3, LossAggMode::TokenMean)
             },
             temperature: 0.9,
             lr: 1e-3,
@@ -1802,13 +1785,45 @@ mod tests {
             let v: Vec<i64> = v.iter().map(|&x| x as i64).collect();
             TensorData::new(v, s)
         };
-        let mut cases = 0;
+        // The 2024 set × every estimator and aggregation, then the 2025–26 objectives (each
+        // at the aggregations it allows, the sequence levels included).
+        let mut all = vec![];
         for mode in [LossMode::Naive, LossMode::Unclipped, LossMode::Clipped] {
             for est in [KlEstimator::K1, KlEstimator::K2, KlEstimator::K3] {
                 for agg in LossAggMode::ALL {
-                    let coef = if cases % 2 == 0 { 0.03 } else { 0.0 };
-                    cases += 1;
-                    let st = settings(mode, est, *agg, coef);
+                    let coef = if all.len() % 2 == 0 { 0.03 } else { 0.0 };
+                    all.push(settings(mode, est, *agg, coef));
+                }
+            }
+        }
+        {
+            use crate::config::ImportanceSamplingLevel as Level;
+            let k3 = |mode, agg, level| {
+                let mut st = settings(mode, KlEstimator::K3, agg, 0.0);
+                st.loss.level = level;
+                st
+            };
+            use LossAggMode::{Luspo, SeqMeanTokenMean as Grpo, TokenMean};
+            for (mode, agg, level) in [
+                (LossMode::Cispo, TokenMean, Level::Token),
+                (LossMode::Sapo, Grpo, Level::Token),
+                (LossMode::Gmpo, Grpo, Level::Token),
+                (LossMode::Clipped, Grpo, Level::Sequence),
+                (LossMode::Clipped, Luspo, Level::Sequence),
+                (LossMode::Sapo, Grpo, Level::Sequence),
+                (LossMode::Clipped, TokenMean, Level::SequenceToken),
+                (LossMode::Cispo, Grpo, Level::SequenceToken),
+            ] {
+                all.push(k3(mode, agg, level));
+            }
+            let mut dual = k3(LossMode::Clipped, Grpo, Level::Token);
+            (dual.loss.dual_clip, dual.loss.delta) = (1.5, 1.4);
+            all.push(dual);
+        }
+        for st in all {
+            {
+                {
+                    let (mode, est, agg) = (st.loss.mode, st.loss.kl_estimator, st.loss.agg);
                     let ours = f.loss_and_gradient(&input(&c), &st);
                     let (logp, ent) = policy.score(
                         Tensor::<2, Int>::from_data(ints(&c.prompts, vec![b, N]), &device),
@@ -1833,7 +1848,7 @@ mod tests {
                     let mut flat = Flat(&grads, Vec::new());
                     policy.visit(&mut flat);
                     let theirs = flat.1;
-                    let label = format!("{mode:?} {est:?} {agg}");
+                    let label = format!("{mode:?} {est:?} {agg} {:?}", st.loss.level);
                     for (name, a, bv) in [
                         ("loss", ours.loss, terms.loss as f32),
                         ("kl", ours.kl, terms.kl),

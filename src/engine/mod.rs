@@ -351,10 +351,10 @@ pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + S
                 compute.label
             )));
         }
-        if !wgsl_lecture::WgslLectureEngine::covers(config) {
-            return Err(EngineError::WgslUnavailable(
-                "covers the lecture model without bug-gallery switches, without the entropy bonus and with run.kernels other than reference; use run.engine = auto or burn".into(),
-            ));
+        if let Some(why) = wgsl_lecture::WgslLectureEngine::uncovered(config) {
+            return Err(EngineError::WgslUnavailable(format!(
+                "does not cover this config: {why}; use run.engine = auto or burn"
+            )));
         }
     }
     Ok(match kind_for(config, compute) {

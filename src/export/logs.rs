@@ -530,10 +530,6 @@ fn unipo_prompts(
 ) -> Vec<serde_json::Value> {
     use serde_json::{Value, json};
     let advantage_mode = c.algorithm.advantage.name();
-    let (lo, hi) = (
-        1.0 - c.algorithm.epsilon_low as f32,
-        1.0 + c.algorithm.epsilon_high as f32,
-    );
     groups
         .iter()
         .take(max_prompts)
@@ -547,23 +543,15 @@ fn unipo_prompts(
                     let a = adv.and_then(|v| v.get(i)).copied().unwrap_or(f32::NAN);
                     let logp = g.logp.get(i).cloned().unwrap_or_default();
                     let old = g.old_logp.get(i).cloned().unwrap_or_default();
-                    let objective: Vec<f32> = logp
-                        .iter()
-                        .zip(&old)
-                        .map(|(&lp, &op)| {
-                            let ratio = (lp - op).exp();
-                            -crate::objective::loss::reference::pg_term(
-                                c.algorithm.loss,
-                                a,
-                                ratio,
-                                ratio,
-                                lp,
-                                lo,
-                                hi,
-                            )
-                            .0
-                        })
-                        .collect();
+                    let len = logp.len().min(old.len());
+                    let (logp, old) = (&logp[..len], &old[..len]);
+                    // The objective's own text, without the KL (the reference is not logged).
+                    let s = crate::objective::loss::LossSettings {
+                        beta: 0.0,
+                        ..crate::objective::loss::LossSettings::of(c)
+                    };
+                    let terms = crate::objective::loss::response_terms(&s, logp, old, old, a);
+                    let objective: Vec<f32> = terms.term.iter().map(|&x| -x).collect();
                     let strings: Vec<String> = resp.iter().map(|&t| token_string(t)).collect();
                     json!({
                         "id": format!("step{}_p{}_sample{i}", r.step - 1, g.prompt_index),

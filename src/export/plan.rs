@@ -2,11 +2,13 @@
 //! with how faithful the carry is, plus the framework keys grpo-lab has no key for (pinned,
 //! so nothing rests on a default that moves between versions).
 
+mod objective;
+
 use super::value::Val;
 use super::{Framework, Options};
 use crate::config::{
-    AdvantageMode, FIELDS, KlEstimator, KlPenaltyMode, LengthReward, LossAggMode, LossMode,
-    PromptSampling, RewardKind, RunConfig,
+    AdvantageMode, FIELDS, KlEstimator, KlPenaltyMode, LengthReward, PromptSampling, RewardKind,
+    RunConfig,
 };
 
 /// How faithfully one grpo-lab key is carried.
@@ -489,6 +491,9 @@ fn model_row(x: &Ctx, key: &str) -> Mapped {
 /// The `algorithm.*` keys.
 fn algorithm_row(x: &Ctx, key: &str) -> Mapped {
     use Framework::*;
+    if let Some(mapped) = objective::objective_row(x, key) {
+        return mapped;
+    }
     let c = x.c;
     let a = &c.algorithm;
     let s = &x.s;
@@ -574,49 +579,6 @@ fn algorithm_row(x: &Ctx, key: &str) -> Mapped {
             )
         }
         "algorithm.advantage" => advantage(x),
-        "algorithm.loss" => {
-            let theirs = match fw {
-                Trl => vec![],
-                Verl => vec![kv(&k("policy_loss.loss_mode"), Val::str("vanilla"))],
-                OpenRlhf => vec![kv("actor.policy_loss_type", Val::str("ppo"))],
-            };
-            match a.loss {
-                LossMode::Clipped => {
-                    exact(theirs, "PPO's clipped objective, what all three always use")
-                }
-                _ if s.mu == 1 => approx(
-                    theirs,
-                    format!(
-                        "{}: the frameworks always clip; with μ = 1 the ratio is 1 at the only step, so the clipped objective has the same gradient",
-                        a.loss
-                    ),
-                ),
-                _ => refused(format!(
-                    "`{}` with μ = {} > 1: TRL, verl and OpenRLHF always use the clipped objective (set algorithm.loss = clipped, or μ = 1)",
-                    a.loss, s.mu
-                )),
-            }
-        }
-        "algorithm.epsilon_low" => {
-            let e = f(a.epsilon_low);
-            let theirs = match fw {
-                Trl => vec![kv("epsilon", e)],
-                Verl => vec![kv(&k("clip_ratio"), e.clone()), kv(&k("clip_ratio_low"), e)],
-                OpenRlhf => vec![kv("actor.eps_clip", e)],
-            };
-            exact(theirs, "")
-        }
-        "algorithm.epsilon_high" => {
-            let theirs = match fw {
-                Trl => vec![kv("epsilon_high", f(a.epsilon_high))],
-                Verl => vec![kv(&k("clip_ratio_high"), f(a.epsilon_high))],
-                OpenRlhf => vec![kv(
-                    "actor.eps_clip_low_high",
-                    Val::List(vec![f(a.epsilon_low), f(a.epsilon_high)]),
-                )],
-            };
-            exact(theirs, "")
-        }
         "algorithm.beta" => {
             let theirs = match fw {
                 Trl => vec![kv("beta", f(a.beta))],
@@ -680,65 +642,6 @@ fn algorithm_row(x: &Ctx, key: &str) -> Mapped {
                     ),
                 ),
                 _ => inert(vec![], "no KL, or never refreshed"),
-            }
-        }
-        "algorithm.loss_agg_mode" => {
-            let fixed = c.model.kind == crate::config::ModelKind::Lecture;
-            let same = if fixed {
-                " (equal for the lecture model's fixed-length answers)"
-            } else {
-                ""
-            };
-            match fw {
-                Trl => {
-                    let t = match a.loss_agg_mode {
-                        LossAggMode::SeqMeanTokenMean => "grpo",
-                        LossAggMode::TokenMean => "dapo",
-                        LossAggMode::SeqMeanTokenSumNorm => "dr_grpo",
-                    };
-                    let note = format!(
-                        "written explicitly: TRL's default loss_type became \"dapo\"{same}"
-                    );
-                    if a.loss_agg_mode == LossAggMode::SeqMeanTokenSumNorm {
-                        approx(
-                            vec![kv("loss_type", Val::str(t))],
-                            format!(
-                                "{note}; TRL's dr_grpo divides by max_completion_length ({}), grpo-lab by task.max_len ({})",
-                                s.max_completion,
-                                c.max_len()
-                            ),
-                        )
-                    } else {
-                        exact(vec![kv("loss_type", Val::str(t))], note)
-                    }
-                }
-                Verl => {
-                    let mut theirs =
-                        vec![kv(&k("loss_agg_mode"), Val::str(a.loss_agg_mode.name()))];
-                    theirs.push(kv(&k("loss_scale_factor"), i(s.max_completion)));
-                    exact(
-                        theirs,
-                        format!(
-                            "loss_scale_factor (Dr. GRPO's constant) = max_response_length{same}"
-                        ),
-                    )
-                }
-                OpenRlhf => match a.loss_agg_mode {
-                    LossAggMode::TokenMean => exact(
-                        vec![],
-                        "OpenRLHF's PPO loss is token-level (token-mean); no key",
-                    ),
-                    m if fixed => exact(
-                        vec![],
-                        format!(
-                            "{m}: OpenRLHF's loss is token-mean, equal for the lecture model's fixed-length answers"
-                        ),
-                    ),
-                    m => approx(
-                        vec![],
-                        format!("{m}: no key; OpenRLHF's PPO loss is token-mean"),
-                    ),
-                },
             }
         }
         "algorithm.entropy_coef" => {
@@ -1218,12 +1121,6 @@ fn pinned(x: &Ctx) -> Vec<Pinned> {
         why: why.into(),
         differs: false,
     };
-    let d = |k: &str, v: Val, why: &str| Pinned {
-        key: k.into(),
-        val: v,
-        why: why.into(),
-        differs: true,
-    };
     let s = &x.s;
     let greedy = "grpo-lab measures held-out accuracy greedily";
     match x.fw {
@@ -1241,11 +1138,6 @@ fn pinned(x: &Ctx) -> Vec<Pinned> {
                 "AdamW (= Adam with weight decay 0)",
             ),
             p(
-                "importance_sampling_level",
-                Val::str("token"),
-                "per-token ratio, as grpo-lab",
-            ),
-            p(
                 "multi_objective_aggregation",
                 Val::str("sum_then_normalize"),
                 "the weighted sum of verifiers is the reward, then advantages",
@@ -1256,7 +1148,6 @@ fn pinned(x: &Ctx) -> Vec<Pinned> {
                 "truncated answers are scored, as grpo-lab",
             ),
             p("top_entropy_quantile", f(1.0), "every token trains"),
-            p("delta", Val::None, "no two-sided clip"),
             p("min_p", Val::None, "no min-p sampling"),
             p("repetition_penalty", f(1.0), "none"),
             p(
@@ -1298,11 +1189,6 @@ fn pinned(x: &Ctx) -> Vec<Pinned> {
             p("algorithm.lam", f(1.0), "one reward per answer"),
             p("algorithm.kl_ctrl.type", Val::str("fixed"), "β is constant"),
             p("algorithm.use_pf_ppo", Val::Bool(false), "none"),
-            d(
-                &format!("{A}.clip_ratio_c"),
-                f(3.0),
-                "verl's dual clip is always on: for A < 0 the loss is bounded by 3·|A|; grpo-lab has no dual clip",
-            ),
             p(
                 &format!("{A}.shuffle"),
                 Val::Bool(false),
@@ -1439,7 +1325,6 @@ fn pinned(x: &Ctx) -> Vec<Pinned> {
                 "OpenRLHF's default is cosine_with_min_lr",
             ),
             p("actor.lr_warmup_ratio", f(0.0), "no warmup"),
-            p("actor.dual_clip", Val::None, "no dual clip, as grpo-lab"),
             p(
                 "data.prompt_dataset",
                 Val::str("data/train.jsonl"),

@@ -6,7 +6,7 @@
 //! hand, burn's autodiff as the surrogate `Σ_t c_t·log π_t`); `shaders/common.wgsl` mirrors the
 //! per-token formulas for the WGSL engine. A new objective is written here and there only.
 
-use crate::config::{KlEstimator, LossAggMode, LossMode};
+use crate::config::{ImportanceSamplingLevel, KlEstimator, LossAggMode, LossMode};
 use crate::objective::numeric::{
     exp_fast, map2, map3, masked_dot_f64, masked_sum_f64, sum_f64, zeroed,
 };
@@ -34,6 +34,17 @@ pub struct LossSettings {
     pub unfrozen_old_policy: bool,
     /// BUG (gallery): the reference is the policy itself, so the KL and its gradient are 0.
     pub shared_reference: bool,
+    /// Where the ratio lives: per token, per sequence (GSPO) or GSPO-token.
+    pub level: ImportanceSamplingLevel,
+    /// Dual clip `c` (0 = off): for A < 0 the clipped loss is capped at `c·|A|`.
+    pub dual_clip: f32,
+    /// δ (0 = off): the clipped loss's unclipped branch uses `min(r, δ)`.
+    pub delta: f32,
+    /// CISPO's cap on the detached ratio.
+    pub cispo_max_ratio: f32,
+    /// SAPO's gate temperatures for A > 0 and A ≤ 0.
+    pub sapo_tau_pos: f32,
+    pub sapo_tau_neg: f32,
 }
 
 impl LossSettings {
@@ -53,6 +64,12 @@ impl LossSettings {
             entropy_coef: a.entropy_coef as f32,
             unfrozen_old_policy: a.bugs.unfrozen_old_policy,
             shared_reference: a.bugs.shared_reference,
+            level: a.importance_sampling_level,
+            dual_clip: a.dual_clip as f32,
+            delta: a.delta as f32,
+            cispo_max_ratio: a.cispo_max_ratio as f32,
+            sapo_tau_pos: a.sapo_temperature_pos as f32,
+            sapo_tau_neg: a.sapo_temperature_neg as f32,
         }
     }
 
@@ -71,7 +88,43 @@ impl LossSettings {
             entropy_coef: 0.0,
             unfrozen_old_policy: false,
             shared_reference: false,
+            level: ImportanceSamplingLevel::Token,
+            dual_clip: 0.0,
+            delta: 0.0,
+            cispo_max_ratio: 5.0,
+            sapo_tau_pos: 1.0,
+            sapo_tau_neg: 1.05,
         }
+    }
+
+    /// The per-token loss's parameters, as `reference::pg_term` and `common.wgsl` read them.
+    pub fn pg(&self) -> PgParams {
+        // GMPO clips log r to [−ε_low, ε_high]: in ratio space [e^−ε_low, e^ε_high].
+        let (lo, hi) = match self.mode {
+            LossMode::Gmpo => ((-self.epsilon_low).exp(), self.epsilon_high.exp()),
+            _ => (1.0 - self.epsilon_low, 1.0 + self.epsilon_high),
+        };
+        PgParams {
+            mode: self.mode,
+            lo,
+            hi,
+            dual_clip: self.dual_clip,
+            delta: self.delta,
+            cispo_cap: self.cispo_max_ratio,
+            tau_pos: self.sapo_tau_pos,
+            tau_neg: self.sapo_tau_neg,
+        }
+    }
+
+    /// Whether a token's ratio is its response's (GSPO, GSPO-token, GMPO's geometric mean).
+    pub fn sequence_ratio(&self) -> bool {
+        self.level != ImportanceSamplingLevel::Token || self.mode == LossMode::Gmpo
+    }
+
+    /// Whether the gradient of a response's loss reaches every token of it through the mean
+    /// log-ratio (GSPO and GMPO), rather than each token's own log π (GSPO-token, CISPO).
+    pub fn coupled(&self) -> bool {
+        self.level == ImportanceSamplingLevel::Sequence || self.mode == LossMode::Gmpo
     }
 
     /// How the ratio is formed under these settings.
@@ -89,6 +142,22 @@ impl LossSettings {
     pub fn kl_on(&self) -> bool {
         self.kl_in_loss && self.beta > 0.0
     }
+}
+
+/// The per-token policy-gradient term's parameters: the loss, the clip range `[lo, hi]` (ratio
+/// space), and each objective's knobs (0 where a cap is off, as `common.wgsl` reads them).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PgParams {
+    pub mode: LossMode,
+    pub lo: f32,
+    pub hi: f32,
+    /// Dual clip `c` (0 = off).
+    pub dual_clip: f32,
+    /// δ (0 = off).
+    pub delta: f32,
+    pub cispo_cap: f32,
+    pub tau_pos: f32,
+    pub tau_neg: f32,
 }
 
 /// How `ρ = π_θ/π_old` is formed: the right way, or one of the bug gallery's two.
@@ -144,6 +213,13 @@ pub struct TokenTerms {
     /// term `ℓ_t` and its derivative, `KL_t` and `β·∂KL_t/∂log π`, the aggregation weight `w_t`.
     pub adv: Vec<f32>,
     pub ratio: Vec<f32>,
+    /// `[R·T]` the ratio the objective uses where it is the response's — GSPO's
+    /// `s = exp(mean_t log r_t)`, GMPO's geometric mean of the clipped token ratios — on each
+    /// of its tokens; empty at the token level.
+    pub seq_ratio: Vec<f32>,
+    /// `[R·T]` GMPO: whether a token's log-ratio is inside its clip (1) or clipped (0, no
+    /// gradient through it); GSPO: 1 on real tokens. Empty at the token level.
+    pub live: Vec<f32>,
     pub term: Vec<f32>,
     pub dterm: Vec<f32>,
     pub kl_tokens: Vec<f32>,
@@ -161,10 +237,45 @@ pub fn evaluate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     debug_assert!(x.old_logp.len() == n && x.ref_logp.len() == n && x.mask.len() == n);
     per_token_advantages(x, &mut out.adv);
     ratios(s.ratio_form(), x, &mut out.ratio);
+    if s.sequence_ratio() {
+        sequence_ratios(s, x, out);
+    } else {
+        out.seq_ratio.clear();
+        out.live.clear();
+    }
     kl_terms(s, x, out);
     pg_terms(s, x, out);
     reference::aggregation_weights_into(s.agg, x.mask, x.t, s.max_len, &mut out.weight);
     aggregate(s, x, out);
+}
+
+/// One response's terms (every token real, no entropy bonus): what the inspector and the
+/// exports show per token — its ratio (the response's at the sequence level), `ℓ_t`, flags.
+pub fn response_terms(
+    s: &LossSettings,
+    logp: &[f32],
+    old_logp: &[f32],
+    ref_logp: &[f32],
+    adv: f32,
+) -> TokenTerms {
+    let mask = vec![1.0; logp.len()];
+    let advantages = [adv];
+    let x = TokenInputs {
+        logp,
+        old_logp,
+        ref_logp,
+        advantages: &advantages,
+        mask: &mask,
+        entropy: None,
+        t: logp.len(),
+    };
+    let mut out = TokenTerms::default();
+    let s = LossSettings {
+        entropy_coef: 0.0,
+        ..*s
+    };
+    evaluate(&s, &x, &mut out);
+    out
 }
 
 /// `A_t`: one per response broadcast over its tokens, or one per token.
@@ -200,6 +311,43 @@ fn ratios(form: RatioForm, x: &TokenInputs, ratio: &mut Vec<f32>) {
     }
 }
 
+/// The response's ratio on each of its tokens: `s_i = exp(mean_t log r̃_t)` over its real
+/// tokens, `r̃` the token log-ratio (GSPO) or GMPO's clipped one; `live_t` its derivative
+/// with respect to `log r_t` (1, or 0 where GMPO's clip holds it). A response with no real
+/// token has `s = 1` (TRL's `clamp(min = 1)`).
+#[inline(always)]
+fn sequence_ratios(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
+    let n = x.logp.len();
+    let t = x.t.max(1);
+    let gmpo = s.mode == LossMode::Gmpo;
+    let (seq, live) = (zeroed(&mut out.seq_ratio, n), zeroed(&mut out.live, n));
+    let rows = seq.chunks_exact_mut(t).zip(live.chunks_exact_mut(t));
+    for (i, (srow, lrow)) in rows.enumerate() {
+        let span = i * t..(i + 1) * t;
+        let (mut sum, mut len) = (0.0f64, 0.0f64);
+        let cells = x.logp[span.clone()]
+            .iter()
+            .zip(&x.old_logp[span.clone()])
+            .zip(&out.adv[span.clone()])
+            .zip(&x.mask[span]);
+        for ((((&lp, &old), &a), &m), l) in cells.zip(lrow.iter_mut()) {
+            if m == 0.0 {
+                continue;
+            }
+            let lr = lp - old;
+            let (v, d) = if gmpo {
+                reference::gmpo_log_ratio(lr, a, s.epsilon_low, s.epsilon_high)
+            } else {
+                (lr, 1.0)
+            };
+            sum += v as f64;
+            len += 1.0;
+            *l = d;
+        }
+        srow.fill(exp_fast((sum / len.max(1.0)) as f32));
+    }
+}
+
 /// `KL_t` (logged always) and `β·∂KL_t/∂log π` (0 when the KL is not in the loss).
 #[inline(always)]
 fn kl_terms(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
@@ -228,30 +376,40 @@ fn kl_terms(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     }
 }
 
-/// `ℓ_t` and `∂ℓ_t/∂log π`.
+/// `ℓ_t` and `∂ℓ_t/∂log π` — with the response's ratio `s` where it has one, `∂ℓ_t/∂log s`
+/// (the same formula with `∂s/∂log s = s`; `aggregate` takes it on to each token).
 #[inline(always)]
 fn pg_terms(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     let n = x.logp.len();
-    let (lo, hi) = (1.0 - s.epsilon_low, 1.0 + s.epsilon_high);
+    let p = s.pg();
     let (term, dterm) = (zeroed(&mut out.term, n), zeroed(&mut out.dterm, n));
-    let (adv, ratio, lp) = (&out.adv[..], &out.ratio[..], x.logp);
-    match (s.ratio_form(), s.mode) {
-        (RatioForm::Exp, LossMode::Naive) => map3(adv, ratio, lp, term, dterm, |a, r, lp| {
-            reference::pg_term(LossMode::Naive, a, r, r, lp, lo, hi)
-        }),
-        (RatioForm::Exp, LossMode::Unclipped) => map3(adv, ratio, lp, term, dterm, |a, r, lp| {
-            reference::pg_term(LossMode::Unclipped, a, r, r, lp, lo, hi)
-        }),
-        (RatioForm::Exp, LossMode::Clipped) => map3(adv, ratio, lp, term, dterm, |a, r, lp| {
-            reference::pg_term(LossMode::Clipped, a, r, r, lp, lo, hi)
-        }),
-        (form, mode) => {
-            for i in 0..n {
-                let dr = reference::ratio_of(form, lp[i], x.old_logp[i], exp_fast).1;
-                (term[i], dterm[i]) = reference::pg_term(mode, adv[i], ratio[i], dr, lp[i], lo, hi);
+    let ratio = if s.sequence_ratio() {
+        &out.seq_ratio[..]
+    } else {
+        &out.ratio[..]
+    };
+    let (adv, lp) = (&out.adv[..], x.logp);
+    // One monomorphic loop per loss (the mode a constant inside each), so each vectorizes.
+    macro_rules! per_mode {
+        ($($mode:ident),+) => {
+            match (s.ratio_form(), s.mode) {
+                $((RatioForm::Exp, LossMode::$mode) => {
+                    let p = PgParams { mode: LossMode::$mode, ..p };
+                    map3(adv, ratio, lp, term, dterm, |a, r, lp| {
+                        reference::pg_term(&p, a, r, r, lp, exp_fast)
+                    })
+                })+
+                (form, _) => {
+                    for i in 0..n {
+                        let dr = reference::ratio_of(form, lp[i], x.old_logp[i], exp_fast).1;
+                        (term[i], dterm[i]) =
+                            reference::pg_term(&p, adv[i], ratio[i], dr, lp[i], exp_fast);
+                    }
+                }
             }
-        }
+        };
     }
+    per_mode!(Naive, Unclipped, Clipped, Cispo, Sapo, Gmpo);
 }
 
 /// The coefficients `∂L/∂log π_t = w_t·(∂ℓ_t + β·∂KL_t)`, `∂L/∂H_t = −c·w_t`, the loss
@@ -260,7 +418,6 @@ fn pg_terms(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
 #[inline(always)]
 fn aggregate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     let n = x.logp.len();
-    let (lo, hi) = (1.0 - s.epsilon_low, 1.0 + s.epsilon_high);
     let c = s.entropy_coef;
     let bonus = c != 0.0;
     assert!(
@@ -271,8 +428,12 @@ fn aggregate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     let (dterm, dkl) = (&out.dterm[..n], &out.dkl[..n]);
     // Branch-free selects, so the passes vectorize; padding's values never reach a result.
     let dl = zeroed(&mut out.dlogp, n);
-    for ((((d, &m), &wi), &dt), &dk) in dl.iter_mut().zip(mask).zip(w).zip(dterm).zip(dkl) {
-        *d = if m != 0.0 { wi * (dt + dk) } else { 0.0 };
+    if s.coupled() {
+        couple(x, &out.live, w, dterm, dkl, dl);
+    } else {
+        for ((((d, &m), &wi), &dt), &dk) in dl.iter_mut().zip(mask).zip(w).zip(dterm).zip(dkl) {
+            *d = if m != 0.0 { wi * (dt + dk) } else { 0.0 };
+        }
     }
     let de = zeroed(&mut out.dentropy, if bonus { n } else { 0 });
     for ((d, &m), &wi) in de.iter_mut().zip(mask).zip(w) {
@@ -292,8 +453,14 @@ fn aggregate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
         loss -= c as f64 * dot(&h[..n]);
     }
     let (mut low, mut high) = (0u32, 0u32);
-    for ((&r, &a), &m) in ratio.iter().zip(adv).zip(mask) {
-        let (l, h) = reference::clip_flags(r, a, lo, hi);
+    // The clip the objective applies: GSPO's on the response's ratio, GMPO's on each token's.
+    let p = s.pg();
+    let clipped = match (s.sequence_ratio(), s.mode) {
+        (true, m) if m != LossMode::Gmpo => &out.seq_ratio[..n],
+        _ => ratio,
+    };
+    for ((&r, &a), &m) in clipped.iter().zip(adv).zip(mask) {
+        let (l, h) = reference::clip_flags(&p, r, a);
         low += (m != 0.0 && l) as u32;
         high += (m != 0.0 && h) as u32;
     }
@@ -307,6 +474,25 @@ fn aggregate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
         Some(h) => (total(&h[..n]) / count) as f32,
         None => f32::NAN,
     };
+}
+
+/// `∂L/∂log π_t` where a response's loss reaches its tokens through the mean log-ratio:
+/// `L = Σ_t w_t·ℓ_t(s_i)` gives `∂L/∂log π_t = live_t/L_i · Σ_{t'} w_{t'}·∂ℓ_{t'}/∂log s_i`
+/// (`L_i` the response's real tokens), plus the token's own KL term `w_t·β·∂KL_t`.
+#[inline(always)]
+fn couple(x: &TokenInputs, live: &[f32], w: &[f32], dterm: &[f32], dkl: &[f32], dl: &mut [f32]) {
+    let t = x.t.max(1);
+    for (i, drow) in dl.chunks_exact_mut(t).enumerate() {
+        let span = i * t..(i + 1) * t;
+        let mask = &x.mask[span.clone()];
+        let len = sum_f64(mask).max(1.0);
+        let g = masked_dot_f64(mask, &dterm[span.clone()], &w[span.clone()]);
+        let share = (g / len) as f32;
+        let cells = mask.iter().zip(&live[span.clone()]).zip(&w[span.clone()]);
+        for ((d, ((&m, &l), &wi)), &dk) in drow.iter_mut().zip(cells).zip(&dkl[span]) {
+            *d = if m != 0.0 { share * l + wi * dk } else { 0.0 };
+        }
+    }
 }
 
 /// Scalar references, one formula each, for the tests and for teaching.
@@ -335,8 +521,13 @@ pub mod reference {
     }
 
     pub fn clipped_token_loss(ratio: f32, adv: f32, eps_low: f32, eps_high: f32) -> f32 {
-        let mode = crate::config::LossMode::Clipped;
-        pg_term(mode, adv, ratio, ratio, 0.0, 1.0 - eps_low, 1.0 + eps_high).0
+        let mut s = super::LossSettings::plain(
+            crate::config::LossMode::Clipped,
+            crate::config::KlEstimator::K3,
+            crate::config::LossAggMode::SeqMeanTokenMean,
+        );
+        (s.epsilon_low, s.epsilon_high) = (eps_low, eps_high);
+        pg_term(&s.pg(), adv, ratio, ratio, 0.0, f32::exp).0
     }
 
     /// KL in the reward, PPO-RLHF style: `r − β·Σ_t KL_t(π_old ‖ π_ref)` per response over its
@@ -382,14 +573,14 @@ pub mod reference {
         ref_logp: f32,
         adv: f32,
     ) -> (f32, f32, f32, u32) {
-        let (lo, hi) = (1.0 - s.epsilon_low, 1.0 + s.epsilon_high);
+        let p = s.pg();
         let (ratio, dr) = ratio_of(s.ratio_form(), logp, old_logp, f32::exp);
-        let (mut loss, _) = pg_term(s.mode, adv, ratio, dr, logp, lo, hi);
+        let (mut loss, _) = pg_term(&p, adv, ratio, dr, logp, f32::exp);
         let (kl, _) = kl_term(s.kl_estimator, logp, ref_logp, s.beta, f32::exp);
         if s.kl_on() {
             loss += s.beta * kl;
         }
-        let (low, high) = clip_flags(ratio, adv, lo, hi);
+        let (low, high) = clip_flags(&p, ratio, adv);
         (ratio, loss, kl, low as u32 | ((high as u32) << 1))
     }
 
@@ -397,9 +588,11 @@ pub mod reference {
     /// padded to `T` (`mask`: 1 on real tokens; padding weighs 0):
     /// - `seq-mean-token-mean` (GRPO): `1/(R·len_i)`, each response's mean, then their mean;
     /// - `token-mean` (DAPO): `1/Σ mask`, every token of the batch alike;
-    /// - `seq-mean-token-sum-norm` (Dr. GRPO): `1/(R·max(max_len, T))`, a constant normaliser.
+    /// - `seq-mean-token-sum-norm` (Dr. GRPO): `1/(R·max(max_len, T))`, a constant normaliser;
+    /// - `luspo`: `1/R` (verl's `seq-mean-token-sum`): with one sequence-level loss on each of a
+    ///   response's `L` tokens, the mean over responses of `L·ℓ_i`.
     ///
-    /// The loss is `Σ_t w_t·ℓ_t`; burn's `aggregate` and the fused transformer weigh alike.
+    /// The loss is `Σ_t w_t·ℓ_t`; every engine weighs by these.
     pub fn aggregation_weights(
         agg: crate::config::LossAggMode,
         mask: &[f32],
@@ -431,6 +624,7 @@ pub mod reference {
                 LossAggMode::TokenMean => 1.0 / (mask.len() as f32).max(1.0),
                 LossAggMode::SeqMeanTokenMean => 1.0 / ((t as f32).max(1.0) * r as f32),
                 LossAggMode::SeqMeanTokenSumNorm => 1.0 / (r * max_len.max(t)) as f32,
+                LossAggMode::Luspo => 1.0 / (r as f32).max(1.0),
             };
             out.clear();
             out.resize(mask.len(), w);
@@ -451,6 +645,7 @@ pub mod reference {
                     1.0 / (row.iter().sum::<f32>().max(1.0) * r as f32)
                 }
                 LossAggMode::SeqMeanTokenSumNorm => 1.0 / (r * max_len.max(t)) as f32,
+                LossAggMode::Luspo => 1.0 / (r as f32).max(1.0),
             };
             for (o, &m) in wrow.iter_mut().zip(row) {
                 *o = if m == 0.0 { 0.0 } else { w };
@@ -458,38 +653,96 @@ pub mod reference {
         }
     }
 
-    /// Whether the clip is active on a token, low and high: the ratio below `lo = 1 − ε_low` with
-    /// `a < 0`, or above `hi = 1 + ε_high` with `a > 0` (where the clipped objective's gradient is
-    /// 0). The clip fractions every engine logs count these (`lecture_step.wgsl` mirrors it).
+    /// Whether the clip is active on a token, low and high: the ratio below `lo` with `a < 0`,
+    /// or above `hi` with `a > 0` (where the clipped objective's gradient is 0; GMPO's `lo`,
+    /// `hi` are `e^∓ε`, on each token's own ratio). CISPO: the ratio above its cap with `a > 0`
+    /// (TRL's `cispo_clip_ratio`), never low; SAPO's gate never clips. The clip fractions every
+    /// engine logs count these (`common.wgsl` mirrors it).
     #[inline(always)]
-    pub fn clip_flags(ratio: f32, adv: f32, lo: f32, hi: f32) -> (bool, bool) {
-        (ratio < lo && adv < 0.0, ratio > hi && adv > 0.0)
+    pub fn clip_flags(p: &super::PgParams, ratio: f32, adv: f32) -> (bool, bool) {
+        use crate::config::LossMode;
+        match p.mode {
+            LossMode::Cispo => (false, ratio > p.cispo_cap && adv > 0.0),
+            LossMode::Sapo => (false, false),
+            _ => (ratio < p.lo && adv < 0.0, ratio > p.hi && adv > 0.0),
+        }
+    }
+
+    /// GMPO's clip of one token's log-ratio `lr = log r` in log space, pessimistic by the
+    /// sign of `a` (verl `geo_mean`): `(sgn·min(sgn·lr, sgn·clip(lr, −ε_low, ε_high)),
+    /// its derivative)` — `lr` capped above at `ε_high` when `a > 0`, below at `−ε_low` when
+    /// `a < 0`, and `(0, 0)` when `a = 0`. At the edge itself the token counts as inside
+    /// (derivative 1: the subgradient this text and its tests use).
+    #[inline(always)]
+    pub fn gmpo_log_ratio(lr: f32, a: f32, eps_low: f32, eps_high: f32) -> (f32, f32) {
+        if a > 0.0 {
+            if lr > eps_high {
+                (eps_high, 0.0)
+            } else {
+                (lr, 1.0)
+            }
+        } else if a < 0.0 {
+            if lr < -eps_low {
+                (-eps_low, 0.0)
+            } else {
+                (lr, 1.0)
+            }
+        } else {
+            (0.0, 0.0)
+        }
     }
 
     /// The policy-gradient part of one token's loss and its derivative with respect to
-    /// `log π`: `(term, ∂term/∂log π)` for advantage `a`, ratio `r = π/π_old`, its derivative
-    /// `dr = ∂r/∂log π` (`r` itself when `r = exp(log π − log π_old)`) and `lp = log π`.
-    /// Clipped: the derivative is `−a·dr` wherever the unclipped branch is the minimum (or the
-    /// ratio is inside the clip range), else 0. `#[inline(always)]` so the loops over tokens
+    /// `log π`: `(ℓ, ∂ℓ/∂log π)` for advantage `a`, ratio `r`, its derivative
+    /// `dr = ∂r/∂log π` (`r` itself when `r = exp(log π − log π_old)`; for a response's ratio
+    /// `s`, `s`: then the derivative is `∂ℓ/∂log s`) and `lp = log π`; `exp` is the
+    /// exponential the caller computes with. Per loss:
+    /// - naive `−a·lp`; unclipped `−a·r`;
+    /// - clipped `−min(min(r, δ)·a, clip(r, lo, hi)·a)`, then for `a < 0` capped at `c·|a|`
+    ///   (dual clip); the derivative is `−a·dr` wherever the unclipped branch is the minimum (or
+    ///   the ratio is inside the clip range) and neither δ nor the dual clip holds, else 0;
+    /// - cispo `−sg(min(r, cap))·a·lp`, derivative `−min(r, cap)·a` (clipped tokens keep it);
+    /// - sapo `−(4/τ)·σ(τ(r − 1))·a`, τ by the sign of `a`, derivative `−a·4σ(1−σ)·dr`;
+    /// - gmpo (with `r` the response's geometric mean) `−a·r`, as unclipped.
+    ///
+    /// At a kink (`r` exactly on a clip edge, `r = δ`, the loss exactly at the dual clip's
+    /// cap) the gradient is the unclipped side's. `#[inline(always)]` so the loops over tokens
     /// specialise it per mode.
     #[inline(always)]
     pub fn pg_term(
-        mode: crate::config::LossMode,
+        p: &super::PgParams,
         a: f32,
         r: f32,
         dr: f32,
         lp: f32,
-        lo: f32,
-        hi: f32,
+        exp: impl Fn(f32) -> f32,
     ) -> (f32, f32) {
         use crate::config::LossMode;
-        match mode {
+        match p.mode {
             LossMode::Naive => (-a * lp, -a),
-            LossMode::Unclipped => (-a * r, -a * dr),
+            LossMode::Unclipped | LossMode::Gmpo => (-a * r, -a * dr),
             LossMode::Clipped => {
-                let (u, c) = (r * a, r.clamp(lo, hi) * a);
-                let live = u <= c || (r > lo && r < hi);
-                (-u.min(c), if live { -a * dr } else { 0.0 })
+                // Selects, not `min`, so a NaN ratio stays NaN.
+                let capped = p.delta > 0.0 && r > p.delta;
+                let rd = if capped { p.delta } else { r };
+                let (u, c) = (rd * a, r.clamp(p.lo, p.hi) * a);
+                let live = (u <= c || (r > p.lo && r < p.hi)) && !capped;
+                let (l, d) = (-u.min(c), if live { -a * dr } else { 0.0 });
+                let cap = -a * p.dual_clip;
+                if p.dual_clip > 0.0 && a < 0.0 && l > cap {
+                    (cap, 0.0)
+                } else {
+                    (l, d)
+                }
+            }
+            LossMode::Cispo => {
+                let w = if r > p.cispo_cap { p.cispo_cap } else { r };
+                (-w * a * lp, -w * a)
+            }
+            LossMode::Sapo => {
+                let tau = if a > 0.0 { p.tau_pos } else { p.tau_neg };
+                let sg = 1.0 / (1.0 + exp(-tau * (r - 1.0)));
+                (-(4.0 / tau) * sg * a, -a * 4.0 * sg * (1.0 - sg) * dr)
             }
         }
     }
@@ -548,20 +801,30 @@ mod tests {
     fn derivatives_match_finite_differences() {
         use reference::*;
         let h = 1e-3f32;
-        for mode in [LossMode::Naive, LossMode::Unclipped, LossMode::Clipped] {
+        for p in pg_cases() {
             for (lp, old, a) in [
                 (-1.0f32, -1.1, 0.7),
                 (-0.5, -1.5, 1.3),
                 (-2.0, -0.9, -0.8),
                 (-1.0, -1.0, -2.0),
+                (-0.3, -2.5, -1.0),
+                (-1.0, -1.0, 0.0),
             ] {
                 let r = |x: f32| (x - old).exp();
-                let f = |x: f32| pg_term(mode, a, r(x), r(x), x, 0.8, 1.28).0;
+                // CISPO's ratio is detached: its derivative holds r still.
+                let held = |x: f32| {
+                    if p.mode == LossMode::Cispo {
+                        r(lp)
+                    } else {
+                        r(x)
+                    }
+                };
+                let f = |x: f32| pg_term(&p, a, held(x), held(x), x, f32::exp).0;
                 let numeric = (f(lp + h) - f(lp - h)) / (2.0 * h);
-                let (_, d) = pg_term(mode, a, r(lp), r(lp), lp, 0.8, 1.28);
+                let (_, d) = pg_term(&p, a, r(lp), r(lp), lp, f32::exp);
                 assert!(
                     (numeric - d).abs() < 2e-2,
-                    "{mode:?} {lp} {old} {a}: {numeric} vs {d}"
+                    "{p:?} {lp} {old} {a}: {numeric} vs {d}"
                 );
             }
         }
@@ -574,6 +837,49 @@ mod tests {
         }
         let _ = LossAggMode::TokenMean;
     }
+    /// Every per-token loss, the clipped one also with the dual clip and with δ.
+    fn pg_cases() -> Vec<PgParams> {
+        let base = LossSettings::plain(LossMode::Naive, KlEstimator::K3, LossAggMode::TokenMean);
+        let mut out: Vec<PgParams> = LossMode::ALL
+            .iter()
+            .map(|&mode| {
+                LossSettings {
+                    mode,
+                    epsilon_high: 0.28,
+                    ..base
+                }
+                .pg()
+            })
+            .collect();
+        let clipped = LossSettings {
+            mode: LossMode::Clipped,
+            ..base
+        };
+        out.push(
+            LossSettings {
+                dual_clip: 3.0,
+                ..clipped
+            }
+            .pg(),
+        );
+        out.push(
+            LossSettings {
+                delta: 1.5,
+                ..clipped
+            }
+            .pg(),
+        );
+        out.push(
+            LossSettings {
+                cispo_max_ratio: 1.1,
+                mode: LossMode::Cispo,
+                ..base
+            }
+            .pg(),
+        );
+        out
+    }
+
     /// A ragged batch (R = 3, T = 4) whose padding holds junk.
     fn ragged(seed: u64) -> [Vec<f32>; 6] {
         let mut rng = crate::rng::SplitMix64::new(seed);
@@ -687,6 +993,269 @@ mod tests {
             }
         }
         assert_eq!(cases, 3 * 3 * LossAggMode::ALL.len() * 4);
+    }
+
+    /// Each objective's values worked by hand from its paper's (or framework's) definition.
+    #[test]
+    fn worked_values_from_the_definitions() {
+        use crate::config::ImportanceSamplingLevel as Level;
+        let close = |x: f32, y: f32| (x - y).abs() < 1e-5;
+        let base = LossSettings::plain(
+            LossMode::Naive,
+            KlEstimator::K3,
+            LossAggMode::SeqMeanTokenMean,
+        );
+        let term = |s: LossSettings, a: f32, r: f32, lp: f32| {
+            reference::pg_term(&s.pg(), a, r, r, lp, f32::exp)
+        };
+        // CISPO: −sg(min(r, 5))·A·log π; the gradient survives above the cap.
+        let cispo = LossSettings {
+            mode: LossMode::Cispo,
+            ..base
+        };
+        assert_eq!(term(cispo, 2.0, 1.5, -1.0), (3.0, -3.0));
+        assert_eq!(term(cispo, 2.0, 7.0, -1.0), (10.0, -10.0));
+        // SAPO: −(4/τ)·σ(τ(r−1))·A, slope 1 at r = 1 (as PPO's inside its clip).
+        let sapo = LossSettings {
+            mode: LossMode::Sapo,
+            ..base
+        };
+        let (l, d) = term(sapo, 1.0, 1.0, -1.0);
+        assert!(close(l, -2.0) && close(d, -1.0), "{l} {d}");
+        let (l, d) = term(sapo, -1.0, 1.0, -1.0);
+        assert!(close(l, 4.0 / 1.05 * 0.5) && close(d, 1.0), "{l} {d}");
+        // Dual clip c = 3, A = −1, r = 5: PPO's max(5, 1.2) = 5, capped at 3·|A|, no gradient.
+        let clipped = LossSettings {
+            mode: LossMode::Clipped,
+            ..base
+        };
+        assert_eq!(
+            term(
+                LossSettings {
+                    dual_clip: 3.0,
+                    ..clipped
+                },
+                -1.0,
+                5.0,
+                -1.0
+            ),
+            (3.0, 0.0)
+        );
+        assert_eq!(term(clipped, -1.0, 5.0, -1.0), (5.0, 5.0));
+        // δ = 1.5, A = −1, r = 2: −min(min(2, 1.5)·(−1), 1.2·(−1)) = 1.5, no gradient.
+        assert_eq!(
+            term(
+                LossSettings {
+                    delta: 1.5,
+                    ..clipped
+                },
+                -1.0,
+                2.0,
+                -1.0
+            ),
+            (1.5, 0.0)
+        );
+        // GSPO (ε = 3e-4 / 4e-4): log r = [0.1, 0.3] → s = e^0.2; A = −1: ℓ = s; each token
+        // gets ∂ℓ/∂log π_t = s/L = s/2. A = +1: clipped at 1 + 4e-4, no gradient.
+        let gspo = LossSettings {
+            mode: LossMode::Clipped,
+            level: Level::Sequence,
+            epsilon_low: 3e-4,
+            epsilon_high: 4e-4,
+            ..base
+        };
+        let (lp, old) = ([-1.0f32, -2.0], [-1.1f32, -2.3]);
+        let s = 0.2f32.exp();
+        let t = response_terms(&gspo, &lp, &old, &old, -1.0);
+        assert!(
+            close(t.loss as f32, s) && close(t.dlogp[0], s / 2.0) && close(t.dlogp[1], s / 2.0),
+            "{t:?}"
+        );
+        let t = response_terms(&gspo, &lp, &old, &old, 1.0);
+        assert!(
+            close(t.loss as f32, -1.0004) && t.dlogp == [0.0, 0.0] && t.clip_high == 1.0,
+            "{t:?}"
+        );
+        // LUSPO: the same response's GSPO loss × its length 2.
+        let luspo = LossSettings {
+            agg: LossAggMode::Luspo,
+            ..gspo
+        };
+        let t = response_terms(&luspo, &lp, &old, &old, -1.0);
+        assert!(
+            close(t.loss as f32, 2.0 * s) && close(t.dlogp[0], s),
+            "{t:?}"
+        );
+        // GSPO-token: the value s on every token, each token's own gradient −A·s·w_t.
+        let token = LossSettings {
+            level: Level::SequenceToken,
+            epsilon_high: 0.5,
+            ..gspo
+        };
+        let t = response_terms(&token, &lp, &old, &old, 1.0);
+        assert!(
+            close(t.loss as f32, -s) && close(t.dlogp[0], -s / 2.0),
+            "{t:?}"
+        );
+        // GMPO (ε = 0.4 in log space), A = 1: log r = [0.5, −0.1] → clipped [0.4, −0.1], R =
+        // e^0.15, ℓ = −R; the clipped token gets no gradient, the other −R/2.
+        let gmpo = LossSettings {
+            mode: LossMode::Gmpo,
+            epsilon_low: 0.4,
+            epsilon_high: 0.4,
+            ..base
+        };
+        let (lp, old) = ([-1.0f32, -2.0], [-1.5f32, -1.9]);
+        let r = 0.15f32.exp();
+        let t = response_terms(&gmpo, &lp, &old, &old, 1.0);
+        assert!(
+            close(t.loss as f32, -r) && t.dlogp[0] == 0.0 && close(t.dlogp[1], -r / 2.0),
+            "{t:?}"
+        );
+        assert!(close(t.clip_high, 0.5), "{t:?}");
+    }
+
+    /// The 2025–26 objectives (CISPO, SAPO, GMPO, the dual clip, δ, GSPO and GSPO-token at
+    /// each aggregation they allow, LUSPO): `evaluate`'s `∂L/∂log π_t` against central
+    /// differences of its own loss, on ragged batches with per-response and per-token
+    /// advantages. Where the objective detaches something the difference holds it still:
+    /// CISPO's ratio (log π_old moves with log π), GSPO-token's sequence ratio (the token-level
+    /// loss at π_old' = π/s, whose ratio is s with each token's own gradient). Tokens within
+    /// 2e-2 of a kink (a clip edge, δ, the dual clip's cap, GMPO's log-space edges) are skipped.
+    #[test]
+    fn every_objective_s_coefficients_are_its_derivatives() {
+        use crate::config::ImportanceSamplingLevel as Level;
+        let h = 1e-3f32;
+        let base = LossSettings::plain(LossMode::Naive, KlEstimator::K3, LossAggMode::TokenMean);
+        let mut objectives = vec![];
+        for &mode in LossMode::ALL {
+            for &agg in LossAggMode::ALL {
+                for level in [Level::Token, Level::Sequence, Level::SequenceToken] {
+                    let s = LossSettings {
+                        mode,
+                        agg,
+                        level,
+                        ..base
+                    };
+                    let mut c = crate::config::RunConfig::default();
+                    let a = &mut c.algorithm;
+                    (a.loss, a.loss_agg_mode, a.importance_sampling_level) = (mode, agg, level);
+                    if c.validate().is_ok() {
+                        objectives.push(s);
+                    }
+                }
+            }
+        }
+        let clipped = LossSettings {
+            mode: LossMode::Clipped,
+            ..base
+        };
+        objectives.push(LossSettings {
+            dual_clip: 3.0,
+            ..clipped
+        });
+        objectives.push(LossSettings {
+            delta: 1.5,
+            ..clipped
+        });
+        objectives.push(LossSettings {
+            dual_clip: 1.6,
+            delta: 1.4,
+            ..clipped
+        });
+        objectives.push(LossSettings {
+            cispo_max_ratio: 1.1,
+            mode: LossMode::Cispo,
+            ..base
+        });
+        assert!(objectives.len() >= 24, "{} objectives", objectives.len());
+        let mut checked = 0;
+        for (k, s0) in objectives.iter().enumerate() {
+            for seed in 0..4u64 {
+                let [logp, old, refl, ent, mask, adv] = ragged(100 + seed);
+                let per_token: Vec<f32> = (0..12)
+                    .map(|i| adv[i / 4] * (0.5 + (i % 4) as f32 * 0.3))
+                    .collect();
+                let adv = if seed % 2 == 1 { per_token } else { adv };
+                let mut s = *s0;
+                (s.beta, s.max_len, s.epsilon_high) = (0.3, 6, 0.28);
+                if s.mode == LossMode::Gmpo {
+                    (s.epsilon_low, s.epsilon_high) = (0.4, 0.4);
+                }
+                let run = |lp: &[f32], o: &[f32], s: &LossSettings| {
+                    let mut out = TokenTerms::default();
+                    let x = TokenInputs {
+                        logp: lp,
+                        old_logp: o,
+                        ref_logp: &refl,
+                        advantages: &adv,
+                        mask: &mask,
+                        entropy: Some(&ent),
+                        t: 4,
+                    };
+                    evaluate(s, &x, &mut out);
+                    out
+                };
+                let got = run(&logp, &old, &s);
+                // GSPO-token: the token-level objective at π_old' = π/s.
+                let (old, fd_settings) = if s.level == Level::SequenceToken {
+                    let o: Vec<f32> = (0..12).map(|i| logp[i] - got.seq_ratio[i].ln()).collect();
+                    (
+                        o,
+                        LossSettings {
+                            level: Level::Token,
+                            ..s
+                        },
+                    )
+                } else {
+                    (old, s)
+                };
+                let p = s.pg();
+                for i in 0..12 {
+                    if mask[i] == 0.0 {
+                        assert_eq!(got.dlogp[i], 0.0);
+                        continue;
+                    }
+                    let row = i / 4 * 4..i / 4 * 4 + 4;
+                    let near = |x: f32, edge: f32| (x - edge).abs() < 2e-2 * edge.abs().max(1.0);
+                    let kink = |r: f32| {
+                        near(r, p.lo)
+                            || near(r, p.hi)
+                            || near(r, p.delta)
+                            || near(r, p.dual_clip)
+                            || near(r, p.cispo_cap)
+                    };
+                    let rows_ratio = if s.sequence_ratio() && s.mode != LossMode::Gmpo {
+                        &got.seq_ratio
+                    } else {
+                        &got.ratio
+                    };
+                    if row.clone().any(|j| mask[j] != 0.0 && kink(rows_ratio[j])) {
+                        continue;
+                    }
+                    let bump = |d: f32| {
+                        let (mut lp, mut o) = (logp.clone(), old.clone());
+                        lp[i] += d;
+                        if s.mode == LossMode::Cispo {
+                            o[i] += d; // the detached ratio held still
+                        }
+                        run(&lp, &o, &fd_settings).loss
+                    };
+                    let fd = ((bump(h) - bump(-h)) / (2.0 * h as f64)) as f32;
+                    assert!(
+                        (fd - got.dlogp[i]).abs() <= 2e-4 + 2e-3 * fd.abs(),
+                        "objective {k} {:?} {:?} {} seed {seed} token {i}: ∂L/∂logπ {} vs finite differences {fd}",
+                        s.mode,
+                        s.level,
+                        s.agg,
+                        got.dlogp[i]
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        eprintln!("{} objectives, {checked} tokens checked", objectives.len());
+        assert!(checked > 500, "{checked} tokens checked");
     }
 
     /// `evaluate`'s loss and statistics equal the per-token scalar reference (`token_terms`,

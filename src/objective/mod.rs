@@ -4,6 +4,7 @@
 
 pub mod adam;
 pub mod advantage;
+pub mod calculator;
 pub mod loss;
 pub mod numeric;
 pub mod sampling;

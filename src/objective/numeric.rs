@@ -136,6 +136,40 @@ pub fn map3(
     }
 }
 
+/// One row of logits at temperature `1/inv_t`, the text of the row log-softmax every CPU
+/// engine uses: `z = x·inv_t`, `e = exp(z − max z)` (both written), returns
+/// `(log Z, Σ e)` with `log Z = max z + ln Σ e`, so `log π_j = z_j − log Z`.
+#[inline(always)]
+pub fn row_softmax(x: &[f32], inv_t: f32, z: &mut [f32], e: &mut [f32]) -> (f32, f32) {
+    for (zi, &xi) in z.iter_mut().zip(x) {
+        *zi = xi * inv_t;
+    }
+    let m = lanes8(z, f32::MIN, f32::max);
+    for (ei, &zi) in e.iter_mut().zip(z.iter()) {
+        *ei = exp_fast(zi - m);
+    }
+    let total = lanes8(e, 0.0, |a, b| a + b);
+    (m + total.ln(), total)
+}
+
+/// The probabilities `p = e/Σe` of a row [`row_softmax`] computed (into `p`) and its entropy
+/// `H = −Σ p·log π` (`h` is scratch of the row's length; a token with `e = 0` adds nothing).
+#[inline(always)]
+pub fn row_entropy(
+    z: &[f32],
+    e: &[f32],
+    (logz, total): (f32, f32),
+    p: &mut [f32],
+    h: &mut [f32],
+) -> f32 {
+    let inv = 1.0 / total;
+    for (((p, hi), &ei), &zi) in p.iter_mut().zip(h.iter_mut()).zip(e).zip(z) {
+        *p = ei * inv;
+        *hi = if ei > 0.0 { *p * (zi - logz) } else { 0.0 };
+    }
+    -lanes8(h, 0.0, |a, b| a + b)
+}
+
 /// `buf` as `len` zeros, reusing its allocation.
 #[inline(always)]
 pub fn zeroed(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {

@@ -171,6 +171,14 @@ pub struct StepParams {
     pub bc2: f32,
     pub factor: f32,
     pub max_norm: f32,
+    pub dual_clip: f32,
+    pub delta: f32,
+    pub cispo_cap: f32,
+    pub tau_pos: f32,
+    pub tau_neg: f32,
+    pub _f0: f32,
+    pub _f1: f32,
+    pub _f2: f32,
 }
 
 impl StepParams {
@@ -424,11 +432,29 @@ impl WgslLectureEngine {
     /// Whether this engine computes exactly what the config asks: the lecture model without a
     /// bug-gallery switch and without the entropy bonus (as the fused CPU step).
     pub fn covers(c: &RunConfig) -> bool {
-        c.model.kind == ModelKind::Lecture
-            && FusedLecture::supports(c)
-            && c.run.kernels != KernelChoice::Reference
-            // PPO's per-token advantages (GAE) are not in its loss kernel.
-            && c.algorithm.advantage != crate::config::AdvantageMode::Gae
+        Self::uncovered(c).is_none()
+    }
+
+    /// Why a config is not this engine's, in words (`None`: it is).
+    pub fn uncovered(c: &RunConfig) -> Option<&'static str> {
+        let a = &c.algorithm;
+        if c.model.kind != ModelKind::Lecture {
+            Some("it trains the lecture model only")
+        } else if a.bugs.any() {
+            Some("the bug gallery's switches are not in its kernels")
+        } else if a.entropy_coef != 0.0 {
+            Some("the entropy bonus is not in its loss kernel")
+        } else if c.run.kernels == KernelChoice::Reference {
+            Some("run.kernels = reference asks for the Rust kernels")
+        } else if a.advantage == crate::config::AdvantageMode::Gae {
+            Some("PPO's per-token advantages (GAE) are not in its loss kernel")
+        } else if LossSettings::of(c).sequence_ratio() {
+            Some(
+                "a sequence-level ratio (GSPO, GSPO-token, GMPO) needs each response's mean log-ratio before any token's term, and its step kernel computes a (prompt, position) row's tokens in one pass",
+            )
+        } else {
+            None
+        }
     }
 
     pub fn new(c: &RunConfig, ctx: Arc<GpuContext>) -> Result<Self, EngineError> {
@@ -879,6 +905,9 @@ fn loss_params(p: &mut StepParams, s: &LossSettings) {
         LossMode::Naive => 0,
         LossMode::Unclipped => 1,
         LossMode::Clipped => 2,
+        LossMode::Cispo => 3,
+        LossMode::Sapo => 4,
+        LossMode::Gmpo => unreachable!("covers() leaves GMPO to the CPU engines"),
     };
     p.estimator = match s.kl_estimator {
         KlEstimator::K1 => 0,
@@ -888,8 +917,10 @@ fn loss_params(p: &mut StepParams, s: &LossSettings) {
     let kl_on = s.kl_in_loss && s.beta > 0.0;
     p.kl_on = kl_on as u32;
     p.beta = if kl_on { s.beta } else { 0.0 };
-    p.lo = 1.0 - s.epsilon_low;
-    p.hi = 1.0 + s.epsilon_high;
+    let pg = s.pg();
+    (p.lo, p.hi) = (pg.lo, pg.hi);
+    (p.dual_clip, p.delta, p.cispo_cap) = (pg.dual_clip, pg.delta, pg.cispo_cap);
+    (p.tau_pos, p.tau_neg) = (pg.tau_pos, pg.tau_neg);
 }
 
 impl Engine for WgslLectureEngine {

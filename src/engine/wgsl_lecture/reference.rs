@@ -5,7 +5,9 @@
 
 use super::{CHUNK, MatmulParams, StepParams};
 use crate::config::{KlEstimator, LossMode};
+use crate::objective::loss::PgParams;
 use crate::objective::loss::reference::{clip_flags, kl_term, pg_term};
+use crate::objective::numeric::{row_entropy, row_softmax};
 
 /// The buffers a kernel reads and writes.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -97,21 +99,14 @@ fn w(x: u32) -> usize {
     x as usize
 }
 
-/// `(log Z, H)` of one row of logits at temperature `1/inv_t`, as `row_stats` and `row_step`
-/// compute them (a max-shifted sum, `f32::exp`; terms with `e^{z−m} = 0` skipped).
+/// `(log Z, H)` of one row of logits at temperature `1/inv_t`: the CPU engines' text
+/// (`objective::numeric`), which `row_stats` and `row_step` mirror in WGSL (a max-shifted
+/// sum; terms with `e^{z−m} = 0` skipped; WGSL's `exp` and sum order within the tolerance).
 fn row_logz_entropy(x: &[f32], inv_t: f32) -> (f32, f32) {
-    let m = x.iter().fold(-3.402_823_5e38f32, |m, &l| m.max(l * inv_t));
-    let total: f32 = x.iter().map(|&l| (l * inv_t - m).exp()).sum();
-    let lz = m + total.ln();
-    let mut h = 0.0f32;
-    for &l in x {
-        let z = l * inv_t;
-        let e = (z - m).exp();
-        if e > 0.0 {
-            h -= e / total * (z - lz);
-        }
-    }
-    (lz, h)
+    let n = x.len();
+    let (mut z, mut e, mut p, mut h) = (vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+    let stats = row_softmax(x, inv_t, &mut z, &mut e);
+    (stats.0, row_entropy(&z, &e, stats, &mut p, &mut h))
 }
 
 fn gather_enc(lp: &StepParams, buf: &mut Buffers) {
@@ -146,7 +141,23 @@ fn gather_logp(lp: &StepParams, buf: &mut Buffers) {
 
 fn row_step(lp: &StepParams, buf: &mut Buffers) {
     let [_, g, n, v, _, rows, _] = dims(lp);
-    let mode = [LossMode::Naive, LossMode::Unclipped, LossMode::Clipped][w(lp.mode)];
+    let modes = [
+        LossMode::Naive,
+        LossMode::Unclipped,
+        LossMode::Clipped,
+        LossMode::Cispo,
+        LossMode::Sapo,
+    ];
+    let pg = PgParams {
+        mode: modes[w(lp.mode)],
+        lo: lp.lo,
+        hi: lp.hi,
+        dual_clip: lp.dual_clip,
+        delta: lp.delta,
+        cispo_cap: lp.cispo_cap,
+        tau_pos: lp.tau_pos,
+        tau_neg: lp.tau_neg,
+    };
     let est = [KlEstimator::K1, KlEstimator::K2, KlEstimator::K3][w(lp.estimator)];
     let beta = if lp.kl_on == 1 { lp.beta } else { 0.0 };
     for r in 0..rows {
@@ -167,14 +178,14 @@ fn row_step(lp: &StepParams, buf: &mut Buffers) {
             if lp.kl_on == 0 {
                 dkl = 0.0;
             }
-            let (term, dterm) = pg_term(mode, a, ratio, ratio, l, lp.lo, lp.hi);
+            let (term, dterm) = pg_term(&pg, a, ratio, ratio, l, f32::exp);
             let c = (dterm + dkl) * lp.cw;
             buf.work[w(lp.coef_off) + t] = c;
             rc += c;
             sums[0] += term;
             sums[1] += kl;
             sums[2] += ratio;
-            let (low, high) = clip_flags(ratio, a, lp.lo, lp.hi);
+            let (low, high) = clip_flags(&pg, ratio, a);
             sums[3] += low as u32 as f32;
             sums[4] += high as u32 as f32;
         }

@@ -1,0 +1,369 @@
+//! The objective's keys in each framework. Loss × importance-sampling level × aggregation
+//! decide one name there — TRL's `loss_type` (+ `importance_sampling_level`), verl's
+//! `policy_loss.loss_mode`, OpenRLHF's `actor.policy_loss_type` — written by the
+//! `algorithm.loss` row; the other rows say how they enter it.
+
+use super::*;
+use crate::config::{ImportanceSamplingLevel as Level, LossAggMode, LossMode};
+
+/// The row of an objective key (`None`: not one).
+pub(super) fn objective_row(x: &Ctx, key: &str) -> Option<Mapped> {
+    Some(match key {
+        "algorithm.loss" => loss(x),
+        "algorithm.importance_sampling_level" => level(x),
+        "algorithm.epsilon_low" => epsilon_low(x),
+        "algorithm.epsilon_high" => epsilon_high(x),
+        "algorithm.loss_agg_mode" => aggregation(x),
+        "algorithm.dual_clip" => dual_clip(x),
+        "algorithm.delta" => delta(x),
+        "algorithm.cispo_max_ratio" => cispo_cap(x),
+        "algorithm.sapo_temperature_pos" | "algorithm.sapo_temperature_neg" => sapo_tau(x, key),
+        _ => return None,
+    })
+}
+
+fn trl_aggregation(agg: LossAggMode) -> &'static str {
+    match agg {
+        LossAggMode::SeqMeanTokenMean => "grpo",
+        LossAggMode::TokenMean => "dapo",
+        LossAggMode::SeqMeanTokenSumNorm => "dr_grpo",
+        LossAggMode::Luspo => "luspo",
+    }
+}
+
+/// The framework's name for the loss at its level, or why it has none.
+fn loss_name(fw: Framework, c: &RunConfig) -> Result<&'static str, String> {
+    use Framework::*;
+    let a = &c.algorithm;
+    let (loss, level) = (a.loss, a.importance_sampling_level);
+    let ratio_free = matches!(
+        loss,
+        LossMode::Naive | LossMode::Unclipped | LossMode::Clipped
+    );
+    match fw {
+        Trl => match (loss, level) {
+            (LossMode::Gmpo, _) => Err(
+                "TRL has GMPO only in trl.experimental, not in GRPOTrainer's loss_type".into(),
+            ),
+            (_, Level::SequenceToken) => Err(
+                "GSPO-token is trl.experimental.gspo_token's trainer, not an importance_sampling_level of GRPOTrainer".into(),
+            ),
+            (LossMode::Cispo, _) => Ok("cispo"),
+            (LossMode::Sapo, _) => Ok("sapo"),
+            _ => Ok(trl_aggregation(a.loss_agg_mode)),
+        },
+        Verl => match (loss, level) {
+            (_, Level::Token) if ratio_free => Ok("vanilla"),
+            (LossMode::Clipped, _) => Ok("gspo"),
+            (LossMode::Cispo, Level::Token) => Ok("cispo"),
+            (LossMode::Sapo, Level::Token) => Ok("sapo"),
+            (LossMode::Gmpo, _) => Ok("geo_mean"),
+            (m, l) => Err(format!(
+                "verl has no {m} loss at the {l} level (its sequence-level loss is gspo, the clipped one)"
+            )),
+        },
+        OpenRlhf => match (loss, level) {
+            (_, Level::Token) if ratio_free => Ok("ppo"),
+            (LossMode::Clipped, Level::Sequence) => Ok("gspo"),
+            (m, l) => Err(format!(
+                "OpenRLHF's actor.policy_loss_type is ppo or gspo: no {m} at the {l} level"
+            )),
+        },
+    }
+}
+
+fn loss(x: &Ctx) -> Mapped {
+    use Framework::*;
+    let (c, fw) = (x.c, x.fw);
+    let a = &c.algorithm;
+    let name = match loss_name(fw, c) {
+        Ok(name) => name,
+        Err(why) => return refused(why),
+    };
+    let key = match fw {
+        Trl => "loss_type".to_string(),
+        Verl => format!("{A}.policy_loss.loss_mode"),
+        OpenRlhf => "actor.policy_loss_type".to_string(),
+    };
+    let theirs = vec![kv(&key, Val::str(name))];
+    match a.loss {
+        LossMode::Naive | LossMode::Unclipped if x.s.mu > 1 => refused(format!(
+            "`{}` with μ = {} > 1: the frameworks' losses always have a ratio with a clip or a gate (set algorithm.loss = clipped, or μ = 1)",
+            a.loss, x.s.mu
+        )),
+        LossMode::Naive | LossMode::Unclipped => approx(
+            theirs,
+            format!(
+                "{}: the frameworks always clip; with μ = 1 the ratio is 1 at the only step, so the clipped objective has the same gradient",
+                a.loss
+            ),
+        ),
+        LossMode::Clipped if a.importance_sampling_level == Level::Token => exact(
+            theirs,
+            "PPO's clipped objective (TRL names it by its aggregation; see algorithm.loss_agg_mode)",
+        ),
+        LossMode::Clipped => exact(theirs, "GSPO: the sequence ratio, clipped per sequence"),
+        LossMode::Cispo if fw == Verl => approx(
+            theirs,
+            "verl's CISPO clips the detached ratio to [1 − clip_ratio_low, 1 + clip_ratio_high]; grpo-lab caps it above only (clip_ratio_high = cap − 1 is written)",
+        ),
+        LossMode::Cispo => exact(
+            theirs,
+            "CISPO: −sg(min(r, cap))·A·log π; TRL reads epsilon_high as the cap (written there)",
+        ),
+        LossMode::Sapo => exact(
+            theirs,
+            "SAPO's soft gate (4/τ)·σ(τ(r − 1)) instead of the clip",
+        ),
+        LossMode::Gmpo => exact(
+            theirs,
+            "GMPO: the geometric mean of the token ratios, clipped in log space to [−clip_ratio_low, clip_ratio_high]",
+        ),
+    }
+}
+
+fn level(x: &Ctx) -> Mapped {
+    use Framework::*;
+    let a = &x.c.algorithm;
+    let lv = a.importance_sampling_level;
+    if let (Err(why), false) = (loss_name(x.fw, x.c), lv == Level::Token) {
+        return refused(why);
+    }
+    match (x.fw, lv) {
+        (_, Level::Token) if x.fw != Trl => exact(vec![], "a ratio per token (the default)"),
+        (Trl, Level::SequenceToken) => refused(
+            "GSPO-token is trl.experimental.gspo_token's trainer, not an importance_sampling_level of GRPOTrainer",
+        ),
+        (Trl, _) => exact(
+            vec![kv("importance_sampling_level", Val::str(lv.name()))],
+            "",
+        ),
+        _ if a.advantage == AdvantageMode::Gae => approx(
+            vec![],
+            "written in the loss name (gspo), which computes GSPO-token: with per-token advantages (GAE) its gradient differs from GSPO's",
+        ),
+        _ => exact(
+            vec![],
+            "written in the loss name (gspo); its GSPO-token form has GSPO's gradient where each response has one advantage",
+        ),
+    }
+}
+
+fn epsilon_low(x: &Ctx) -> Mapped {
+    use Framework::*;
+    let a = &x.c.algorithm;
+    let e = f(a.epsilon_low);
+    let theirs = match x.fw {
+        Trl => vec![kv("epsilon", e)],
+        Verl => vec![
+            kv(&format!("{A}.clip_ratio"), e.clone()),
+            kv(&format!("{A}.clip_ratio_low"), e),
+        ],
+        OpenRlhf => vec![kv("actor.eps_clip", e)],
+    };
+    match a.loss {
+        LossMode::Cispo | LossMode::Sapo => inert(theirs, format!("{} has no lower clip", a.loss)),
+        LossMode::Gmpo => exact(theirs, "GMPO's bound in log space: log r ≥ −ε_low"),
+        _ => exact(theirs, ""),
+    }
+}
+
+fn epsilon_high(x: &Ctx) -> Mapped {
+    use Framework::*;
+    let a = &x.c.algorithm;
+    let high = format!("{A}.clip_ratio_high");
+    if a.loss == LossMode::Cispo {
+        let cap = a.cispo_max_ratio;
+        return match x.fw {
+            Trl => exact(
+                vec![kv("epsilon_high", f(cap))],
+                "CISPO: TRL reads epsilon_high as the cap itself = algorithm.cispo_max_ratio",
+            ),
+            Verl => exact(
+                vec![kv(&high, f(cap - 1.0))],
+                "CISPO: verl's cap is 1 + clip_ratio_high = algorithm.cispo_max_ratio",
+            ),
+            OpenRlhf => inert(vec![], "CISPO reads algorithm.cispo_max_ratio"),
+        };
+    }
+    let theirs = match x.fw {
+        Trl => vec![kv("epsilon_high", f(a.epsilon_high))],
+        Verl => vec![kv(&high, f(a.epsilon_high))],
+        OpenRlhf => vec![kv(
+            "actor.eps_clip_low_high",
+            Val::List(vec![f(a.epsilon_low), f(a.epsilon_high)]),
+        )],
+    };
+    match a.loss {
+        LossMode::Sapo => inert(theirs, "SAPO has no clip"),
+        LossMode::Gmpo => exact(theirs, "GMPO's bound in log space: log r ≤ ε_high"),
+        _ => exact(theirs, ""),
+    }
+}
+
+/// The aggregation each named loss applies whatever its aggregation key says.
+fn forced_aggregation(fw: Framework, name: &str) -> Option<LossAggMode> {
+    match (fw, name) {
+        (Framework::Trl, "cispo") => Some(LossAggMode::TokenMean),
+        (Framework::Trl, "sapo") => Some(LossAggMode::SeqMeanTokenMean),
+        (Framework::Verl, "gspo" | "sapo" | "geo_mean") => Some(LossAggMode::SeqMeanTokenMean),
+        _ => None,
+    }
+}
+
+fn aggregation(x: &Ctx) -> Mapped {
+    use Framework::*;
+    let (c, s, fw) = (x.c, &x.s, x.fw);
+    let agg = c.algorithm.loss_agg_mode;
+    let fixed = c.model.kind == crate::config::ModelKind::Lecture;
+    let same = if fixed {
+        " (equal for the lecture model's fixed-length answers)"
+    } else {
+        ""
+    };
+    let Ok(name) = loss_name(fw, c) else {
+        return inert(vec![], "the loss has no twin here (see algorithm.loss)");
+    };
+    if let Some(theirs) = forced_aggregation(fw, name).filter(|&m| m != agg) {
+        // LUSPO's × L is no length effect the lecture model's fixed length hides.
+        return if fixed && agg != LossAggMode::Luspo {
+            exact(vec![], format!("{name} aggregates as {theirs}{same}"))
+        } else {
+            approx(
+                vec![],
+                format!("{name} aggregates as {theirs} whatever the key says; grpo-lab as {agg}"),
+            )
+        };
+    }
+    match fw {
+        Trl => {
+            let note = format!(
+                "written as loss_type = \"{name}\" (TRL's default loss_type became \"dapo\"){same}"
+            );
+            if agg == LossAggMode::SeqMeanTokenSumNorm {
+                approx(
+                    vec![],
+                    format!(
+                        "{note}; TRL's dr_grpo divides by max_completion_length ({}), grpo-lab by task.max_len ({})",
+                        s.max_completion,
+                        c.max_len()
+                    ),
+                )
+            } else {
+                exact(vec![], note)
+            }
+        }
+        Verl => {
+            // LUSPO's weight 1/R per token is verl's seq-mean-token-sum.
+            let theirs_name = match agg {
+                LossAggMode::Luspo => "seq-mean-token-sum",
+                m => m.name(),
+            };
+            let theirs = vec![
+                kv(&format!("{A}.loss_agg_mode"), Val::str(theirs_name)),
+                kv(&format!("{A}.loss_scale_factor"), i(s.max_completion)),
+            ];
+            exact(
+                theirs,
+                format!("loss_scale_factor (Dr. GRPO's constant) = max_response_length{same}"),
+            )
+        }
+        OpenRlhf => match agg {
+            LossAggMode::TokenMean => exact(
+                vec![],
+                "OpenRLHF's PPO loss is token-level (token-mean); no key",
+            ),
+            m if fixed && m != LossAggMode::Luspo => exact(
+                vec![],
+                format!(
+                    "{m}: OpenRLHF's loss is token-mean, equal for the lecture model's fixed-length answers"
+                ),
+            ),
+            m => approx(
+                vec![],
+                format!("{m}: no key; OpenRLHF's PPO loss is token-mean"),
+            ),
+        },
+    }
+}
+
+fn dual_clip(x: &Ctx) -> Mapped {
+    use Framework::*;
+    let a = &x.c.algorithm;
+    let c = a.dual_clip;
+    let vanilla = matches!(loss_name(x.fw, x.c), Ok("vanilla" | "ppo"));
+    match x.fw {
+        Trl if c > 0.0 => refused(
+            "TRL has no dual clip (its delta caps the unclipped branch on both signs: algorithm.delta)",
+        ),
+        Trl => exact(vec![], "no dual clip"),
+        Verl if c > 0.0 => exact(vec![kv(&format!("{A}.clip_ratio_c"), f(c))], ""),
+        Verl if vanilla => approx(
+            vec![kv(&format!("{A}.clip_ratio_c"), f(3.0))],
+            "verl's dual clip is always on in its vanilla loss: for A < 0 the loss is bounded by 3·|A|; grpo-lab's is off (algorithm.dual_clip = 0)",
+        ),
+        Verl => inert(
+            vec![],
+            "verl applies its dual clip in the vanilla loss only",
+        ),
+        OpenRlhf if c > 0.0 => exact(vec![kv("actor.dual_clip", f(c))], ""),
+        OpenRlhf => exact(
+            vec![kv("actor.dual_clip", Val::None)],
+            "no dual clip, as grpo-lab",
+        ),
+    }
+}
+
+fn delta(x: &Ctx) -> Mapped {
+    let d = x.c.algorithm.delta;
+    match x.fw {
+        Framework::Trl if d > 0.0 => exact(vec![kv("delta", f(d))], ""),
+        Framework::Trl => exact(vec![kv("delta", Val::None)], "no two-sided clip"),
+        fw if d > 0.0 => refused(format!(
+            "{} has no δ (the two-sided clip of TRL and INTELLECT-2)",
+            fw.name()
+        )),
+        _ => exact(vec![], "no two-sided clip"),
+    }
+}
+
+fn cispo_cap(x: &Ctx) -> Mapped {
+    if x.c.algorithm.loss != LossMode::Cispo {
+        return inert(vec![], "read by algorithm.loss = cispo only");
+    }
+    match x.fw {
+        Framework::Trl => exact(vec![], "written as epsilon_high (TRL's CISPO cap)"),
+        Framework::Verl => exact(vec![], "written as clip_ratio_high = cap − 1"),
+        Framework::OpenRlhf => inert(vec![], "no CISPO (see algorithm.loss)"),
+    }
+}
+
+fn sapo_tau(x: &Ctx, key: &str) -> Mapped {
+    let a = &x.c.algorithm;
+    let pos = key.ends_with("_pos");
+    let tau = f(if pos {
+        a.sapo_temperature_pos
+    } else {
+        a.sapo_temperature_neg
+    });
+    let theirs = match x.fw {
+        Framework::Trl => vec![kv(
+            if pos {
+                "sapo_temperature_pos"
+            } else {
+                "sapo_temperature_neg"
+            },
+            tau,
+        )],
+        Framework::Verl => vec![kv(
+            &format!("{A}.{}", if pos { "tau_pos" } else { "tau_neg" }),
+            tau,
+        )],
+        Framework::OpenRlhf => vec![],
+    };
+    if a.loss == LossMode::Sapo {
+        exact(theirs, "")
+    } else {
+        inert(theirs, "read by algorithm.loss = sapo only")
+    }
+}
