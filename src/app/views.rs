@@ -2,9 +2,10 @@
 
 use super::store::RunData;
 use super::worker::Command;
-use super::{GrpoApp, choices, presets};
+use super::{GrpoApp, choices, enum_names, presets};
 use crate::config::{
-    AdvantageMode, ConfigError, LengthReward, ModelKind, PromptSampling, RunConfig, field_info,
+    AdvantageMode, ConfigError, LengthReward, LossMode, ModelKind, PromptSampling, RunConfig,
+    field_info,
 };
 use crate::objective::advantage;
 use crate::task::{RewardFn, SortTokenizer};
@@ -241,6 +242,36 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
             field(ui, &err, "algorithm.loss", |ui, l| {
                 combo(ui, l, "loss", &mut a.loss, &loss)
             });
+            let levels = enum_names(
+                crate::config::ImportanceSamplingLevel::ALL,
+                crate::config::ImportanceSamplingLevel::name,
+            );
+            field(ui, &err, "algorithm.importance_sampling_level", |ui, l| {
+                combo(ui, l, "level", &mut a.importance_sampling_level, &levels)
+            });
+            // Each loss's own knobs, where that loss is chosen.
+            let knobs: &[(&str, f64)] = match a.loss {
+                LossMode::Clipped => &[("algorithm.dual_clip", 0.05), ("algorithm.delta", 0.05)],
+                LossMode::Cispo => &[("algorithm.cispo_max_ratio", 0.1)],
+                LossMode::Sapo => &[
+                    ("algorithm.sapo_temperature_pos", 0.01),
+                    ("algorithm.sapo_temperature_neg", 0.01),
+                ],
+                _ => &[],
+            };
+            for &(key, speed) in knobs {
+                let value = match key {
+                    "algorithm.dual_clip" => &mut a.dual_clip,
+                    "algorithm.delta" => &mut a.delta,
+                    "algorithm.cispo_max_ratio" => &mut a.cispo_max_ratio,
+                    "algorithm.sapo_temperature_pos" => &mut a.sapo_temperature_pos,
+                    _ => &mut a.sapo_temperature_neg,
+                };
+                field(ui, &err, key, |ui, l| {
+                    ui.add(egui::DragValue::new(value).speed(speed))
+                        .labelled_by(l);
+                });
+            }
             field(ui, &err, "algorithm.epsilon_low", |ui, l| {
                 ui.add(egui::DragValue::new(&mut a.epsilon_low).speed(0.005))
                     .labelled_by(l);
@@ -743,20 +774,28 @@ fn response_row(
         .and_then(|a| a.get(i))
         .copied()
         .unwrap_or(0.0);
+    // The objective's own text over the response's logged tokens (the response's ratio at
+    // the sequence level).
+    let (old, new) = (
+        g.old_logp.get(i).cloned().unwrap_or_default(),
+        g.logp.get(i).cloned().unwrap_or_default(),
+    );
+    let known = resp.len().min(old.len()).min(new.len());
+    let (old, new) = (&old[..known], &new[..known]);
+    let terms = crate::objective::loss::response_terms(settings, new, old, old, adv);
+    let (p, ratios) = (settings.pg(), terms.clipped_ratio(settings));
     let tokens: Vec<String> = (0..resp.len())
         .map(|t| {
-            let (Some(old), Some(new)) = (
-                g.old_logp.get(i).and_then(|v| v.get(t)),
-                g.logp.get(i).and_then(|v| v.get(t)),
-            ) else {
+            if t >= known {
                 return "–".into();
-            };
-            let (ratio, _, _, flags) =
-                crate::objective::loss::reference::token_terms(settings, *new, *old, *old, adv);
-            let clipped = flags != 0;
+            }
+            let ratio = ratios[t];
+            let (low, high) = crate::objective::loss::reference::clip_flags(&p, ratio, adv);
             format!(
-                "{old:.2}→{new:.2} ({ratio:.3}{})",
-                if clipped { " ✂" } else { "" }
+                "{:.2}→{:.2} ({ratio:.3}{})",
+                old[t],
+                new[t],
+                if low || high { " ✂" } else { "" }
             )
         })
         .collect();

@@ -173,17 +173,26 @@ mod tests {
     /// Bad combinations are refused naming both keys; ragged inputs naming the flags.
     #[test]
     fn refusals() {
-        let c = config(&[
+        let sets = [
             "algorithm.loss=cispo",
             "algorithm.importance_sampling_level=sequence",
-        ]);
-        let e = calculate(&c, &[-1.0], &[-1.0], None, 1.0)
+        ];
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let e = RunConfig::default()
+            .with_overrides(&sets)
             .unwrap_err()
             .to_string();
         assert!(
             e.contains("importance_sampling_level") && e.contains("algorithm.loss"),
             "{e}"
         );
+        let mut c = RunConfig::default();
+        c.algorithm.loss = crate::config::LossMode::Gmpo;
+        c.algorithm.loss_agg_mode = crate::config::LossAggMode::TokenMean;
+        let e = calculate(&c, &[-1.0], &[-1.0], None, 1.0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("loss_agg_mode") && e.contains("gmpo"), "{e}");
         let c = config(&[]);
         let e = calculate(&c, &[-1.0, -2.0], &[-1.0], None, 1.0)
             .unwrap_err()

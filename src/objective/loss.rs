@@ -227,6 +227,18 @@ pub struct TokenTerms {
     pub weight: Vec<f32>,
 }
 
+impl TokenTerms {
+    /// The ratio whose clip the objective applies, per token: the response's for GSPO and
+    /// GSPO-token, each token's own at the token level and for GMPO (whose clip is per token).
+    pub fn clipped_ratio(&self, s: &LossSettings) -> &[f32] {
+        if s.sequence_ratio() && s.mode != LossMode::Gmpo {
+            &self.seq_ratio
+        } else {
+            &self.ratio
+        }
+    }
+}
+
 /// The objective of one optimizer step over a batch's tokens (GRPO-SPEC §4): the per-token
 /// policy-gradient term (naive, unclipped or clipped ratio), the KL penalty (in the loss when
 /// β > 0), the entropy bonus, aggregated by the configured mode; its value and `∂L/∂log π_t`.
@@ -455,11 +467,7 @@ fn aggregate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     let (mut low, mut high) = (0u32, 0u32);
     // The clip the objective applies: GSPO's on the response's ratio, GMPO's on each token's.
     let p = s.pg();
-    let clipped = match (s.sequence_ratio(), s.mode) {
-        (true, m) if m != LossMode::Gmpo => &out.seq_ratio[..n],
-        _ => ratio,
-    };
-    for ((&r, &a), &m) in clipped.iter().zip(adv).zip(mask) {
+    for ((&r, &a), &m) in out.clipped_ratio(s).iter().zip(adv).zip(mask) {
         let (l, h) = reference::clip_flags(&p, r, a);
         low += (m != 0.0 && l) as u32;
         high += (m != 0.0 && h) as u32;
@@ -565,7 +573,7 @@ pub mod reference {
     }
 
     /// One token's `(ratio, loss, kl, flags)` (flags: bit 0 clipped low, bit 1 clipped high),
-    /// with the bug gallery's ratio switch: what the app's inspector shows.
+    /// with the bug gallery's ratio switch: the scalar reference `evaluate` is held to.
     pub fn token_terms(
         s: &super::LossSettings,
         logp: f32,
