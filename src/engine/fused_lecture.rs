@@ -105,7 +105,8 @@ fn softmax_rows(
     logz: &mut Vec<f32>,
     mut probs: Option<&mut Vec<f32>>,
 ) -> f64 {
-    zeroed(z, logits.len());
+    // Every element is written below: no fill.
+    z.resize(logits.len(), 0.0);
     let rows = logits.len() / v;
     logz.clear();
     logz.resize(rows, 0.0);

@@ -504,6 +504,10 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
         include_str!("../../assets/experiments/loss-modes.toml"),
     ),
     (
+        "loss-family",
+        include_str!("../../assets/experiments/loss-family.toml"),
+    ),
+    (
         "kl-beta",
         include_str!("../../assets/experiments/kl-beta.toml"),
     ),

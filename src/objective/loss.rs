@@ -7,9 +7,7 @@
 //! per-token formulas for the WGSL engine. A new objective is written here and there only.
 
 use crate::config::{ImportanceSamplingLevel, KlEstimator, LossAggMode, LossMode};
-use crate::objective::numeric::{
-    exp_fast, map2, map3, masked_dot_f64, masked_sum_f64, sum_f64, zeroed,
-};
+use crate::objective::numeric::{exp_fast, map2, masked_dot_f64, masked_sum_f64, sum_f64, zeroed};
 
 /// Everything the per-token loss needs besides the log-probs.
 #[derive(Debug, Clone, Copy)]
@@ -327,7 +325,7 @@ fn ratios(form: RatioForm, x: &TokenInputs, ratio: &mut Vec<f32>) {
 /// tokens, `r̃` the token log-ratio (GSPO) or GMPO's clipped one; `live_t` its derivative
 /// with respect to `log r_t` (1, or 0 where GMPO's clip holds it). A response with no real
 /// token has `s = 1` (TRL's `clamp(min = 1)`).
-#[inline(always)]
+#[inline(never)]
 fn sequence_ratios(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     let n = x.logp.len();
     let t = x.t.max(1);
@@ -402,26 +400,73 @@ fn pg_terms(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     };
     let (adv, lp) = (&out.adv[..], x.logp);
     // One monomorphic loop per loss (the mode a constant inside each), so each vectorizes.
+    // The 2024 losses inline into the engines' AVX2 bodies; the rest are compiled once
+    // outside them (`#[inline(never)]`), so the engines' hot bodies keep their size.
     macro_rules! per_mode {
-        ($($mode:ident),+) => {
+        ($($mode:ident),+; $($cold:ident),+) => {
             match (s.ratio_form(), s.mode) {
                 $((RatioForm::Exp, LossMode::$mode) => {
-                    let p = PgParams { mode: LossMode::$mode, ..p };
-                    map3(adv, ratio, lp, term, dterm, |a, r, lp| {
-                        reference::pg_term(&p, a, r, r, lp, exp_fast)
-                    })
+                    pg_loop::<{ LossMode::$mode as u8 }>(&p, adv, ratio, lp, term, dterm)
                 })+
-                (form, _) => {
-                    for i in 0..n {
-                        let dr = reference::ratio_of(form, lp[i], x.old_logp[i], exp_fast).1;
-                        (term[i], dterm[i]) =
-                            reference::pg_term(&p, adv[i], ratio[i], dr, lp[i], exp_fast);
-                    }
-                }
+                $((RatioForm::Exp, LossMode::$cold) => {
+                    pg_loop_outlined::<{ LossMode::$cold as u8 }>(&p, adv, ratio, lp, term, dterm)
+                })+
+                (form, _) => pg_loop_bug(form, &p, x, adv, ratio, term, dterm),
             }
         };
     }
-    per_mode!(Naive, Unclipped, Clipped, Cispo, Sapo, Gmpo);
+    per_mode!(Naive, Unclipped, Clipped; Cispo, Sapo, Gmpo);
+}
+
+/// `pg_loop`, not inlined into the engines' hot bodies.
+#[inline(never)]
+fn pg_loop_outlined<const MODE: u8>(
+    p: &PgParams,
+    adv: &[f32],
+    ratio: &[f32],
+    lp: &[f32],
+    term: &mut [f32],
+    dterm: &mut [f32],
+) {
+    pg_loop::<MODE>(p, adv, ratio, lp, term, dterm)
+}
+
+/// The bug gallery's ratio forms, token by token.
+#[inline(never)]
+fn pg_loop_bug(
+    form: RatioForm,
+    p: &PgParams,
+    x: &TokenInputs,
+    adv: &[f32],
+    ratio: &[f32],
+    term: &mut [f32],
+    dterm: &mut [f32],
+) {
+    for i in 0..term.len() {
+        let dr = reference::ratio_of(form, x.logp[i], x.old_logp[i], exp_fast).1;
+        (term[i], dterm[i]) = reference::pg_term(p, adv[i], ratio[i], dr, x.logp[i], exp_fast);
+    }
+}
+
+/// `(ℓ_t, ∂ℓ_t/∂log π)` of every token with `r = exp(log π − log π_old)`, the loss a constant
+/// (`MODE` indexes `LossMode::ALL`) so the loop is one monomorphic, vectorizable body.
+#[inline(always)]
+fn pg_loop<const MODE: u8>(
+    p: &PgParams,
+    adv: &[f32],
+    ratio: &[f32],
+    lp: &[f32],
+    term: &mut [f32],
+    dterm: &mut [f32],
+) {
+    let p = PgParams {
+        mode: LossMode::ALL[MODE as usize],
+        ..*p
+    };
+    let inputs = adv.iter().zip(ratio).zip(lp);
+    for ((t, d), ((&a, &r), &lp)) in term.iter_mut().zip(dterm.iter_mut()).zip(inputs) {
+        (*t, *d) = reference::pg_term(&p, a, r, r, lp, exp_fast);
+    }
 }
 
 /// The coefficients `∂L/∂log π_t = w_t·(∂ℓ_t + β·∂KL_t)`, `∂L/∂H_t = −c·w_t`, the loss
@@ -464,14 +509,15 @@ fn aggregate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     if let (true, Some(h)) = (bonus, x.entropy) {
         loss -= c as f64 * dot(&h[..n]);
     }
-    let (mut low, mut high) = (0u32, 0u32);
-    // The clip the objective applies: GSPO's on the response's ratio, GMPO's on each token's.
+    // The clip the objective applies: GSPO's on the response's ratio, GMPO's on each token's;
+    // one loop per loss (its mode a constant inside), so each vectorizes.
     let p = s.pg();
-    for ((&r, &a), &m) in out.clipped_ratio(s).iter().zip(adv).zip(mask) {
-        let (l, h) = reference::clip_flags(&p, r, a);
-        low += (m != 0.0 && l) as u32;
-        high += (m != 0.0 && h) as u32;
-    }
+    let flagged = out.clipped_ratio(s);
+    let (low, high) = match p.mode {
+        LossMode::Cispo => clip_counts::<true>(&p, flagged, adv, mask),
+        LossMode::Sapo => (0, 0),
+        _ => clip_counts::<false>(&p, flagged, adv, mask),
+    };
     let count = sum_f64(mask).max(1.0);
     out.loss = loss;
     out.kl = (total(kl) / count) as f32;
@@ -484,10 +530,34 @@ fn aggregate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     };
 }
 
+/// Real tokens clipped low and high by `reference::clip_flags`, with the loss a constant
+/// (CISPO's cap, or the clip range every other loss flags by), so the loop vectorizes.
+#[inline(always)]
+fn clip_counts<const CISPO: bool>(
+    p: &PgParams,
+    ratio: &[f32],
+    adv: &[f32],
+    mask: &[f32],
+) -> (u32, u32) {
+    let mode = if CISPO {
+        LossMode::Cispo
+    } else {
+        LossMode::Clipped
+    };
+    let p = PgParams { mode, ..*p };
+    let (mut low, mut high) = (0u32, 0u32);
+    for ((&r, &a), &m) in ratio.iter().zip(adv).zip(mask) {
+        let (l, h) = reference::clip_flags(&p, r, a);
+        low += (m != 0.0 && l) as u32;
+        high += (m != 0.0 && h) as u32;
+    }
+    (low, high)
+}
+
 /// `∂L/∂log π_t` where a response's loss reaches its tokens through the mean log-ratio:
 /// `L = Σ_t w_t·ℓ_t(s_i)` gives `∂L/∂log π_t = live_t/L_i · Σ_{t'} w_{t'}·∂ℓ_{t'}/∂log s_i`
 /// (`L_i` the response's real tokens), plus the token's own KL term `w_t·β·∂KL_t`.
-#[inline(always)]
+#[inline(never)]
 fn couple(x: &TokenInputs, live: &[f32], w: &[f32], dterm: &[f32], dkl: &[f32], dl: &mut [f32]) {
     let t = x.t.max(1);
     for (i, drow) in dl.chunks_exact_mut(t).enumerate() {
