@@ -298,6 +298,10 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                 ui.add(egui::DragValue::new(&mut a.entropy_coef).speed(0.001))
                     .labelled_by(l);
             });
+            field(ui, &err, "algorithm.top_entropy_quantile", |ui, l| {
+                ui.add(egui::DragValue::new(&mut a.top_entropy_quantile).speed(0.01))
+                    .labelled_by(l);
+            });
             field(ui, &err, "algorithm.dynamic_sampling", |ui, l| {
                 ui.checkbox(&mut a.dynamic_sampling, "").labelled_by(l);
                 ui.add(egui::DragValue::new(&mut a.max_resample_rounds).prefix("max rounds "));

@@ -328,6 +328,8 @@ pub const FIELDS: &[Field] = &[
         .rule("luspo only with importance_sampling_level = sequence"),
     Field::new("algorithm.entropy_coef", "entropy bonus", Range::NON_NEGATIVE,
         "Entropy bonus: −coef·H is added to the loss to keep exploring (0 = off; usual 0.001..=0.01). TRL: entropy_coef; verl: actor_rollout_ref.actor.entropy_coeff."),
+    Field::new("algorithm.top_entropy_quantile", "top-entropy ρ", Range::float(Open(0.0), Closed(1.0)),
+        "The \"80/20\" rule (Wang et al. 2025, arXiv 2506.01939): only tokens whose entropy is at least the batch's (1 − ρ)-quantile keep their policy-gradient term (torch.quantile's linear interpolation over the real tokens; ties kept); the KL and the entropy bonus stay on every token (1 = off; the paper: 0.2). TRL: top_entropy_quantile."),
     Field::new("algorithm.dynamic_sampling", "dynamic sampling", Range::Bool,
         "DAPO dynamic sampling: replace groups whose rewards are all equal (no learning signal) by fresh ones, at most algorithm.max_resample_rounds rounds per iteration. verl (DAPO): algorithm.filter_groups.enable."),
     Field::new("algorithm.max_resample_rounds", "max rounds", Range::int(0, 64),

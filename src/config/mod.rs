@@ -248,6 +248,9 @@ pub struct AlgorithmConfig {
     pub loss_agg_mode: LossAggMode,
     /// Entropy bonus: `− coef · H` is added to the loss (0 = off).
     pub entropy_coef: f64,
+    /// The "80/20" rule: only the top-ρ highest-entropy tokens of the batch get a policy
+    /// gradient (1 = off; TRL `top_entropy_quantile`).
+    pub top_entropy_quantile: f64,
     /// DAPO dynamic sampling: replace groups whose rewards are all equal by fresh ones.
     pub dynamic_sampling: bool,
     /// Bound on dynamic-sampling rounds per iteration (groups still flat after it are kept).
@@ -291,6 +294,7 @@ impl Default for AlgorithmConfig {
             ref_period: 10,
             loss_agg_mode: LossAggMode::SeqMeanTokenMean,
             entropy_coef: 0.0,
+            top_entropy_quantile: 1.0,
             dynamic_sampling: false,
             max_resample_rounds: 3,
             prompt_sampling: PromptSampling::Uniform,

@@ -227,7 +227,12 @@ impl FusedLecture {
     /// Whether this path computes exactly what the configured burn step computes.
     pub fn supports(c: &RunConfig) -> bool {
         let a = &c.algorithm;
-        c.model.kind == ModelKind::Lecture && !a.bugs.any() && a.entropy_coef == 0.0
+        // Its step computes no per-token entropy: the entropy bonus and the top-entropy rule
+        // train on burn's path.
+        c.model.kind == ModelKind::Lecture
+            && !a.bugs.any()
+            && a.entropy_coef == 0.0
+            && a.top_entropy_quantile >= 1.0
     }
 
     pub fn new(w: &LectureWeights, vocab: usize, n: usize, d: usize, c: &RunConfig) -> Self {

@@ -1819,6 +1819,9 @@ mod tests {
             let mut dual = k3(LossMode::Clipped, Grpo, Level::Token);
             (dual.loss.dual_clip, dual.loss.delta) = (1.5, 1.4);
             all.push(dual);
+            let mut top = k3(LossMode::Clipped, TokenMean, Level::Token);
+            top.loss.top_entropy_quantile = 0.4;
+            all.push(top);
         }
         for st in all {
             {

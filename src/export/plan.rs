@@ -1147,7 +1147,6 @@ fn pinned(x: &Ctx) -> Vec<Pinned> {
                 Val::Bool(false),
                 "truncated answers are scored, as grpo-lab",
             ),
-            p("top_entropy_quantile", f(1.0), "every token trains"),
             p("min_p", Val::None, "no min-p sampling"),
             p("repetition_penalty", f(1.0), "none"),
             p(

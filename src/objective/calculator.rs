@@ -72,6 +72,11 @@ pub fn calculate(
             "algorithm.beta > 0 puts the KL in the loss: give --ref-logp".into(),
         ));
     }
+    if s.top_entropy_quantile < 1.0 {
+        return Err(CalcError::Input(
+            "algorithm.top_entropy_quantile is a batch-level rule (a quantile over a batch's token entropies): the loss-family and entropy experiments show it, one response cannot".into(),
+        ));
+    }
     if s.entropy_coef != 0.0 {
         return Err(CalcError::Input(
             "algorithm.entropy_coef needs each token's entropy, which one response's log π does not give: set it to 0 here".into(),

@@ -1,5 +1,6 @@
-//! The per-token GRPO objective (GRPO-SPEC §4), once: the settings every engine reads, the
-//! scalar formulas — ratio, clip, loss, KL k1/k2/k3, the aggregation's weights — and
+//! The GRPO objective and its 2025–26 family (GRPO-SPEC §4; CISPO, SAPO, GMPO, GSPO,
+//! GSPO-token, LUSPO, dual clip, δ), once: the settings every engine reads, the scalar
+//! formulas — ratio, clip, loss, KL k1/k2/k3, the aggregation's weights — and
 //! [`evaluate`], the whole objective of one optimizer step over a batch's tokens: its value and
 //! its derivative with respect to each token's `log π` (and entropy). Every engine takes those
 //! per-token coefficients and applies them through its own backward (the fused CPU engines by
@@ -43,6 +44,8 @@ pub struct LossSettings {
     /// SAPO's gate temperatures for A > 0 and A ≤ 0.
     pub sapo_tau_pos: f32,
     pub sapo_tau_neg: f32,
+    /// ρ of the "80/20" rule (1 = off): only the batch's top-ρ entropy tokens keep `ℓ_t`.
+    pub top_entropy_quantile: f32,
 }
 
 impl LossSettings {
@@ -68,6 +71,7 @@ impl LossSettings {
             cispo_max_ratio: a.cispo_max_ratio as f32,
             sapo_tau_pos: a.sapo_temperature_pos as f32,
             sapo_tau_neg: a.sapo_temperature_neg as f32,
+            top_entropy_quantile: a.top_entropy_quantile as f32,
         }
     }
 
@@ -92,6 +96,7 @@ impl LossSettings {
             cispo_max_ratio: 5.0,
             sapo_tau_pos: 1.0,
             sapo_tau_neg: 1.05,
+            top_entropy_quantile: 1.0,
         }
     }
 
@@ -238,8 +243,9 @@ impl TokenTerms {
 }
 
 /// The objective of one optimizer step over a batch's tokens (GRPO-SPEC §4): the per-token
-/// policy-gradient term (naive, unclipped or clipped ratio), the KL penalty (in the loss when
-/// β > 0), the entropy bonus, aggregated by the configured mode; its value and `∂L/∂log π_t`.
+/// policy-gradient term (`reference::pg_term`, with each token's ratio or its response's), the
+/// KL penalty (in the loss when β > 0), the entropy bonus, aggregated by the configured mode;
+/// its value and `∂L/∂log π_t` (through the response's mean log-ratio where the loss has one).
 /// Passes over plain arrays, one monomorphic loop per mode and estimator, so they vectorize.
 #[inline(always)]
 pub fn evaluate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
@@ -255,6 +261,9 @@ pub fn evaluate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     }
     kl_terms(s, x, out);
     pg_terms(s, x, out);
+    if s.top_entropy_quantile < 1.0 {
+        top_entropy(s, x, out);
+    }
     reference::aggregation_weights_into(s.agg, x.mask, x.t, s.max_len, &mut out.weight);
     aggregate(s, x, out);
 }
@@ -554,6 +563,27 @@ fn clip_counts<const CISPO: bool>(
     (low, high)
 }
 
+/// The "80/20" rule, a batch-level one: the `(1 − ρ)`-quantile of the real tokens' entropies
+/// (torch's linear interpolation, as TRL computes it over the gathered batch), and every token
+/// below it loses its policy-gradient term `ℓ_t` (value and derivative; a token at the cut keeps
+/// it). The KL and the entropy bonus stay on every token. At the sequence level a masked
+/// token's term leaves the response's sum, while its log-ratio still moves the response's ratio.
+#[inline(never)]
+fn top_entropy(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
+    let h = x
+        .entropy
+        .expect("algorithm.top_entropy_quantile needs each token's entropy");
+    let n = x.logp.len();
+    let real: Vec<f32> = (0..n).filter(|&i| x.mask[i] != 0.0).map(|i| h[i]).collect();
+    let cut = reference::quantile(real, 1.0 - s.top_entropy_quantile);
+    for i in 0..n {
+        if !(h[i] >= cut) {
+            out.term[i] = 0.0;
+            out.dterm[i] = 0.0;
+        }
+    }
+}
+
 /// `∂L/∂log π_t` where a response's loss reaches its tokens through the mean log-ratio:
 /// `L = Σ_t w_t·ℓ_t(s_i)` gives `∂L/∂log π_t = live_t/L_i · Σ_{t'} w_{t'}·∂ℓ_{t'}/∂log s_i`
 /// (`L_i` the response's real tokens), plus the token's own KL term `w_t·β·∂KL_t`.
@@ -744,6 +774,19 @@ pub mod reference {
             LossMode::Sapo => (false, false),
             _ => (ratio < p.lo && adv < 0.0, ratio > p.hi && adv > 0.0),
         }
+    }
+
+    /// The `q`-quantile of `values` by linear interpolation between the order statistics at
+    /// `q·(n − 1)` (`torch.quantile`'s default); `+∞` for no values (nothing is above it).
+    pub fn quantile(mut values: Vec<f32>, q: f32) -> f32 {
+        if values.is_empty() {
+            return f32::INFINITY;
+        }
+        values.sort_by(f32::total_cmp);
+        let pos = q.clamp(0.0, 1.0) as f64 * (values.len() - 1) as f64;
+        let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+        let frac = (pos - lo as f64) as f32;
+        values[lo] + frac * (values[hi] - values[lo])
     }
 
     /// GMPO's clip of one token's log-ratio `lr = log r` in log space, pessimistic by the
@@ -1191,6 +1234,90 @@ mod tests {
             "{t:?}"
         );
         assert!(close(t.clip_high, 0.5), "{t:?}");
+        // The "80/20" rule: quantiles by linear interpolation (torch.quantile), and with ρ = 0.4
+        // over entropies 0.1..0.5 the cut is the 0.6-quantile 0.34: the two top tokens keep ℓ.
+        assert_eq!(reference::quantile(vec![4.0, 1.0, 3.0, 2.0], 0.5), 2.5);
+        assert!(close(reference::quantile(vec![0.9, 0.1, 0.5], 0.8), 0.74));
+        assert_eq!(reference::quantile(vec![], 0.5), f32::INFINITY);
+        let top = LossSettings {
+            top_entropy_quantile: 0.4,
+            ..clipped
+        };
+        let (lp, old) = ([-1.0f32; 5], [-1.0f32; 5]);
+        let (mask, adv, ent) = ([1.0f32; 5], [1.0f32], [0.3f32, 0.1, 0.5, 0.2, 0.4]);
+        let x = TokenInputs {
+            logp: &lp,
+            old_logp: &old,
+            ref_logp: &old,
+            advantages: &adv,
+            mask: &mask,
+            entropy: Some(&ent),
+            t: 5,
+        };
+        let mut t = TokenTerms::default();
+        evaluate(&top, &x, &mut t);
+        let kept: Vec<bool> = t.dlogp.iter().map(|&d| d != 0.0).collect();
+        assert_eq!(kept, [false, false, true, false, true], "{t:?}");
+        assert!(close(t.loss as f32, -2.0 / 5.0), "{t:?}");
+    }
+
+    /// The kinks' rule (the unclipped side's gradient on an edge, none just outside), A = 0,
+    /// and a one-token response (L = 1), where GSPO is PPO's clip.
+    #[test]
+    fn kinks_take_the_unclipped_side_and_one_token_gspo_is_ppo() {
+        use crate::config::ImportanceSamplingLevel as Level;
+        let base = LossSettings::plain(
+            LossMode::Clipped,
+            KlEstimator::K3,
+            LossAggMode::SeqMeanTokenMean,
+        );
+        let d = |p: &PgParams, a: f32, r: f32| reference::pg_term(p, a, r, r, -1.0, f32::exp).1;
+        let p = base.pg();
+        assert_eq!(d(&p, 1.0, p.hi), -p.hi);
+        assert_eq!(d(&p, 1.0, p.hi * 0.999), -(p.hi * 0.999));
+        assert_eq!(d(&p, 1.0, p.hi * 1.001), 0.0);
+        assert_eq!(d(&p, -1.0, p.lo), p.lo);
+        assert_eq!(d(&p, -1.0, p.lo * 0.999), 0.0);
+        let delta = LossSettings { delta: 1.5, ..base }.pg();
+        assert_eq!(d(&delta, -1.0, 1.5), 1.5);
+        assert_eq!(d(&delta, -1.0, 1.5001), 0.0);
+        let dual = LossSettings {
+            dual_clip: 3.0,
+            ..base
+        }
+        .pg();
+        let t = |r: f32| reference::pg_term(&dual, -1.0, r, r, -1.0, f32::exp);
+        assert_eq!(t(3.0), (3.0, 3.0));
+        assert_eq!(t(3.01), (3.0, 0.0));
+        for &mode in LossMode::ALL {
+            let q = LossSettings { mode, ..base }.pg();
+            assert_eq!(d(&q, 0.0, 1.7), 0.0, "{mode:?}");
+        }
+        assert_eq!(reference::gmpo_log_ratio(0.4, 1.0, 0.4, 0.4), (0.4, 1.0));
+        assert_eq!(reference::gmpo_log_ratio(0.41, 1.0, 0.4, 0.4), (0.4, 0.0));
+        assert_eq!(
+            reference::gmpo_log_ratio(-0.41, -1.0, 0.4, 0.4),
+            (-0.4, 0.0)
+        );
+        let seq = LossSettings {
+            level: Level::Sequence,
+            ..base
+        };
+        for (lp, old, a) in [
+            (-1.0f32, -1.1f32, 1.0f32),
+            (-1.0, -1.5, -1.0),
+            (-2.0, -1.0, 0.5),
+            (-1.0, -0.5, -2.0),
+        ] {
+            let tok = response_terms(&base, &[lp], &[old], &[old], a);
+            let one = response_terms(&seq, &[lp], &[old], &[old], a);
+            assert_eq!(
+                (tok.loss, &tok.dlogp),
+                (one.loss, &one.dlogp),
+                "{lp} {old} {a}"
+            );
+            assert_eq!((tok.clip_low, tok.clip_high), (one.clip_low, one.clip_high));
+        }
     }
 
     /// The 2025–26 objectives (CISPO, SAPO, GMPO, the dual clip, δ, GSPO and GSPO-token at
@@ -1245,6 +1372,16 @@ mod tests {
             cispo_max_ratio: 1.1,
             mode: LossMode::Cispo,
             ..base
+        });
+        // The top-entropy rule (a batch statistic of H, which the differences hold still).
+        objectives.push(LossSettings {
+            top_entropy_quantile: 0.5,
+            ..clipped
+        });
+        objectives.push(LossSettings {
+            top_entropy_quantile: 0.3,
+            level: Level::Sequence,
+            ..clipped
         });
         assert!(objectives.len() >= 24, "{} objectives", objectives.len());
         let mut checked = 0;

@@ -444,6 +444,10 @@ impl WgslLectureEngine {
             Some("the bug gallery's switches are not in its kernels")
         } else if a.entropy_coef != 0.0 {
             Some("the entropy bonus is not in its loss kernel")
+        } else if a.top_entropy_quantile < 1.0 {
+            Some(
+                "the top-entropy rule needs a quantile over the whole batch's token entropies before any token's term",
+            )
         } else if c.run.kernels == KernelChoice::Reference {
             Some("run.kernels = reference asks for the Rust kernels")
         } else if a.advantage == crate::config::AdvantageMode::Gae {

@@ -18,6 +18,7 @@ pub(super) fn objective_row(x: &Ctx, key: &str) -> Option<Mapped> {
         "algorithm.delta" => delta(x),
         "algorithm.cispo_max_ratio" => cispo_cap(x),
         "algorithm.sapo_temperature_pos" | "algorithm.sapo_temperature_neg" => sapo_tau(x, key),
+        "algorithm.top_entropy_quantile" => top_entropy(x),
         _ => return None,
     })
 }
@@ -335,6 +336,18 @@ fn cispo_cap(x: &Ctx) -> Mapped {
         Framework::Trl => exact(vec![], "written as epsilon_high (TRL's CISPO cap)"),
         Framework::Verl => exact(vec![], "written as clip_ratio_high = cap − 1"),
         Framework::OpenRlhf => inert(vec![], "no CISPO (see algorithm.loss)"),
+    }
+}
+
+fn top_entropy(x: &Ctx) -> Mapped {
+    let q = x.c.algorithm.top_entropy_quantile;
+    match x.fw {
+        Framework::Trl => exact(vec![kv("top_entropy_quantile", f(q))], ""),
+        fw if q < 1.0 => refused(format!(
+            "{} has no top-entropy token rule (TRL's top_entropy_quantile)",
+            fw.name()
+        )),
+        _ => exact(vec![], "every token trains"),
     }
 }
 
