@@ -353,7 +353,7 @@ pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + S
         }
         if let Some(why) = wgsl_lecture::WgslLectureEngine::uncovered(config) {
             return Err(EngineError::WgslUnavailable(format!(
-                "does not cover this config: {why}; use run.engine = auto or burn"
+                "does not cover this config: {why}"
             )));
         }
     }
