@@ -209,6 +209,11 @@ pub struct StepRecord {
     #[serde(rename = "critic/vf_explained_var")]
     #[serde(default = "nan_default", deserialize_with = "f32_or_nan")]
     pub value_explained_var: f32,
+    /// GDPO's reward collapse (a mixture of rewards only): of the pairs of responses in a
+    /// group whose reward vectors differ, the fraction the advantage does not tell apart.
+    #[serde(rename = "reward/collapsed_pairs")]
+    #[serde(default = "nan_default", deserialize_with = "f32_or_nan")]
+    pub reward_collapsed_pairs: f32,
 
     /// The iteration's groups, in full (first `run.log_groups` of them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -306,6 +311,7 @@ pub const CSV_COLUMNS: &[(&str, Getter)] = &[
     }),
     ("critic/vf_loss", |r| Some(r.value_loss)),
     ("critic/vf_explained_var", |r| Some(r.value_explained_var)),
+    ("reward/collapsed_pairs", |r| Some(r.reward_collapsed_pairs)),
 ];
 
 #[cfg(test)]

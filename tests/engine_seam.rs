@@ -15,6 +15,15 @@ use std::sync::{Arc, Mutex};
 #[derive(Default)]
 struct Fake {
     calls: Arc<Mutex<Vec<String>>>,
+    /// The last rollout's prompts and rows, and each step's advantages.
+    seen: Arc<Mutex<Seen>>,
+}
+
+#[derive(Default)]
+struct Seen {
+    prompts: Vec<Vec<u32>>,
+    rows: Vec<Vec<u32>>,
+    advantages: Vec<Vec<f32>>,
 }
 
 impl Fake {
@@ -40,6 +49,10 @@ impl Engine for Fake {
             }
         }
         let closed = vec![true; rows.len()];
+        let mut seen = self.seen.lock().unwrap();
+        seen.prompts = req.prompts.iter().map(|p| p.to_vec()).collect();
+        seen.rows = rows.clone();
+        drop(seen);
         Ok(Samples {
             rows,
             closed,
@@ -62,6 +75,11 @@ impl Engine for Fake {
         assert_eq!(req.advantages.len(), b.b * b.g);
         assert_eq!(req.old_logp.len(), b.responses.len());
         let loss = -req.advantages.iter().sum::<f32>();
+        self.seen
+            .lock()
+            .unwrap()
+            .advantages
+            .push(req.advantages.to_vec());
         Ok(StepOutput {
             scalars: StepScalars {
                 loss,
@@ -183,4 +201,52 @@ fn a_frame_loop_steps_within_its_budget() {
     let rest = t.run_for(10.0, 1000).unwrap();
     assert_eq!(rest.len(), 20 - 6);
     assert!(t.is_done() && t.run_for(10.0, 10).unwrap().is_empty());
+}
+
+/// Each 2025–26 estimator drives the step with `objective::advantage::estimate`'s values for
+/// the rollout's rewards (ReMax's baseline: the greedy answers', the engine's own), W-REINFORCE's
+/// weight applied after.
+#[test]
+fn every_estimator_drives_the_step_with_its_own_values() {
+    use grpo_lab::config::AdvantageMode::*;
+    use grpo_lab::objective::advantage::{Rollouts, estimate, weight_by_sign};
+    use grpo_lab::task::reward::{RewardFn, score_batch};
+    for mode in [Gpg, ReinforcePp, ReinforcePpBaseline, Remax, Opo, Passk, PasskAnalytic] {
+        let mut c = RunConfig::preset("lecture17").unwrap();
+        c.run.iterations = 1;
+        c.algorithm.mu = 1;
+        c.run.eval_every = 0;
+        c.algorithm.advantage = mode;
+        c.algorithm.passk_advantage_k = 3;
+        c.algorithm.negative_weight = 0.5;
+        let fake = Fake::default();
+        let seen = fake.seen.clone();
+        let mut t = Trainer::with_engine(c.clone(), Box::new(fake)).unwrap();
+        t.step().unwrap();
+        let seen = seen.lock().unwrap();
+        let g = c.algorithm.num_generations;
+        let prompts: Vec<&[u32]> = seen.prompts.iter().map(|p| p.as_slice()).collect();
+        let f = RewardFn::from_task(&c.task);
+        let (rewards, exact) = score_batch(&f, &c, &prompts, &seen.rows, g);
+        // The fake's greedy answer is the prompt itself.
+        let (greedy, _) = score_batch(&f, &c, &prompts, &seen.prompts, 1);
+        let lengths = vec![c.task.n; rewards.len()];
+        let mut want = estimate(
+            mode,
+            &Rollouts {
+                rewards: &rewards,
+                g,
+                lengths: &lengths,
+                exact: &exact,
+                greedy_rewards: Some(&greedy),
+                passk_k: 3,
+            },
+        );
+        weight_by_sign(&mut want, 1.0, 0.5);
+        assert!(want.iter().any(|&a| a != 0.0), "{mode}: a case with no signal");
+        assert_eq!(seen.advantages.len(), 1);
+        for (x, y) in seen.advantages[0].iter().zip(&want) {
+            assert!((x - y).abs() < 1e-6, "{mode}: {:?} vs {want:?}", seen.advantages[0]);
+        }
+    }
 }

@@ -607,6 +607,41 @@ fn wgsl_engine_equals_fused_cpu_with_the_token_level_2025_objectives() {
     assert!(e.contains("sequence-level ratio"), "{e}");
 }
 
+/// The 2025–26 estimators (computed on the host, `objective::advantage`) drive the WGSL
+/// engine's steps as they drive the fused CPU step's; REINFORCE++ with γ < 1 (an advantage
+/// per token) is refused by name.
+#[test]
+fn wgsl_engine_equals_fused_cpu_with_the_2025_estimators() {
+    for sets in [
+        &["algorithm.advantage=gpg"][..],
+        &["algorithm.advantage=reinforce_pp_baseline"],
+        &["algorithm.advantage=remax"],
+        &["algorithm.advantage=opo", "algorithm.negative_weight=0.1"],
+        &["algorithm.advantage=passk"],
+        &[
+            "task.reward_weights.exact=1",
+            "task.reward_weights.distance=0.5",
+            "task.reward_aggregation=normalize_then_sum",
+            "algorithm.advantage=reinforce_pp",
+        ],
+    ] {
+        let mut c = RunConfig::preset("random-sort").unwrap();
+        c.algorithm.mu = 2;
+        c.algorithm.loss = LossMode::Clipped;
+        c.optimizer.lr = 1e-2;
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        eprintln!("{sets:?}");
+        compare(c.with_overrides(&sets).unwrap(), 2, 2e-3);
+    }
+    let Some(wgpu) = wgpu_compute() else { return };
+    let mut c = RunConfig::preset("lecture17").unwrap();
+    c.run.engine = EngineChoice::Wgsl;
+    c.algorithm.advantage = grpo_lab::config::AdvantageMode::ReinforcePp;
+    c.algorithm.gamma = 0.9;
+    let e = Trainer::new(c, wgpu).err().expect("refused").to_string();
+    assert!(e.contains("REINFORCE++"), "{e}");
+}
+
 #[test]
 fn wgsl_engine_equals_fused_cpu_with_temperature_top_k_and_top_p() {
     let mut c = RunConfig::preset("random-sort").unwrap();

@@ -138,6 +138,13 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
         field(ui, &err, "task.reward", |ui, l| {
             combo(ui, l, "reward", &mut d.task.reward, &reward)
         });
+        let aggregations = enum_names(
+            crate::config::RewardAggregation::ALL,
+            crate::config::RewardAggregation::name,
+        );
+        field(ui, &err, "task.reward_aggregation", |ui, l| {
+            combo(ui, l, "reward-aggregation", &mut d.task.reward_aggregation, &aggregations)
+        });
         field(ui, &err, "task.n", |ui, l| {
             ui.add(egui::DragValue::new(&mut d.task.n)).labelled_by(l);
         });
@@ -239,6 +246,27 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
             field(ui, &err, "algorithm.advantage", |ui, l| {
                 combo(ui, l, "advantage", &mut a.advantage, &adv)
             });
+            if a.advantage == crate::config::AdvantageMode::PasskAnalytic {
+                field(ui, &err, "algorithm.passk_advantage_k", |ui, l| {
+                    ui.add(egui::DragValue::new(&mut a.passk_advantage_k))
+                        .labelled_by(l);
+                });
+            }
+            // W-REINFORCE's weights, one row (the field's error names either key).
+            field(ui, &err, "algorithm.positive_weight", |ui, l| {
+                ui.add(egui::DragValue::new(&mut a.positive_weight).speed(0.01))
+                    .labelled_by(l);
+                ui.add(
+                    egui::DragValue::new(&mut a.negative_weight)
+                        .speed(0.01)
+                        .prefix("A < 0: "),
+                );
+            });
+            if let Some((k, msg)) = &err
+                && k == "algorithm.negative_weight"
+            {
+                ui.label(RichText::new(format!("✖ {msg}")).color(ERROR).small());
+            }
             field(ui, &err, "algorithm.loss", |ui, l| {
                 combo(ui, l, "loss", &mut a.loss, &loss)
             });

@@ -109,6 +109,10 @@ pub struct TaskConfig {
     pub length_reward_weight: f64,
     /// DAPO's `L_cache`: the last this-many tokens before `max_len` are penalised linearly.
     pub overlong_buffer: usize,
+    /// How several rewards (the verifiers of `reward_weights`, format, length) become the one
+    /// the advantage reads: `sum_then_normalize` (the weighted sum) or `normalize_then_sum`
+    /// (GDPO: each normalized within its group first; TRL `multi_objective_aggregation`).
+    pub reward_aggregation: RewardAggregation,
 }
 
 impl Default for TaskConfig {
@@ -127,6 +131,7 @@ impl Default for TaskConfig {
             length_reward: LengthReward::None,
             length_reward_weight: 1.0,
             overlong_buffer: 4,
+            reward_aggregation: RewardAggregation::SumThenNormalize,
         }
     }
 }
@@ -218,6 +223,14 @@ pub struct AlgorithmConfig {
     pub mu: usize,
     /// How group rewards become advantages: raw, centered, normalized (GRPO), max, rloo, batch_normalized.
     pub advantage: AdvantageMode,
+    /// The k of `advantage = passk_analytic` (the Pass@k that training optimizes; not
+    /// `run.pass_k`, the evaluation's).
+    pub passk_advantage_k: usize,
+    /// W-REINFORCE's λ: positive advantages are multiplied by it (PSR alone: negative_weight
+    /// 0; 1 = off).
+    pub positive_weight: f64,
+    /// Negative advantages are multiplied by it (NSR alone: positive_weight 0; 1 = off).
+    pub negative_weight: f64,
     /// Per-token objective: naive (`-A·logπ`), unclipped (`-A·ρ`), clipped (PPO).
     pub loss: LossMode,
     /// Where the ratio lives: token (PPO, GRPO), sequence (GSPO), sequence_token (GSPO-token).
@@ -279,6 +292,9 @@ impl Default for AlgorithmConfig {
             prompts_per_iteration: 0,
             mu: 10,
             advantage: AdvantageMode::Normalized,
+            passk_advantage_k: 4,
+            positive_weight: 1.0,
+            negative_weight: 1.0,
             loss: LossMode::Naive,
             importance_sampling_level: ImportanceSamplingLevel::Token,
             epsilon_low: 0.2,
@@ -356,6 +372,13 @@ named_enum!(AdvantageMode {
     Rloo => "rloo",
     BatchNormalized => "batch_normalized",
     Gae => "gae",
+    Gpg => "gpg",
+    ReinforcePp => "reinforce_pp",
+    ReinforcePpBaseline => "reinforce_pp_baseline",
+    Remax => "remax",
+    Opo => "opo",
+    Passk => "passk",
+    PasskAnalytic => "passk_analytic",
 });
 
 impl AdvantageMode {
@@ -390,6 +413,10 @@ named_enum!(LossAggMode {
     TokenMean => "token-mean",
     SeqMeanTokenSumNorm => "seq-mean-token-sum-norm",
     Luspo => "luspo",
+});
+named_enum!(RewardAggregation {
+    SumThenNormalize => "sum_then_normalize",
+    NormalizeThenSum => "normalize_then_sum",
 });
 named_enum!(LengthReward { None => "none", Kimi => "kimi", Overlong => "overlong" });
 named_enum!(PromptSampling {

@@ -15,6 +15,18 @@ const SEQUENCE_TOKEN_LOSSES: &[LossMode] = &[
     LossMode::Sapo,
 ];
 
+/// The modes that read GDPO's normalized sum (`task.reward_aggregation = normalize_then_sum`)
+/// as a group-relative signal: the others need a raw reward (its max, the greedy answer's,
+/// a success count) or are PPO's critic.
+pub const NORMALIZED_SUM_MODES: &[AdvantageMode] = &[
+    AdvantageMode::Centered,
+    AdvantageMode::Normalized,
+    AdvantageMode::Rloo,
+    AdvantageMode::BatchNormalized,
+    AdvantageMode::ReinforcePp,
+    AdvantageMode::ReinforcePpBaseline,
+];
+
 fn names(modes: &[LossMode]) -> String {
     modes
         .iter()
@@ -90,6 +102,7 @@ impl RunConfig {
             }
         }
         self.validate_clip_knobs()?;
+        self.validate_advantage()?;
         let b = &a.bugs;
         let ratio_bug = b.ratio_as_logprob_quotient || b.unfrozen_old_policy;
         if ratio_bug && (level != ImportanceSamplingLevel::Token || a.loss == LossMode::Gmpo) {
@@ -146,5 +159,105 @@ impl RunConfig {
             }
         }
         Ok(())
+    }
+
+    /// The estimators' own numbers, and which of them read GDPO's normalized sum.
+    fn validate_advantage(&self) -> Result<(), ConfigError> {
+        let a = &self.algorithm;
+        let g = a.num_generations;
+        match a.advantage {
+            AdvantageMode::PasskAnalytic if a.passk_advantage_k == 0 || a.passk_advantage_k > g => {
+                return bad(
+                    "algorithm.passk_advantage_k",
+                    format!(
+                        "{} with algorithm.num_generations = {g}: Pass@k draws k of the group's G answers (1 ≤ k ≤ G)",
+                        a.passk_advantage_k
+                    ),
+                );
+            }
+            AdvantageMode::Passk if g < 2 => {
+                return bad(
+                    "algorithm.advantage",
+                    format!(
+                        "passk with algorithm.num_generations = {g}: it compares a group's best answer with its second best (G ≥ 2)"
+                    ),
+                );
+            }
+            _ => {}
+        }
+        if self.task.reward_aggregation == RewardAggregation::NormalizeThenSum
+            && !NORMALIZED_SUM_MODES.contains(&a.advantage)
+        {
+            let allowed: Vec<&str> = NORMALIZED_SUM_MODES.iter().map(|m| m.name()).collect();
+            return bad(
+                "task.reward_aggregation",
+                format!(
+                    "normalize_then_sum with algorithm.advantage = {}: GDPO's sum of normalized rewards is zero-mean in each group, which only a group-relative mode reads as meant ({})",
+                    a.advantage,
+                    allowed.join(", ")
+                ),
+            );
+        }
+        if self.task.reward_aggregation == RewardAggregation::NormalizeThenSum
+            && a.kl_penalty == KlPenaltyMode::Reward
+            && a.beta > 0.0
+        {
+            return bad(
+                "task.reward_aggregation",
+                "normalize_then_sum with algorithm.kl_penalty = reward (β > 0): the KL would be subtracted from a sum of normalized rewards, on no scale of its own (put the KL in the loss: kl_penalty = loss)".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(sets: &[&str]) -> String {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        RunConfig::preset("scaled")
+            .unwrap()
+            .with_overrides(&sets)
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn the_estimators_rules_name_both_keys() {
+        let e = refusal(&[
+            "algorithm.advantage=passk_analytic",
+            "algorithm.passk_advantage_k=17",
+        ]);
+        assert!(e.contains("algorithm.passk_advantage_k") && e.contains("num_generations = 16"), "{e}");
+        let e = refusal(&["algorithm.advantage=passk", "algorithm.num_generations=1"]);
+        assert!(e.contains("algorithm.advantage") && e.contains("num_generations"), "{e}");
+        for mode in ["raw", "max", "gae", "gpg", "remax", "opo", "passk", "passk_analytic"] {
+            let e = refusal(&[
+                "task.reward_aggregation=normalize_then_sum",
+                &format!("algorithm.advantage={mode}"),
+            ]);
+            assert!(e.contains("task.reward_aggregation") && e.contains(mode), "{e}");
+        }
+        let e = refusal(&[
+            "task.reward_aggregation=normalize_then_sum",
+            "algorithm.kl_penalty=reward",
+            "algorithm.beta=0.1",
+        ]);
+        assert!(e.contains("kl_penalty = reward"), "{e}");
+        let ok = RunConfig::preset("scaled").unwrap();
+        for mode in NORMALIZED_SUM_MODES {
+            ok.with_overrides(&[
+                "task.reward_aggregation=normalize_then_sum".into(),
+                format!("algorithm.advantage={mode}"),
+            ])
+            .unwrap();
+        }
+        ok.with_overrides(&[
+            "algorithm.advantage=passk_analytic".into(),
+            "algorithm.passk_advantage_k=16".into(),
+        ])
+        .unwrap();
     }
 }

@@ -508,6 +508,14 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
         include_str!("../../assets/experiments/loss-family.toml"),
     ),
     (
+        "advantage-family",
+        include_str!("../../assets/experiments/advantage-family.toml"),
+    ),
+    (
+        "multi-reward",
+        include_str!("../../assets/experiments/multi-reward.toml"),
+    ),
+    (
         "kl-beta",
         include_str!("../../assets/experiments/kl-beta.toml"),
     ),

@@ -364,6 +364,9 @@ fn unmapped() -> Mapped {
 /// The `task.*` keys.
 fn task_row(x: &Ctx, key: &str) -> Mapped {
     use Framework::*;
+    if let Some(mapped) = objective::objective_row(x, key) {
+        return mapped;
+    }
     let c = x.c;
     let s = &x.s;
     let fw = x.fw;
@@ -1070,6 +1073,53 @@ fn advantage(x: &Ctx) -> Mapped {
         (Trl, AdvantageMode::Rloo) => refused(
             "rloo: TRL's GRPOTrainer has no leave-one-out baseline (RLOOTrainer is another trainer)",
         ),
+        (Verl, AdvantageMode::Gpg) => exact(
+            vec![kv("algorithm.adv_estimator", Val::str("gpg"))],
+            "verl's α counts the batch's non-zero rewards, grpo-lab's the responses in groups with a signal: equal for 0/1 rewards where no group is all-correct",
+        ),
+        (Verl, AdvantageMode::ReinforcePp) => exact(
+            vec![
+                kv("algorithm.adv_estimator", Val::str("reinforce_plus_plus")),
+                kv("algorithm.gamma", Val::Float(x.c.algorithm.gamma)),
+            ],
+            "returns γ^(L−1−t)·r whitened over the batch's tokens (masked_whiten)",
+        ),
+        (Verl, AdvantageMode::ReinforcePpBaseline) => exact(
+            vec![kv("algorithm.adv_estimator", Val::str("reinforce_plus_plus_baseline"))],
+            "group mean removed, then whitened over the batch's tokens",
+        ),
+        (Verl, AdvantageMode::Remax) => exact(
+            vec![kv("algorithm.adv_estimator", Val::str("remax"))],
+            "the greedy answer's reward as the baseline",
+        ),
+        (Verl, AdvantageMode::Opo) => exact(
+            vec![kv("algorithm.adv_estimator", Val::str("opo"))],
+            "verl gives a group of one the baseline 0, grpo-lab its own reward (advantage 0)",
+        ),
+        (Verl, AdvantageMode::Passk) => approx(
+            vec![
+                kv("algorithm.adv_estimator", Val::str("grpo_passk")),
+                kv("algorithm.norm_adv_by_std_in_grpo", Val::Bool(true)),
+            ],
+            eps("verl 1e-6"),
+        ),
+        (OpenRlhf, AdvantageMode::ReinforcePp) => approx(
+            vec![kv("algo.advantage.estimator", Val::str("reinforce"))],
+            "REINFORCE++: returns whitened over the batch (OpenRLHF's whitening ε differs)",
+        ),
+        (OpenRlhf, AdvantageMode::ReinforcePpBaseline) => approx(
+            vec![
+                kv("algo.advantage.estimator", Val::str("reinforce_baseline")),
+                kv("algo.advantage.no_std_norm", Val::Bool(false)),
+            ],
+            "group mean removed, then whitened over the batch (OpenRLHF's whitening ε differs)",
+        ),
+        (_, AdvantageMode::PasskAnalytic) => refused(
+            "passk_analytic: the analytic Pass@k advantage (arXiv 2508.10751) is in the paper's own verl fork, not in a release",
+        ),
+        (Trl, m) if !AdvantageMode::GROUP.contains(&m) => refused(format!(
+            "`{m}`: TRL's GRPOTrainer has only the group advantage (scale_rewards group / batch / none)"
+        )),
         (_, m) => refused(format!(
             "`{m}` advantages have no counterpart (GRPO-SPEC §3 teaching modes)"
         )),

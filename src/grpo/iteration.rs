@@ -18,12 +18,12 @@
 use super::record::{self, PassAtK, RatioStats, Resampling, RolloutView, StepPosition};
 use super::trainer::{Frozen, greedy_accuracy};
 use super::{TrainError, Trainer};
-use crate::config::{AdvantageMode, KlPenaltyMode};
+use crate::config::{AdvantageMode, KlPenaltyMode, RewardAggregation};
 use crate::engine::{Advantages, Batch, IterationRequest, SampleRequest, StepRequest, Which};
 use crate::metrics::{GroupRecord, StepRecord};
 use crate::objective::advantage;
 use crate::objective::loss::{LossSettings, reference};
-use crate::task::reward::score_batch;
+use crate::task::reward::{reward_components, score_batch};
 use crate::task::tokenizer::EOS_ID;
 use crate::task::{accuracy, is_exact};
 use web_time::Instant;
@@ -56,6 +56,8 @@ struct Rolled {
     old_logp: Vec<f32>,
     ref_logp: Vec<f32>,
     resampling: Resampling,
+    /// GDPO's reward collapse in this rollout (NaN for a single reward).
+    collapsed: f32,
 }
 
 /// Adds the time since the last lap to a slot.
@@ -89,7 +91,9 @@ impl Trainer {
         // 2. Roll out G responses per prompt from π_old, and 3. verify them (with the
         // advantages on the device when they do not wait for anything else).
         let kl_in_reward = a.kl_penalty == KlPenaltyMode::Reward && a.beta > 0.0;
-        let advantages_now = !kl_in_reward && !a.dynamic_sampling && !a.bugs.std_without_eps;
+        let gdpo = cfg.task.reward_aggregation == RewardAggregation::NormalizeThenSum;
+        let advantages_now =
+            !kl_in_reward && !gdpo && !a.dynamic_sampling && !a.bugs.std_without_eps;
         let mut scored = self.sample_and_verify(&indices, iteration as u32, advantages_now)?;
         let resampling = self.resample_flat_groups(&mut indices, &mut scored)?;
         laps.lap(&mut self.timings.rollout);
@@ -110,32 +114,34 @@ impl Trainer {
         };
         laps.lap(&mut self.timings.old_ref_logp);
 
-        // 4. Advantages from the scores (minus β·KL when the KL goes into the reward), every
-        // mode for the same rewards, `[B·G]`; one drives the update.
+        // 4. Advantages from the scores (minus β·KL when the KL goes into the reward; GDPO's
+        // sum of group-normalized rewards), every group mode for the same rewards, `[B·G]`; one
+        // estimator drives the update.
         let penalized =
             kl_in_reward.then(|| self.kl_penalized(&scored.rewards, &batch, &old_logp, &ref_logp));
-        let rewards = penalized.as_deref().unwrap_or(&scored.rewards);
+        // A mixture of rewards (several verifiers, or format / length terms): each apart, for
+        // GDPO and for the record's collapse count.
+        let parts = self.is_mixture().then(|| {
+            let prompts = self.prompts_of(&indices);
+            reward_components(&self.reward_fn, &cfg, &prompts, &scored.rows, g)
+        });
+        let normalized_sum = parts
+            .as_ref()
+            .filter(|_| gdpo)
+            .map(|p| advantage::normalize_then_sum(p, g));
+        let rewards = penalized
+            .as_deref()
+            .or(normalized_sum.as_deref())
+            .unwrap_or(&scored.rewards);
         let adv = match scored.advantages.take() {
             Some(adv) => adv,
             None => self.advantages(rewards, g)?,
         };
-        // PPO's critic: per-token GAE from the value model (trained here on the returns); the
-        // per-response mean stands for it in the record. Else one of the group modes.
-        let (driving, token_advantages, critic) = if a.advantage == AdvantageMode::Gae {
-            let (tokens, critic) = self.gae_advantages(&batch, rewards);
-            let per_response = tokens
-                .chunks(batch.t.max(1))
-                .zip(&batch.lengths)
-                .map(|(c, &len)| c[..len.min(c.len())].iter().sum::<f32>() / len.max(1) as f32)
-                .collect();
-            (per_response, Some(tokens), critic)
-        } else {
-            let mode = AdvantageMode::GROUP
-                .iter()
-                .position(|m| *m == a.advantage)
-                .unwrap_or(0);
-            (adv.by_mode[mode].clone(), None, (f32::NAN, f32::NAN))
-        };
+        let (driving, token_advantages, critic) =
+            self.driving_advantages(&adv, rewards, &scored.exact, &mut scored.greedy, &batch, &indices)?;
+        let collapsed = parts
+            .as_ref()
+            .map_or(f32::NAN, |p| advantage::collapsed_pairs(p, &driving, g));
         laps.lap(&mut self.timings.advantages);
 
         let accuracy_heldout = self.heldout_accuracy()?;
@@ -152,11 +158,21 @@ impl Trainer {
                 old_logp,
                 ref_logp,
                 resampling,
+                collapsed,
             },
             accuracy_heldout,
             pass,
             laps,
         )
+    }
+
+    /// Whether the reward is a mixture: several verifiers, or (the transformer) a format or
+    /// length term beside the verifier.
+    fn is_mixture(&self) -> bool {
+        let t = &self.config.task;
+        let shaped = self.is_autoregressive()
+            && (t.format_reward != 0.0 || t.length_reward != crate::config::LengthReward::None);
+        self.reward_fn.terms() > 1 || shaped
     }
 
     /// The whole iteration on the engine's device in one submission ([`Engine::iteration`]):
@@ -259,6 +275,7 @@ impl Trainer {
                     zero_std_first_draw,
                     ..Default::default()
                 },
+                collapsed: f32::NAN,
             },
             accuracy_heldout,
             pass,
@@ -275,7 +292,10 @@ impl Trainer {
         self.engine.runs_iterations()
             && !a.dynamic_sampling
             && !(a.kl_penalty == KlPenaltyMode::Reward && a.beta > 0.0)
-            && a.advantage != AdvantageMode::Gae
+            && AdvantageMode::GROUP.contains(&a.advantage)
+            && self.config.task.reward_aggregation == RewardAggregation::SumThenNormalize
+            && a.positive_weight == 1.0
+            && a.negative_weight == 1.0
             && !(b.std_without_eps || b.shared_reference || b.unfrozen_old_policy)
     }
 
@@ -301,6 +321,7 @@ impl Trainer {
             old_logp,
             ref_logp,
             resampling,
+            collapsed,
         } = r;
         // Prioritized sampling remembers each prompt's success rate; greedy accuracy.
         self.sampler.record(&indices, &scored.exact, g);
@@ -332,6 +353,7 @@ impl Trainer {
         );
         stats.rollouts = self.rollouts;
         stats.pass = pass;
+        stats.reward_collapsed_pairs = collapsed;
         (stats.value_loss, stats.value_explained_var) = critic;
         let logged = batch.b.min(cfg.run.log_groups);
         let groups = (cfg.run.log_groups > 0).then(|| {
@@ -360,6 +382,100 @@ impl Trainer {
             groups,
             token_advantages,
         })
+    }
+
+    /// The advantages that drive the update, `[B·G]` (and `[B·G·T]` where they differ per
+    /// token), W-REINFORCE's weights applied: a group mode's from `adv`; PPO's per-token GAE
+    /// from the critic (trained here on the returns; its per-response mean stands for it in
+    /// the record, with the critic's fit); the other estimators from `objective::advantage`
+    /// (ReMax scores the greedy answers, kept for the greedy accuracy).
+    fn driving_advantages(
+        &mut self,
+        adv: &Advantages,
+        rewards: &[f32],
+        exact: &[u32],
+        greedy: &mut Option<Vec<Vec<u32>>>,
+        batch: &Batch,
+        indices: &[usize],
+    ) -> Result<(Vec<f32>, Option<Vec<f32>>, (f32, f32)), TrainError> {
+        let a = self.config.algorithm.clone();
+        let g = a.num_generations;
+        let per_response = |tokens: &[f32]| -> Vec<f32> {
+            tokens
+                .chunks(batch.t.max(1))
+                .zip(&batch.lengths)
+                .map(|(c, &len)| c[..len.min(c.len())].iter().sum::<f32>() / len.max(1) as f32)
+                .collect()
+        };
+        let no_critic = (f32::NAN, f32::NAN);
+        let (mut driving, mut tokens, critic) = match a.advantage {
+            AdvantageMode::Gae => {
+                let (tokens, critic) = self.gae_advantages(batch, rewards);
+                (per_response(&tokens), Some(tokens), critic)
+            }
+            AdvantageMode::ReinforcePp if a.gamma < 1.0 => {
+                let tokens = advantage::reinforce_pp_tokens(
+                    rewards,
+                    &batch.lengths,
+                    batch.t,
+                    a.gamma as f32,
+                );
+                (per_response(&tokens), Some(tokens), no_critic)
+            }
+            m if AdvantageMode::GROUP.contains(&m) => {
+                let k = AdvantageMode::GROUP.iter().position(|x| *x == m);
+                (adv.by_mode[k.unwrap_or(0)].clone(), None, no_critic)
+            }
+            m => {
+                let greedy_rewards = if m == AdvantageMode::Remax {
+                    Some(self.greedy_rewards(indices, greedy)?)
+                } else {
+                    None
+                };
+                let x = advantage::Rollouts {
+                    rewards,
+                    g,
+                    lengths: &batch.lengths,
+                    exact,
+                    greedy_rewards: greedy_rewards.as_deref(),
+                    passk_k: a.passk_advantage_k,
+                };
+                (advantage::estimate(m, &x), None, no_critic)
+            }
+        };
+        let (pos, neg) = (a.positive_weight as f32, a.negative_weight as f32);
+        advantage::weight_by_sign(&mut driving, pos, neg);
+        if let Some(t) = tokens.as_mut() {
+            advantage::weight_by_sign(t, pos, neg);
+        }
+        Ok((driving, tokens, critic))
+    }
+
+    /// ReMax's baseline: the reward of each prompt's greedy answer (`[B]`), the answers kept in
+    /// `kept` for the greedy accuracy.
+    fn greedy_rewards(
+        &mut self,
+        indices: &[usize],
+        kept: &mut Option<Vec<Vec<u32>>>,
+    ) -> Result<Vec<f32>, TrainError> {
+        let cfg = self.config.clone();
+        let train = &self.prompts.train;
+        let prompts: Vec<&[u32]> = indices.iter().map(|&i| train[i].as_slice()).collect();
+        let greedy = match kept.take() {
+            Some(greedy) => greedy,
+            None => self.engine.greedy(&prompts, cfg.max_len())?,
+        };
+        let (rewards, _) = score_batch(&self.reward_fn, &cfg, &prompts, &greedy, 1);
+        *kept = Some(greedy);
+        Ok(rewards)
+    }
+
+    /// The training prompts `indices`, `[B]`.
+    fn prompts_of(&self, indices: &[usize]) -> Vec<&[u32]> {
+        indices
+            .iter()
+            .map(|&i| self.prompts.train[i].as_slice())
+            .collect()
     }
 
     /// GAE(γ, λ) per token from the critic's values, then the critic's regression on the

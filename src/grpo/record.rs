@@ -44,6 +44,9 @@ pub struct RolloutStats {
     /// PPO's critic: squared error to the returns before its update, explained variance.
     pub value_loss: f32,
     pub value_explained_var: f32,
+    /// GDPO's reward collapse: of the pairs of a group whose reward vectors differ, the
+    /// fraction with one advantage (NaN for a single reward).
+    pub reward_collapsed_pairs: f32,
 }
 
 /// Held-out pass@k from `N` sampled answers per prompt (unbiased estimator, mean over prompts).
@@ -202,6 +205,7 @@ pub fn rollout_stats(
         },
         value_loss: f32::NAN,
         value_explained_var: f32::NAN,
+        reward_collapsed_pairs: f32::NAN,
         wrong_longer_frac: mean_or_nan(
             (0..lengths.len())
                 .filter(|&i| r.exact[i] == 0)
@@ -331,6 +335,7 @@ pub fn step_record(
         wrong_longer_frac: stats.wrong_longer_frac,
         value_loss: stats.value_loss,
         value_explained_var: stats.value_explained_var,
+        reward_collapsed_pairs: stats.reward_collapsed_pairs,
         groups,
     }
 }

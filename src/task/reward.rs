@@ -109,6 +109,11 @@ impl RewardFn {
             .sum()
     }
 
+    /// How many verifiers it sums.
+    pub fn terms(&self) -> usize {
+        self.terms.len()
+    }
+
     pub fn describe(&self) -> String {
         if self.terms.len() == 1 && self.terms[0].1 == 1.0 {
             return self.terms[0].0.name().into();
@@ -263,8 +268,8 @@ pub fn shaping(c: &crate::config::RunConfig, r: &ArResponse) -> (f32, f32) {
 }
 
 /// Rewards and exact-match flags of `B·G` responses (group-major) to `B` prompts under a run's
-/// config: the verifiers and, for the transformer (answers end at `<eos>` = `task.vocab`), the
-/// format, overlong and Kimi length terms.
+/// config: the weighted sum of [`reward_components`] — the verifiers and, for the transformer
+/// (answers end at `<eos>` = `task.vocab`), the format, overlong and Kimi length terms.
 pub fn score_batch(
     f: &RewardFn,
     c: &crate::config::RunConfig,
@@ -272,51 +277,89 @@ pub fn score_batch(
     rows: &[Vec<u32>],
     g: usize,
 ) -> (Vec<f32>, Vec<u32>) {
-    if c.model.kind != crate::config::ModelKind::Transformer {
+    let parts = reward_components(f, c, prompts, rows, g);
+    let rewards = (0..rows.len())
+        .map(|i| parts.iter().map(|(w, v)| w * v[i]).sum())
+        .collect();
+    let exact = if c.model.kind != crate::config::ModelKind::Transformer {
         // Each prompt sorted once for its G responses.
         let sorted: Vec<Vec<u32>> = prompts.iter().map(|p| super::sort::sorted(p)).collect();
-        let rewards = rows
-            .iter()
-            .enumerate()
-            .map(|(i, r)| f.reward(prompts[i / g], r))
-            .collect();
-        let exact = rows
-            .iter()
+        rows.iter()
             .enumerate()
             .map(|(i, r)| (sorted[i / g] == *r) as u32)
+            .collect()
+    } else {
+        let eos = c.task.vocab as u32;
+        rows.iter()
+            .enumerate()
+            .map(|(i, r)| ArResponse::parse(r, eos).exact(prompts[i / g]) as u32)
+            .collect()
+    };
+    (rewards, exact)
+}
+
+/// Each reward of a run apart, `(weight, [B·G] values)`, whose weighted sum is
+/// [`score_batch`]'s reward: each verifier of the task, and for the transformer the format,
+/// overlong and Kimi length terms that are on. GDPO normalizes each before the sum
+/// (`task.reward_aggregation = normalize_then_sum`).
+pub fn reward_components(
+    f: &RewardFn,
+    c: &crate::config::RunConfig,
+    prompts: &[&[u32]],
+    rows: &[Vec<u32>],
+    g: usize,
+) -> Vec<(f32, Vec<f32>)> {
+    let prompt = |i: usize| prompts[i / g];
+    if c.model.kind != crate::config::ModelKind::Transformer {
+        return f
+            .terms
+            .iter()
+            .map(|&(kind, w)| {
+                let v = rows.iter().enumerate().map(|(i, r)| value(kind, prompt(i), r));
+                (w, v.collect())
+            })
             .collect();
-        return (rewards, exact);
     }
-    let eos = c.task.vocab as u32;
+    let t = &c.task;
+    let eos = t.vocab as u32;
     let parsed: Vec<ArResponse> = rows.iter().map(|r| ArResponse::parse(r, eos)).collect();
-    let exact: Vec<u32> = parsed
+    let mut out: Vec<(f32, Vec<f32>)> = f
+        .terms
         .iter()
-        .enumerate()
-        .map(|(i, r)| r.exact(prompts[i / g]) as u32)
-        .collect();
-    let mut rewards: Vec<f32> = parsed
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let (format, overlong) = shaping(c, r);
-            f.reward_ar(prompts[i / g], r) + format + overlong
+        .map(|&(kind, w)| {
+            let only = RewardFn { terms: vec![(kind, 1.0)] };
+            let v = parsed.iter().enumerate().map(|(i, r)| only.reward_ar(prompt(i), r));
+            (w, v.collect())
         })
         .collect();
-    if c.task.length_reward == crate::config::LengthReward::Kimi {
-        let w = c.task.length_reward_weight as f32;
-        for gi in 0..prompts.len() {
-            let span = gi * g..(gi + 1) * g;
-            let lens: Vec<usize> = parsed[span.clone()].iter().map(|r| r.length).collect();
-            let ok: Vec<bool> = exact[span.clone()].iter().map(|&e| e == 1).collect();
-            for (x, l) in rewards[span]
-                .iter_mut()
-                .zip(kimi_length_rewards(&lens, &ok))
-            {
-                *x += w * l;
+    if t.format_reward != 0.0 {
+        let closed = parsed.iter().map(|r| r.closed as u32 as f32).collect();
+        out.push((t.format_reward as f32, closed));
+    }
+    let w = t.length_reward_weight as f32;
+    match t.length_reward {
+        crate::config::LengthReward::None => {}
+        crate::config::LengthReward::Overlong => {
+            let max_len = c.max_len();
+            let p = parsed.iter().map(|r| {
+                overlong_penalty(r.length, max_len, t.overlong_buffer, !r.closed)
+            });
+            out.push((w, p.collect()));
+        }
+        crate::config::LengthReward::Kimi => {
+            let mut v = Vec::with_capacity(rows.len());
+            for (gi, group) in parsed.chunks(g).enumerate() {
+                let lens: Vec<usize> = group.iter().map(|r| r.length).collect();
+                let ok: Vec<bool> = group
+                    .iter()
+                    .map(|r| r.exact(prompts[gi]))
+                    .collect();
+                v.extend(kimi_length_rewards(&lens, &ok));
             }
+            out.push((w, v));
         }
     }
-    (rewards, exact)
+    out
 }
 
 impl RewardFn {
@@ -495,5 +538,56 @@ mod tests {
         assert_eq!(overlong_penalty(7, 10, 4, false), -0.25);
         assert_eq!(overlong_penalty(10, 10, 4, false), -1.0);
         assert_eq!(overlong_penalty(10, 10, 4, true), -1.0);
+    }
+
+    #[test]
+    fn components_sum_to_the_reward() {
+        // Transformer, two verifiers, format and each length reward; lecture, two verifiers.
+        let mut rng = SplitMix64::new(7);
+        for (preset, length) in [
+            ("transformer-sort", "kimi"),
+            ("transformer-sort", "overlong"),
+            ("scaled", "none"),
+        ] {
+            let mut sets = vec![
+                "task.reward_weights.exact=2".to_string(),
+                "task.reward_weights.distance=0.5".into(),
+            ];
+            if preset != "scaled" {
+                sets.push("task.format_reward=0.3".into());
+                sets.push(format!("task.length_reward={length}"));
+            }
+            let c = crate::config::RunConfig::preset(preset)
+                .unwrap()
+                .with_overrides(&sets)
+                .unwrap();
+            let f = RewardFn::from_task(&c.task);
+            let (g, n, vocab) = (4, c.task.n, c.task.vocab as u64);
+            let prompts: Vec<Vec<u32>> = (0..3)
+                .map(|_| (0..n).map(|_| rng.below(vocab) as u32).collect())
+                .collect();
+            let refs: Vec<&[u32]> = prompts.iter().map(|p| p.as_slice()).collect();
+            let rows: Vec<Vec<u32>> = (0..3 * g)
+                .map(|i| {
+                    if i % 3 == 0 {
+                        let mut s = super::super::sort::sorted(refs[i / g]);
+                        if preset != "scaled" {
+                            s.push(c.task.vocab as u32);
+                        }
+                        return s;
+                    }
+                    let len = if preset == "scaled" { n } else { 1 + rng.below(c.max_len() as u64) as usize };
+                    (0..len).map(|_| rng.below(vocab + 1) as u32).collect()
+                })
+                .collect();
+            let (rewards, _) = score_batch(&f, &c, &refs, &rows, g);
+            let parts = reward_components(&f, &c, &refs, &rows, g);
+            let want = if preset == "scaled" { 2 } else { 4 };
+            assert_eq!(parts.len(), want, "{preset} {length}");
+            for (i, r) in rewards.iter().enumerate() {
+                let sum: f32 = parts.iter().map(|(w, v)| w * v[i]).sum();
+                assert!((sum - r).abs() < 1e-5, "{preset} {length} row {i}: {sum} vs {r}");
+            }
+        }
     }
 }

@@ -452,6 +452,10 @@ impl WgslLectureEngine {
             Some("run.kernels = reference asks for the Rust kernels")
         } else if a.advantage == crate::config::AdvantageMode::Gae {
             Some("PPO's per-token advantages (GAE) are not in its loss kernel")
+        } else if a.advantage == crate::config::AdvantageMode::ReinforcePp && a.gamma < 1.0 {
+            Some(
+                "REINFORCE++ with algorithm.gamma < 1 gives each token its own advantage, which its loss kernel does not take",
+            )
         } else if LossSettings::of(c).sequence_ratio() {
             Some(
                 "a sequence-level ratio (GSPO, GSPO-token, GMPO) needs each response's mean log-ratio before any token's term, and its step kernel computes a (prompt, position) row's tokens in one pass",

@@ -19,6 +19,9 @@ pub(super) fn objective_row(x: &Ctx, key: &str) -> Option<Mapped> {
         "algorithm.cispo_max_ratio" => cispo_cap(x),
         "algorithm.sapo_temperature_pos" | "algorithm.sapo_temperature_neg" => sapo_tau(x, key),
         "algorithm.top_entropy_quantile" => top_entropy(x),
+        "algorithm.passk_advantage_k" => passk_k(x),
+        "algorithm.positive_weight" | "algorithm.negative_weight" => sign_weights(x),
+        "task.reward_aggregation" => reward_aggregation(x),
         _ => return None,
     })
 }
@@ -378,5 +381,57 @@ fn sapo_tau(x: &Ctx, key: &str) -> Mapped {
         exact(theirs, "")
     } else {
         inert(theirs, "read by algorithm.loss = sapo only")
+    }
+}
+
+fn passk_k(x: &Ctx) -> Mapped {
+    let a = &x.c.algorithm;
+    if a.advantage == crate::config::AdvantageMode::PasskAnalytic {
+        refused("the analytic Pass@k advantage has no framework key (the advantage row says why)")
+    } else {
+        inert(vec![], "read by advantage = passk_analytic only")
+    }
+}
+
+fn sign_weights(x: &Ctx) -> Mapped {
+    let a = &x.c.algorithm;
+    if a.positive_weight == 1.0 && a.negative_weight == 1.0 {
+        exact(vec![], "every advantage at its own weight (1 and 1)")
+    } else {
+        refused(format!(
+            "{} has no weight by the advantage's sign (W-REINFORCE, arXiv 2506.01347)",
+            x.fw.name()
+        ))
+    }
+}
+
+fn reward_aggregation(x: &Ctx) -> Mapped {
+    use crate::config::{AdvantageMode, RewardAggregation};
+    let c = x.c;
+    let gdpo = c.task.reward_aggregation == RewardAggregation::NormalizeThenSum;
+    match x.fw {
+        Framework::Trl if gdpo => {
+            let batch = matches!(
+                c.algorithm.advantage,
+                AdvantageMode::BatchNormalized
+                    | AdvantageMode::ReinforcePp
+                    | AdvantageMode::ReinforcePpBaseline
+            );
+            let theirs = vec![kv("multi_objective_aggregation", Val::str("normalize_then_sum"))];
+            if batch {
+                approx(theirs, "each reward normalized in its group (TRL ε 1e-4, grpo-lab 1e-5), summed, then a batch normalization")
+            } else {
+                approx(theirs, format!("TRL ends with a batch normalization, grpo-lab with advantage = {} (batch_normalized or reinforce_pp is TRL's)", c.algorithm.advantage))
+            }
+        }
+        Framework::Trl => exact(
+            vec![kv("multi_objective_aggregation", Val::str("sum_then_normalize"))],
+            "",
+        ),
+        fw if gdpo => refused(format!(
+            "{} sums its rewards before any normalization (GDPO is TRL's multi_objective_aggregation)",
+            fw.name()
+        )),
+        _ => exact(vec![], "the weighted sum of the rewards"),
     }
 }
