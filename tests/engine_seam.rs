@@ -17,6 +17,8 @@ struct Fake {
     calls: Arc<Mutex<Vec<String>>>,
     /// The last rollout's prompts and rows, and each step's advantages.
     seen: Arc<Mutex<Seen>>,
+    /// Every odd response comes back cut (not closed with `<eos>`).
+    cut_odd: bool,
 }
 
 #[derive(Default)]
@@ -24,6 +26,7 @@ struct Seen {
     prompts: Vec<Vec<u32>>,
     rows: Vec<Vec<u32>>,
     advantages: Vec<Vec<f32>>,
+    masks: Vec<Vec<f32>>,
 }
 
 impl Fake {
@@ -48,7 +51,7 @@ impl Engine for Fake {
                 rows.push(r);
             }
         }
-        let closed = vec![true; rows.len()];
+        let closed: Vec<bool> = (0..rows.len()).map(|i| !(self.cut_odd && i % 2 == 1)).collect();
         let mut seen = self.seen.lock().unwrap();
         seen.prompts = req.prompts.iter().map(|p| p.to_vec()).collect();
         seen.rows = rows.clone();
@@ -80,6 +83,7 @@ impl Engine for Fake {
             .unwrap()
             .advantages
             .push(req.advantages.to_vec());
+        self.seen.lock().unwrap().masks.push(b.mask.clone());
         Ok(StepOutput {
             scalars: StepScalars {
                 loss,
@@ -249,4 +253,40 @@ fn every_estimator_drives_the_step_with_its_own_values() {
             assert!((x - y).abs() < 1e-6, "{mode}: {:?} vs {want:?}", seen.advantages[0]);
         }
     }
+}
+
+/// DAPO's overlong filtering: the responses that came back cut leave the step's loss mask
+/// whole; the others keep theirs; the advantages still read every reward.
+#[test]
+fn truncated_completions_leave_the_loss_mask() {
+    for on in [false, true] {
+        let mut c = RunConfig::preset("transformer-sort").unwrap();
+        c.run.iterations = 1;
+        c.algorithm.mu = 1;
+        c.run.eval_every = 0;
+        c.sft.steps = 0;
+        c.algorithm.mask_truncated_completions = on;
+        let fake = Fake {
+            cut_odd: true,
+            ..Default::default()
+        };
+        let seen = fake.seen.clone();
+        let mut t = Trainer::with_engine(c.clone(), Box::new(fake)).unwrap();
+        t.step().unwrap();
+        let seen = seen.lock().unwrap();
+        let mask = &seen.masks[0];
+        let t_len = mask.len() / seen.rows.len();
+        for (i, (row, resp)) in mask.chunks(t_len).zip(&seen.rows).enumerate() {
+            let real = row.iter().filter(|&&m| m != 0.0).count();
+            let want = if on && i % 2 == 1 { 0 } else { resp.len() };
+            assert_eq!(real, want, "mask_truncated_completions = {on}, response {i}");
+        }
+    }
+    // The lecture model is never cut: the key is refused there, naming the model.
+    let e = RunConfig::preset("lecture17")
+        .unwrap()
+        .with_overrides(&["algorithm.mask_truncated_completions=true".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("mask_truncated_completions") && e.contains("transformer"), "{e}");
 }

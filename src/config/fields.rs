@@ -343,6 +343,9 @@ pub const FIELDS: &[Field] = &[
         "The \"80/20\" rule (Wang et al. 2025, arXiv 2506.01939): only tokens whose entropy is at least the batch's (1 − ρ)-quantile keep their policy-gradient term (torch.quantile's linear interpolation over the real tokens; ties kept); the KL and the entropy bonus stay on every token (1 = off; the paper: 0.2). TRL: top_entropy_quantile."),
     Field::new("algorithm.dynamic_sampling", "dynamic sampling", Range::Bool,
         "DAPO dynamic sampling: replace groups whose rewards are all equal (no learning signal) by fresh ones, at most algorithm.max_resample_rounds rounds per iteration. verl (DAPO): algorithm.filter_groups.enable."),
+    Field::new("algorithm.mask_truncated_completions", "mask truncated", Range::Bool,
+        "DAPO's overlong filtering: a response cut at task.max_len without <eos> leaves the loss — its tokens out of the policy-gradient and KL terms and out of the token counts of the aggregation — while its reward still counts in its group's advantages. Transformer only (the lecture model is never cut). TRL: mask_truncated_completions.")
+        .only(Transformer).rule("false with model.kind = lecture"),
     Field::new("algorithm.max_resample_rounds", "max rounds", Range::int(0, 64),
         "Bound on dynamic-sampling rounds per iteration; groups still flat after it are kept. verl (DAPO): algorithm.filter_groups.max_num_gen_batches."),
     Field::new("algorithm.prompt_sampling", "prompt sampling", Range::Choice(PromptSampling::NAMES),

@@ -266,6 +266,9 @@ pub struct AlgorithmConfig {
     pub top_entropy_quantile: f64,
     /// DAPO dynamic sampling: replace groups whose rewards are all equal by fresh ones.
     pub dynamic_sampling: bool,
+    /// DAPO's overlong filtering: responses cut at `max_len` without `<eos>` leave the loss
+    /// (their rewards still count in the advantages; TRL `mask_truncated_completions`).
+    pub mask_truncated_completions: bool,
     /// Bound on dynamic-sampling rounds per iteration (groups still flat after it are kept).
     pub max_resample_rounds: usize,
     /// Which training prompts an iteration uses: uniform, prioritized (by 1 − success rate,
@@ -312,6 +315,7 @@ impl Default for AlgorithmConfig {
             entropy_coef: 0.0,
             top_entropy_quantile: 1.0,
             dynamic_sampling: false,
+            mask_truncated_completions: false,
             max_resample_rounds: 3,
             prompt_sampling: PromptSampling::Uniform,
             gamma: 1.0,
@@ -392,6 +396,11 @@ impl AdvantageMode {
         AdvantageMode::Rloo,
         AdvantageMode::BatchNormalized,
     ];
+
+    /// Where this mode is in [`Self::GROUP`] (`None`: GAE or an estimator of its own).
+    pub fn group_index(self) -> Option<usize> {
+        Self::GROUP.iter().position(|m| *m == self)
+    }
 }
 named_enum!(LossMode {
     Naive => "naive",
@@ -843,6 +852,10 @@ impl RunConfig {
             for (key, on) in [
                 ("task.format_reward", t.format_reward != 0.0),
                 ("task.length_reward", t.length_reward != LengthReward::None),
+                (
+                    "algorithm.mask_truncated_completions",
+                    self.algorithm.mask_truncated_completions,
+                ),
             ] {
                 if on {
                     return bad(

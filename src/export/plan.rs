@@ -257,6 +257,9 @@ const A: &str = "actor_rollout_ref.actor";
 const R: &str = "actor_rollout_ref.rollout";
 
 fn row(x: &Ctx, key: &str) -> Mapped {
+    if let Some(mapped) = objective::objective_row(x, key) {
+        return mapped;
+    }
     match key.split('.').next().unwrap_or_default() {
         "task" => task_row(x, key),
         "model" => model_row(x, key),
@@ -364,9 +367,6 @@ fn unmapped() -> Mapped {
 /// The `task.*` keys.
 fn task_row(x: &Ctx, key: &str) -> Mapped {
     use Framework::*;
-    if let Some(mapped) = objective::objective_row(x, key) {
-        return mapped;
-    }
     let c = x.c;
     let s = &x.s;
     let fw = x.fw;
@@ -494,9 +494,6 @@ fn model_row(x: &Ctx, key: &str) -> Mapped {
 /// The `algorithm.*` keys.
 fn algorithm_row(x: &Ctx, key: &str) -> Mapped {
     use Framework::*;
-    if let Some(mapped) = objective::objective_row(x, key) {
-        return mapped;
-    }
     let c = x.c;
     let a = &c.algorithm;
     let s = &x.s;
@@ -1073,53 +1070,9 @@ fn advantage(x: &Ctx) -> Mapped {
         (Trl, AdvantageMode::Rloo) => refused(
             "rloo: TRL's GRPOTrainer has no leave-one-out baseline (RLOOTrainer is another trainer)",
         ),
-        (Verl, AdvantageMode::Gpg) => exact(
-            vec![kv("algorithm.adv_estimator", Val::str("gpg"))],
-            "verl's α counts the batch's non-zero rewards, grpo-lab's the responses in groups with a signal: equal for 0/1 rewards where no group is all-correct",
-        ),
-        (Verl, AdvantageMode::ReinforcePp) => exact(
-            vec![
-                kv("algorithm.adv_estimator", Val::str("reinforce_plus_plus")),
-                kv("algorithm.gamma", Val::Float(x.c.algorithm.gamma)),
-            ],
-            "returns γ^(L−1−t)·r whitened over the batch's tokens (masked_whiten)",
-        ),
-        (Verl, AdvantageMode::ReinforcePpBaseline) => exact(
-            vec![kv("algorithm.adv_estimator", Val::str("reinforce_plus_plus_baseline"))],
-            "group mean removed, then whitened over the batch's tokens",
-        ),
-        (Verl, AdvantageMode::Remax) => exact(
-            vec![kv("algorithm.adv_estimator", Val::str("remax"))],
-            "the greedy answer's reward as the baseline",
-        ),
-        (Verl, AdvantageMode::Opo) => exact(
-            vec![kv("algorithm.adv_estimator", Val::str("opo"))],
-            "verl gives a group of one the baseline 0, grpo-lab its own reward (advantage 0)",
-        ),
-        (Verl, AdvantageMode::Passk) => approx(
-            vec![
-                kv("algorithm.adv_estimator", Val::str("grpo_passk")),
-                kv("algorithm.norm_adv_by_std_in_grpo", Val::Bool(true)),
-            ],
-            eps("verl 1e-6"),
-        ),
-        (OpenRlhf, AdvantageMode::ReinforcePp) => approx(
-            vec![kv("algo.advantage.estimator", Val::str("reinforce"))],
-            "REINFORCE++: returns whitened over the batch (OpenRLHF's whitening ε differs)",
-        ),
-        (OpenRlhf, AdvantageMode::ReinforcePpBaseline) => approx(
-            vec![
-                kv("algo.advantage.estimator", Val::str("reinforce_baseline")),
-                kv("algo.advantage.no_std_norm", Val::Bool(false)),
-            ],
-            "group mean removed, then whitened over the batch (OpenRLHF's whitening ε differs)",
-        ),
-        (_, AdvantageMode::PasskAnalytic) => refused(
-            "passk_analytic: the analytic Pass@k advantage (arXiv 2508.10751) is in the paper's own verl fork, not in a release",
-        ),
-        (Trl, m) if !AdvantageMode::GROUP.contains(&m) => refused(format!(
-            "`{m}`: TRL's GRPOTrainer has only the group advantage (scale_rewards group / batch / none)"
-        )),
+        (_, m) if !AdvantageMode::GROUP.contains(&m) && m != AdvantageMode::Gae => {
+            objective::estimator(x)
+        }
         (_, m) => refused(format!(
             "`{m}` advantages have no counterpart (GRPO-SPEC §3 teaching modes)"
         )),
@@ -1186,16 +1139,6 @@ fn pinned(x: &Ctx) -> Vec<Pinned> {
                 "optim",
                 Val::str("adamw_torch"),
                 "AdamW (= Adam with weight decay 0)",
-            ),
-            p(
-                "multi_objective_aggregation",
-                Val::str("sum_then_normalize"),
-                "the weighted sum of verifiers is the reward, then advantages",
-            ),
-            p(
-                "mask_truncated_completions",
-                Val::Bool(false),
-                "truncated answers are scored, as grpo-lab",
             ),
             p("min_p", Val::None, "no min-p sampling"),
             p("repetition_penalty", f(1.0), "none"),

@@ -60,6 +60,21 @@ struct Rolled {
     collapsed: f32,
 }
 
+/// The advantages that drive an iteration's update: `[B·G]`, `[B·G·T]` where they differ per
+/// token, and the critic's (squared error, explained variance) (NaN without one).
+type Driving = (Vec<f32>, Option<Vec<f32>>, (f32, f32));
+
+/// Zeroes the loss mask of every response that did not close (`[B·G·T]`): its tokens leave the
+/// policy-gradient and KL terms and the aggregation's token counts; its length stays.
+fn mask_rows(batch: &mut Batch, closed: &[bool]) {
+    let t = batch.t.max(1);
+    for (row, &closed) in batch.mask.chunks_mut(t).zip(closed) {
+        if !closed {
+            row.fill(0.0);
+        }
+    }
+}
+
 /// Adds the time since the last lap to a slot.
 struct Laps(Instant);
 
@@ -139,6 +154,12 @@ impl Trainer {
         };
         let (driving, token_advantages, critic) =
             self.driving_advantages(&adv, rewards, &scored.exact, &mut scored.greedy, &batch, &indices)?;
+        // DAPO's overlong filtering: the cut responses leave the loss (after their rewards went
+        // into the advantages, the KL-in-reward and the critic, which read the real tokens).
+        let mut batch = batch;
+        if a.mask_truncated_completions {
+            mask_rows(&mut batch, &scored.closed);
+        }
         let collapsed = parts
             .as_ref()
             .map_or(f32::NAN, |p| advantage::collapsed_pairs(p, &driving, g));
@@ -199,10 +220,7 @@ impl Trainer {
             .iter()
             .map(|&i| self.prompts.train[i].as_slice())
             .collect();
-        let mode = AdvantageMode::GROUP
-            .iter()
-            .position(|m| *m == a.advantage)
-            .unwrap_or(0);
+        let mode = a.advantage.group_index().unwrap_or(0);
         let logged = indices.len().min(cfg.run.log_groups);
         let asked = self.engine.iteration(&IterationRequest {
             sample: SampleRequest {
@@ -397,7 +415,7 @@ impl Trainer {
         greedy: &mut Option<Vec<Vec<u32>>>,
         batch: &Batch,
         indices: &[usize],
-    ) -> Result<(Vec<f32>, Option<Vec<f32>>, (f32, f32)), TrainError> {
+    ) -> Result<Driving, TrainError> {
         let a = self.config.algorithm.clone();
         let g = a.num_generations;
         let per_response = |tokens: &[f32]| -> Vec<f32> {
@@ -422,10 +440,7 @@ impl Trainer {
                 );
                 (per_response(&tokens), Some(tokens), no_critic)
             }
-            m if AdvantageMode::GROUP.contains(&m) => {
-                let k = AdvantageMode::GROUP.iter().position(|x| *x == m);
-                (adv.by_mode[k.unwrap_or(0)].clone(), None, no_critic)
-            }
+            m if let Some(k) = m.group_index() => (adv.by_mode[k].clone(), None, no_critic),
             m => {
                 let greedy_rewards = if m == AdvantageMode::Remax {
                     Some(self.greedy_rewards(indices, greedy)?)

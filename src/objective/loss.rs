@@ -576,10 +576,11 @@ fn top_entropy(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     let n = x.logp.len();
     let real: Vec<f32> = (0..n).filter(|&i| x.mask[i] != 0.0).map(|i| h[i]).collect();
     let cut = reference::quantile(real, 1.0 - s.top_entropy_quantile);
-    for i in 0..n {
-        if !(h[i] >= cut) {
-            out.term[i] = 0.0;
-            out.dterm[i] = 0.0;
+    // Below the cut (or NaN) the token's term goes.
+    for ((&hi, term), dterm) in h.iter().zip(&mut out.term).zip(&mut out.dterm) {
+        if hi.partial_cmp(&cut).is_none_or(|o| o.is_lt()) {
+            *term = 0.0;
+            *dterm = 0.0;
         }
     }
 }

@@ -22,6 +22,7 @@ pub(super) fn objective_row(x: &Ctx, key: &str) -> Option<Mapped> {
         "algorithm.passk_advantage_k" => passk_k(x),
         "algorithm.positive_weight" | "algorithm.negative_weight" => sign_weights(x),
         "task.reward_aggregation" => reward_aggregation(x),
+        "algorithm.mask_truncated_completions" => mask_truncated(x),
         _ => return None,
     })
 }
@@ -433,5 +434,74 @@ fn reward_aggregation(x: &Ctx) -> Mapped {
             fw.name()
         )),
         _ => exact(vec![], "the weighted sum of the rewards"),
+    }
+}
+
+/// The estimators beyond the group modes and GAE (`algorithm.advantage`).
+pub(super) fn estimator(x: &Ctx) -> Mapped {
+    use crate::config::AdvantageMode;
+    use Framework::*;
+    let eps = |theirs: &str| format!("std ε: grpo-lab 1e-5, {theirs}; std unbiased (n − 1) in all");
+    match (x.fw, x.c.algorithm.advantage) {
+        (Verl, AdvantageMode::Gpg) => exact(
+            vec![kv("algorithm.adv_estimator", Val::str("gpg"))],
+            "verl's α counts the batch's non-zero rewards, grpo-lab's the responses in groups with a signal: equal for 0/1 rewards where no group is all-correct",
+        ),
+        (Verl, AdvantageMode::ReinforcePp) => exact(
+            vec![
+                kv("algorithm.adv_estimator", Val::str("reinforce_plus_plus")),
+                kv("algorithm.gamma", Val::Float(x.c.algorithm.gamma)),
+            ],
+            "returns γ^(L−1−t)·r whitened over the batch's tokens (masked_whiten)",
+        ),
+        (Verl, AdvantageMode::ReinforcePpBaseline) => exact(
+            vec![kv("algorithm.adv_estimator", Val::str("reinforce_plus_plus_baseline"))],
+            "group mean removed, then whitened over the batch's tokens",
+        ),
+        (Verl, AdvantageMode::Remax) => exact(
+            vec![kv("algorithm.adv_estimator", Val::str("remax"))],
+            "the greedy answer's reward as the baseline",
+        ),
+        (Verl, AdvantageMode::Opo) => exact(
+            vec![kv("algorithm.adv_estimator", Val::str("opo"))],
+            "verl gives a group of one the baseline 0, grpo-lab its own reward (advantage 0)",
+        ),
+        (Verl, AdvantageMode::Passk) => approx(
+            vec![
+                kv("algorithm.adv_estimator", Val::str("grpo_passk")),
+                kv("algorithm.norm_adv_by_std_in_grpo", Val::Bool(true)),
+            ],
+            eps("verl 1e-6"),
+        ),
+        (OpenRlhf, AdvantageMode::ReinforcePp) => approx(
+            vec![kv("algo.advantage.estimator", Val::str("reinforce"))],
+            "REINFORCE++: returns whitened over the batch (OpenRLHF's whitening ε differs)",
+        ),
+        (OpenRlhf, AdvantageMode::ReinforcePpBaseline) => approx(
+            vec![
+                kv("algo.advantage.estimator", Val::str("reinforce_baseline")),
+                kv("algo.advantage.no_std_norm", Val::Bool(false)),
+            ],
+            "group mean removed, then whitened over the batch (OpenRLHF's whitening ε differs)",
+        ),
+        (_, AdvantageMode::PasskAnalytic) => refused(
+            "passk_analytic: the analytic Pass@k advantage (arXiv 2508.10751) is in the paper's own verl fork, not in a release",
+        ),
+        (Trl, m) if !AdvantageMode::GROUP.contains(&m) => refused(format!(
+            "`{m}`: TRL's GRPOTrainer has only the group advantage (scale_rewards group / batch / none)"
+        )),
+        (_, m) => refused(format!("`{m}` has no counterpart in {}", x.fw.name())),
+    }
+}
+
+fn mask_truncated(x: &Ctx) -> Mapped {
+    let on = x.c.algorithm.mask_truncated_completions;
+    match x.fw {
+        Framework::Trl => exact(vec![kv("mask_truncated_completions", Val::Bool(on))], ""),
+        fw if on => refused(format!(
+            "{} has no switch that drops cut answers from the loss (DAPO's overlong filtering is TRL's mask_truncated_completions)",
+            fw.name()
+        )),
+        _ => exact(vec![], "cut answers train as any other"),
     }
 }
