@@ -121,6 +121,10 @@ pub struct StepRecord {
     #[serde(rename = "clip_ratio/high")]
     #[serde(deserialize_with = "f32_or_nan")]
     pub clip_ratio_high: f32,
+    /// TRL's name for CISPO's clip count (`algorithm.loss = cispo` only): the fraction of
+    /// tokens with A > 0 whose ratio passed the cap, as `clip_ratio/high` counts it there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cispo_clip_ratio: Option<f32>,
     /// Mean importance ratio `π_θ / π_old` over tokens (1 on the first step of an iteration).
     #[serde(rename = "ratio/mean")]
     #[serde(deserialize_with = "f32_or_nan")]
@@ -287,6 +291,7 @@ pub const CSV_COLUMNS: &[(&str, Getter)] = &[
     ("entropy", |r| Some(r.entropy)),
     ("clip_ratio/low", |r| Some(r.clip_ratio_low)),
     ("clip_ratio/high", |r| Some(r.clip_ratio_high)),
+    ("cispo_clip_ratio", |r| r.cispo_clip_ratio),
     ("ratio/mean", |r| Some(r.ratio_mean)),
     ("grad_norm", |r| Some(r.grad_norm)),
     ("lr", |r| Some(r.lr)),

@@ -6,6 +6,7 @@
 
 pub mod experiments;
 pub mod files;
+pub mod shapes;
 pub mod store;
 pub mod views;
 pub mod worker;
@@ -645,7 +646,9 @@ impl GrpoApp {
             match self.persisted.tab {
                 Tab::Plots => views::plots_ui(self, ui),
                 Tab::Inspector => views::inspector_ui(self, ui),
-                Tab::Playground => views::playground_ui(self, ui),
+                Tab::Playground => {
+                    egui::ScrollArea::vertical().show(ui, |ui| views::playground_ui(self, ui));
+                }
                 Tab::Runs => views::runs_ui(self, ui),
                 Tab::Experiments => views::experiments_ui(self, ui),
             }

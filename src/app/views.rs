@@ -931,6 +931,7 @@ pub fn playground_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                 p.bar_chart(BarChart::new(*name, bars).color(PALETTE[m % PALETTE.len()]));
             }
         });
+    super::shapes::objective_shapes_ui(&app.draft, ui);
 }
 
 // ---------------------------------------------------------------- runs

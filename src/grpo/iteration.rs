@@ -623,7 +623,7 @@ impl Trainer {
             });
         }
         let groups = (last_of_iteration && logged > 0).then(|| frozen.groups_at(&out.logp));
-        let record = record::step_record(
+        let mut record = record::step_record(
             StepPosition {
                 iteration: self.iteration,
                 step,
@@ -636,6 +636,9 @@ impl Trainer {
             ratio,
             groups,
         );
+        if a.loss == crate::config::LossMode::Cispo {
+            record.cispo_clip_ratio = Some(record.clip_ratio_high);
+        }
         self.global_step = step;
         self.step_in_iteration += 1;
         if self.step_in_iteration >= a.mu {

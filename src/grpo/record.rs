@@ -313,6 +313,7 @@ pub fn step_record(
         entropy: sc.entropy,
         clip_ratio_low: sc.clip_low,
         clip_ratio_high: sc.clip_high,
+        cispo_clip_ratio: None,
         ratio_mean: sc.ratio_mean,
         grad_norm: sc.grad_norm,
         lr: at.lr as f32,
