@@ -88,11 +88,29 @@ fn check(args: &[String], seeds: std::ops::Range<u64>, name: &str) {
     for seed in seeds {
         let out = temp_dir(&format!("kill-{name}-{seed}"));
         total_kills += run_with_kills(args, &out, seed, max_ms);
-        assert_eq!(
-            metrics_without_timing(&out.join("metrics.jsonl")),
-            want_metrics,
-            "{name} seed {seed}: metrics differ from the uninterrupted run"
-        );
+        let got = metrics_without_timing(&out.join("metrics.jsonl"));
+        if got != want_metrics {
+            // Say where: the first record that differs and its differing keys (a whole run's
+            // records in one assertion message are unreadable).
+            let at = got.iter().zip(&want_metrics).position(|(a, b)| a != b);
+            let keys: Vec<String> = at
+                .map(|i| {
+                    let (a, b) = (got[i].as_object().unwrap(), want_metrics[i].as_object().unwrap());
+                    a.keys()
+                        .chain(b.keys())
+                        .filter(|k| a.get(*k) != b.get(*k))
+                        .map(|k| format!("{k}: {:?} vs {:?}", a.get(k), b.get(k)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let log = std::fs::read_to_string(out.join("train.log")).unwrap_or_default();
+            panic!(
+                "{name} seed {seed}: metrics differ from the uninterrupted run after {} kills: {} records vs {}, first difference at record {at:?}: {keys:?}\n{log}",
+                total_kills,
+                got.len(),
+                want_metrics.len()
+            );
+        }
         assert_eq!(
             summary_without_timing(&out),
             want_summary,
