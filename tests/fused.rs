@@ -115,6 +115,19 @@ fn fused_step_equals_burn_for_every_new_objective() {
         ],
         &["algorithm.importance_sampling_level=sequence_token"],
         &["algorithm.dual_clip=1.5", "algorithm.delta=1.4"],
+        // The covariance rules: a window that holds every token and ratios that pick some.
+        &[
+            "algorithm.cov_penalty=clip_cov",
+            "algorithm.clip_cov_ratio=0.05",
+            "algorithm.clip_cov_lb=-100",
+            "algorithm.clip_cov_ub=100",
+        ],
+        &[
+            "algorithm.loss=unclipped",
+            "algorithm.cov_penalty=kl_cov",
+            "algorithm.kl_cov_ratio=0.05",
+            "algorithm.kl_cov_coef=0.5",
+        ],
     ] {
         let mut c = short_lecture(2);
         c.model.init_scale = 0.3;

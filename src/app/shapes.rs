@@ -89,8 +89,8 @@ pub fn objective_shapes_ui(c: &RunConfig, ui: &mut egui::Ui) {
                     .allow_scroll(false)
                     .x_axis_label("r = π/π_old")
                     .show(ui, |p| {
-                        p.vline(VLine::new("clip edges", lo as f64).color(Color32::GRAY));
-                        p.vline(VLine::new("clip edges", hi as f64).color(Color32::GRAY));
+                        p.vline(VLine::new("clip edges", lo).color(Color32::GRAY));
+                        p.vline(VLine::new("clip edges", hi).color(Color32::GRAY));
                         for (k, (mode, _)) in LOSSES.iter().enumerate() {
                             let pts: PlotPoints = (0..=POINTS)
                                 .map(|i| {

@@ -330,6 +330,41 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                 ui.add(egui::DragValue::new(&mut a.top_entropy_quantile).speed(0.01))
                     .labelled_by(l);
             });
+            // The covariance rules, where their loss is chosen (Clip-Cov: clipped; KL-Cov:
+            // unclipped), with their numbers when one is on.
+            if matches!(a.loss, LossMode::Clipped | LossMode::Unclipped) {
+                let rules = enum_names(
+                    crate::config::CovPenalty::ALL,
+                    crate::config::CovPenalty::name,
+                );
+                field(ui, &err, "algorithm.cov_penalty", |ui, l| {
+                    combo(ui, l, "cov-penalty", &mut a.cov_penalty, &rules)
+                });
+                let knobs: &[(&str, f64)] = match a.cov_penalty {
+                    crate::config::CovPenalty::ClipCov => &[
+                        ("algorithm.clip_cov_ratio", 1e-4),
+                        ("algorithm.clip_cov_lb", 0.05),
+                        ("algorithm.clip_cov_ub", 0.05),
+                    ],
+                    crate::config::CovPenalty::KlCov => {
+                        &[("algorithm.kl_cov_ratio", 1e-4), ("algorithm.kl_cov_coef", 0.01)]
+                    }
+                    crate::config::CovPenalty::None => &[],
+                };
+                for &(key, speed) in knobs {
+                    let value = match key {
+                        "algorithm.clip_cov_ratio" => &mut a.clip_cov_ratio,
+                        "algorithm.clip_cov_lb" => &mut a.clip_cov_lb,
+                        "algorithm.clip_cov_ub" => &mut a.clip_cov_ub,
+                        "algorithm.kl_cov_ratio" => &mut a.kl_cov_ratio,
+                        _ => &mut a.kl_cov_coef,
+                    };
+                    field(ui, &err, key, |ui, l| {
+                        ui.add(egui::DragValue::new(value).speed(speed))
+                            .labelled_by(l);
+                    });
+                }
+            }
             field(ui, &err, "algorithm.dynamic_sampling", |ui, l| {
                 ui.checkbox(&mut a.dynamic_sampling, "").labelled_by(l);
                 ui.add(egui::DragValue::new(&mut a.max_resample_rounds).prefix("max rounds "));

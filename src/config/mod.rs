@@ -264,6 +264,20 @@ pub struct AlgorithmConfig {
     /// The "80/20" rule: only the top-ρ highest-entropy tokens of the batch get a policy
     /// gradient (1 = off; TRL `top_entropy_quantile`).
     pub top_entropy_quantile: f64,
+    /// The entropy mechanism's covariance rules (arXiv 2505.22617): none, clip_cov (a few
+    /// high-covariance tokens lose their gradient) or kl_cov (the highest-covariance tokens get
+    /// a |log r| penalty). verl `policy_loss.loss_mode` clip_cov / kl_cov.
+    pub cov_penalty: CovPenalty,
+    /// Clip-Cov: the fraction of the batch's real tokens detached (verl 2e-4; rounded up).
+    pub clip_cov_ratio: f64,
+    /// Clip-Cov: only tokens with covariance above this…
+    pub clip_cov_lb: f64,
+    /// …and below this are drawn.
+    pub clip_cov_ub: f64,
+    /// KL-Cov: the fraction of real tokens (the highest covariances) penalised (rounded up).
+    pub kl_cov_ratio: f64,
+    /// KL-Cov: the penalty's coefficient κ on |log r| (verl `ppo_kl_coef`, 0.1).
+    pub kl_cov_coef: f64,
     /// DAPO dynamic sampling: replace groups whose rewards are all equal by fresh ones.
     pub dynamic_sampling: bool,
     /// DAPO's overlong filtering: responses cut at `max_len` without `<eos>` leave the loss
@@ -314,6 +328,12 @@ impl Default for AlgorithmConfig {
             loss_agg_mode: LossAggMode::SeqMeanTokenMean,
             entropy_coef: 0.0,
             top_entropy_quantile: 1.0,
+            cov_penalty: CovPenalty::None,
+            clip_cov_ratio: 2e-4,
+            clip_cov_lb: 1.0,
+            clip_cov_ub: 5.0,
+            kl_cov_ratio: 2e-4,
+            kl_cov_coef: 0.1,
             dynamic_sampling: false,
             mask_truncated_completions: false,
             max_resample_rounds: 3,
@@ -422,6 +442,11 @@ named_enum!(LossAggMode {
     TokenMean => "token-mean",
     SeqMeanTokenSumNorm => "seq-mean-token-sum-norm",
     Luspo => "luspo",
+});
+named_enum!(CovPenalty {
+    None => "none",
+    ClipCov => "clip_cov",
+    KlCov => "kl_cov",
 });
 named_enum!(RewardAggregation {
     SumThenNormalize => "sum_then_normalize",

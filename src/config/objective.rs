@@ -103,6 +103,7 @@ impl RunConfig {
         }
         self.validate_clip_knobs()?;
         self.validate_advantage()?;
+        self.validate_cov()?;
         let b = &a.bugs;
         let ratio_bug = b.ratio_as_logprob_quotient || b.unfrozen_old_policy;
         if ratio_bug && (level != ImportanceSamplingLevel::Token || a.loss == LossMode::Gmpo) {
@@ -157,6 +158,45 @@ impl RunConfig {
                     ),
                 );
             }
+        }
+        Ok(())
+    }
+
+    /// Clip-Cov works on PPO's clipped loss, KL-Cov on the unclipped one (verl's forms), each
+    /// token by its own ratio.
+    fn validate_cov(&self) -> Result<(), ConfigError> {
+        let a = &self.algorithm;
+        let want = match a.cov_penalty {
+            CovPenalty::None => return Ok(()),
+            CovPenalty::ClipCov => LossMode::Clipped,
+            CovPenalty::KlCov => LossMode::Unclipped,
+        };
+        if a.loss != want {
+            return bad(
+                "algorithm.cov_penalty",
+                format!(
+                    "{} with algorithm.loss = {}: it is defined on the {want} loss (set algorithm.loss = {want})",
+                    a.cov_penalty, a.loss
+                ),
+            );
+        }
+        if a.importance_sampling_level != ImportanceSamplingLevel::Token {
+            return bad(
+                "algorithm.cov_penalty",
+                format!(
+                    "{} with algorithm.importance_sampling_level = {}: a token's covariance rule needs each token's own ratio (level token)",
+                    a.cov_penalty, a.importance_sampling_level
+                ),
+            );
+        }
+        if a.cov_penalty == CovPenalty::ClipCov && a.clip_cov_ub <= a.clip_cov_lb {
+            return bad(
+                "algorithm.clip_cov_ub",
+                format!(
+                    "{} ≤ algorithm.clip_cov_lb = {}: no covariance lies between them",
+                    a.clip_cov_ub, a.clip_cov_lb
+                ),
+            );
         }
         Ok(())
     }
@@ -254,6 +294,21 @@ mod tests {
             ])
             .unwrap();
         }
+        // The covariance rules: each on its own loss, at the token level, a non-empty window.
+        let e = refusal(&["algorithm.cov_penalty=clip_cov", "algorithm.loss=naive"]);
+        assert!(e.contains("algorithm.cov_penalty") && e.contains("loss = naive") && e.contains("clipped"), "{e}");
+        let e = refusal(&[
+            "algorithm.cov_penalty=kl_cov",
+            "algorithm.loss=unclipped",
+            "algorithm.importance_sampling_level=sequence",
+        ]);
+        assert!(e.contains("kl_cov") && e.contains("importance_sampling_level"), "{e}");
+        let e = refusal(&[
+            "algorithm.cov_penalty=clip_cov",
+            "algorithm.loss=clipped",
+            "algorithm.clip_cov_ub=0.5",
+        ]);
+        assert!(e.contains("algorithm.clip_cov_ub") && e.contains("clip_cov_lb"), "{e}");
         ok.with_overrides(&[
             "algorithm.advantage=passk_analytic".into(),
             "algorithm.passk_advantage_k=16".into(),

@@ -512,6 +512,10 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
         include_str!("../../assets/experiments/advantage-family.toml"),
     ),
     (
+        "entropy-controls",
+        include_str!("../../assets/experiments/entropy-controls.toml"),
+    ),
+    (
         "multi-reward",
         include_str!("../../assets/experiments/multi-reward.toml"),
     ),

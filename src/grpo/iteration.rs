@@ -577,8 +577,13 @@ impl Trainer {
         } else {
             frozen.batch.b * g
         };
+        // The step's own random stream (Clip-Cov's draw): a function of seed, iteration, step.
+        let stream = crate::rng::counter_u32(
+            cfg.run.seed,
+            &[self.iteration as u32, self.step_in_iteration as u32, 0xC0C0],
+        );
         let req = StepRequest {
-            loss: LossSettings::of(cfg),
+            loss: LossSettings::of(cfg).with_stream(stream as u64),
             temperature: cfg.sampling.temperature as f32,
             lr: cfg.optimizer.lr,
             max_grad_norm: cfg.optimizer.max_grad_norm as f32,

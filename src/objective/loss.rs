@@ -7,7 +7,7 @@
 //! hand, burn's autodiff as the surrogate `Σ_t c_t·log π_t`); `shaders/common.wgsl` mirrors the
 //! per-token formulas for the WGSL engine. A new objective is written here and there only.
 
-use crate::config::{ImportanceSamplingLevel, KlEstimator, LossAggMode, LossMode};
+use crate::config::{CovPenalty, ImportanceSamplingLevel, KlEstimator, LossAggMode, LossMode};
 use crate::objective::numeric::{exp_fast, map2, masked_dot_f64, masked_sum_f64, sum_f64, zeroed};
 
 /// Everything the per-token loss needs besides the log-probs.
@@ -46,6 +46,15 @@ pub struct LossSettings {
     pub sapo_tau_neg: f32,
     /// ρ of the "80/20" rule (1 = off): only the batch's top-ρ entropy tokens keep `ℓ_t`.
     pub top_entropy_quantile: f32,
+    /// The entropy mechanism's covariance rule (Clip-Cov, KL-Cov) and its numbers: the
+    /// fraction of real tokens it picks (rounded up), Clip-Cov's covariance window, KL-Cov's κ.
+    pub cov: CovPenalty,
+    pub cov_ratio: f32,
+    pub cov_lb: f32,
+    pub cov_ub: f32,
+    pub kl_cov_coef: f32,
+    /// This step's random stream, for the rules that draw tokens across the batch (Clip-Cov).
+    pub stream: u64,
 }
 
 impl LossSettings {
@@ -72,7 +81,21 @@ impl LossSettings {
             sapo_tau_pos: a.sapo_temperature_pos as f32,
             sapo_tau_neg: a.sapo_temperature_neg as f32,
             top_entropy_quantile: a.top_entropy_quantile as f32,
+            cov: a.cov_penalty,
+            cov_ratio: match a.cov_penalty {
+                CovPenalty::KlCov => a.kl_cov_ratio as f32,
+                _ => a.clip_cov_ratio as f32,
+            },
+            cov_lb: a.clip_cov_lb as f32,
+            cov_ub: a.clip_cov_ub as f32,
+            kl_cov_coef: a.kl_cov_coef as f32,
+            stream: 0,
         }
+    }
+
+    /// The same settings with one step's random stream.
+    pub fn with_stream(self, stream: u64) -> Self {
+        Self { stream, ..self }
     }
 
     /// GRPO-SPEC §4's settings with no bug switched on and no entropy bonus.
@@ -97,6 +120,12 @@ impl LossSettings {
             sapo_tau_pos: 1.0,
             sapo_tau_neg: 1.05,
             top_entropy_quantile: 1.0,
+            cov: CovPenalty::None,
+            cov_ratio: 2e-4,
+            cov_lb: 1.0,
+            cov_ub: 5.0,
+            kl_cov_coef: 0.1,
+            stream: 0,
         }
     }
 
@@ -261,6 +290,9 @@ pub fn evaluate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     }
     kl_terms(s, x, out);
     pg_terms(s, x, out);
+    if s.cov != CovPenalty::None {
+        cov_rule(s, x, out);
+    }
     if s.top_entropy_quantile < 1.0 {
         top_entropy(s, x, out);
     }
@@ -582,6 +614,66 @@ fn top_entropy(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
             *term = 0.0;
             *dterm = 0.0;
         }
+    }
+}
+
+/// The entropy mechanism's covariance rules (arXiv 2505.22617; verl `clip_cov`, `kl_cov`):
+/// `cov_t = (A_t − mean A)·(log π_t − mean log π)` over the batch's real tokens, detached — the
+/// choice of tokens is a constant of the step, their own terms carry the gradient. Clip-Cov: of
+/// the real tokens that the clip does not hold with `lb < cov_t < ub`, `⌈ρN⌉` drawn without
+/// replacement from the step's stream lose `ℓ_t` and its derivative. KL-Cov: the `⌈ρN⌉` largest
+/// `cov_t` (ties: the earlier token) get `+ κ·|log r_t|`, derivative `κ·sign(log r_t)` (0 at
+/// `r = 1`, the subgradient's middle).
+#[inline(never)]
+fn cov_rule(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
+    let real: Vec<usize> = (0..x.logp.len()).filter(|&i| x.mask[i] != 0.0).collect();
+    if real.is_empty() {
+        return;
+    }
+    let n = real.len() as f64;
+    let mean_a = real.iter().map(|&i| out.adv[i] as f64).sum::<f64>() / n;
+    let mean_l = real.iter().map(|&i| x.logp[i] as f64).sum::<f64>() / n;
+    let cov = |i: usize| ((out.adv[i] as f64 - mean_a) * (x.logp[i] as f64 - mean_l)) as f32;
+    // At least one token for any ratio above 0.
+    let k = ((s.cov_ratio as f64 * n).ceil() as usize).max(1);
+    match s.cov {
+        CovPenalty::ClipCov => {
+            let p = s.pg();
+            let mut pool: Vec<usize> = real
+                .iter()
+                .copied()
+                .filter(|&i| {
+                    let (low, high) = reference::clip_flags(&p, out.ratio[i], out.adv[i]);
+                    let c = cov(i);
+                    !(low || high) && c > s.cov_lb && c < s.cov_ub
+                })
+                .collect();
+            let mut rng = crate::rng::SplitMix64::new(s.stream);
+            for j in 0..k.min(pool.len()) {
+                let pick = j + rng.below((pool.len() - j) as u64) as usize;
+                pool.swap(j, pick);
+                out.term[pool[j]] = 0.0;
+                out.dterm[pool[j]] = 0.0;
+            }
+        }
+        CovPenalty::KlCov => {
+            let mut order = real;
+            // Stable: equal covariances keep the earlier token first.
+            order.sort_by(|&a, &b| cov(b).total_cmp(&cov(a)));
+            for &i in order.iter().take(k) {
+                let lr = x.logp[i] - x.old_logp[i];
+                let sign = if lr > 0.0 {
+                    1.0
+                } else if lr < 0.0 {
+                    -1.0
+                } else {
+                    0.0
+                };
+                out.term[i] += s.kl_cov_coef * lr.abs();
+                out.dterm[i] += s.kl_cov_coef * sign;
+            }
+        }
+        CovPenalty::None => {}
     }
 }
 
@@ -1264,6 +1356,86 @@ mod tests {
 
     /// The kinks' rule (the unclipped side's gradient on an edge, none just outside), A = 0,
     /// and a one-token response (L = 1), where GSPO is PPO's clip.
+    /// Clip-Cov and KL-Cov from their definitions on a ragged batch (9 real tokens): the
+    /// covariances by hand, the ⌈ρN⌉ count (at least one), KL-Cov's top tokens and their
+    /// `κ·|log r|` with derivative `κ·sign`, Clip-Cov's draw (the step's stream decides which,
+    /// the same stream the same tokens) zeroing exactly the drawn tokens' terms.
+    #[test]
+    fn covariance_rules_from_their_definitions() {
+        let [logp, old, refl, _, mask, adv] = ragged(7);
+        let x = TokenInputs {
+            logp: &logp,
+            old_logp: &old,
+            ref_logp: &refl,
+            advantages: &adv,
+            mask: &mask,
+            entropy: None,
+            t: 4,
+        };
+        let run = |s: &LossSettings| {
+            let mut out = TokenTerms::default();
+            evaluate(s, &x, &mut out);
+            out
+        };
+        let real: Vec<usize> = (0..12).filter(|&i| mask[i] == 1.0).collect();
+        let n = real.len() as f64;
+        let a_of = |i: usize| adv[i / 4] as f64;
+        let mean_a = real.iter().map(|&i| a_of(i)).sum::<f64>() / n;
+        let mean_l = real.iter().map(|&i| logp[i] as f64).sum::<f64>() / n;
+        let cov = |i: usize| (a_of(i) - mean_a) * (logp[i] as f64 - mean_l);
+        let mut by_cov = real.clone();
+        by_cov.sort_by(|&a, &b| cov(b).total_cmp(&cov(a)));
+        // KL-Cov on the unclipped loss: ρ = 0.25 of 9 tokens → ⌈2.25⌉ = 3.
+        let base = LossSettings::plain(LossMode::Unclipped, KlEstimator::K3, LossAggMode::TokenMean);
+        let plain = run(&base);
+        let kl = LossSettings {
+            cov: CovPenalty::KlCov,
+            cov_ratio: 0.25,
+            kl_cov_coef: 0.5,
+            ..base
+        };
+        let got = run(&kl);
+        for &i in &real {
+            let lr = logp[i] - old[i];
+            let picked = by_cov[..3].contains(&i);
+            let (dt, dd) = if picked { (0.5 * lr.abs(), 0.5 * lr.signum()) } else { (0.0, 0.0) };
+            assert!((got.term[i] - plain.term[i] - dt).abs() < 1e-6, "token {i}");
+            assert!((got.dterm[i] - plain.dterm[i] - dd).abs() < 1e-6, "token {i}");
+        }
+        // A tiny ratio still picks one token: the largest covariance.
+        let one = run(&LossSettings { cov_ratio: 1e-6, ..kl });
+        let changed: Vec<usize> = real.iter().copied().filter(|&i| one.term[i] != plain.term[i]).collect();
+        assert_eq!(changed, vec![by_cov[0]]);
+        // Clip-Cov on the clipped loss, a window holding every covariance, ε wide enough that
+        // the clip holds no token: ⌈0.4·9⌉ = 4 tokens lose term and derivative.
+        let clipped = LossSettings {
+            mode: LossMode::Clipped,
+            epsilon_low: 0.99,
+            epsilon_high: 50.0,
+            cov: CovPenalty::ClipCov,
+            cov_ratio: 0.4,
+            cov_lb: -1e9,
+            cov_ub: 1e9,
+            ..base
+        };
+        let reference = run(&LossSettings { cov: CovPenalty::None, ..clipped });
+        let zeroed_by = |stream: u64| -> Vec<usize> {
+            let out = run(&LossSettings { stream, ..clipped });
+            for &i in &real {
+                let gone = out.term[i] == 0.0 && out.dterm[i] == 0.0;
+                assert!(gone || (out.term[i] == reference.term[i] && out.dterm[i] == reference.dterm[i]));
+            }
+            real.iter().copied().filter(|&i| out.dterm[i] == 0.0 && reference.dterm[i] != 0.0).collect()
+        };
+        let first = zeroed_by(1);
+        assert_eq!(first.len(), 4, "{first:?}");
+        assert_eq!(zeroed_by(1), first, "the same stream draws the same tokens");
+        assert!((2..40).any(|s| zeroed_by(s) != first), "the stream decides the draw");
+        // The window: lb above every covariance leaves nothing to draw.
+        let none = run(&LossSettings { cov_lb: 1e8, ..clipped });
+        assert_eq!(none.dterm, reference.dterm);
+    }
+
     #[test]
     fn kinks_take_the_unclipped_side_and_one_token_gspo_is_ppo() {
         use crate::config::ImportanceSamplingLevel as Level;

@@ -452,6 +452,10 @@ impl WgslLectureEngine {
             Some("run.kernels = reference asks for the Rust kernels")
         } else if a.advantage == crate::config::AdvantageMode::Gae {
             Some("PPO's per-token advantages (GAE) are not in its loss kernel")
+        } else if a.cov_penalty != crate::config::CovPenalty::None {
+            Some(
+                "the covariance rules (Clip-Cov, KL-Cov) pick tokens by a statistic of the whole batch before any token's term",
+            )
         } else if a.advantage == crate::config::AdvantageMode::ReinforcePp && a.gamma < 1.0 {
             Some(
                 "REINFORCE++ with algorithm.gamma < 1 gives each token its own advantage, which its loss kernel does not take",

@@ -4,7 +4,7 @@
 //! `algorithm.loss` row; the other rows say how they enter it.
 
 use super::*;
-use crate::config::{ImportanceSamplingLevel as Level, LossAggMode, LossMode};
+use crate::config::{CovPenalty, ImportanceSamplingLevel as Level, LossAggMode, LossMode};
 
 /// The row of an objective key (`None`: not one).
 pub(super) fn objective_row(x: &Ctx, key: &str) -> Option<Mapped> {
@@ -23,6 +23,9 @@ pub(super) fn objective_row(x: &Ctx, key: &str) -> Option<Mapped> {
         "algorithm.positive_weight" | "algorithm.negative_weight" => sign_weights(x),
         "task.reward_aggregation" => reward_aggregation(x),
         "algorithm.mask_truncated_completions" => mask_truncated(x),
+        "algorithm.cov_penalty" => cov_penalty(x),
+        "algorithm.clip_cov_ratio" | "algorithm.clip_cov_lb" | "algorithm.clip_cov_ub"
+        | "algorithm.kl_cov_ratio" | "algorithm.kl_cov_coef" => cov_knob(x, key),
         _ => return None,
     })
 }
@@ -45,6 +48,18 @@ fn loss_name(fw: Framework, c: &RunConfig) -> Result<&'static str, String> {
         loss,
         LossMode::Naive | LossMode::Unclipped | LossMode::Clipped
     );
+    // The covariance rules are verl loss modes of their own (on its clipped / unclipped loss).
+    match (fw, a.cov_penalty) {
+        (_, CovPenalty::None) => {}
+        (Verl, CovPenalty::ClipCov) => return Ok("clip_cov"),
+        (Verl, CovPenalty::KlCov) => return Ok("kl_cov"),
+        (fw, cov) => {
+            return Err(format!(
+                "{} has no covariance rule ({cov} is verl's policy_loss.loss_mode)",
+                fw.name()
+            ));
+        }
+    }
     match fw {
         Trl => match (loss, level) {
             (LossMode::Gmpo, _) => Err(
@@ -503,5 +518,35 @@ fn mask_truncated(x: &Ctx) -> Mapped {
             fw.name()
         )),
         _ => exact(vec![], "cut answers train as any other"),
+    }
+}
+
+fn cov_penalty(x: &Ctx) -> Mapped {
+    match x.c.algorithm.cov_penalty {
+        CovPenalty::None => exact(vec![], "no covariance rule"),
+        // The loss row writes the loss mode (or refuses it by name).
+        cov => inert(vec![], format!("{cov}: written by the algorithm.loss row (verl's loss_mode)")),
+    }
+}
+
+/// Clip-Cov's and KL-Cov's numbers: verl's `policy_loss.*` keys where the rule is on.
+fn cov_knob(x: &Ctx, key: &str) -> Mapped {
+    let a = &x.c.algorithm;
+    let (value, theirs, rule) = match key {
+        "algorithm.clip_cov_ratio" => (a.clip_cov_ratio, "clip_cov_ratio", CovPenalty::ClipCov),
+        "algorithm.clip_cov_lb" => (a.clip_cov_lb, "clip_cov_lb", CovPenalty::ClipCov),
+        "algorithm.clip_cov_ub" => (a.clip_cov_ub, "clip_cov_ub", CovPenalty::ClipCov),
+        "algorithm.kl_cov_ratio" => (a.kl_cov_ratio, "kl_cov_ratio", CovPenalty::KlCov),
+        _ => (a.kl_cov_coef, "ppo_kl_coef", CovPenalty::KlCov),
+    };
+    if a.cov_penalty != rule {
+        return inert(vec![], format!("read by cov_penalty = {rule} only"));
+    }
+    match x.fw {
+        Framework::Verl => approx(
+            vec![kv(&format!("{A}.policy_loss.{theirs}"), f(value))],
+            "verl counts max(⌊ρN⌋, 1) tokens per micro-batch, grpo-lab ⌈ρN⌉ over the whole batch",
+        ),
+        fw => refused(format!("{} has no covariance rule", fw.name())),
     }
 }
