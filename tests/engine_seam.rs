@@ -51,7 +51,9 @@ impl Engine for Fake {
                 rows.push(r);
             }
         }
-        let closed: Vec<bool> = (0..rows.len()).map(|i| !(self.cut_odd && i % 2 == 1)).collect();
+        let closed: Vec<bool> = (0..rows.len())
+            .map(|i| !(self.cut_odd && i % 2 == 1))
+            .collect();
         let mut seen = self.seen.lock().unwrap();
         seen.prompts = req.prompts.iter().map(|p| p.to_vec()).collect();
         seen.rows = rows.clone();
@@ -215,7 +217,15 @@ fn every_estimator_drives_the_step_with_its_own_values() {
     use grpo_lab::config::AdvantageMode::*;
     use grpo_lab::objective::advantage::{Rollouts, estimate, weight_by_sign};
     use grpo_lab::task::reward::{RewardFn, score_batch};
-    for mode in [Gpg, ReinforcePp, ReinforcePpBaseline, Remax, Opo, Passk, PasskAnalytic] {
+    for mode in [
+        Gpg,
+        ReinforcePp,
+        ReinforcePpBaseline,
+        Remax,
+        Opo,
+        Passk,
+        PasskAnalytic,
+    ] {
         let mut c = RunConfig::preset("lecture17").unwrap();
         c.run.iterations = 1;
         c.algorithm.mu = 1;
@@ -247,10 +257,17 @@ fn every_estimator_drives_the_step_with_its_own_values() {
             },
         );
         weight_by_sign(&mut want, 1.0, 0.5);
-        assert!(want.iter().any(|&a| a != 0.0), "{mode}: a case with no signal");
+        assert!(
+            want.iter().any(|&a| a != 0.0),
+            "{mode}: a case with no signal"
+        );
         assert_eq!(seen.advantages.len(), 1);
         for (x, y) in seen.advantages[0].iter().zip(&want) {
-            assert!((x - y).abs() < 1e-6, "{mode}: {:?} vs {want:?}", seen.advantages[0]);
+            assert!(
+                (x - y).abs() < 1e-6,
+                "{mode}: {:?} vs {want:?}",
+                seen.advantages[0]
+            );
         }
     }
 }
@@ -279,7 +296,10 @@ fn truncated_completions_leave_the_loss_mask() {
         for (i, (row, resp)) in mask.chunks(t_len).zip(&seen.rows).enumerate() {
             let real = row.iter().filter(|&&m| m != 0.0).count();
             let want = if on && i % 2 == 1 { 0 } else { resp.len() };
-            assert_eq!(real, want, "mask_truncated_completions = {on}, response {i}");
+            assert_eq!(
+                real, want,
+                "mask_truncated_completions = {on}, response {i}"
+            );
         }
     }
     // The lecture model is never cut: the key is refused there, naming the model.
@@ -288,5 +308,8 @@ fn truncated_completions_leave_the_loss_mask() {
         .with_overrides(&["algorithm.mask_truncated_completions=true".into()])
         .unwrap_err()
         .to_string();
-    assert!(e.contains("mask_truncated_completions") && e.contains("transformer"), "{e}");
+    assert!(
+        e.contains("mask_truncated_completions") && e.contains("transformer"),
+        "{e}"
+    );
 }

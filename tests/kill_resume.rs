@@ -95,7 +95,10 @@ fn check(args: &[String], seeds: std::ops::Range<u64>, name: &str) {
             let at = got.iter().zip(&want_metrics).position(|(a, b)| a != b);
             let keys: Vec<String> = at
                 .map(|i| {
-                    let (a, b) = (got[i].as_object().unwrap(), want_metrics[i].as_object().unwrap());
+                    let (a, b) = (
+                        got[i].as_object().unwrap(),
+                        want_metrics[i].as_object().unwrap(),
+                    );
                     a.keys()
                         .chain(b.keys())
                         .filter(|k| a.get(*k) != b.get(*k))

@@ -9,23 +9,23 @@ use crate::objective::loss::{LossSettings, response_terms};
 use egui::Color32;
 use egui_plot::{Legend, Line, Plot, PlotPoints, VLine};
 
+/// The app's palette, a colour per loss.
+use super::views::PALETTE as COLORS;
+
 /// Every per-token loss, with its formula (ℓ, minimised).
 pub const LOSSES: [(LossMode, &str); 6] = [
     (LossMode::Naive, "naive: −A·log π"),
     (LossMode::Unclipped, "unclipped: −A·r"),
-    (LossMode::Clipped, "clipped (PPO): −min(rA, clip(r, 1−ε_low, 1+ε_high)A)"),
+    (
+        LossMode::Clipped,
+        "clipped (PPO): −min(rA, clip(r, 1−ε_low, 1+ε_high)A)",
+    ),
     (LossMode::Cispo, "cispo: −sg(min(r, cap))·A·log π"),
     (LossMode::Sapo, "sapo: −(4/τ)·σ(τ(r−1))·A"),
-    (LossMode::Gmpo, "gmpo: −A·exp(clip(log r, −ε_low, ε_high)), one token"),
-];
-
-const COLORS: [Color32; 6] = [
-    Color32::from_rgb(31, 119, 180),
-    Color32::from_rgb(255, 127, 14),
-    Color32::from_rgb(44, 160, 44),
-    Color32::from_rgb(214, 39, 40),
-    Color32::from_rgb(148, 103, 189),
-    Color32::from_rgb(227, 119, 194),
+    (
+        LossMode::Gmpo,
+        "gmpo: −A·exp(clip(log r, −ε_low, ε_high)), one token",
+    ),
 ];
 
 /// The ratios drawn.
@@ -76,12 +76,19 @@ pub fn objective_shapes_ui(c: &RunConfig, ui: &mut egui::Ui) {
         if c.algorithm.delta > 0.0 { format!(", δ {}", c.algorithm.delta) } else { String::new() },
     ));
     let settings: Vec<LossSettings> = LOSSES.iter().map(|(m, _)| settings(c, *m)).collect();
-    let (lo, hi) = (1.0 - c.algorithm.epsilon_low, 1.0 + c.algorithm.epsilon_high);
+    let (lo, hi) = (
+        1.0 - c.algorithm.epsilon_low,
+        1.0 + c.algorithm.epsilon_high,
+    );
     let width = (ui.available_width() / 2.0 - 8.0).max(200.0);
     ui.horizontal(|ui| {
         for a in [1.0f32, -1.0] {
             ui.vertical(|ui| {
-                ui.strong(if a > 0.0 { "A = +1 (a good answer)" } else { "A = −1 (a bad answer)" });
+                ui.strong(if a > 0.0 {
+                    "A = +1 (a good answer)"
+                } else {
+                    "A = −1 (a bad answer)"
+                });
                 Plot::new(format!("shape-{a}"))
                     .width(width)
                     .height(230.0)
@@ -120,7 +127,12 @@ mod tests {
     #[test]
     fn the_shapes_are_the_losses_own_gradients() {
         let c = RunConfig::preset("lecture17").unwrap();
-        let mut c = c.with_overrides(&["algorithm.epsilon_low=0.2".into(), "algorithm.epsilon_high=0.2".into()]).unwrap();
+        let mut c = c
+            .with_overrides(&[
+                "algorithm.epsilon_low=0.2".into(),
+                "algorithm.epsilon_high=0.2".into(),
+            ])
+            .unwrap();
         c.algorithm.cispo_max_ratio = 1.5;
         let s = |m| settings(&c, m);
         let near = |x: f32, y: f32| assert!((x - y).abs() < 1e-5, "{x} vs {y}");

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 const ERROR: Color32 = Color32::from_rgb(200, 60, 60);
-const PALETTE: [Color32; 8] = [
+pub(super) const PALETTE: [Color32; 8] = [
     Color32::from_rgb(31, 119, 180),
     Color32::from_rgb(255, 127, 14),
     Color32::from_rgb(44, 160, 44),
@@ -143,7 +143,13 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
             crate::config::RewardAggregation::name,
         );
         field(ui, &err, "task.reward_aggregation", |ui, l| {
-            combo(ui, l, "reward-aggregation", &mut d.task.reward_aggregation, &aggregations)
+            combo(
+                ui,
+                l,
+                "reward-aggregation",
+                &mut d.task.reward_aggregation,
+                &aggregations,
+            )
         });
         field(ui, &err, "task.n", |ui, l| {
             ui.add(egui::DragValue::new(&mut d.task.n)).labelled_by(l);
@@ -346,9 +352,10 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                         ("algorithm.clip_cov_lb", 0.05),
                         ("algorithm.clip_cov_ub", 0.05),
                     ],
-                    crate::config::CovPenalty::KlCov => {
-                        &[("algorithm.kl_cov_ratio", 1e-4), ("algorithm.kl_cov_coef", 0.01)]
-                    }
+                    crate::config::CovPenalty::KlCov => &[
+                        ("algorithm.kl_cov_ratio", 1e-4),
+                        ("algorithm.kl_cov_coef", 0.01),
+                    ],
                     crate::config::CovPenalty::None => &[],
                 };
                 for &(key, speed) in knobs {

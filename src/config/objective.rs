@@ -270,15 +270,33 @@ mod tests {
             "algorithm.advantage=passk_analytic",
             "algorithm.passk_advantage_k=17",
         ]);
-        assert!(e.contains("algorithm.passk_advantage_k") && e.contains("num_generations = 16"), "{e}");
+        assert!(
+            e.contains("algorithm.passk_advantage_k") && e.contains("num_generations = 16"),
+            "{e}"
+        );
         let e = refusal(&["algorithm.advantage=passk", "algorithm.num_generations=1"]);
-        assert!(e.contains("algorithm.advantage") && e.contains("num_generations"), "{e}");
-        for mode in ["raw", "max", "gae", "gpg", "remax", "opo", "passk", "passk_analytic"] {
+        assert!(
+            e.contains("algorithm.advantage") && e.contains("num_generations"),
+            "{e}"
+        );
+        for mode in [
+            "raw",
+            "max",
+            "gae",
+            "gpg",
+            "remax",
+            "opo",
+            "passk",
+            "passk_analytic",
+        ] {
             let e = refusal(&[
                 "task.reward_aggregation=normalize_then_sum",
                 &format!("algorithm.advantage={mode}"),
             ]);
-            assert!(e.contains("task.reward_aggregation") && e.contains(mode), "{e}");
+            assert!(
+                e.contains("task.reward_aggregation") && e.contains(mode),
+                "{e}"
+            );
         }
         let e = refusal(&[
             "task.reward_aggregation=normalize_then_sum",
@@ -296,19 +314,30 @@ mod tests {
         }
         // The covariance rules: each on its own loss, at the token level, a non-empty window.
         let e = refusal(&["algorithm.cov_penalty=clip_cov", "algorithm.loss=naive"]);
-        assert!(e.contains("algorithm.cov_penalty") && e.contains("loss = naive") && e.contains("clipped"), "{e}");
+        assert!(
+            e.contains("algorithm.cov_penalty")
+                && e.contains("loss = naive")
+                && e.contains("clipped"),
+            "{e}"
+        );
         let e = refusal(&[
             "algorithm.cov_penalty=kl_cov",
             "algorithm.loss=unclipped",
             "algorithm.importance_sampling_level=sequence",
         ]);
-        assert!(e.contains("kl_cov") && e.contains("importance_sampling_level"), "{e}");
+        assert!(
+            e.contains("kl_cov") && e.contains("importance_sampling_level"),
+            "{e}"
+        );
         let e = refusal(&[
             "algorithm.cov_penalty=clip_cov",
             "algorithm.loss=clipped",
             "algorithm.clip_cov_ub=0.5",
         ]);
-        assert!(e.contains("algorithm.clip_cov_ub") && e.contains("clip_cov_lb"), "{e}");
+        assert!(
+            e.contains("algorithm.clip_cov_ub") && e.contains("clip_cov_lb"),
+            "{e}"
+        );
         ok.with_overrides(&[
             "algorithm.advantage=passk_analytic".into(),
             "algorithm.passk_advantage_k=16".into(),

@@ -152,8 +152,14 @@ impl Trainer {
             Some(adv) => adv,
             None => self.advantages(rewards, g)?,
         };
-        let (driving, token_advantages, critic) =
-            self.driving_advantages(&adv, rewards, &scored.exact, &mut scored.greedy, &batch, &indices)?;
+        let (driving, token_advantages, critic) = self.driving_advantages(
+            &adv,
+            rewards,
+            &scored.exact,
+            &mut scored.greedy,
+            &batch,
+            &indices,
+        )?;
         // DAPO's overlong filtering: the cut responses leave the loss (after their rewards went
         // into the advantages, the KL-in-reward and the critic, which read the real tokens).
         let mut batch = batch;

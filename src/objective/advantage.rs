@@ -131,7 +131,12 @@ pub fn masked_whiten(x: &[f32], w: &[f32]) -> Vec<f32> {
     if n <= 0.0 {
         return vec![0.0; x.len()];
     }
-    let mean = x.iter().zip(w).map(|(&a, &m)| a as f64 * m as f64).sum::<f64>() / n;
+    let mean = x
+        .iter()
+        .zip(w)
+        .map(|(&a, &m)| a as f64 * m as f64)
+        .sum::<f64>()
+        / n;
     let ss = x
         .iter()
         .zip(w)
@@ -141,7 +146,13 @@ pub fn masked_whiten(x: &[f32], w: &[f32]) -> Vec<f32> {
     let inv = 1.0 / (var + WHITEN_EPS).sqrt();
     x.iter()
         .zip(w)
-        .map(|(&a, &m)| if m > 0.0 { ((a as f64 - mean) * inv) as f32 } else { 0.0 })
+        .map(|(&a, &m)| {
+            if m > 0.0 {
+                ((a as f64 - mean) * inv) as f32
+            } else {
+                0.0
+            }
+        })
         .collect()
 }
 
@@ -171,7 +182,11 @@ pub fn passk_analytic(correct: &[u32], k: usize) -> Vec<f32> {
     let pos = (1.0 - rho) / (sigma + 1e-6);
     // C(N−c−1, k−1)/C(N−1, k−1): the chance that the k − 1 others drawn with a wrong one are
     // all wrong too.
-    let others = if n - c == 0 { 0.0 } else { comb_ratio(n - c - 1, n - 1, k - 1) };
+    let others = if n - c == 0 {
+        0.0
+    } else {
+        comb_ratio(n - c - 1, n - 1, k - 1)
+    };
     let neg = (1.0 - rho - others) / (sigma + 1e-6);
     correct
         .iter()
@@ -209,7 +224,9 @@ pub fn estimate(mode: AdvantageMode, x: &Rollouts) -> Vec<f32> {
         }
         // ReMax: the greedy answer's reward as the baseline.
         AdvantageMode::Remax => {
-            let base = x.greedy_rewards.expect("ReMax needs the greedy answers' rewards");
+            let base = x
+                .greedy_rewards
+                .expect("ReMax needs the greedy answers' rewards");
             rewards
                 .iter()
                 .enumerate()
@@ -237,8 +254,7 @@ pub fn estimate(mode: AdvantageMode, x: &Rollouts) -> Vec<f32> {
             .flat_map(|r| {
                 let mut out = vec![0.0; r.len()];
                 if r.len() >= 2 {
-                    let best = (0..r.len())
-                        .fold(0, |b, i| if r[i] > r[b] { i } else { b });
+                    let best = (0..r.len()).fold(0, |b, i| if r[i] > r[b] { i } else { b });
                     let second = (0..r.len())
                         .filter(|&i| i != best)
                         .map(|i| r[i])
@@ -467,7 +483,10 @@ mod tests {
         close(&estimate(Gpg, &x), &[-4.0, -2.0, 6.0, 0.0, 0.0, 0.0]);
         // OPO: baseline (1·1 + 2·2 + 3·6)/6 = 23/6; the flat group's is 2.
         let b = 23.0 / 6.0;
-        close(&estimate(Opo, &x), &[1.0 - b, 2.0 - b, 6.0 - b, 0.0, 0.0, 0.0]);
+        close(
+            &estimate(Opo, &x),
+            &[1.0 - b, 2.0 - b, 6.0 - b, 0.0, 0.0, 0.0],
+        );
         // verl's grpo_passk: only the best (6) learns, (6 − 2)/(std + ε); std of [1,2,6] = √7.
         let s = 7f32.sqrt() + STD_EPS;
         close(&estimate(Passk, &x), &[0.0, 0.0, 4.0 / s, 0.0, 0.0, 0.0]);
@@ -525,7 +544,10 @@ mod tests {
         near(p, 0.1204);
         near(n, -0.1204);
         for c in [0, 5, 8] {
-            assert!(passk_analytic(&group(c), 4).iter().all(|&a| a == 0.0), "c = {c}");
+            assert!(
+                passk_analytic(&group(c), 4).iter().all(|&a| a == 0.0),
+                "c = {c}"
+            );
         }
         // The advantages sum to zero over the group: c·A+ + (N − c)·A− = 0.
         for c in 1..5 {
@@ -551,7 +573,10 @@ mod tests {
         // Unbiased std of [1, 0, 0, 1]: √(1/3); each normalized to ±0.5/(√(1/3) + ε).
         let z = 0.5 / ((1.0f32 / 3.0).sqrt() + STD_EPS);
         let got = normalize_then_sum(&[exact, format], 4);
-        close(&got, &[z - 0.5 * z, -z + 0.5 * z, -z + 0.5 * z, z - 0.5 * z]);
+        close(
+            &got,
+            &[z - 0.5 * z, -z + 0.5 * z, -z + 0.5 * z, z - 0.5 * z],
+        );
     }
 
     #[test]
@@ -560,7 +585,10 @@ mod tests {
         // 5 pairs whose vectors differ ((1, 2) are the same), summed rewards [1, 1, 1, 0] give
         // (0, 1) and (0, 2) one advantage: 2/5 collapse. GDPO keeps them apart: exact's rarer
         // success counts for more than format's common one.
-        let parts = vec![(1.0, vec![1.0, 0.0, 0.0, 0.0]), (1.0, vec![0.0, 1.0, 1.0, 0.0])];
+        let parts = vec![
+            (1.0, vec![1.0, 0.0, 0.0, 0.0]),
+            (1.0, vec![0.0, 1.0, 1.0, 0.0]),
+        ];
         let summed = advantages(Normalized, &[1.0, 1.0, 1.0, 0.0], 4);
         assert!((collapsed_pairs(&parts, &summed, 4) - 0.4).abs() < 1e-6);
         let gdpo = normalize_then_sum(&parts, 4);

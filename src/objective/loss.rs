@@ -1386,7 +1386,8 @@ mod tests {
         let mut by_cov = real.clone();
         by_cov.sort_by(|&a, &b| cov(b).total_cmp(&cov(a)));
         // KL-Cov on the unclipped loss: ρ = 0.25 of 9 tokens → ⌈2.25⌉ = 3.
-        let base = LossSettings::plain(LossMode::Unclipped, KlEstimator::K3, LossAggMode::TokenMean);
+        let base =
+            LossSettings::plain(LossMode::Unclipped, KlEstimator::K3, LossAggMode::TokenMean);
         let plain = run(&base);
         let kl = LossSettings {
             cov: CovPenalty::KlCov,
@@ -1398,13 +1399,27 @@ mod tests {
         for &i in &real {
             let lr = logp[i] - old[i];
             let picked = by_cov[..3].contains(&i);
-            let (dt, dd) = if picked { (0.5 * lr.abs(), 0.5 * lr.signum()) } else { (0.0, 0.0) };
+            let (dt, dd) = if picked {
+                (0.5 * lr.abs(), 0.5 * lr.signum())
+            } else {
+                (0.0, 0.0)
+            };
             assert!((got.term[i] - plain.term[i] - dt).abs() < 1e-6, "token {i}");
-            assert!((got.dterm[i] - plain.dterm[i] - dd).abs() < 1e-6, "token {i}");
+            assert!(
+                (got.dterm[i] - plain.dterm[i] - dd).abs() < 1e-6,
+                "token {i}"
+            );
         }
         // A tiny ratio still picks one token: the largest covariance.
-        let one = run(&LossSettings { cov_ratio: 1e-6, ..kl });
-        let changed: Vec<usize> = real.iter().copied().filter(|&i| one.term[i] != plain.term[i]).collect();
+        let one = run(&LossSettings {
+            cov_ratio: 1e-6,
+            ..kl
+        });
+        let changed: Vec<usize> = real
+            .iter()
+            .copied()
+            .filter(|&i| one.term[i] != plain.term[i])
+            .collect();
         assert_eq!(changed, vec![by_cov[0]]);
         // Clip-Cov on the clipped loss, a window holding every covariance, ε wide enough that
         // the clip holds no token: ⌈0.4·9⌉ = 4 tokens lose term and derivative.
@@ -1418,21 +1433,36 @@ mod tests {
             cov_ub: 1e9,
             ..base
         };
-        let reference = run(&LossSettings { cov: CovPenalty::None, ..clipped });
+        let reference = run(&LossSettings {
+            cov: CovPenalty::None,
+            ..clipped
+        });
         let zeroed_by = |stream: u64| -> Vec<usize> {
             let out = run(&LossSettings { stream, ..clipped });
             for &i in &real {
                 let gone = out.term[i] == 0.0 && out.dterm[i] == 0.0;
-                assert!(gone || (out.term[i] == reference.term[i] && out.dterm[i] == reference.dterm[i]));
+                assert!(
+                    gone || (out.term[i] == reference.term[i]
+                        && out.dterm[i] == reference.dterm[i])
+                );
             }
-            real.iter().copied().filter(|&i| out.dterm[i] == 0.0 && reference.dterm[i] != 0.0).collect()
+            real.iter()
+                .copied()
+                .filter(|&i| out.dterm[i] == 0.0 && reference.dterm[i] != 0.0)
+                .collect()
         };
         let first = zeroed_by(1);
         assert_eq!(first.len(), 4, "{first:?}");
         assert_eq!(zeroed_by(1), first, "the same stream draws the same tokens");
-        assert!((2..40).any(|s| zeroed_by(s) != first), "the stream decides the draw");
+        assert!(
+            (2..40).any(|s| zeroed_by(s) != first),
+            "the stream decides the draw"
+        );
         // The window: lb above every covariance leaves nothing to draw.
-        let none = run(&LossSettings { cov_lb: 1e8, ..clipped });
+        let none = run(&LossSettings {
+            cov_lb: 1e8,
+            ..clipped
+        });
         assert_eq!(none.dterm, reference.dterm);
     }
 

@@ -315,7 +315,10 @@ pub fn reward_components(
             .terms
             .iter()
             .map(|&(kind, w)| {
-                let v = rows.iter().enumerate().map(|(i, r)| value(kind, prompt(i), r));
+                let v = rows
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| value(kind, prompt(i), r));
                 (w, v.collect())
             })
             .collect();
@@ -327,8 +330,13 @@ pub fn reward_components(
         .terms
         .iter()
         .map(|&(kind, w)| {
-            let only = RewardFn { terms: vec![(kind, 1.0)] };
-            let v = parsed.iter().enumerate().map(|(i, r)| only.reward_ar(prompt(i), r));
+            let only = RewardFn {
+                terms: vec![(kind, 1.0)],
+            };
+            let v = parsed
+                .iter()
+                .enumerate()
+                .map(|(i, r)| only.reward_ar(prompt(i), r));
             (w, v.collect())
         })
         .collect();
@@ -341,19 +349,16 @@ pub fn reward_components(
         crate::config::LengthReward::None => {}
         crate::config::LengthReward::Overlong => {
             let max_len = c.max_len();
-            let p = parsed.iter().map(|r| {
-                overlong_penalty(r.length, max_len, t.overlong_buffer, !r.closed)
-            });
+            let p = parsed
+                .iter()
+                .map(|r| overlong_penalty(r.length, max_len, t.overlong_buffer, !r.closed));
             out.push((w, p.collect()));
         }
         crate::config::LengthReward::Kimi => {
             let mut v = Vec::with_capacity(rows.len());
             for (gi, group) in parsed.chunks(g).enumerate() {
                 let lens: Vec<usize> = group.iter().map(|r| r.length).collect();
-                let ok: Vec<bool> = group
-                    .iter()
-                    .map(|r| r.exact(prompts[gi]))
-                    .collect();
+                let ok: Vec<bool> = group.iter().map(|r| r.exact(prompts[gi])).collect();
                 v.extend(kimi_length_rewards(&lens, &ok));
             }
             out.push((w, v));
@@ -576,7 +581,11 @@ mod tests {
                         }
                         return s;
                     }
-                    let len = if preset == "scaled" { n } else { 1 + rng.below(c.max_len() as u64) as usize };
+                    let len = if preset == "scaled" {
+                        n
+                    } else {
+                        1 + rng.below(c.max_len() as u64) as usize
+                    };
                     (0..len).map(|_| rng.below(vocab + 1) as u32).collect()
                 })
                 .collect();
@@ -586,7 +595,10 @@ mod tests {
             assert_eq!(parts.len(), want, "{preset} {length}");
             for (i, r) in rewards.iter().enumerate() {
                 let sum: f32 = parts.iter().map(|(w, v)| w * v[i]).sum();
-                assert!((sum - r).abs() < 1e-5, "{preset} {length} row {i}: {sum} vs {r}");
+                assert!(
+                    (sum - r).abs() < 1e-5,
+                    "{preset} {length} row {i}: {sum} vs {r}"
+                );
             }
         }
     }

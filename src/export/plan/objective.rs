@@ -24,8 +24,11 @@ pub(super) fn objective_row(x: &Ctx, key: &str) -> Option<Mapped> {
         "task.reward_aggregation" => reward_aggregation(x),
         "algorithm.mask_truncated_completions" => mask_truncated(x),
         "algorithm.cov_penalty" => cov_penalty(x),
-        "algorithm.clip_cov_ratio" | "algorithm.clip_cov_lb" | "algorithm.clip_cov_ub"
-        | "algorithm.kl_cov_ratio" | "algorithm.kl_cov_coef" => cov_knob(x, key),
+        "algorithm.clip_cov_ratio"
+        | "algorithm.clip_cov_lb"
+        | "algorithm.clip_cov_ub"
+        | "algorithm.kl_cov_ratio"
+        | "algorithm.kl_cov_coef" => cov_knob(x, key),
         _ => return None,
     })
 }
@@ -433,15 +436,30 @@ fn reward_aggregation(x: &Ctx) -> Mapped {
                     | AdvantageMode::ReinforcePp
                     | AdvantageMode::ReinforcePpBaseline
             );
-            let theirs = vec![kv("multi_objective_aggregation", Val::str("normalize_then_sum"))];
+            let theirs = vec![kv(
+                "multi_objective_aggregation",
+                Val::str("normalize_then_sum"),
+            )];
             if batch {
-                approx(theirs, "each reward normalized in its group (TRL ε 1e-4, grpo-lab 1e-5), summed, then a batch normalization")
+                approx(
+                    theirs,
+                    "each reward normalized in its group (TRL ε 1e-4, grpo-lab 1e-5), summed, then a batch normalization",
+                )
             } else {
-                approx(theirs, format!("TRL ends with a batch normalization, grpo-lab with advantage = {} (batch_normalized or reinforce_pp is TRL's)", c.algorithm.advantage))
+                approx(
+                    theirs,
+                    format!(
+                        "TRL ends with a batch normalization, grpo-lab with advantage = {} (batch_normalized or reinforce_pp is TRL's)",
+                        c.algorithm.advantage
+                    ),
+                )
             }
         }
         Framework::Trl => exact(
-            vec![kv("multi_objective_aggregation", Val::str("sum_then_normalize"))],
+            vec![kv(
+                "multi_objective_aggregation",
+                Val::str("sum_then_normalize"),
+            )],
             "",
         ),
         fw if gdpo => refused(format!(
@@ -470,7 +488,10 @@ pub(super) fn estimator(x: &Ctx) -> Mapped {
             "returns γ^(L−1−t)·r whitened over the batch's tokens (masked_whiten)",
         ),
         (Verl, AdvantageMode::ReinforcePpBaseline) => exact(
-            vec![kv("algorithm.adv_estimator", Val::str("reinforce_plus_plus_baseline"))],
+            vec![kv(
+                "algorithm.adv_estimator",
+                Val::str("reinforce_plus_plus_baseline"),
+            )],
             "group mean removed, then whitened over the batch's tokens",
         ),
         (Verl, AdvantageMode::Remax) => exact(
@@ -525,7 +546,10 @@ fn cov_penalty(x: &Ctx) -> Mapped {
     match x.c.algorithm.cov_penalty {
         CovPenalty::None => exact(vec![], "no covariance rule"),
         // The loss row writes the loss mode (or refuses it by name).
-        cov => inert(vec![], format!("{cov}: written by the algorithm.loss row (verl's loss_mode)")),
+        cov => inert(
+            vec![],
+            format!("{cov}: written by the algorithm.loss row (verl's loss_mode)"),
+        ),
     }
 }
 
