@@ -9,8 +9,18 @@ use crate::objective::loss::{LossSettings, response_terms};
 use egui::Color32;
 use egui_plot::{Legend, Line, Plot, PlotPoints, VLine};
 
-/// The app's palette, a colour per loss.
-use super::views::PALETTE as COLORS;
+/// The app's palette (every plot's series colours; here a colour per loss).
+pub(super) const PALETTE: [Color32; 8] = [
+    Color32::from_rgb(31, 119, 180),
+    Color32::from_rgb(255, 127, 14),
+    Color32::from_rgb(44, 160, 44),
+    Color32::from_rgb(214, 39, 40),
+    Color32::from_rgb(148, 103, 189),
+    Color32::from_rgb(140, 86, 75),
+    Color32::from_rgb(227, 119, 194),
+    Color32::from_rgb(127, 127, 127),
+];
+use PALETTE as COLORS;
 
 /// Every per-token loss, with its formula (ℓ, minimised).
 pub const LOSSES: [(LossMode, &str); 6] = [

@@ -15,16 +15,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 const ERROR: Color32 = Color32::from_rgb(200, 60, 60);
-pub(super) const PALETTE: [Color32; 8] = [
-    Color32::from_rgb(31, 119, 180),
-    Color32::from_rgb(255, 127, 14),
-    Color32::from_rgb(44, 160, 44),
-    Color32::from_rgb(214, 39, 40),
-    Color32::from_rgb(148, 103, 189),
-    Color32::from_rgb(140, 86, 75),
-    Color32::from_rgb(227, 119, 194),
-    Color32::from_rgb(127, 127, 127),
-];
+use super::shapes::PALETTE;
 
 fn tokenizer() -> &'static SortTokenizer {
     static T: OnceLock<SortTokenizer> = OnceLock::new();

@@ -114,7 +114,7 @@ impl Trainer {
         laps.lap(&mut self.timings.rollout);
 
         // 5. log π_old and log π_ref of every sampled token, frozen.
-        let batch = self.batch_of(&indices, &scored.rows, g);
+        let mut batch = self.batch_of(&indices, &scored.rows, g);
         let temperature = cfg.sampling.temperature as f32;
         let old_logp = match scored.logp.take() {
             Some(logp) => logp,
@@ -134,12 +134,7 @@ impl Trainer {
         // estimator drives the update.
         let penalized =
             kl_in_reward.then(|| self.kl_penalized(&scored.rewards, &batch, &old_logp, &ref_logp));
-        // A mixture of rewards (several verifiers, or format / length terms): each apart, for
-        // GDPO and for the record's collapse count.
-        let parts = self.is_mixture().then(|| {
-            let prompts = self.prompts_of(&indices);
-            reward_components(&self.reward_fn, &cfg, &prompts, &scored.rows, g)
-        });
+        let parts = self.reward_parts(&indices, &scored.rows);
         let normalized_sum = parts
             .as_ref()
             .filter(|_| gdpo)
@@ -162,7 +157,6 @@ impl Trainer {
         )?;
         // DAPO's overlong filtering: the cut responses leave the loss (after their rewards went
         // into the advantages, the KL-in-reward and the critic, which read the real tokens).
-        let mut batch = batch;
         if a.mask_truncated_completions {
             mask_rows(&mut batch, &scored.closed);
         }
@@ -193,13 +187,18 @@ impl Trainer {
         )
     }
 
-    /// Whether the reward is a mixture: several verifiers, or (the transformer) a format or
-    /// length term beside the verifier.
-    fn is_mixture(&self) -> bool {
+    /// Each reward apart (`reward_components`) where the reward is a mixture — several
+    /// verifiers, or (the transformer) a format or length term beside the verifier — for GDPO
+    /// and the record's collapse count; `None` for a single reward.
+    fn reward_parts(&self, indices: &[usize], rows: &[Vec<u32>]) -> Option<Vec<(f32, Vec<f32>)>> {
         let t = &self.config.task;
         let shaped = self.is_autoregressive()
             && (t.format_reward != 0.0 || t.length_reward != crate::config::LengthReward::None);
-        self.reward_fn.terms() > 1 || shaped
+        let g = self.config.algorithm.num_generations;
+        (self.reward_fn.terms() > 1 || shaped).then(|| {
+            let prompts = self.prompts_of(indices);
+            reward_components(&self.reward_fn, &self.config, &prompts, rows, g)
+        })
     }
 
     /// The whole iteration on the engine's device in one submission ([`Engine::iteration`]):
