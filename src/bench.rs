@@ -765,7 +765,10 @@ pub fn transformer_reference_gaps(c: &RunConfig) -> Vec<String> {
         "algorithm.loss_agg_mode=token-mean",
     );
     need(a.beta == 0.0, "algorithm.beta=0");
-    need(a.entropy_coef == 0.0, "algorithm.entropy_coef=0");
+    need(
+        !a.entropy_bonus(),
+        "algorithm.entropy_coef=0 (and no adaptive_entropy)",
+    );
     need(!a.bugs.any(), "no bug-gallery switch");
     need(
         c.sampling.top_k == 0 && c.sampling.top_p >= 1.0,

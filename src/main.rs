@@ -580,7 +580,7 @@ fn train_cmd(args: TrainArgs) -> Result<()> {
         compute.label,
         config.run.seed,
         config.run.iterations,
-        config.algorithm.mu,
+        config.algorithm.steps_per_iteration(),
         out.display()
     );
     let outcome = train::run(

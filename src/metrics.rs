@@ -125,6 +125,24 @@ pub struct StepRecord {
     /// tokens with A > 0 whose ratio passed the cap, as `clip_ratio/high` counts it there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cispo_clip_ratio: Option<f32>,
+    /// The entropy bonus's coefficient after this step (TRL's `entropy_coef`: logged whenever
+    /// there is a bonus; with `algorithm.adaptive_entropy`, after the step's update).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entropy_coef: Option<f32>,
+    /// The replay buffer (`algorithm.replay_buffer` > 0): groups of this rollout replaced by
+    /// stored ones, and the groups stored after it.
+    #[serde(
+        rename = "replay/replaced_groups",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub replay_replaced: Option<f32>,
+    #[serde(
+        rename = "replay/size",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub replay_size: Option<f32>,
     /// Mean importance ratio `π_θ / π_old` over tokens (1 on the first step of an iteration).
     #[serde(rename = "ratio/mean")]
     #[serde(deserialize_with = "f32_or_nan")]
@@ -292,6 +310,9 @@ pub const CSV_COLUMNS: &[(&str, Getter)] = &[
     ("clip_ratio/low", |r| Some(r.clip_ratio_low)),
     ("clip_ratio/high", |r| Some(r.clip_ratio_high)),
     ("cispo_clip_ratio", |r| r.cispo_clip_ratio),
+    ("entropy_coef", |r| r.entropy_coef),
+    ("replay/replaced_groups", |r| r.replay_replaced),
+    ("replay/size", |r| r.replay_size),
     ("ratio/mean", |r| Some(r.ratio_mean)),
     ("grad_norm", |r| Some(r.grad_norm)),
     ("lr", |r| Some(r.lr)),

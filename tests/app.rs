@@ -83,7 +83,12 @@ fn changing_the_advantage_mode_changes_the_next_records() {
     assert_eq!(last.iteration, 1);
     assert!(
         (last.advantage_mean_abs - mean_abs(&raw)).abs() < 1e-5,
-        "the new records carry the raw advantages"
+        "the new records carry the raw advantages: {} vs raw {} / normalized {} (iteration {}, step {})",
+        last.advantage_mean_abs,
+        mean_abs(&raw),
+        mean_abs(&centered),
+        last.iteration,
+        last.step
     );
     assert!((last.advantage_mean_abs - mean_abs(&centered)).abs() > 1e-3);
     // A bad value is refused at its field, with the reason, and the trainer is untouched.

@@ -19,6 +19,8 @@ struct Fake {
     seen: Arc<Mutex<Seen>>,
     /// Every odd response comes back cut (not closed with `<eos>`).
     cut_odd: bool,
+    /// Each step's measured entropy, in turn (0.5 when empty).
+    entropies: Vec<f32>,
 }
 
 #[derive(Default)]
@@ -27,6 +29,9 @@ struct Seen {
     rows: Vec<Vec<u32>>,
     advantages: Vec<Vec<f32>>,
     masks: Vec<Vec<f32>>,
+    /// Each step's batch prompts and entropy coefficient.
+    step_prompts: Vec<Vec<u32>>,
+    entropy_coefs: Vec<f32>,
 }
 
 impl Fake {
@@ -85,7 +90,17 @@ impl Engine for Fake {
             .unwrap()
             .advantages
             .push(req.advantages.to_vec());
-        self.seen.lock().unwrap().masks.push(b.mask.clone());
+        let mut seen = self.seen.lock().unwrap();
+        seen.masks.push(b.mask.clone());
+        seen.step_prompts.push(b.prompts.clone());
+        seen.entropy_coefs.push(req.loss.entropy_coef);
+        let k = seen.entropy_coefs.len() - 1;
+        drop(seen);
+        let entropy = if self.entropies.is_empty() {
+            0.5
+        } else {
+            self.entropies[k % self.entropies.len()]
+        };
         Ok(StepOutput {
             scalars: StepScalars {
                 loss,
@@ -93,7 +108,7 @@ impl Engine for Fake {
                 clip_low: 0.0,
                 clip_high: 0.0,
                 ratio_mean: 1.0,
-                entropy: 0.5,
+                entropy,
                 grad_norm: 1.0,
             },
             logp: vec![-1.0; req.logp_rows * b.t],
@@ -312,4 +327,172 @@ fn truncated_completions_leave_the_loss_mask() {
         e.contains("mask_truncated_completions") && e.contains("transformer"),
         "{e}"
     );
+}
+
+/// TRL's `steps_per_generation`: the rollout's groups split once into mini-batches of whole
+/// groups, in order, one optimizer step each; the μ passes go over them in turn, each step
+/// seeing exactly its groups' advantages.
+#[test]
+fn mini_batches_of_whole_groups_take_the_steps_in_turn() {
+    let run = |s: usize, mu: usize| {
+        let mut c = RunConfig::preset("lecture17").unwrap();
+        c.run.iterations = 1;
+        c.run.eval_every = 0;
+        c.algorithm.mu = mu;
+        c.algorithm.steps_per_generation = s;
+        let fake = Fake::default();
+        let seen = fake.seen.clone();
+        let mut t = Trainer::with_engine(c, Box::new(fake)).unwrap();
+        let mut records = Vec::new();
+        t.run_iteration(|r| {
+            records.push(r);
+            true
+        })
+        .unwrap();
+        let seen = std::mem::take(&mut *seen.lock().unwrap());
+        (records, seen)
+    };
+    let (whole, all) = run(1, 1);
+    assert_eq!(whole.len(), 1);
+    let (records, parts) = run(3, 2);
+    assert_eq!(records.len(), 6, "μ = 2 passes over 3 mini-batches");
+    let steps: Vec<usize> = records.iter().map(|r| r.step_in_iteration).collect();
+    assert_eq!(steps, vec![0, 1, 2, 3, 4, 5]);
+    let g = 10;
+    let n = 3;
+    for (k, (adv, prompts)) in parts.advantages.iter().zip(&parts.step_prompts).enumerate() {
+        let group = k % 3;
+        assert_eq!(adv.len(), g, "step {k}: one group of G");
+        assert_eq!(
+            adv[..],
+            all.advantages[0][group * g..(group + 1) * g],
+            "step {k}"
+        );
+        assert_eq!(
+            prompts[..],
+            all.step_prompts[0][group * n..(group + 1) * n],
+            "step {k}"
+        );
+    }
+    // The last record logs the groups with each row's log π as its mini-batch last read it.
+    let groups = records.last().unwrap().groups.as_ref().unwrap();
+    assert!(
+        groups
+            .iter()
+            .all(|gr| gr.logp.len() == g && gr.logp[0].len() == n)
+    );
+    // More mini-batches than groups is refused, naming the key.
+    let e = RunConfig::preset("lecture17")
+        .unwrap()
+        .with_overrides(&["algorithm.steps_per_generation=4".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("algorithm.steps_per_generation"), "{e}");
+}
+
+/// Skywork-OR1's adaptive entropy coefficient, as TRL steps it: no bonus before a measurement
+/// or while the last entropy is above the target; ±δ after each step within its bounds; the
+/// state goes through a checkpoint and the resumed run applies the same coefficients.
+#[test]
+fn the_adaptive_entropy_coefficient_steers_and_survives_a_resume() {
+    let mut c = RunConfig::preset("lecture17").unwrap();
+    c.run.iterations = 5;
+    c.run.eval_every = 0;
+    c.algorithm.mu = 1;
+    c.algorithm.adaptive_entropy = true;
+    c.algorithm.entropy_coef = 0.01;
+    c.algorithm.entropy_target = 0.2;
+    c.algorithm.entropy_coef_delta = 0.005;
+    let entropies = vec![0.5, 0.1, 0.1, 0.3, 0.1];
+    let fake = || Fake {
+        entropies: entropies.clone(),
+        ..Default::default()
+    };
+    let whole = fake();
+    let seen = whole.seen.clone();
+    let mut t = Trainer::with_engine(c.clone(), Box::new(whole)).unwrap();
+    let coefs: Vec<f32> = (0..5)
+        .map(|_| t.step().unwrap().entropy_coef.unwrap())
+        .collect();
+    let want = [0.005, 0.01, 0.015, 0.01, 0.015];
+    for (x, y) in coefs.iter().zip(want) {
+        assert!((x - y).abs() < 1e-7, "{coefs:?}");
+    }
+    let applied = seen.lock().unwrap().entropy_coefs.clone();
+    let want_applied = [0.0, 0.0, 0.01, 0.015, 0.0];
+    for (x, y) in applied.iter().zip(want_applied) {
+        assert!((x - y).abs() < 1e-7, "{applied:?}");
+    }
+    // Interrupted after two steps, resumed from the snapshot's state (through JSON).
+    let first = fake();
+    let mut a = Trainer::with_engine(c.clone(), Box::new(first)).unwrap();
+    a.step().unwrap();
+    a.step().unwrap();
+    let (state, blobs) = a.snapshot().unwrap();
+    let state: grpo_lab::grpo::TrainerState =
+        serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
+    assert!(state.entropy_control.is_some());
+    let second = Fake {
+        entropies: entropies[2..].to_vec(),
+        ..Default::default()
+    };
+    let seen_b = second.seen.clone();
+    let mut b = Trainer::with_engine(c, Box::new(second)).unwrap();
+    b.restore(state, &blobs).unwrap();
+    for _ in 0..3 {
+        b.step().unwrap();
+    }
+    let resumed = seen_b.lock().unwrap().entropy_coefs.clone();
+    assert_eq!(
+        resumed[..],
+        applied[2..],
+        "the resumed run applies what the whole run did"
+    );
+}
+
+/// TRL's replay buffer: groups with a reward signal are stored; a flat group is replaced in
+/// the training batch by a stored one (its prompt, rows and advantages); the buffer goes
+/// through a checkpoint.
+#[test]
+fn flat_groups_are_replaced_from_the_replay_buffer() {
+    let mut c = RunConfig::preset("lecture17").unwrap();
+    c.run.iterations = 2;
+    c.run.eval_every = 0;
+    c.algorithm.mu = 1;
+    c.algorithm.replay_buffer = 4;
+    let fake = Fake::default();
+    let seen = fake.seen.clone();
+    let mut t = Trainer::with_engine(c.clone(), Box::new(fake)).unwrap();
+    let r = t.step().unwrap();
+    // lecture17's third prompt [1, 2, 3] is sorted already: the fake answers it sorted G
+    // times, a flat group. The first two have a sorted and G − 1 unsorted answers.
+    assert_eq!(r.replay_replaced, Some(1.0));
+    assert_eq!(r.replay_size, Some(2.0));
+    let seen = seen.lock().unwrap();
+    let (g, n) = (10, 3);
+    let prompts = &seen.step_prompts[0];
+    let adv = &seen.advantages[0];
+    let replayed = &prompts[2 * n..3 * n];
+    assert!(replayed != [1, 2, 3], "the flat group is gone");
+    let from = (0..2)
+        .find(|&k| &prompts[k * n..(k + 1) * n] == replayed)
+        .expect("a stored group of this rollout");
+    assert_eq!(adv[2 * g..3 * g], adv[from * g..(from + 1) * g]);
+    assert!(adv[2 * g..].iter().any(|&a| a != 0.0));
+    drop(seen);
+    // Its logged group keeps the fresh rollout's text and no log π (it was not trained on).
+    let groups = r.groups.as_ref().unwrap();
+    assert!(groups[2].logp.is_empty() && !groups[0].logp.is_empty());
+    let (state, _) = t.snapshot().unwrap();
+    let state: grpo_lab::grpo::TrainerState =
+        serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
+    assert_eq!(state.replay.unwrap().groups.len(), 2);
+    for bad in ["algorithm.dynamic_sampling=true", "algorithm.advantage=gae"] {
+        let e = RunConfig::preset("lecture17")
+            .unwrap()
+            .with_overrides(&["algorithm.replay_buffer=4".into(), bad.into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("algorithm.replay_buffer"), "{bad}: {e}");
+    }
 }

@@ -475,3 +475,44 @@ fn a_resume_before_the_cold_start_runs_it() {
         metrics_without_timing(&killed.join("metrics.jsonl"))
     );
 }
+
+/// The adaptive entropy coefficient reaches each CPU engine's loss (the lecture model's and
+/// the transformer's): no bonus on the first step (nothing measured yet), then `− c·H` with
+/// the coefficient the controller raised (the target above any entropy), logged as
+/// `entropy_coef`.
+#[test]
+fn the_adaptive_entropy_bonus_reaches_each_engines_loss() {
+    let mut lecture = RunConfig::preset("lecture17").unwrap();
+    lecture.run.eval_every = 0;
+    let mut transformer = tiny();
+    transformer.algorithm.loss_agg_mode = LossAggMode::TokenMean;
+    for mut base in [lecture, transformer] {
+        base.algorithm.mu = 2;
+        base.run.iterations = 1;
+        let mut on = base.clone();
+        on.algorithm.adaptive_entropy = true;
+        on.algorithm.entropy_target = 100.0;
+        on.algorithm.entropy_coef_delta = 0.5;
+        let mut a = Trainer::new(base, Compute::cpu()).unwrap();
+        let mut b = Trainer::new(on, Compute::cpu()).unwrap();
+        let (a1, b1) = (a.step().unwrap(), b.step().unwrap());
+        assert!(
+            (a1.loss - b1.loss).abs() < 1e-5,
+            "{} vs {}",
+            a1.loss,
+            b1.loss
+        );
+        assert_eq!((a1.entropy_coef, b1.entropy_coef), (None, Some(0.5)));
+        let (a2, b2) = (a.step().unwrap(), b.step().unwrap());
+        let want = a2.loss - 0.5 * b2.entropy;
+        assert!(
+            b2.entropy > 0.01 && (b2.loss - want).abs() < 1e-4,
+            "{}: loss {} vs {} − 0.5·{}",
+            b.engine_label(),
+            b2.loss,
+            a2.loss,
+            b2.entropy
+        );
+        assert_eq!(b2.entropy_coef, Some(1.0), "capped at entropy_coef_max");
+    }
+}

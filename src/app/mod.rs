@@ -348,7 +348,11 @@ impl GrpoApp {
 
     /// Read what the trainer sent; never blocks.
     pub fn drain_events(&mut self) {
-        let mu = self.running.as_ref().map(|c| c.algorithm.mu).unwrap_or(1);
+        let mu = self
+            .running
+            .as_ref()
+            .map(|c| c.algorithm.steps_per_iteration())
+            .unwrap_or(1);
         loop {
             let ev = match self.worker.events.try_recv() {
                 Ok(ev) => ev,

@@ -199,7 +199,7 @@ impl RunData {
                 .map(|s| s.to_string_lossy().to_string())
                 .unwrap_or_else(|| dir.display().to_string()),
         );
-        let mu = config.algorithm.mu;
+        let mu = config.algorithm.steps_per_iteration();
         for r in records {
             run.push(r, mu);
         }

@@ -55,17 +55,36 @@ fn field(
     key: &str,
     add: impl FnOnce(&mut egui::Ui, egui::Id),
 ) {
+    fields(ui, app_error, &[key], add)
+}
+
+/// One row for several keys (labelled by the first; the others' widgets carry their own
+/// tooltips via [`hint`]); an error naming any of them shows under it.
+fn fields(
+    ui: &mut egui::Ui,
+    app_error: &Option<(String, String)>,
+    keys: &[&str],
+    add: impl FnOnce(&mut egui::Ui, egui::Id),
+) {
     ui.horizontal(|ui| {
-        let l = match field_info(key) {
+        let l = match field_info(keys[0]) {
             Some(f) => ui.label(f.label).on_hover_text(f.tooltip()),
-            None => ui.label(key),
+            None => ui.label(keys[0]),
         };
         add(ui, l.id);
     });
     if let Some((k, msg)) = app_error
-        && k == key
+        && keys.contains(&k.as_str())
     {
         ui.label(RichText::new(format!("✖ {msg}")).color(ERROR).small());
+    }
+}
+
+/// A widget's tooltip from its field's help.
+fn hint(r: egui::Response, key: &str) -> egui::Response {
+    match field_info(key) {
+        Some(f) => r.on_hover_text(f.tooltip()),
+        None => r,
     }
 }
 
@@ -232,13 +251,19 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     egui::CollapsingHeader::new("Algorithm")
         .default_open(true)
         .show(ui, |ui| {
+            let transformer = d.model.kind == crate::config::ModelKind::Transformer;
             let a = &mut d.algorithm;
             field(ui, &err, "algorithm.num_generations", |ui, l| {
                 ui.add(egui::DragValue::new(&mut a.num_generations))
                     .labelled_by(l);
             });
-            field(ui, &err, "algorithm.mu", |ui, l| {
+            let mu_keys = ["algorithm.mu", "algorithm.steps_per_generation"];
+            fields(ui, &err, &mu_keys, |ui, l| {
                 ui.add(egui::DragValue::new(&mut a.mu)).labelled_by(l);
+                let spg = egui::DragValue::new(&mut a.steps_per_generation)
+                    .range(1..=1000)
+                    .prefix("× mini-batches ");
+                hint(ui.add(spg), mu_keys[1]);
             });
             field(ui, &err, "algorithm.advantage", |ui, l| {
                 combo(ui, l, "advantage", &mut a.advantage, &adv)
@@ -319,10 +344,36 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
             field(ui, &err, "algorithm.loss_agg_mode", |ui, l| {
                 combo(ui, l, "agg", &mut a.loss_agg_mode, &agg)
             });
-            field(ui, &err, "algorithm.entropy_coef", |ui, l| {
+            let ent_keys = ["algorithm.entropy_coef", "algorithm.adaptive_entropy"];
+            fields(ui, &err, &ent_keys, |ui, l| {
                 ui.add(egui::DragValue::new(&mut a.entropy_coef).speed(0.001))
                     .labelled_by(l);
+                hint(
+                    ui.checkbox(&mut a.adaptive_entropy, "adaptive"),
+                    ent_keys[1],
+                );
             });
+            // Skywork-OR1's controller: the target and step on one row, the bounds on the next.
+            if a.adaptive_entropy {
+                field(ui, &err, "algorithm.entropy_target", |ui, l| {
+                    ui.add(egui::DragValue::new(&mut a.entropy_target).speed(0.01))
+                        .labelled_by(l);
+                    ui.add(
+                        egui::DragValue::new(&mut a.entropy_coef_delta)
+                            .speed(0.001)
+                            .prefix("step ± "),
+                    );
+                });
+                field(ui, &err, "algorithm.entropy_coef_min", |ui, l| {
+                    ui.add(egui::DragValue::new(&mut a.entropy_coef_min).speed(0.001))
+                        .labelled_by(l);
+                    ui.add(
+                        egui::DragValue::new(&mut a.entropy_coef_max)
+                            .speed(0.01)
+                            .prefix("max "),
+                    );
+                });
+            }
             field(ui, &err, "algorithm.top_entropy_quantile", |ui, l| {
                 ui.add(egui::DragValue::new(&mut a.top_entropy_quantile).speed(0.01))
                     .labelled_by(l);
@@ -363,10 +414,20 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                     });
                 }
             }
-            field(ui, &err, "algorithm.dynamic_sampling", |ui, l| {
+            // The two ways of replacing groups without a signal, side by side (one at a time).
+            let flat_keys = ["algorithm.dynamic_sampling", "algorithm.replay_buffer"];
+            fields(ui, &err, &flat_keys, |ui, l| {
                 ui.checkbox(&mut a.dynamic_sampling, "").labelled_by(l);
                 ui.add(egui::DragValue::new(&mut a.max_resample_rounds).prefix("max rounds "));
+                let replay = egui::DragValue::new(&mut a.replay_buffer).prefix("replay ");
+                hint(ui.add(replay), flat_keys[1]);
             });
+            if transformer {
+                field(ui, &err, "algorithm.mask_truncated_completions", |ui, l| {
+                    ui.checkbox(&mut a.mask_truncated_completions, "")
+                        .labelled_by(l);
+                });
+            }
             field(ui, &err, "algorithm.prompts_per_iteration", |ui, l| {
                 ui.add(egui::DragValue::new(&mut a.prompts_per_iteration))
                     .labelled_by(l);

@@ -293,8 +293,8 @@ pub const FIELDS: &[Field] = &[
         "Responses sampled per prompt, the group size G; advantages compare within a group (G = 1 gives no signal). Lecture: 10; usual 4..=64 (GRPO, Shao et al. 2024: 64). TRL: num_generations; verl: actor_rollout_ref.rollout.n."),
     Field::new("algorithm.prompts_per_iteration", "prompts / iteration", Range::ANY_INT,
         "Prompts per iteration B (0 = every training prompt each iteration). verl: data.train_batch_size; TRL: generation_batch_size / num_generations."),
-    Field::new("algorithm.mu", "μ (steps per iteration)", Range::int(1, 1000),
-        "Optimizer steps on one batch of rollouts, μ. Lecture: 10; GRPO paper: 1; usual 1..=4. With μ > 1 the naive loss has no off-policy correction. TRL: num_iterations; verl: actor_rollout_ref.actor.ppo_epochs."),
+    Field::new("algorithm.mu", "μ (passes per batch)", Range::int(1, 1000),
+        "Optimizer passes over one batch of rollouts, μ: one step each (or one per mini-batch with algorithm.steps_per_generation > 1). Lecture: 10; GRPO paper: 1; usual 1..=4. With μ > 1 the naive loss has no off-policy correction. TRL: num_iterations; verl: actor_rollout_ref.actor.ppo_epochs."),
     Field::new("algorithm.advantage", "Advantage", Range::Choice(AdvantageMode::NAMES),
         "How rewards become advantages (GRPO-SPEC §3). raw: A = r. centered: r − mean (Dr. GRPO). normalized (GRPO): (r − mean)/(std + 1e-5). max: r where r is the group max, else 0. rloo: r − mean of the others (RLOO). batch_normalized: centered / batch std. gae: PPO with a learned critic — per-token GAE(γ, λ) from a small value model trained on the returns, whitened over the batch (the critic GRPO removes; see algorithm.gamma, lam, value_*). gpg (arXiv 2504.02546): centered × (responses / responses in groups with a signal). reinforce_pp (REINFORCE++): the return γ^(L−1−t)·r whitened over every real token of the batch, no group. reinforce_pp_baseline: the group mean removed first, then that whitening. remax: r − the reward of the prompt's greedy answer. opo: r − the length-weighted group mean Σ l·r / Σ l. passk (verl grpo_passk, arXiv 2503.19595): only the group's best answer learns, (r_max − r_second)/(std + 1e-5). passk_analytic (arXiv 2508.10751): the analytic Pass@k advantage from the group's count of exactly sorted answers, k = passk_advantage_k. TRL: scale_rewards (group, none, batch); verl: algorithm.adv_estimator (grpo, rloo, gpg, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, opo, grpo_passk) with algorithm.norm_adv_by_std_in_grpo; OpenRLHF: algo.advantage.estimator. The std's ε: TRL 1e-4, verl 1e-6.")
         .rule("passk: num_generations ≥ 2; passk_analytic: 1 ≤ passk_advantage_k ≤ num_generations; with task.reward_aggregation = normalize_then_sum: centered, normalized, rloo, batch_normalized, reinforce_pp or reinforce_pp_baseline"),
@@ -339,6 +339,17 @@ pub const FIELDS: &[Field] = &[
         .rule("luspo only with importance_sampling_level = sequence"),
     Field::new("algorithm.entropy_coef", "entropy bonus", Range::NON_NEGATIVE,
         "Entropy bonus: −coef·H is added to the loss to keep exploring (0 = off; usual 0.001..=0.01). TRL: entropy_coef; verl: actor_rollout_ref.actor.entropy_coeff."),
+    Field::new("algorithm.adaptive_entropy", "adaptive entropy", Range::Bool,
+        "Skywork-OR1's adaptive entropy coefficient: after each optimizer step the coefficient (starting at algorithm.entropy_coef) rises by entropy_coef_delta when that step's mean token entropy was at or below entropy_target and falls by it otherwise, within [entropy_coef_min, entropy_coef_max]; the bonus applies only while the last measured entropy is at or below the target. Logged as entropy_coef; kept in checkpoints. TRL: use_adaptive_entropy."),
+    Field::new("algorithm.entropy_target", "entropy target", Range::NON_NEGATIVE,
+        "The mean token entropy (nats) the adaptive coefficient steers to (TRL entropy_target 0.2)."),
+    Field::new("algorithm.entropy_coef_delta", "coef step", Range::NON_NEGATIVE,
+        "The adaptive coefficient's change per optimizer step (TRL entropy_coef_delta 0.005)."),
+    Field::new("algorithm.entropy_coef_min", "coef min", Range::NON_NEGATIVE,
+        "The adaptive coefficient's floor (TRL entropy_coef_min 0)."),
+    Field::new("algorithm.entropy_coef_max", "coef max", Range::NON_NEGATIVE,
+        "The adaptive coefficient's ceiling (TRL entropy_coef_max 1).")
+        .rule(">= algorithm.entropy_coef_min"),
     Field::new("algorithm.top_entropy_quantile", "top-entropy ρ", Range::float(Open(0.0), Closed(1.0)),
         "The \"80/20\" rule (Wang et al. 2025, arXiv 2506.01939): only tokens whose entropy is at least the batch's (1 − ρ)-quantile keep their policy-gradient term (torch.quantile's linear interpolation over the real tokens; ties kept); the KL and the entropy bonus stay on every token (1 = off; the paper: 0.2). TRL: top_entropy_quantile."),
     Field::new("algorithm.cov_penalty", "covariance rule", Range::Choice(CovPenalty::NAMES),
@@ -357,6 +368,12 @@ pub const FIELDS: &[Field] = &[
         "KL-Cov: the coefficient κ of the penalty κ·|log r_t| (verl ppo_kl_coef, 0.1)."),
     Field::new("algorithm.dynamic_sampling", "dynamic sampling", Range::Bool,
         "DAPO dynamic sampling: replace groups whose rewards are all equal (no learning signal) by fresh ones, at most algorithm.max_resample_rounds rounds per iteration. verl (DAPO): algorithm.filter_groups.enable."),
+    Field::new("algorithm.steps_per_generation", "steps / generation", Range::int(1, 1000),
+        "The rollout's B groups split into this many mini-batches of whole groups (in order), one optimizer step each; the μ passes go over them in turn, so an iteration takes μ·steps_per_generation steps and each mini-batch's loss is aggregated over its own tokens (1 = one step on the whole batch). TRL: steps_per_generation (TRL shuffles completions, not groups, before splitting); verl: ppo_mini_batch_size = B / steps_per_generation; OpenRLHF: train.batch_size.")
+        .rule("divides the iteration's prompts B"),
+    Field::new("algorithm.replay_buffer", "replay buffer", Range::int(0, 100_000),
+        "TRL's experimental GRPO with replay buffer: up to this many groups that had a reward signal are stored with their responses, advantages, log π_old and log π_ref, scored Σ_i |A_i|·std(r) (a full buffer keeps the best); each new group whose rewards are all equal is replaced in the training batch by a stored group drawn in proportion to its score, its ratio then taken against its own (older) log π_old. 0 = off. TRL: GRPOWithReplayBufferConfig.replay_buffer_size.")
+        .rule("not with dynamic sampling, GAE or reinforce_pp with gamma < 1"),
     Field::new("algorithm.mask_truncated_completions", "mask truncated", Range::Bool,
         "DAPO's overlong filtering: a response cut at task.max_len without <eos> leaves the loss — its tokens out of the policy-gradient and KL terms and out of the token counts of the aggregation — while its reward still counts in its group's advantages. Transformer only (the lecture model is never cut). TRL: mask_truncated_completions.")
         .only(Transformer).rule("false with model.kind = lecture"),

@@ -259,8 +259,21 @@ pub struct AlgorithmConfig {
     pub ref_period: usize,
     /// Token aggregation: seq-mean-token-mean (GRPO), token-mean (DAPO), seq-mean-token-sum-norm (Dr. GRPO).
     pub loss_agg_mode: LossAggMode,
-    /// Entropy bonus: `− coef · H` is added to the loss (0 = off).
+    /// Entropy bonus: `− coef · H` is added to the loss (0 = off; with `adaptive_entropy`,
+    /// the coefficient's starting value).
     pub entropy_coef: f64,
+    /// Skywork-OR1's adaptive entropy coefficient (TRL `use_adaptive_entropy`): after each
+    /// optimizer step the coefficient moves by `entropy_coef_delta` toward keeping the
+    /// entropy at `entropy_target`, and applies only while the entropy is at or below it.
+    pub adaptive_entropy: bool,
+    /// The entropy the adaptive coefficient steers to (TRL 0.2).
+    pub entropy_target: f64,
+    /// The adaptive coefficient's step per optimizer step (TRL 0.005).
+    pub entropy_coef_delta: f64,
+    /// The adaptive coefficient's floor (TRL 0).
+    pub entropy_coef_min: f64,
+    /// The adaptive coefficient's ceiling (TRL 1).
+    pub entropy_coef_max: f64,
     /// The "80/20" rule: only the top-ρ highest-entropy tokens of the batch get a policy
     /// gradient (1 = off; TRL `top_entropy_quantile`).
     pub top_entropy_quantile: f64,
@@ -280,6 +293,14 @@ pub struct AlgorithmConfig {
     pub kl_cov_coef: f64,
     /// DAPO dynamic sampling: replace groups whose rewards are all equal by fresh ones.
     pub dynamic_sampling: bool,
+    /// TRL's `steps_per_generation`: the rollout's `B` groups split into this many mini-batches
+    /// of whole groups, one optimizer step each; the μ passes go over them in turn
+    /// (1 = one step on the whole batch).
+    pub steps_per_generation: usize,
+    /// TRL's experimental replay buffer: up to this many groups with a reward signal are kept
+    /// (scored Σ|A|·std); a new group whose rewards are all equal is replaced by a stored one
+    /// drawn in proportion to its score (0 = off).
+    pub replay_buffer: usize,
     /// DAPO's overlong filtering: responses cut at `max_len` without `<eos>` leave the loss
     /// (their rewards still count in the advantages; TRL `mask_truncated_completions`).
     pub mask_truncated_completions: bool,
@@ -300,6 +321,19 @@ pub struct AlgorithmConfig {
     pub value_epochs: usize,
     /// Deliberate bugs for the bug gallery (spec §5); all off by default.
     pub bugs: BugSwitches,
+}
+
+impl AlgorithmConfig {
+    /// Optimizer steps per rollout: μ passes over `steps_per_generation` mini-batches.
+    pub fn steps_per_iteration(&self) -> usize {
+        self.mu * self.steps_per_generation.max(1)
+    }
+
+    /// Whether the loss has an entropy bonus at some step: a coefficient now, or the adaptive
+    /// one (which may start at 0 and rise).
+    pub fn entropy_bonus(&self) -> bool {
+        self.entropy_coef != 0.0 || self.adaptive_entropy
+    }
 }
 
 impl Default for AlgorithmConfig {
@@ -327,6 +361,11 @@ impl Default for AlgorithmConfig {
             ref_period: 10,
             loss_agg_mode: LossAggMode::SeqMeanTokenMean,
             entropy_coef: 0.0,
+            adaptive_entropy: false,
+            entropy_target: 0.2,
+            entropy_coef_delta: 0.005,
+            entropy_coef_min: 0.0,
+            entropy_coef_max: 1.0,
             top_entropy_quantile: 1.0,
             cov_penalty: CovPenalty::None,
             clip_cov_ratio: 2e-4,
@@ -335,6 +374,8 @@ impl Default for AlgorithmConfig {
             kl_cov_ratio: 2e-4,
             kl_cov_coef: 0.1,
             dynamic_sampling: false,
+            steps_per_generation: 1,
+            replay_buffer: 0,
             mask_truncated_completions: false,
             max_resample_rounds: 3,
             prompt_sampling: PromptSampling::Uniform,
@@ -996,7 +1037,7 @@ impl RunConfig {
 
     /// Optimizer steps in the whole run.
     pub fn total_steps(&self) -> usize {
-        self.run.iterations * self.algorithm.mu
+        self.run.iterations * self.algorithm.steps_per_iteration()
     }
 }
 

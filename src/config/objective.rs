@@ -104,6 +104,7 @@ impl RunConfig {
         self.validate_clip_knobs()?;
         self.validate_advantage()?;
         self.validate_cov()?;
+        self.validate_schedule()?;
         let b = &a.bugs;
         let ratio_bug = b.ratio_as_logprob_quotient || b.unfrozen_old_policy;
         if ratio_bug && (level != ImportanceSamplingLevel::Token || a.loss == LossMode::Gmpo) {
@@ -197,6 +198,55 @@ impl RunConfig {
                     a.clip_cov_ub, a.clip_cov_lb
                 ),
             );
+        }
+        Ok(())
+    }
+
+    /// The adaptive entropy coefficient's bounds, the mini-batches and the replay buffer.
+    fn validate_schedule(&self) -> Result<(), ConfigError> {
+        let a = &self.algorithm;
+        if a.adaptive_entropy && a.entropy_coef_max < a.entropy_coef_min {
+            return bad(
+                "algorithm.entropy_coef_max",
+                format!(
+                    "{} < algorithm.entropy_coef_min = {}: the adaptive coefficient has no room",
+                    a.entropy_coef_max, a.entropy_coef_min
+                ),
+            );
+        }
+        let known_b = match (a.prompts_per_iteration, self.task.prompts.len()) {
+            (0, 0) => self.task.train_size,
+            (0, p) => p,
+            (b, 0) => b.min(self.task.train_size),
+            (b, p) => b.min(p),
+        };
+        if a.steps_per_generation > known_b.max(1) {
+            return bad(
+                "algorithm.steps_per_generation",
+                format!(
+                    "{} with {known_b} prompts per iteration (algorithm.prompts_per_iteration, or the training set): each mini-batch needs at least one whole group",
+                    a.steps_per_generation
+                ),
+            );
+        }
+        if a.replay_buffer > 0 {
+            if a.dynamic_sampling {
+                return bad(
+                    "algorithm.replay_buffer",
+                    "with algorithm.dynamic_sampling = true: both replace the groups without a reward signal (dynamic sampling by fresh ones); choose one".into(),
+                );
+            }
+            let per_token = a.advantage == AdvantageMode::Gae
+                || (a.advantage == AdvantageMode::ReinforcePp && a.gamma < 1.0);
+            if per_token {
+                return bad(
+                    "algorithm.replay_buffer",
+                    format!(
+                        "with algorithm.advantage = {} (algorithm.gamma = {}): a stored group carries one advantage per response, and this mode gives one per token",
+                        a.advantage, a.gamma
+                    ),
+                );
+            }
         }
         Ok(())
     }

@@ -231,7 +231,7 @@ impl FusedLecture {
         // train on burn's path.
         c.model.kind == ModelKind::Lecture
             && !a.bugs.any()
-            && a.entropy_coef == 0.0
+            && !a.entropy_bonus()
             && a.top_entropy_quantile >= 1.0
     }
 

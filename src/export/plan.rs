@@ -516,16 +516,18 @@ fn algorithm_row(x: &Ctx, key: &str) -> Mapped {
         }
         "algorithm.prompts_per_iteration" => {
             let (b, g) = (s.b, s.g);
+            // Prompts per optimizer step (`steps_per_generation` mini-batches of whole groups).
+            let m = (b / a.steps_per_generation.clamp(1, b.max(1))).max(1);
             let theirs = match fw {
                 Trl => vec![
                     kv("per_device_train_batch_size", i(g)),
-                    kv("gradient_accumulation_steps", i(b)),
+                    kv("gradient_accumulation_steps", i(m)),
                     kv("generation_batch_size", i(b * g)),
                     kv("steps_per_generation", Val::None),
                 ],
                 Verl => vec![
                     kv("data.train_batch_size", i(b)),
-                    kv(&k("ppo_mini_batch_size"), i(b)),
+                    kv(&k("ppo_mini_batch_size"), i(m)),
                     kv(&k("ppo_micro_batch_size_per_gpu"), i(g)),
                     kv(&rk("log_prob_micro_batch_size_per_gpu"), i(g)),
                     kv(
@@ -535,24 +537,25 @@ fn algorithm_row(x: &Ctx, key: &str) -> Mapped {
                 ],
                 OpenRlhf => vec![
                     kv("rollout.batch_size", i(b)),
-                    kv("train.batch_size", i(b * g)),
+                    kv("train.batch_size", i(m * g)),
                     kv("train.micro_batch_size", i(g)),
                     kv("rollout.micro_batch_size", i(g)),
                 ],
             };
+            let steps = b / m;
             let how = match fw {
                 Trl => format!(
-                    "TRL counts completions: generation_batch_size = B·G = {b}·{g} = {}; one optimizer step takes per_device_train_batch_size · processes · gradient_accumulation_steps = {g} · 1 · {b} = {} completions, the whole generation (with W processes divide gradient_accumulation_steps by W)",
+                    "TRL counts completions: generation_batch_size = B·G = {b}·{g} = {}; one optimizer step takes per_device_train_batch_size · processes · gradient_accumulation_steps = {g} · 1 · {m} = {} completions, {steps} step(s) per generation (with W processes divide gradient_accumulation_steps by W)",
                     b * g,
-                    b * g
+                    m * g
                 ),
                 Verl => format!(
-                    "verl counts prompts: data.train_batch_size = B = {b} and ppo_mini_batch_size = {b} (one optimizer step per epoch over the batch; verl multiplies both by n = {g} internally: {} responses)",
+                    "verl counts prompts: data.train_batch_size = B = {b} and ppo_mini_batch_size = {m} ({steps} optimizer step(s) per epoch over the batch; verl multiplies both by n = {g} internally: {} responses)",
                     b * g
                 ),
                 OpenRlhf => format!(
-                    "OpenRLHF counts prompts for rollouts and samples for training: rollout.batch_size = B = {b}, train.batch_size = B·G = {} (one optimizer step per epoch over the batch)",
-                    b * g
+                    "OpenRLHF counts prompts for rollouts and samples for training: rollout.batch_size = B = {b}, train.batch_size = {} ({steps} optimizer step(s) per epoch over the batch)",
+                    m * g
                 ),
             };
             if b < s.p {
@@ -575,7 +578,10 @@ fn algorithm_row(x: &Ctx, key: &str) -> Mapped {
             };
             exact(
                 theirs,
-                format!("μ = {} optimizer steps on each batch of rollouts", s.mu),
+                format!(
+                    "μ = {} passes (epochs) over each batch of rollouts, one optimizer step per mini-batch",
+                    s.mu
+                ),
             )
         }
         "algorithm.advantage" => advantage(x),

@@ -319,6 +319,9 @@ impl Trainer {
             && self.config.task.reward_aggregation == RewardAggregation::SumThenNormalize
             && a.positive_weight == 1.0
             && a.negative_weight == 1.0
+            && a.steps_per_generation == 1
+            && a.replay_buffer == 0
+            && !a.entropy_bonus()
             && !(b.std_without_eps || b.shared_reference || b.unfrozen_old_policy)
     }
 
@@ -396,7 +399,7 @@ impl Trainer {
             )
         });
         self.last_reward_mean = stats.reward_mean;
-        Ok(Frozen {
+        let mut frozen = Frozen {
             batch,
             advantages: driving,
             old_logp,
@@ -404,7 +407,15 @@ impl Trainer {
             stats,
             groups,
             token_advantages,
-        })
+            replaced: Vec::new(),
+            seen_logp: None,
+        };
+        if cfg.algorithm.replay_buffer > 0 {
+            frozen.replaced = self.replay_into(&mut frozen, &scored.rewards, &adv.zero_std);
+            let count = frozen.replaced.iter().filter(|&&r| r).count();
+            frozen.stats.replay = Some((count, self.replay.groups.len()));
+        }
+        Ok(frozen)
     }
 
     /// The advantages that drive the update, `[B·G]` (and `[B·G·T]` where they differ per
@@ -537,8 +548,9 @@ impl Trainer {
         if self.frozen.is_none() {
             self.frozen = Some(self.roll_out()?);
         }
-        // 6. μ optimizer steps on the frozen batch (one mini-batch per step today).
-        for _ in self.step_in_iteration..self.config.algorithm.mu {
+        // 6. μ passes of optimizer steps over the frozen batch's `steps_per_generation`
+        // mini-batches (one step on the whole batch per pass by default).
+        for _ in self.step_in_iteration..self.config.algorithm.steps_per_iteration() {
             let record = self.optimizer_step(started)?;
             if !sink(record) {
                 break;
@@ -559,80 +571,73 @@ impl Trainer {
         self.optimizer_step(started)
     }
 
-    /// Step 6's optimizer step on the frozen batch, and its record (its time counted from
-    /// `started`: the iteration's first step carries the rollout's); the iteration ends with its
-    /// μ-th.
+    /// Step 6's optimizer step on the frozen batch (or its mini-batch), and its record (its
+    /// time counted from `started`: the iteration's first step carries the rollout's); the
+    /// iteration ends with its μ·steps_per_generation-th.
     fn optimizer_step(&mut self, started: Instant) -> Result<StepRecord, TrainError> {
         // A config changed live (the app's Apply) to something this engine does not cover
         // (a bug switch, the entropy bonus) moves the run to an engine that does.
         self.ensure_engine_supports_config()?;
         let cfg = &self.config;
         let a = &cfg.algorithm;
-        let last_of_iteration = self.step_in_iteration + 1 >= a.mu;
+        let last_of_iteration = self.step_in_iteration + 1 >= a.steps_per_iteration();
         let frozen = self.frozen.as_ref().expect("rolled out above");
         let g = frozen.batch.g;
         let logged = frozen.groups.as_ref().map_or(0, |gr| gr.len());
         let step_started = Instant::now();
+        // This step's mini-batch (a copy of its groups' rows when the batch is split).
+        let parts = frozen.parts(a.steps_per_generation);
+        let part = (parts > 1).then(|| frozen.part(self.step_in_iteration % parts, parts));
+        let (batch, advantages, token_advantages, old_logp, ref_logp) = frozen.view(part.as_ref());
         // Every row's log π at each step: the ratio's range and KL(π_old ‖ π) come from them.
         // An engine that keeps the step on a device (and batches the iteration's steps) reads
         // back only the last step's logged rows: the ratio statistics are over what it returns
         // (NaN on the steps it returns none).
-        let rows = if self.engine.batches_steps() {
-            logged * g
-        } else {
-            frozen.batch.b * g
-        };
+        // (One mini-batch per step: such an engine then takes them one at a time.)
+        let batched = self.engine.batches_steps() && parts == 1;
+        let rows = if batched { logged * g } else { batch.b * g };
         // The step's own random stream (Clip-Cov's draw): a function of seed, iteration, step.
         let stream = crate::rng::counter_u32(
             cfg.run.seed,
             &[self.iteration as u32, self.step_in_iteration as u32, 0xC0C0],
         );
+        let mut loss = LossSettings::of(cfg).with_stream(stream as u64);
+        loss.entropy_coef = self.entropy_control.applied(a) as f32;
         let req = StepRequest {
-            loss: LossSettings::of(cfg).with_stream(stream as u64),
+            loss,
             temperature: cfg.sampling.temperature as f32,
             lr: cfg.optimizer.lr,
             max_grad_norm: cfg.optimizer.max_grad_norm as f32,
-            advantages: &frozen.advantages,
-            token_advantages: frozen.token_advantages.as_deref(),
-            old_logp: &frozen.old_logp,
-            ref_logp: &frozen.ref_logp,
+            advantages,
+            token_advantages,
+            old_logp,
+            ref_logp,
             logp_rows: rows,
         };
-        let out = match self.pending.pop_front() {
-            Some(out) => out,
-            // An engine that takes the iteration's steps in one go (one submission): all of
-            // them now, handed out one per call.
-            None if self.engine.batches_steps() && !last_of_iteration => {
-                let count = a.mu - self.step_in_iteration;
-                let mut outs: std::collections::VecDeque<_> =
-                    self.engine.steps(&frozen.batch, &req, count)?.into();
-                let first = outs.pop_front().ok_or_else(|| {
-                    crate::engine::EngineError::Unsupported(format!(
-                        "{} returned no steps for {count} asked",
-                        self.engine.label()
-                    ))
-                })?;
-                self.pending = outs;
-                first
-            }
-            None => self.engine.step(&frozen.batch, &req)?,
-        };
-        let ratio = RatioStats::of(&out.logp, &frozen.old_logp, &frozen.batch.mask);
+        // An engine that takes the iteration's steps in one go (one submission): all of them
+        // on the first call, handed out one per call.
+        let all_at_once = (batched && !last_of_iteration)
+            .then(|| a.steps_per_iteration() - self.step_in_iteration);
+        let out = next_output(
+            self.engine.as_mut(),
+            &mut self.pending,
+            batch,
+            &req,
+            all_at_once,
+        )?;
+        let ratio = RatioStats::of(&out.logp, old_logp, &batch.mask);
         self.timings.step += step_started.elapsed().as_secs_f64();
         let sc = out.scalars;
         let step = self.global_step + 1;
-        if !sc.loss.is_finite() || !sc.grad_norm.is_finite() {
-            return Err(TrainError::NonFinite {
-                step,
-                iteration: self.iteration,
-                value: if sc.loss.is_finite() {
-                    sc.grad_norm
-                } else {
-                    sc.loss
-                },
-            });
+        finite(&sc, step, self.iteration)?;
+        self.entropy_control.update(sc.entropy as f64, a);
+        let part_rows = part.map(|p| p.rows);
+        let frozen = self.frozen.as_mut().expect("rolled out above");
+        if let Some(rows) = part_rows {
+            frozen.saw(rows, &out.logp);
         }
-        let groups = (last_of_iteration && logged > 0).then(|| frozen.groups_at(&out.logp));
+        let groups = (last_of_iteration && logged > 0)
+            .then(|| frozen.groups_at(frozen.seen_logp.as_deref().unwrap_or(&out.logp)));
         let mut record = record::step_record(
             StepPosition {
                 iteration: self.iteration,
@@ -649,9 +654,12 @@ impl Trainer {
         if a.loss == crate::config::LossMode::Cispo {
             record.cispo_clip_ratio = Some(record.clip_ratio_high);
         }
+        if a.entropy_bonus() {
+            record.entropy_coef = Some(self.entropy_control.coef as f32);
+        }
         self.global_step = step;
         self.step_in_iteration += 1;
-        if self.step_in_iteration >= a.mu {
+        if self.step_in_iteration >= a.steps_per_iteration() {
             self.step_in_iteration = 0;
             self.iteration += 1;
             self.frozen = None;
@@ -660,6 +668,54 @@ impl Trainer {
         }
         Ok(record)
     }
+}
+
+/// A diverged step (a non-finite loss or gradient norm) stops the run, saying which.
+fn finite(
+    sc: &crate::engine::StepScalars,
+    step: usize,
+    iteration: usize,
+) -> Result<(), TrainError> {
+    if sc.loss.is_finite() && sc.grad_norm.is_finite() {
+        return Ok(());
+    }
+    let value = if sc.loss.is_finite() {
+        sc.grad_norm
+    } else {
+        sc.loss
+    };
+    Err(TrainError::NonFinite {
+        step,
+        iteration,
+        value,
+    })
+}
+
+/// The step's output: the next of the iteration's steps an engine took in one go, or — with
+/// `all_at_once = Some(count)` — `count` steps at once (the first returned, the rest kept in
+/// `pending`), or one step.
+fn next_output(
+    engine: &mut (dyn crate::engine::Engine + Send),
+    pending: &mut std::collections::VecDeque<crate::engine::StepOutput>,
+    batch: &Batch,
+    req: &StepRequest,
+    all_at_once: Option<usize>,
+) -> Result<crate::engine::StepOutput, TrainError> {
+    if let Some(out) = pending.pop_front() {
+        return Ok(out);
+    }
+    let Some(count) = all_at_once else {
+        return Ok(engine.step(batch, req)?);
+    };
+    let mut outs: std::collections::VecDeque<_> = engine.steps(batch, req, count)?.into();
+    let first = outs.pop_front().ok_or_else(|| {
+        crate::engine::EngineError::Unsupported(format!(
+            "{} returned no steps for {count} asked",
+            engine.label()
+        ))
+    })?;
+    *pending = outs;
+    Ok(first)
 }
 
 impl Frozen {
@@ -677,6 +733,10 @@ impl Frozen {
         };
         let (logp, old_logp) = (rows(logp), rows(&self.old_logp));
         for (i, group) in groups.iter_mut().enumerate() {
+            // A group the replay buffer replaced was not trained on: its rows hold another's.
+            if self.replaced.get(i).copied().unwrap_or(false) {
+                continue;
+            }
             group.logp = logp[i * g..(i + 1) * g].to_vec();
             group.old_logp = old_logp[i * g..(i + 1) * g].to_vec();
         }

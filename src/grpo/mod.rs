@@ -6,6 +6,8 @@ mod dynamic;
 mod iteration;
 pub mod prompts;
 pub mod record;
+pub mod replay;
+mod schedule;
 pub mod trainer;
 
 pub use trainer::{LIVE_SECTIONS, Timings, TrainError, Trainer, TrainerState};

@@ -47,6 +47,8 @@ pub struct RolloutStats {
     /// GDPO's reward collapse: of the pairs of a group whose reward vectors differ, the
     /// fraction with one advantage (NaN for a single reward).
     pub reward_collapsed_pairs: f32,
+    /// The replay buffer's (groups replaced, groups stored) this iteration.
+    pub replay: Option<(usize, usize)>,
 }
 
 /// Held-out pass@k from `N` sampled answers per prompt (unbiased estimator, mean over prompts).
@@ -206,6 +208,7 @@ pub fn rollout_stats(
         value_loss: f32::NAN,
         value_explained_var: f32::NAN,
         reward_collapsed_pairs: f32::NAN,
+        replay: None,
         wrong_longer_frac: mean_or_nan(
             (0..lengths.len())
                 .filter(|&i| r.exact[i] == 0)
@@ -314,6 +317,9 @@ pub fn step_record(
         clip_ratio_low: sc.clip_low,
         clip_ratio_high: sc.clip_high,
         cispo_clip_ratio: None,
+        entropy_coef: None,
+        replay_replaced: stats.replay.map(|(r, _)| r as f32),
+        replay_size: stats.replay.map(|(_, s)| s as f32),
         ratio_mean: sc.ratio_mean,
         grad_norm: sc.grad_norm,
         lr: at.lr as f32,

@@ -6,10 +6,12 @@
 
 use super::prompts::PromptSampler;
 use super::record::RolloutStats;
+use super::replay::ReplayBuffer;
 use crate::config::{ModelKind, RunConfig};
 use crate::engine::{self, Batch, Engine, EngineError, Snapshot};
 use crate::gpu::Compute;
 use crate::metrics::GroupRecord;
+use crate::objective::entropy_control::EntropyControl;
 use crate::rng::SplitMix64;
 use crate::task::sort::TaskError;
 use crate::task::{PromptSet, RewardFn, accuracy};
@@ -81,6 +83,11 @@ pub(crate) struct Frozen {
     pub groups: Option<Vec<GroupRecord>>,
     /// `[B·G·T]`: GAE's per-token advantages (`advantage = "gae"`).
     pub token_advantages: Option<Vec<f32>>,
+    /// Per group: replaced by a stored group (`algorithm.replay_buffer`).
+    pub replaced: Vec<bool>,
+    /// `[B·G·T]`: each row's log π as its mini-batch's latest step read it
+    /// (`algorithm.steps_per_generation` > 1), for the iteration's logged groups.
+    pub seen_logp: Option<Vec<f32>>,
 }
 
 /// What a checkpoint holds besides the engine's state: the counters and the prompt sampler's
@@ -109,6 +116,12 @@ pub struct TrainerState {
     /// PPO's critic (`advantage = "gae"`): parameters, Adam's moments and step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub critic: Option<Vec<f32>>,
+    /// The adaptive entropy coefficient's state (`algorithm.adaptive_entropy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entropy_control: Option<EntropyControl>,
+    /// The replay buffer's groups (`algorithm.replay_buffer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<ReplayBuffer>,
 }
 
 fn yes() -> bool {
@@ -143,6 +156,10 @@ pub struct Trainer {
     pub(super) rollouts: usize,
     /// PPO's critic (`advantage = "gae"`), made at its first use.
     pub(super) critic: Option<crate::objective::value::ValueModel>,
+    /// The entropy bonus's coefficient from step to step (fixed, or adaptive).
+    pub(super) entropy_control: EntropyControl,
+    /// Groups with a reward signal kept for replay (`algorithm.replay_buffer`).
+    pub(super) replay: ReplayBuffer,
     /// The supervised cold start has run (or there is none).
     sft_done: bool,
     sft_heldout_accuracy: Option<f32>,
@@ -162,6 +179,7 @@ impl Trainer {
         engine: Box<dyn Engine + Send>,
     ) -> Result<Self, TrainError> {
         let prompts = PromptSet::build(&config.task, config.run.seed)?;
+        let entropy_control = EntropyControl::start(&config.algorithm);
         Ok(Self {
             reward_fn: RewardFn::from_task(&config.task),
             sampler: PromptSampler::new(&prompts.train),
@@ -180,6 +198,8 @@ impl Trainer {
             last_reward_mean: f32::NAN,
             rollouts: 0,
             critic: None,
+            entropy_control,
+            replay: ReplayBuffer::default(),
         })
     }
 
@@ -189,11 +209,12 @@ impl Trainer {
     pub fn global_step(&self) -> usize {
         self.global_step
     }
-    /// Optimizer steps left in the iteration in progress (μ at a boundary).
+    /// Optimizer steps left in the iteration in progress (μ·steps_per_generation at a
+    /// boundary).
     pub fn steps_left_in_iteration(&self) -> usize {
         self.config
             .algorithm
-            .mu
+            .steps_per_iteration()
             .saturating_sub(self.step_in_iteration)
             .max(1)
     }
@@ -464,6 +485,12 @@ impl Trainer {
             config_toml: Some(self.config.to_toml()),
             rollouts: self.rollouts,
             critic: self.critic.as_ref().map(|c| c.state()),
+            entropy_control: self
+                .config
+                .algorithm
+                .adaptive_entropy
+                .then_some(self.entropy_control),
+            replay: (self.config.algorithm.replay_buffer > 0).then(|| self.replay.clone()),
         };
         Ok((state, self.engine.snapshot()?))
     }
@@ -502,6 +529,12 @@ impl Trainer {
         self.iteration = state.iteration;
         self.global_step = state.global_step;
         self.rollouts = state.rollouts;
+        if let Some(control) = state.entropy_control {
+            self.entropy_control = control;
+        }
+        if let Some(replay) = state.replay {
+            self.replay = replay;
+        }
         self.critic = match &state.critic {
             Some(s) => {
                 let mut critic = self.new_critic();

@@ -77,6 +77,11 @@ pub fn calculate(
             "algorithm.top_entropy_quantile is a batch-level rule (a quantile over a batch's token entropies): the loss-family and entropy experiments show it, one response cannot".into(),
         ));
     }
+    if config.algorithm.adaptive_entropy {
+        return Err(CalcError::Input(
+            "algorithm.adaptive_entropy moves the bonus's coefficient from step to step on the batch's measured entropy: the entropy-controls experiment shows it, one response cannot".into(),
+        ));
+    }
     if s.entropy_coef != 0.0 {
         return Err(CalcError::Input(
             "algorithm.entropy_coef needs each token's entropy, which one response's log π does not give: set it to 0 here".into(),

@@ -246,7 +246,7 @@ pub fn run_charts(
     dir: &Path,
 ) -> std::io::Result<Vec<PathBuf>> {
     let it = per_iteration(records);
-    let mu = config.algorithm.mu.max(1);
+    let mu = config.algorithm.steps_per_iteration().max(1);
     let name = &config.run.name;
     let kl = Series::line(
         format!("kl ({})", config.algorithm.kl_estimator),

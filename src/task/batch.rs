@@ -44,4 +44,21 @@ impl Batch {
             lengths: rows.iter().map(|r| r.len()).collect(),
         }
     }
+
+    /// Groups `range` (`[k·G, …)` rows) as a batch of their own, at the same padded width.
+    pub fn groups(&self, range: std::ops::Range<usize>) -> Batch {
+        let (g, t, n) = (self.g, self.t, self.n);
+        let rows = range.start * g * t..range.end * g * t;
+        Batch {
+            b: range.len(),
+            g,
+            t,
+            n,
+            prompts: self.prompts[range.start * n..range.end * n].to_vec(),
+            responses: self.responses[rows.clone()].to_vec(),
+            pad: self.pad,
+            mask: self.mask[rows].to_vec(),
+            lengths: self.lengths[range.start * g..range.end * g].to_vec(),
+        }
+    }
 }

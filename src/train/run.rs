@@ -801,7 +801,7 @@ fn drive(
         // that verifies (a rewrite is not byte-identical: burn records fresh parameter ids).
         write_checkpoint(trainer, out)?;
     }
-    let mu = config.algorithm.mu;
+    let mu = config.algorithm.steps_per_iteration();
     while !trainer.is_done() {
         // One iteration, each record to the sinks as its step ends; a second Ctrl-C stops it
         // in the middle.

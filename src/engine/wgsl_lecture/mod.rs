@@ -442,7 +442,7 @@ impl WgslLectureEngine {
             Some("it trains the lecture model only")
         } else if a.bugs.any() {
             Some("the bug gallery's switches are not in its kernels")
-        } else if a.entropy_coef != 0.0 {
+        } else if a.entropy_bonus() {
             Some("the entropy bonus is not in its loss kernel")
         } else if a.top_entropy_quantile < 1.0 {
             Some(

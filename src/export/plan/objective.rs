@@ -29,6 +29,13 @@ pub(super) fn objective_row(x: &Ctx, key: &str) -> Option<Mapped> {
         | "algorithm.clip_cov_ub"
         | "algorithm.kl_cov_ratio"
         | "algorithm.kl_cov_coef" => cov_knob(x, key),
+        "algorithm.adaptive_entropy" => adaptive_entropy(x),
+        "algorithm.entropy_target"
+        | "algorithm.entropy_coef_delta"
+        | "algorithm.entropy_coef_min"
+        | "algorithm.entropy_coef_max" => adaptive_knob(x, key),
+        "algorithm.steps_per_generation" => steps_per_generation(x),
+        "algorithm.replay_buffer" => replay_buffer(x),
         _ => return None,
     })
 }
@@ -573,4 +580,85 @@ fn cov_knob(x: &Ctx, key: &str) -> Mapped {
         ),
         fw => refused(format!("{} has no covariance rule", fw.name())),
     }
+}
+
+fn adaptive_entropy(x: &Ctx) -> Mapped {
+    let on = x.c.algorithm.adaptive_entropy;
+    match x.fw {
+        Framework::Trl => exact(
+            vec![kv("use_adaptive_entropy", Val::Bool(on))],
+            if on {
+                "entropy_coef is the starting coefficient"
+            } else {
+                ""
+            },
+        ),
+        fw if on => refused(format!(
+            "{} has no adaptive entropy coefficient (Skywork-OR1's controller is TRL's use_adaptive_entropy)",
+            fw.name()
+        )),
+        _ => exact(vec![], "a fixed entropy coefficient"),
+    }
+}
+
+/// The adaptive controller's numbers: TRL's keys of the same names.
+fn adaptive_knob(x: &Ctx, key: &str) -> Mapped {
+    let a = &x.c.algorithm;
+    let (name, value) = match key {
+        "algorithm.entropy_target" => ("entropy_target", a.entropy_target),
+        "algorithm.entropy_coef_delta" => ("entropy_coef_delta", a.entropy_coef_delta),
+        "algorithm.entropy_coef_min" => ("entropy_coef_min", a.entropy_coef_min),
+        _ => ("entropy_coef_max", a.entropy_coef_max),
+    };
+    match x.fw {
+        Framework::Trl => exact(vec![kv(name, f(value))], ""),
+        _ if !a.adaptive_entropy => inert(vec![], "read by adaptive_entropy only"),
+        fw => inert(
+            vec![],
+            format!(
+                "{} has no adaptive coefficient (the adaptive_entropy row)",
+                fw.name()
+            ),
+        ),
+    }
+}
+
+fn steps_per_generation(x: &Ctx) -> Mapped {
+    let (b, s) = (x.s.b, x.c.algorithm.steps_per_generation);
+    if s <= 1 {
+        return exact(vec![], "one optimizer step on the whole batch");
+    }
+    let split = format!(
+        "{s} mini-batches of whole groups, in order: written by the algorithm.prompts_per_iteration row"
+    );
+    if b % s != 0 {
+        return approx(
+            vec![],
+            format!(
+                "{split}; B = {b} does not divide by {s}: grpo-lab's mini-batches differ by a group, the frameworks need equal ones"
+            ),
+        );
+    }
+    match x.fw {
+        Framework::Trl => approx(
+            vec![],
+            format!(
+                "{split} (TRL shuffles the completions before splitting, so its mini-batches mix groups)"
+            ),
+        ),
+        _ => exact(vec![], split),
+    }
+}
+
+fn replay_buffer(x: &Ctx) -> Mapped {
+    let n = x.c.algorithm.replay_buffer;
+    if n == 0 {
+        return exact(vec![], "no replay buffer");
+    }
+    refused(match x.fw {
+        Framework::Trl => format!(
+            "TRL's replay buffer is an experimental trainer of its own (trl.experimental.grpo_with_replay_buffer: GRPOWithReplayBufferConfig(replay_buffer_size={n}) with GRPOWithReplayBufferTrainer); the export writes GRPOConfig / GRPOTrainer: swap the two classes by hand"
+        ),
+        fw => format!("{} has no replay buffer of groups", fw.name()),
+    })
 }
