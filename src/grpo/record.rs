@@ -92,22 +92,33 @@ impl RatioStats {
     };
 
     /// From `log π_θ` and `log π_old` of the same tokens and their mask (`[rows·T]` each; the
-    /// shortest length of the three is used).
+    /// shortest length of the three is used). The extremes are taken on the log-ratio and
+    /// exponentiated once each (`exp` is monotone: the same values as the extremes of the
+    /// ratios, without an `exp` per token — that was ~1.3 M instructions a step on `scaled`).
     pub fn of(logp: &[f32], old_logp: &[f32], mask: &[f32]) -> Self {
-        let (mut min, mut max, mut kl, mut count) = (f32::INFINITY, f32::NEG_INFINITY, 0f64, 0f64);
+        let (mut lo, mut hi, mut kl, mut count) = (f32::INFINITY, f32::NEG_INFINITY, 0f64, 0f64);
+        // Whether a real token had a log-ratio that is a number (`f32::min` passes over NaN,
+        // as it did over exp(NaN)).
+        let mut seen = false;
         for ((&lp, &old), &m) in logp.iter().zip(old_logp).zip(mask) {
             if m == 0.0 {
                 continue;
             }
-            let ratio = (lp - old).exp();
-            min = min.min(ratio);
-            max = max.max(ratio);
+            let d = lp - old;
+            lo = lo.min(d);
+            hi = hi.max(d);
+            seen |= !d.is_nan();
             kl += (old - lp) as f64;
             count += 1.0;
         }
         if count == 0.0 {
             return Self::UNKNOWN;
         }
+        let (min, max) = if seen {
+            (lo.exp(), hi.exp())
+        } else {
+            (f32::INFINITY, f32::NEG_INFINITY)
+        };
         Self {
             min,
             max,
@@ -376,5 +387,47 @@ mod tests {
         assert_eq!(r.max, 1.0);
         assert!((r.ppo_kl - 0.25).abs() < 1e-6);
         assert!(RatioStats::of(&logp, &old, &[0.0; 3]).min.is_nan());
+    }
+
+    /// The extremes taken on the log-ratio equal the extremes of the ratios themselves, bit
+    /// for bit (NaN, ±∞ and padding included).
+    #[test]
+    fn ratio_extremes_equal_the_ratios_extremes() {
+        let mut rng = crate::rng::SplitMix64::new(3);
+        for case in 0..300 {
+            let n = 1 + case % 17;
+            let mut pick = |rng: &mut crate::rng::SplitMix64| match rng.below(12) {
+                0 => f32::NAN,
+                1 => f32::NEG_INFINITY,
+                2 if case % 3 == 0 => f32::INFINITY,
+                _ => (rng.normal() * 3.0) as f32,
+            };
+            let logp: Vec<f32> = (0..n).map(|_| pick(&mut rng)).collect();
+            let old: Vec<f32> = (0..n).map(|_| pick(&mut rng)).collect();
+            let mask: Vec<f32> = (0..n).map(|_| (rng.below(4) != 0) as u8 as f32).collect();
+            let (mut min, mut max) = (f32::INFINITY, f32::NEG_INFINITY);
+            for ((&l, &o), &m) in logp.iter().zip(&old).zip(&mask) {
+                if m != 0.0 {
+                    let r = (l - o).exp();
+                    min = min.min(r);
+                    max = max.max(r);
+                }
+            }
+            let got = RatioStats::of(&logp, &old, &mask);
+            if mask.iter().all(|&m| m == 0.0) {
+                assert!(got.min.is_nan());
+                continue;
+            }
+            assert_eq!(
+                got.min.to_bits(),
+                min.to_bits(),
+                "case {case}: {logp:?} {old:?} {mask:?}"
+            );
+            assert_eq!(
+                got.max.to_bits(),
+                max.to_bits(),
+                "case {case}: {logp:?} {old:?} {mask:?}"
+            );
+        }
     }
 }
