@@ -396,7 +396,7 @@ mod tests {
         let mut rng = crate::rng::SplitMix64::new(3);
         for case in 0..300 {
             let n = 1 + case % 17;
-            let mut pick = |rng: &mut crate::rng::SplitMix64| match rng.below(12) {
+            let pick = |rng: &mut crate::rng::SplitMix64| match rng.below(12) {
                 0 => f32::NAN,
                 1 => f32::NEG_INFINITY,
                 2 if case % 3 == 0 => f32::INFINITY,
