@@ -298,3 +298,24 @@ fn an_experiment_card_runs_its_matrix_and_shows_the_table() {
     h.get_by_label("mean, last 10 it.");
     h.snapshot("experiments");
 }
+
+/// With the adaptive entropy bonus the app keeps the coefficient's series (drawn beside the
+/// entropy); without a bonus there is none.
+#[test]
+fn the_entropy_coefficient_is_plotted_when_there_is_a_bonus() {
+    for adaptive in [false, true] {
+        let mut c = short_config();
+        c.algorithm.adaptive_entropy = adaptive;
+        let mut h = harness(c);
+        h.run();
+        h.get_by_label("+μ Iteration").click();
+        h.run();
+        let run = &h.state().run;
+        assert!(run.series("entropy").len > 0);
+        assert_eq!(
+            run.series("entropy_coef").len > 0,
+            adaptive,
+            "adaptive = {adaptive}"
+        );
+    }
+}

@@ -96,6 +96,7 @@ pub const SERIES: &[&str] = &[
     "accuracy/train",
     "accuracy/heldout",
     "reward/exact_match",
+    "entropy_coef",
 ];
 
 /// One run's data: records, series, and the logged groups by iteration.

@@ -714,7 +714,13 @@ pub fn plots_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
             small_plot(ui, app.persisted.smoothing, link, w, "length", "Response length", "Mean, min and max response length per iteration, and the mean length of correct and of wrong responses (fixed n for the lecture's model; the transformer's grow or shrink: the length story).", &[("mean", run.series("completions/mean_length"), PALETTE[0]), ("min", run.series("completions/min_length"), PALETTE[1]), ("max", run.series("completions/max_length"), PALETTE[2]), ("correct", run.series("completions/mean_length_correct"), PALETTE[3]), ("wrong", run.series("completions/mean_length_wrong"), PALETTE[4])]);
             ui.end_row();
             small_plot(ui, app.persisted.smoothing, link, w, "kl", "KL to the reference", "Mean per-token KL estimate (the configured k1/k2/k3) from the reference policy; drops to 0 when the reference is refreshed.", &[("kl", run.series("kl"), PALETTE[3])]);
-            small_plot(ui, app.persisted.smoothing, link, w, "entropy", "Entropy", "Mean entropy of the policy per response position (nats). Falling to 0 = entropy collapse: every response identical, all advantages 0.", &[("entropy", run.series("entropy"), PALETTE[4])]);
+            // With an entropy bonus the coefficient shares the plot (the adaptive one moves).
+            let coef = run.series("entropy_coef");
+            let mut ent: Vec<(&str, &super::store::Series, Color32)> = vec![("entropy", run.series("entropy"), PALETTE[4])];
+            if coef.len > 0 {
+                ent.push(("entropy_coef", coef, PALETTE[6]));
+            }
+            small_plot(ui, app.persisted.smoothing, link, w, "entropy", "Entropy", "Mean entropy of the policy per response position (nats). Falling to 0 = entropy collapse: every response identical, all advantages 0. With an entropy bonus, its coefficient c (algorithm.entropy_coef; with adaptive_entropy it moves toward entropy_target) is drawn beside it.", &ent);
             ui.end_row();
             small_plot(ui, app.persisted.smoothing, link, w, "clip", "Clip ratio", "Fraction of tokens whose ratio is clipped: low (ρ < 1−ε_low with A < 0) and high (ρ > 1+ε_high with A > 0).", &[("low", run.series("clip_ratio/low"), PALETTE[5]), ("high", run.series("clip_ratio/high"), PALETTE[6])]);
             small_plot(ui, app.persisted.smoothing, link, w, "zero-std", "Groups with no learning signal", "Fraction of groups whose rewards are all equal: every centered advantage is 0 there. Also greedy accuracy.", &[("frac_reward_zero_std", run.series("frac_reward_zero_std"), PALETTE[7]), ("accuracy/train", run.series("accuracy/train"), PALETTE[2])]);

@@ -12,7 +12,8 @@ use crate::engine::Batch;
 use crate::rng::SplitMix64;
 use serde::{Deserialize, Serialize};
 
-/// One stored group: what its `G` training rows need.
+/// One stored group: what its `G` training rows need. Its numbers go into checkpoints as
+/// their bits (JSON has no −∞ or NaN, and a log π can be −∞), so a resume replays them exactly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoredGroup {
     pub score: f64,
@@ -22,10 +23,51 @@ pub struct StoredGroup {
     /// Per response, its real tokens (the batch's `lengths`).
     pub rows: Vec<Vec<u32>>,
     /// Per response, its loss mask over those tokens (0s where the response left the loss).
+    #[serde(with = "bits")]
     pub mask: Vec<Vec<f32>>,
+    #[serde(with = "bits::flat")]
     pub advantages: Vec<f32>,
+    #[serde(with = "bits")]
     pub old_logp: Vec<Vec<f32>>,
+    #[serde(with = "bits")]
     pub ref_logp: Vec<Vec<f32>>,
+}
+
+/// `Vec<Vec<f32>>` as the bits of each number (`f32::to_bits`), exact for every value.
+mod bits {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(x: &[Vec<f32>], s: S) -> Result<S::Ok, S::Error> {
+        let b: Vec<Vec<u32>> = x
+            .iter()
+            .map(|r| r.iter().map(|v| v.to_bits()).collect())
+            .collect();
+        b.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Vec<f32>>, D::Error> {
+        let b: Vec<Vec<u32>> = Deserialize::deserialize(d)?;
+        Ok(b.into_iter()
+            .map(|r| r.into_iter().map(f32::from_bits).collect())
+            .collect())
+    }
+
+    /// `Vec<f32>` the same way.
+    pub mod flat {
+        use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+        pub fn serialize<S: Serializer>(x: &[f32], s: S) -> Result<S::Ok, S::Error> {
+            x.iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<u32>>()
+                .serialize(s)
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f32>, D::Error> {
+            let b: Vec<u32> = Deserialize::deserialize(d)?;
+            Ok(b.into_iter().map(f32::from_bits).collect())
+        }
+    }
 }
 
 /// The stored groups (at most `algorithm.replay_buffer`).
@@ -243,6 +285,28 @@ mod tests {
         // More than it holds: with replacement.
         assert_eq!(buf.draw(5, &mut rng).len(), 5);
         assert!(ReplayBuffer::default().draw(3, &mut rng).is_empty());
+    }
+
+    #[test]
+    fn a_stored_group_round_trips_through_json_exactly() {
+        let mut g = stored(2.5);
+        g.old_logp = vec![vec![f32::NEG_INFINITY, -0.5], vec![f32::NAN]];
+        g.ref_logp = vec![vec![-1.25]];
+        g.advantages = vec![f32::MIN_POSITIVE, -0.0];
+        g.mask = vec![vec![1.0, 0.0]];
+        let text = serde_json::to_string(&g).unwrap();
+        let back: StoredGroup = serde_json::from_str(&text).unwrap();
+        let bits = |x: &StoredGroup| -> Vec<u32> {
+            x.old_logp
+                .iter()
+                .chain(&x.ref_logp)
+                .chain(&x.mask)
+                .flatten()
+                .chain(&x.advantages)
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        assert_eq!(bits(&back), bits(&g), "{text}");
     }
 
     #[test]
