@@ -704,13 +704,17 @@ struct ObjectiveArgs {
     /// Comma-separated log π_ref (needed where algorithm.beta > 0).
     #[arg(long, allow_hyphen_values = true)]
     ref_logp: Option<String>,
+    /// Comma-separated log π of the sampler that drew the tokens (the mismatch lab's
+    /// algorithm.is_correction; log π_old where absent).
+    #[arg(long, allow_hyphen_values = true)]
+    sampler_logp: Option<String>,
     /// The response's advantage.
     #[arg(long, allow_hyphen_values = true)]
     advantage: f32,
     /// Any other algorithm key, e.g. --set algorithm.epsilon_high=0.28 (repeatable).
     #[arg(long = "set")]
     sets: Vec<String>,
-    /// `{"tokens": [{"objective", "dlogp", "ratio", "loss_term", "kl", "weight"}, ..], "loss", ..}`
+    /// `{"tokens": [{"objective", "dlogp", "ratio", "loss_term", "kl", "weight", "is_weight"}, ..], "loss", ..}`
     #[arg(long)]
     json: bool,
 }
@@ -736,8 +740,20 @@ fn objective_cmd(a: ObjectiveArgs) -> Result<()> {
         .as_deref()
         .map(|s| floats("--ref-logp", s))
         .transpose()?;
-    let got = calculator::calculate(&config, &logp, &old, refl.as_deref(), a.advantage)
-        .map_err(|e| user(e.to_string()))?;
+    let sampler = a
+        .sampler_logp
+        .as_deref()
+        .map(|s| floats("--sampler-logp", s))
+        .transpose()?;
+    let got = calculator::calculate(
+        &config,
+        &logp,
+        &old,
+        refl.as_deref(),
+        sampler.as_deref(),
+        a.advantage,
+    )
+    .map_err(|e| user(e.to_string()))?;
     if a.json {
         println!("{}", serde_json::to_string(&got)?);
     } else {

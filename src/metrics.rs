@@ -143,6 +143,52 @@ pub struct StepRecord {
         skip_serializing_if = "Option::is_none"
     )]
     pub replay_size: Option<f32>,
+    /// The sampler–learner gap of this iteration's rollout, where the sampler's own log π is
+    /// recorded (`objective::correction::GapStats`; TRL's names): the IS weight π_old/π_sampler
+    /// as applied (raw without a correction), |log π_old − log π_sampler|, the weights'
+    /// effective sample size and the fraction of real tokens they zero.
+    #[serde(
+        rename = "sampling/importance_sampling_ratio/min",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub is_ratio_min: Option<f32>,
+    #[serde(
+        rename = "sampling/importance_sampling_ratio/mean",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub is_ratio_mean: Option<f32>,
+    #[serde(
+        rename = "sampling/importance_sampling_ratio/max",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub is_ratio_max: Option<f32>,
+    #[serde(
+        rename = "sampling/sampling_logp_difference/mean",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub logp_diff_mean: Option<f32>,
+    #[serde(
+        rename = "sampling/sampling_logp_difference/max",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub logp_diff_max: Option<f32>,
+    #[serde(
+        rename = "sampling/is_effective_sample_size",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub is_ess: Option<f32>,
+    #[serde(
+        rename = "sampling/is_masked_fraction",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub is_masked: Option<f32>,
     /// Mean importance ratio `π_θ / π_old` over tokens (1 on the first step of an iteration).
     #[serde(rename = "ratio/mean")]
     #[serde(deserialize_with = "f32_or_nan")]
@@ -313,6 +359,17 @@ pub const CSV_COLUMNS: &[(&str, Getter)] = &[
     ("entropy_coef", |r| r.entropy_coef),
     ("replay/replaced_groups", |r| r.replay_replaced),
     ("replay/size", |r| r.replay_size),
+    ("sampling/importance_sampling_ratio/min", |r| r.is_ratio_min),
+    ("sampling/importance_sampling_ratio/mean", |r| {
+        r.is_ratio_mean
+    }),
+    ("sampling/importance_sampling_ratio/max", |r| r.is_ratio_max),
+    ("sampling/sampling_logp_difference/mean", |r| {
+        r.logp_diff_mean
+    }),
+    ("sampling/sampling_logp_difference/max", |r| r.logp_diff_max),
+    ("sampling/is_effective_sample_size", |r| r.is_ess),
+    ("sampling/is_masked_fraction", |r| r.is_masked),
     ("ratio/mean", |r| Some(r.ratio_mean)),
     ("grad_norm", |r| Some(r.grad_norm)),
     ("lr", |r| Some(r.lr)),

@@ -47,12 +47,37 @@ fn every_experiment_file_runs_at_a_tiny_budget() {
                 .split("What the mechanism shows")
                 .nth(1)
                 .unwrap_or_else(|| panic!("{name}: no report table in {md}"));
+            // Up to the next section (a card's `part_from` adds one).
+            let report = report.split("\n## ").next().unwrap();
             let rows = report
                 .lines()
                 .filter(|l| l.starts_with("| ") && !l.starts_with("| cell"))
                 .count();
             assert_eq!(rows, m.cells().unwrap().len(), "{name}: {report}");
             assert!(md.contains(&m.card.claim), "{name}");
+        }
+        // `part_from`: a row per cell away from the value, each with its sibling's parting.
+        if let Some((key, value)) = &m.card.part_from {
+            let part = md
+                .split("When the runs part")
+                .nth(1)
+                .unwrap_or_else(|| panic!("{name}: no parting table in {md}"));
+            let rows = part
+                .lines()
+                .filter(|l| l.starts_with("| ") && !l.starts_with("| cell"))
+                .count();
+            let at = format!("{key}={value}");
+            let away = m
+                .cells()
+                .unwrap()
+                .iter()
+                .filter(|c| {
+                    c.sets
+                        .iter()
+                        .any(|s| s.starts_with(&format!("{key}=")) && *s != at)
+                })
+                .count();
+            assert!(away > 0 && rows == away, "{name}: {part}");
         }
         assert!(
             out.join("summary.csv").exists()

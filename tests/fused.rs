@@ -128,6 +128,26 @@ fn fused_step_equals_burn_for_every_new_objective() {
             "algorithm.kl_cov_ratio=0.05",
             "algorithm.kl_cov_coef=0.5",
         ],
+        // The mismatch lab: a learner at temperature 1 behind a top-k sampler at 0.8, TIS and
+        // the unbiased KL; a bf16 sampler with sequence-level MIS; OPSM.
+        &[
+            "sampling.learner_scores=full",
+            "sampling.top_k=3",
+            "algorithm.is_correction=tis",
+            "algorithm.is_threshold_low=0.5",
+            "algorithm.beta=0.1",
+            "algorithm.unbiased_kl=true",
+        ],
+        &[
+            "sampling.sampler_precision=bf16",
+            "algorithm.is_correction=mis",
+            "algorithm.is_level=sequence",
+            "algorithm.is_threshold_high=1.02",
+        ],
+        &[
+            "algorithm.is_correction=opsm",
+            "algorithm.opsm_threshold=0.02",
+        ],
     ] {
         let mut c = short_lecture(2);
         c.model.init_scale = 0.3;
@@ -189,4 +209,67 @@ fn fused_step_equals_burn_when_the_vocabulary_outnumbers_the_batch() {
     // from the third iteration Adam's ±lr steps on rounding-noise gradients make any two
     // correct implementations drift apart (the previous fused code drifted identically).
     compare(c, 2, TOL);
+}
+
+/// The mismatch lab on the real engines: a configured gap shows in TRL's `sampling/*`
+/// metrics (none without one); a correction changes the update, never the draws — with and
+/// without it the first rollout is the same, token for token; bf16 logits move the draws.
+#[test]
+fn a_sampler_learner_gap_is_measured_and_corrected_from_the_same_draws() {
+    let run = |sets: &[&str]| {
+        let mut c = short_lecture(2);
+        c.sampling.temperature = 0.7;
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let c = c.with_overrides(&sets).unwrap();
+        let mut t = Trainer::new(c, Compute::cpu()).unwrap();
+        let mut records = Vec::new();
+        while !t.is_done() {
+            records.push(t.step().unwrap());
+        }
+        records
+    };
+    let plain = run(&[]);
+    assert!(plain.iter().all(|r| r.is_ratio_mean.is_none()));
+    let gap = ["sampling.learner_scores=full", "sampling.top_k=3"];
+    let uncorrected = run(&gap[..1]);
+    let corrected = run(&[
+        gap[0],
+        gap[1],
+        "algorithm.is_correction=mis",
+        "algorithm.is_threshold_low=0.9",
+        "algorithm.is_threshold_high=1.1",
+    ]);
+    let first = |r: &[grpo_lab::metrics::StepRecord]| {
+        let groups = r.iter().find_map(|x| x.groups.clone()).unwrap();
+        groups[0].responses.clone()
+    };
+    assert_eq!(
+        first(&plain),
+        first(&uncorrected),
+        "a learner at T = 1 draws the same"
+    );
+    let truncated = run(&[gap[0], gap[1]]);
+    assert_eq!(
+        first(&truncated),
+        first(&corrected),
+        "the correction moves no draw"
+    );
+    let r = &corrected[0];
+    let (lo, mean, hi) = (
+        r.is_ratio_min.unwrap(),
+        r.is_ratio_mean.unwrap(),
+        r.is_ratio_max.unwrap(),
+    );
+    assert!(
+        lo <= mean && mean <= hi && r.is_masked.unwrap() > 0.0,
+        "{r:?}"
+    );
+    assert!(r.logp_diff_max.unwrap() > 0.0 && r.is_ess.unwrap() <= 1.0);
+    // The weights zero part of the tokens: the update differs from the uncorrected one.
+    let last = |r: &[grpo_lab::metrics::StepRecord]| r.last().unwrap().loss;
+    assert_ne!(last(&truncated), last(&corrected));
+    // Without a correction the raw weight is logged (its band never masks).
+    assert_eq!(truncated[0].is_masked, Some(0.0));
+    let bf16 = run(&["sampling.sampler_precision=bf16"]);
+    assert!(bf16[0].logp_diff_max.unwrap() > 0.0);
 }

@@ -248,6 +248,7 @@ fn sampling_time_logprobs_equal_teacher_forced() {
                 },
                 seed: 4,
                 stream: 1,
+                sampler: Default::default(),
                 verify: None,
             })
             .unwrap();

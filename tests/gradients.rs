@@ -39,6 +39,7 @@ fn naive_loss(model: &LecturePolicy, device: &Device) -> (f64, Tensor<1>) {
         logp: &lp,
         old_logp: &lp,
         ref_logp: &lp,
+        sampler_logp: None,
         advantages: &[1.0, -0.5, 0.25, -1.0, 2.0, 0.0],
         mask: &mask,
         entropy: Some(&ent),

@@ -114,6 +114,7 @@ fn padding_never_contributes() {
                 logp: &logp,
                 old_logp: old,
                 ref_logp: refp,
+                sampler_logp: None,
                 advantages: &[1.0, -0.5, 0.3, -0.8],
                 mask: &mask,
                 entropy: Some(&ent),

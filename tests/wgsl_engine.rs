@@ -883,6 +883,7 @@ fn bad_input_is_refused_with_clear_errors() {
             },
             seed: 1,
             stream: 0,
+            sampler: Default::default(),
             verify: None,
         })
         .map(|_| ())
@@ -915,6 +916,7 @@ fn bad_input_is_refused_with_clear_errors() {
         token_advantages: None,
         old_logp: Box::leak(logp.clone().into_boxed_slice()),
         ref_logp: Box::leak(logp.clone().into_boxed_slice()),
+        sampler_logp: None,
         logp_rows: 0,
     };
     let err = e.step(&batch, &req(&[1.0])).unwrap_err().to_string();

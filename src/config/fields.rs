@@ -379,6 +379,21 @@ pub const FIELDS: &[Field] = &[
         .only(Transformer).rule("false with model.kind = lecture"),
     Field::new("algorithm.max_resample_rounds", "max rounds", Range::int(0, 64),
         "Bound on dynamic-sampling rounds per iteration; groups still flat after it are kept. verl (DAPO): algorithm.filter_groups.max_num_gen_batches."),
+    Field::new("algorithm.is_correction", "IS correction", Range::Choice(IsCorrection::NAMES),
+        "The mismatch lab's correction for the gap between the sampler (π_sampler: what drew the responses) and the learner (π_old: the same responses rescored by the policy being trained), w = π_old/π_sampler: none; tis (truncated IS: each token's policy-gradient term × clamp(w, is_threshold_low, is_threshold_high), detached); mis (masked IS: × w inside the band, 0 outside); icepop (Ring/IcePop, per token by definition: as mis at is_level = token, default band 0.5..5 in OpenRLHF's example); opsm (DeepSeek-V3.2's off-policy sequence mask: a response with A < 0 whose mean log(π_sampler/π_θ) exceeds opsm_threshold loses its policy-gradient terms, re-evaluated at every step). Without a gap (sampling.* leave the learner scoring what the sampler drew) w = 1 and π_sampler = π_old. TRL: vllm_importance_sampling_correction + vllm_importance_sampling_mode token_truncate|token_mask|sequence_truncate|sequence_mask, off_policy_mask_threshold; OpenRLHF: enable_vllm_is_correction, vllm_is_correction_type tis|icepop; verl: algorithm.rollout_correction.")
+        .rule("icepop and opsm at is_level = token; not on the WGSL engine"),
+    Field::new("algorithm.is_level", "IS level", Range::Choice(IsLevel::NAMES),
+        "Where tis and mis form their weight: token (each token's w_t) or sequence (one w = Π_t w_t per response, TRL's sequence_* modes: exp of the summed log-ratio). TRL: the vllm_importance_sampling_mode prefix."),
+    Field::new("algorithm.is_threshold_low", "IS band low", Range::NON_NEGATIVE,
+        "The IS weight's lower bound: tis clamps up to it, mis and icepop zero a weight below it (TRL vllm_importance_sampling_clip_min, unset = 0; OpenRLHF vllm_is_truncated_threshold[0])."),
+    Field::new("algorithm.is_threshold_high", "IS band high", Range::POSITIVE,
+        "The IS weight's upper bound: tis clamps down to it, mis and icepop zero a weight above it (TRL vllm_importance_sampling_clip_max 3; OpenRLHF vllm_is_truncated_threshold[1]).")
+        .rule("> algorithm.is_threshold_low"),
+    Field::new("algorithm.opsm_threshold", "OPSM δ", Range::POSITIVE,
+        "OPSM's δ (DeepSeek-V3.2 eq. 9): the mean per-token log(π_sampler/π_θ) of a response above which, with A < 0, it is dropped (TRL off_policy_mask_threshold, e.g. 0.5)."),
+    Field::new("algorithm.unbiased_kl", "unbiased KL", Range::Bool,
+        "DeepSeek-V3.2's unbiased KL estimate: each token's KL term multiplied by π_θ/π_old (gradient through both), since the tokens were drawn from π_old, not π_θ. TRL: use_bias_correction_kl.")
+        .rule("not on the WGSL engine"),
     Field::new("algorithm.prompt_sampling", "prompt sampling", Range::Choice(PromptSampling::NAMES),
         "Which training prompts an iteration uses: uniform; prioritized by 1 − success rate; curriculum from the easiest quarter (fewest inversions) to every prompt at mid-run. Both after Kimi k1.5.")
         .rule("prioritized and curriculum need algorithm.prompts_per_iteration > 0"),
@@ -418,6 +433,12 @@ pub const FIELDS: &[Field] = &[
         "Keep the k most likely tokens (0 = off). TRL: top_k; verl: actor_rollout_ref.rollout.top_k (−1 = off)."),
     Field::new("sampling.top_p", "top-p", Range::float(Open(0.0), Closed(1.0)),
         "Nucleus sampling: keep the smallest set with this much probability (1 = off). TRL: top_p; verl: actor_rollout_ref.rollout.top_p."),
+    Field::new("sampling.learner_scores", "learner scores", Range::Choice(LearnerScores::NAMES),
+        "What the learner scores: sampled (log π at the sampling temperature, as the sampler drew — top-k / top-p are the sampler's alone) or full (the full softmax at temperature 1, as TRL and verl score behind vLLM: with temperature ≠ 1 a sampler–learner gap, trl #4159). The sampler's own log π is recorded beside log π_old whenever the two differ (lecture model), for algorithm.is_correction and the sampling/* metrics.")
+        .rule("full: lecture model (the transformer's sampler log π is not recorded yet)"),
+    Field::new("sampling.sampler_precision", "sampler precision", Range::Choice(SamplerPrecision::NAMES),
+        "The sampler's arithmetic: f32, or bf16 (its logits rounded to bfloat16 before the softmax and the draw, as an inference engine in bf16 does; the learner stays f32) — a controlled sampler–learner gap.")
+        .rule("bf16: lecture model, not on the WGSL engine"),
     // sft
     Field::new("sft.steps", "SFT steps", Range::ANY_INT,
         "Supervised steps on (prompt, sorted) pairs before RL (DeepSeek-R1's cold start). 0 = pure RL (R1-Zero)."),

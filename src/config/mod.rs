@@ -306,6 +306,23 @@ pub struct AlgorithmConfig {
     pub mask_truncated_completions: bool,
     /// Bound on dynamic-sampling rounds per iteration (groups still flat after it are kept).
     pub max_resample_rounds: usize,
+    /// The mismatch lab's correction for the gap between the sampler (π_sampler, which drew
+    /// the responses) and the learner (π_old, recomputed): none, tis (truncated IS weight),
+    /// mis (masked IS weight), icepop (tokens outside the band masked), opsm (DeepSeek-V3.2's
+    /// off-policy sequence mask). TRL `vllm_importance_sampling_*`, OpenRLHF
+    /// `vllm_is_correction_type`.
+    pub is_correction: IsCorrection,
+    /// Where tis / mis form their weight: per token, or one per sequence (the product).
+    pub is_level: IsLevel,
+    /// The IS weight's band `[low, high]`: tis clamps to it, mis and icepop zero outside it.
+    pub is_threshold_low: f64,
+    pub is_threshold_high: f64,
+    /// OPSM's δ: a response with A < 0 whose mean log(π_sampler/π_θ) exceeds it is dropped
+    /// (TRL `off_policy_mask_threshold`).
+    pub opsm_threshold: f64,
+    /// DeepSeek-V3.2's unbiased KL: each token's KL estimate weighted by π_θ/π_old (TRL
+    /// `use_bias_correction_kl`).
+    pub unbiased_kl: bool,
     /// Which training prompts an iteration uses: uniform, prioritized (by 1 − success rate,
     /// Kimi k1.5) or curriculum (easy to hard by inversions). Needs prompts_per_iteration > 0.
     pub prompt_sampling: PromptSampling,
@@ -378,6 +395,12 @@ impl Default for AlgorithmConfig {
             replay_buffer: 0,
             mask_truncated_completions: false,
             max_resample_rounds: 3,
+            is_correction: IsCorrection::None,
+            is_level: IsLevel::Token,
+            is_threshold_low: 0.0,
+            is_threshold_high: 3.0,
+            opsm_threshold: 0.5,
+            unbiased_kl: false,
             prompt_sampling: PromptSampling::Uniform,
             gamma: 1.0,
             lam: 0.95,
@@ -489,6 +512,16 @@ named_enum!(CovPenalty {
     ClipCov => "clip_cov",
     KlCov => "kl_cov",
 });
+named_enum!(IsCorrection {
+    None => "none",
+    Tis => "tis",
+    Mis => "mis",
+    Icepop => "icepop",
+    Opsm => "opsm",
+});
+named_enum!(IsLevel { Token => "token", Sequence => "sequence" });
+named_enum!(LearnerScores { Sampled => "sampled", Full => "full" });
+named_enum!(SamplerPrecision { F32 => "f32", Bf16 => "bf16" });
 named_enum!(RewardAggregation {
     SumThenNormalize => "sum_then_normalize",
     NormalizeThenSum => "normalize_then_sum",
@@ -542,6 +575,31 @@ pub struct SamplingConfig {
     pub top_k: usize,
     /// Nucleus sampling: keep the smallest set with this much mass (1.0 = off).
     pub top_p: f64,
+    /// What the learner scores (log π_old, log π_θ, log π_ref): `sampled`, the policy at the
+    /// sampling temperature (as the sampler drew, before top-k / top-p); `full`, the full
+    /// softmax at temperature 1, as TRL and verl score behind vLLM — a sampler–learner gap.
+    pub learner_scores: LearnerScores,
+    /// The sampler's arithmetic: `f32`, or its logits rounded to bf16 before the draw (a gap).
+    pub sampler_precision: SamplerPrecision,
+}
+
+impl SamplingConfig {
+    /// The temperature at which the learner scores tokens.
+    pub fn learner_temperature(&self) -> f64 {
+        match self.learner_scores {
+            LearnerScores::Sampled => self.temperature,
+            LearnerScores::Full => 1.0,
+        }
+    }
+
+    /// Whether the distribution the sampler drew from differs from what the learner scores:
+    /// top-k / top-p truncation, bf16 logits, or the learner at temperature 1.
+    pub fn has_gap(&self) -> bool {
+        self.top_k > 0
+            || self.top_p < 1.0
+            || self.sampler_precision == SamplerPrecision::Bf16
+            || (self.learner_scores == LearnerScores::Full && self.temperature != 1.0)
+    }
 }
 
 impl Default for SamplingConfig {
@@ -550,6 +608,8 @@ impl Default for SamplingConfig {
             temperature: 1.0,
             top_k: 0,
             top_p: 1.0,
+            learner_scores: LearnerScores::Sampled,
+            sampler_precision: SamplerPrecision::F32,
         }
     }
 }
@@ -1015,6 +1075,19 @@ impl RunConfig {
             .into_iter()
             .filter(|k| k != "run.iterations")
             .collect()
+    }
+
+    /// Whether the rollout records the sampler's own log π beside the learner's log π_old: the
+    /// sampler drew from something else than the learner scores (top-k / top-p, bf16 logits,
+    /// the learner at temperature 1) and the mismatch lab is asked for (a gap key or a
+    /// correction: top-k / top-p alone roll out as they always did), on the lecture model (the
+    /// transformer's is not recorded yet).
+    pub fn records_sampler_logp(&self) -> bool {
+        let s = &self.sampling;
+        let asked = s.learner_scores == LearnerScores::Full
+            || s.sampler_precision == SamplerPrecision::Bf16
+            || self.algorithm.is_correction != IsCorrection::None;
+        self.model.kind == ModelKind::Lecture && s.has_gap() && asked
     }
 
     /// The longest response in tokens: `n` for the lecture model, `task.max_len` (0 = n + 1)

@@ -105,6 +105,7 @@ impl RunConfig {
         self.validate_advantage()?;
         self.validate_cov()?;
         self.validate_schedule()?;
+        self.validate_mismatch()?;
         let b = &a.bugs;
         let ratio_bug = b.ratio_as_logprob_quotient || b.unfrozen_old_policy;
         if ratio_bug && (level != ImportanceSamplingLevel::Token || a.loss == LossMode::Gmpo) {
@@ -230,6 +231,12 @@ impl RunConfig {
             );
         }
         if a.replay_buffer > 0 {
+            if self.records_sampler_logp() {
+                return bad(
+                    "algorithm.replay_buffer",
+                    "with a recorded sampler–learner gap (sampling.learner_scores = full, sampler_precision = bf16, or a correction with top-k / top-p): a stored group keeps no sampler log π".into(),
+                );
+            }
             if a.dynamic_sampling {
                 return bad(
                     "algorithm.replay_buffer",
@@ -244,6 +251,64 @@ impl RunConfig {
                     format!(
                         "with algorithm.advantage = {} (algorithm.gamma = {}): a stored group carries one advantage per response, and this mode gives one per token",
                         a.advantage, a.gamma
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The mismatch lab: the corrections' band and level, and the gaps the sampler can make
+    /// on each model (the transformer's sampler log π is not recorded yet).
+    fn validate_mismatch(&self) -> Result<(), ConfigError> {
+        let a = &self.algorithm;
+        let s = &self.sampling;
+        if a.is_threshold_high <= a.is_threshold_low {
+            return bad(
+                "algorithm.is_threshold_high",
+                format!(
+                    "{} ≤ algorithm.is_threshold_low = {}: the IS weight's band is empty",
+                    a.is_threshold_high, a.is_threshold_low
+                ),
+            );
+        }
+        let per_token = matches!(a.is_correction, IsCorrection::Icepop | IsCorrection::Opsm);
+        if per_token && a.is_level == IsLevel::Sequence {
+            return bad(
+                "algorithm.is_level",
+                format!(
+                    "sequence with algorithm.is_correction = {}: {} is defined by its paper at one level (icepop masks tokens, opsm masks sequences by their mean log-ratio); is_level is read by tis and mis",
+                    a.is_correction, a.is_correction
+                ),
+            );
+        }
+        if self.model.kind == ModelKind::Transformer {
+            let key_gap = if s.sampler_precision == SamplerPrecision::Bf16 {
+                Some(("sampling.sampler_precision", "bf16"))
+            } else if s.learner_scores == LearnerScores::Full {
+                Some(("sampling.learner_scores", "full"))
+            } else {
+                None
+            };
+            if let Some((key, value)) = key_gap {
+                return bad(
+                    key,
+                    format!(
+                        "{value} with model.kind = transformer: the sampler's own log π is recorded on the lecture model only so far (the transformer samples inside its KV-cache loop)"
+                    ),
+                );
+            }
+            let truncated = s.top_k > 0 || s.top_p < 1.0;
+            let weighted = matches!(
+                a.is_correction,
+                IsCorrection::Tis | IsCorrection::Mis | IsCorrection::Icepop
+            );
+            if truncated && weighted {
+                return bad(
+                    "algorithm.is_correction",
+                    format!(
+                        "{} with sampling.top_k / top_p on the transformer: the sampler's truncated log π is recorded on the lecture model only so far, and the weight would silently be 1",
+                        a.is_correction
                     ),
                 );
             }
@@ -312,6 +377,62 @@ mod tests {
             .with_overrides(&sets)
             .unwrap_err()
             .to_string()
+    }
+
+    #[test]
+    fn the_mismatch_lab_s_rules_name_both_keys() {
+        let e = refusal(&[
+            "algorithm.is_threshold_low=2",
+            "algorithm.is_threshold_high=1",
+        ]);
+        assert!(
+            e.contains("algorithm.is_threshold_high") && e.contains("is_threshold_low"),
+            "{e}"
+        );
+        for rule in ["icepop", "opsm"] {
+            let e = refusal(&[
+                &format!("algorithm.is_correction={rule}"),
+                "algorithm.is_level=sequence",
+            ]);
+            assert!(e.contains("algorithm.is_level") && e.contains(rule), "{e}");
+        }
+        let transformer = |sets: &[&str]| {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            RunConfig::preset("transformer-sort")
+                .unwrap()
+                .with_overrides(&sets)
+                .unwrap_err()
+                .to_string()
+        };
+        let e = transformer(&["sampling.sampler_precision=bf16"]);
+        assert!(
+            e.contains("sampling.sampler_precision") && e.contains("model.kind"),
+            "{e}"
+        );
+        let e = transformer(&["sampling.learner_scores=full"]);
+        assert!(
+            e.contains("sampling.learner_scores") && e.contains("model.kind"),
+            "{e}"
+        );
+        let e = transformer(&["sampling.top_k=3", "algorithm.is_correction=tis"]);
+        assert!(
+            e.contains("algorithm.is_correction") && e.contains("top_k"),
+            "{e}"
+        );
+        let e = refusal(&[
+            "sampling.learner_scores=full",
+            "sampling.temperature=0.7",
+            "algorithm.replay_buffer=8",
+        ]);
+        assert!(
+            e.contains("algorithm.replay_buffer") && e.contains("learner_scores"),
+            "{e}"
+        );
+        // OPSM with no gap compares π_θ with π_old, on the transformer too.
+        let mut c = RunConfig::preset("transformer-sort").unwrap();
+        c.algorithm.is_correction = IsCorrection::Opsm;
+        c.validate().unwrap();
+        assert!(!c.records_sampler_logp());
     }
 
     #[test]

@@ -271,6 +271,68 @@ impl BurnEngine {
     }
 }
 
+impl BurnEngine {
+    /// The lecture model's rollout: every position's logits at once, drawn by the WGSL rollout
+    /// kernels (verifying on the device) where there are some, else on the host.
+    fn sample_lecture(
+        &self,
+        m: &LecturePolicy,
+        req: &SampleRequest,
+    ) -> Result<Samples, EngineError> {
+        let (b, g) = (req.prompts.len(), req.g);
+        let n = req.max_len;
+        let v = self.vocab;
+        let logits = self.lecture_logits(m, req.prompts);
+        let greedy = Some(
+            sampling::argmax_rows(&logits, v)
+                .chunks(n)
+                .map(|c| c.to_vec())
+                .collect(),
+        );
+        // The WGSL rollout kernels draw from f32 logits and return no sampler log π:
+        // the mismatch lab's sampler draws on the host.
+        if let (Some(k), Some((weights, with_adv)), false) =
+            (&self.kernels, req.verify, req.sampler.any())
+        {
+            let prompts: Vec<u32> = req.prompts.iter().flat_map(|p| p.iter().copied()).collect();
+            let (tokens, score, adv) = k.rollout(
+                &logits,
+                &prompts,
+                (b, n, v, g, n),
+                req.params,
+                req.seed,
+                req.stream,
+                weights,
+                with_adv,
+            )?;
+            return Ok(Samples {
+                rows: tokens.chunks(n).map(|c| c.to_vec()).collect(),
+                closed: vec![true; b * g],
+                scores: Some(DeviceScores {
+                    exact: score.parts.iter().map(|p| p[3]).collect(),
+                    rewards: score.rewards,
+                    advantages: adv.map(|a| Advantages {
+                        zero_std: a.groups.iter().map(|s| s.zero_std).collect(),
+                        by_mode: a.by_mode,
+                    }),
+                }),
+                greedy,
+                logp: None,
+                sampler_logp: None,
+            });
+        }
+        let (tokens, sampler_logp) = super::draw_lecture(&logits, (b, n, v, g), req);
+        Ok(Samples {
+            rows: tokens.chunks(n).map(|c| c.to_vec()).collect(),
+            closed: vec![true; b * g],
+            scores: None,
+            greedy,
+            logp: None,
+            sampler_logp,
+        })
+    }
+}
+
 impl Engine for BurnEngine {
     fn label(&self) -> String {
         format!("burn autodiff on {}", self.compute.label)
@@ -280,55 +342,10 @@ impl Engine for BurnEngine {
         let (b, g) = (req.prompts.len(), req.g);
         let frozen = self.policy.valid();
         match &frozen {
-            Policy::Lecture(m) => {
-                let n = req.max_len;
-                let v = self.vocab;
-                let logits = self.lecture_logits(m, req.prompts);
-                let greedy = Some(
-                    sampling::argmax_rows(&logits, v)
-                        .chunks(n)
-                        .map(|c| c.to_vec())
-                        .collect(),
-                );
-                if let (Some(k), Some((weights, with_adv))) = (&self.kernels, req.verify) {
-                    let prompts: Vec<u32> =
-                        req.prompts.iter().flat_map(|p| p.iter().copied()).collect();
-                    let (tokens, score, adv) = k.rollout(
-                        &logits,
-                        &prompts,
-                        (b, n, v, g, n),
-                        req.params,
-                        req.seed,
-                        req.stream,
-                        weights,
-                        with_adv,
-                    )?;
-                    return Ok(Samples {
-                        rows: tokens.chunks(n).map(|c| c.to_vec()).collect(),
-                        closed: vec![true; b * g],
-                        scores: Some(DeviceScores {
-                            exact: score.parts.iter().map(|p| p[3]).collect(),
-                            rewards: score.rewards,
-                            advantages: adv.map(|a| Advantages {
-                                zero_std: a.groups.iter().map(|s| s.zero_std).collect(),
-                                by_mode: a.by_mode,
-                            }),
-                        }),
-                        greedy,
-                        logp: None,
-                    });
-                }
-                let tokens = sampling::sample_independent(
-                    &logits, b, n, v, g, req.params, req.seed, req.stream,
-                );
-                Ok(Samples {
-                    rows: tokens.chunks(n).map(|c| c.to_vec()).collect(),
-                    closed: vec![true; b * g],
-                    scores: None,
-                    greedy,
-                    logp: None,
-                })
-            }
+            Policy::Lecture(m) => self.sample_lecture(m, req),
+            Policy::Transformer(_) if req.sampler.any() => Err(EngineError::Unsupported(
+                "the transformer's sampler does not round to bf16 or record its log π (the mismatch lab runs on the lecture model)".into(),
+            )),
             Policy::Transformer(_) => {
                 let v = self.vocab + 1;
                 let rows_n = b * g;
@@ -368,6 +385,7 @@ impl Engine for BurnEngine {
                     scores: None,
                     greedy: None,
                     logp: None,
+                    sampler_logp: None,
                 })
             }
         }
@@ -458,6 +476,7 @@ impl Engine for BurnEngine {
                 logp: &logp_h,
                 old_logp: req.old_logp,
                 ref_logp: req.ref_logp,
+                sampler_logp: req.sampler_logp,
                 advantages: req.token_advantages.unwrap_or(req.advantages),
                 mask: &batch.mask,
                 entropy: Some(&entropy_h),

@@ -201,6 +201,8 @@ struct Batch<'a> {
     token_advantages: Option<&'a [f32]>,
     old_logp: &'a [f32],
     ref_logp: &'a [f32],
+    /// `[B·G·n]` the sampler's own log π (the mismatch lab), where it differs.
+    sampler_logp: Option<&'a [f32]>,
 }
 
 /// Buffers a step reuses (sized on first use; no allocation or page faults afterwards).
@@ -502,6 +504,7 @@ impl FusedLecture {
         token_advantages: Option<&[f32]>,
         old_logp: &[f32],
         ref_logp: &[f32],
+        sampler_logp: Option<&[f32]>,
         s: &LossSettings,
         temperature: f32,
         lr: f64,
@@ -514,6 +517,7 @@ impl FusedLecture {
             token_advantages,
             old_logp,
             ref_logp,
+            sampler_logp,
         };
         self.step_batch(&x, s, temperature, lr, max_grad_norm)
     }
@@ -545,6 +549,7 @@ impl FusedLecture {
             token_advantages,
             old_logp,
             ref_logp,
+            sampler_logp,
         } = *x;
         let (n, v) = (self.n, self.vocab);
         let b = prompts.len() / n;
@@ -572,6 +577,7 @@ impl FusedLecture {
             logp: &sc.logp,
             old_logp,
             ref_logp,
+            sampler_logp,
             advantages: token_advantages.map_or(advantages, |per_token| &per_token[..tokens]),
             mask: &sc.ones,
             entropy: None,
@@ -728,6 +734,7 @@ mod tests {
                 token_advantages: None,
                 old_logp: &old,
                 ref_logp: &reference,
+                sampler_logp: None,
             };
             for _ in 0..3 {
                 // SAFETY: AVX2 is present (checked at the top).
@@ -781,6 +788,7 @@ mod tests {
                 None,
                 &logp,
                 &reference,
+                None,
                 &s,
                 1.0,
                 0.01,

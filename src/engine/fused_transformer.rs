@@ -284,6 +284,8 @@ pub struct StepInput<'a> {
     /// `[B·G·T]`
     pub old_logp: &'a [f32],
     pub ref_logp: &'a [f32],
+    /// `[B·G·T]` the sampler's own log π (the mismatch lab), where it differs.
+    pub sampler_logp: Option<&'a [f32]>,
 }
 
 /// What the step needs besides the batch.
@@ -1164,6 +1166,7 @@ impl FusedTransformer {
             logp: &sc.logp,
             old_logp: x.old_logp,
             ref_logp: x.ref_logp,
+            sampler_logp: x.sampler_logp,
             advantages: x.token_advantages.unwrap_or(x.advantages),
             mask: x.mask,
             entropy: Some(&sc.ent),
@@ -1639,6 +1642,7 @@ mod tests {
             token_advantages: None,
             old_logp: &c.old,
             ref_logp: &c.refl,
+            sampler_logp: None,
         }
     }
 
@@ -1840,6 +1844,7 @@ mod tests {
                         logp: &lp_h,
                         old_logp: &c.old,
                         ref_logp: &c.refl,
+                        sampler_logp: None,
                         advantages: &c.advantages,
                         mask: &c.mask,
                         entropy: Some(&ent_h),

@@ -67,8 +67,8 @@ impl Engine for FusedLectureEngine {
         let (b, g) = (req.prompts.len(), req.g);
         let (n, v) = (self.policy.n, self.policy.vocab);
         let logits = self.policy.logits(&Self::flat(req.prompts));
-        let tokens =
-            sampling::sample_independent(&logits, b, n, v, g, req.params, req.seed, req.stream);
+        // The sampler's view of the logits (bf16 when the mismatch lab asks), and its log π.
+        let (tokens, sampler_logp) = super::draw_lecture(&logits, (b, n, v, g), req);
         // The rollout sampled from these very logits (same weights, same forward): log π_old
         // comes from them, with the step's own arithmetic.
         let logp = self
@@ -85,6 +85,7 @@ impl Engine for FusedLectureEngine {
                     .collect(),
             ),
             logp: Some(logp),
+            sampler_logp,
         })
     }
 
@@ -127,6 +128,7 @@ impl Engine for FusedLectureEngine {
             req.token_advantages,
             req.old_logp,
             req.ref_logp,
+            req.sampler_logp,
             &req.loss,
             req.temperature,
             req.lr,

@@ -87,9 +87,61 @@ pub struct SampleRequest<'a> {
     pub seed: u64,
     /// Keys the random draws: the iteration for the first draw, a hash of it for resampling.
     pub stream: u32,
+    /// The sampler's own side (the mismatch lab): bf16 logits, and its log π returned.
+    pub sampler: SamplerSide,
     /// Verify on the device too, when the engine can (the WGSL rollout kernels): the reward
     /// weights of `distance`, `exact`, `inclusion_ordering` — and the advantages if `true`.
     pub verify: Option<([f32; 3], bool)>,
+}
+
+/// How the sampler differs from the learner on purpose (the mismatch lab; the lecture engines
+/// on the CPU take it, the others refuse it by name).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SamplerSide {
+    /// The sampler's logits rounded to bf16 before its softmax and draw.
+    pub bf16: bool,
+    /// Return the log π of each drawn token under the distribution drawn from
+    /// ([`Samples::sampler_logp`]).
+    pub record_logp: bool,
+}
+
+impl SamplerSide {
+    /// A config's sampler side.
+    pub fn of(c: &RunConfig) -> Self {
+        Self {
+            bf16: c.sampling.sampler_precision == crate::config::SamplerPrecision::Bf16,
+            record_logp: c.records_sampler_logp(),
+        }
+    }
+
+    /// Whether anything is asked beyond a plain draw.
+    pub fn any(&self) -> bool {
+        self.bf16 || self.record_logp
+    }
+}
+
+/// The lecture model's rollout from its logits `[B, n, V]` (shape `(B, n, V, G)`): tokens
+/// `[B·G·n]` drawn as the sampler sees the logits (rounded to bf16 when asked), and the
+/// sampler's own log π of each when asked.
+pub(crate) fn draw_lecture(
+    logits: &[f32],
+    (b, n, v, g): (usize, usize, usize, usize),
+    req: &SampleRequest,
+) -> (Vec<u32>, Option<Vec<f32>>) {
+    use crate::objective::sampling;
+    let rounded: Vec<f32>;
+    let seen = if req.sampler.bf16 {
+        rounded = logits.iter().map(|&x| sampling::round_bf16(x)).collect();
+        &rounded[..]
+    } else {
+        logits
+    };
+    let tokens = sampling::sample_independent(seen, b, n, v, g, req.params, req.seed, req.stream);
+    let logp = req
+        .sampler
+        .record_logp
+        .then(|| sampling::sampler_logp(seen, (b, n, v, g), req.params, &tokens));
+    (tokens, logp)
 }
 
 /// Rewards (and advantages) an engine computed on its device along with the samples.
@@ -123,6 +175,9 @@ pub struct Samples {
     /// response), when it came free with the sampling pass and equals what
     /// [`Engine::token_logp`] would compute on the real tokens.
     pub logp: Option<Vec<f32>>,
+    /// `[B·G·T]` log π of every drawn token under the distribution the sampler drew from
+    /// (top-k / top-p renormalised, bf16 logits), when [`SamplerSide::record_logp`] asked.
+    pub sampler_logp: Option<Vec<f32>>,
 }
 
 pub use crate::task::batch::Batch;
@@ -149,6 +204,9 @@ pub struct StepRequest<'a> {
     /// `[B·G·T]`, frozen.
     pub old_logp: &'a [f32],
     pub ref_logp: &'a [f32],
+    /// `[B·G·T]` the sampler's own log π where it differs from the learner's (the mismatch
+    /// lab); `None`: the sampler is π_old.
+    pub sampler_logp: Option<&'a [f32]>,
     /// Return `log π` (before the update) of the first this many responses.
     pub logp_rows: usize,
 }

@@ -62,6 +62,11 @@ impl Engine for FusedTransformerEngine {
     }
 
     fn sample(&mut self, req: &SampleRequest) -> Result<Samples, EngineError> {
+        if req.sampler.any() {
+            return Err(EngineError::Unsupported(
+                "the transformer's sampler does not round to bf16 or record its log π (the mismatch lab runs on the lecture model)".into(),
+            ));
+        }
         let generated = self.policy.generate(
             &Self::flat(req.prompts),
             req.g,
@@ -81,6 +86,7 @@ impl Engine for FusedTransformerEngine {
             greedy: generated.greedy,
             // The rollout sampled from these very logits: log π_old comes from them.
             logp: Some(generated.logp),
+            sampler_logp: None,
         })
     }
 
@@ -133,6 +139,7 @@ impl Engine for FusedTransformerEngine {
                 token_advantages: req.token_advantages,
                 old_logp: req.old_logp,
                 ref_logp: req.ref_logp,
+                sampler_logp: req.sampler_logp,
             },
             &StepSettings {
                 loss: req.loss,

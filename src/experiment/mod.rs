@@ -182,6 +182,10 @@ pub struct Card {
     pub report: Vec<ReportMetric>,
     /// Metrics drawn per iteration (mean ± std over seeds) besides `BAND_METRICS`.
     pub plots: Vec<String>,
+    /// `key=value`: each cell is compared, seed by seed, with its sibling cell at this value
+    /// (the same settings otherwise): the first iteration whose logged rollouts differ (the
+    /// mismatch lab: with and without a correction the draws share their uniforms).
+    pub part_from: Option<(String, String)>,
 }
 
 /// How one seed's run is reduced to a number for the report table.
@@ -491,6 +495,8 @@ struct ExperimentSection {
     report: Vec<String>,
     #[serde(default)]
     plots: Vec<String>,
+    #[serde(default)]
+    part_from: Option<String>,
 }
 
 /// The compiled-in experiment files.
@@ -514,6 +520,10 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
     (
         "entropy-controls",
         include_str!("../../assets/experiments/entropy-controls.toml"),
+    ),
+    (
+        "mismatch-lab",
+        include_str!("../../assets/experiments/mismatch-lab.toml"),
     ),
     (
         "multi-reward",
@@ -628,6 +638,15 @@ impl Matrix {
                     .iter()
                     .map(|p| ReportMetric::parse(p).map(|m| m.metric))
                     .collect::<Result<_, _>>()?,
+                part_from: e
+                    .part_from
+                    .map(|p| match p.split_once('=') {
+                        Some((k, v)) => Ok((k.trim().to_string(), v.trim().to_string())),
+                        None => Err(ExperimentError::BadReport(format!(
+                            "part_from = \"{p}\": write key=value"
+                        ))),
+                    })
+                    .transpose()?,
             },
         })
     }
@@ -639,7 +658,7 @@ fn read_summary(dir: &Path) -> Option<RunSummary> {
     serde_json::from_str(&text).ok()
 }
 
-fn run_dir(out: &Path, cell: &Cell, seed: u64) -> PathBuf {
+pub(super) fn run_dir(out: &Path, cell: &Cell, seed: u64) -> PathBuf {
     out.join("runs").join(format!("{}__seed{seed}", cell.slug))
 }
 

@@ -239,7 +239,11 @@ pub(super) fn summarise(
     let csv_path = out.join("summary.csv");
     std::fs::write(&csv_path, summary_csv(matrix, &summaries)).map_err(io(&csv_path))?;
     let md_path = out.join("summary.md");
-    std::fs::write(&md_path, summary_md(matrix, &summaries)).map_err(io(&md_path))?;
+    let mut md = summary_md(matrix, &summaries);
+    if let Some(from) = &matrix.card.part_from {
+        md.push_str(&parting_md(matrix, cells, from, &opts.out));
+    }
+    std::fs::write(&md_path, md).map_err(io(&md_path))?;
     let chart_dir = out.join("charts");
     let mut charts = Vec::new();
     for (name, series) in &overlays {
@@ -454,6 +458,82 @@ fn summary_md(matrix: &Matrix, summaries: &[CellSummary]) -> String {
             .map(|s| (s.label.clone(), s.report.clone()))
             .collect();
         md.push_str(&matrix.card.report_markdown(&rows));
+    }
+    md
+}
+
+/// Each iteration's logged rollouts (`[groups][G]` responses) of a run, in order.
+fn rollouts(dir: &Path) -> Vec<(usize, Vec<Vec<Vec<u32>>>)> {
+    let mut out = Vec::new();
+    let _ = train::run::for_each_metric(&dir.join("metrics.jsonl"), |r| {
+        if let Some(groups) = r.groups {
+            out.push((
+                r.iteration,
+                groups.into_iter().map(|g| g.responses).collect(),
+            ));
+        }
+    });
+    out
+}
+
+/// The first iteration at which two runs' logged rollouts differ (`None`: never, within the
+/// shorter run).
+pub fn first_parting(
+    a: &[(usize, Vec<Vec<Vec<u32>>>)],
+    b: &[(usize, Vec<Vec<Vec<u32>>>)],
+) -> Option<usize> {
+    a.iter().zip(b).find(|(x, y)| x != y).map(|(x, _)| x.0)
+}
+
+/// `summary.md`'s section for `part_from = key=value`: per cell away from that value, over the
+/// seeds, the first iteration whose logged rollouts differ from its sibling's at the value.
+fn parting_md(
+    matrix: &Matrix,
+    cells: &[Cell],
+    (key, value): &(String, String),
+    out: &Path,
+) -> String {
+    let at = format!("{key}={value}");
+    let mut md = format!(
+        "\n## When the runs part\n\nThe first iteration whose logged rollouts differ from the same seed's run at `{at}` (same settings otherwise; the draws share their counter-based uniforms, so they part only once the policies do). Over {} seeds.\n\n| cell | median | min | max | never |\n|---|---|---|---|---|\n",
+        matrix.seeds.len()
+    );
+    let prefix = format!("{key}=");
+    for cell in cells {
+        let Some(own) = cell.sets.iter().position(|s| s.starts_with(&prefix)) else {
+            continue;
+        };
+        if cell.sets[own] == at {
+            continue;
+        }
+        let mut sibling_sets = cell.sets.clone();
+        sibling_sets[own] = at.clone();
+        let Some(sibling) = cells.iter().find(|c| c.sets == sibling_sets) else {
+            continue;
+        };
+        let mut parts = Vec::new();
+        let mut never = 0;
+        for &seed in &matrix.seeds {
+            let a = rollouts(&super::run_dir(out, cell, seed));
+            let b = rollouts(&super::run_dir(out, sibling, seed));
+            match first_parting(&a, &b) {
+                Some(it) => parts.push(it as f64),
+                None => never += 1,
+            }
+        }
+        parts.sort_by(f64::total_cmp);
+        let cellv = |x: Option<&f64>| x.map_or("–".to_string(), |v| format!("{v}"));
+        let median = (!parts.is_empty()).then(|| {
+            let n = parts.len();
+            (parts[(n - 1) / 2] + parts[n / 2]) / 2.0
+        });
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {never} |\n",
+            cell.label,
+            cellv(median.as_ref()),
+            cellv(parts.first()),
+            cellv(parts.last()),
+        ));
     }
     md
 }

@@ -2,6 +2,7 @@
 //! with how faithful the carry is, plus the framework keys grpo-lab has no key for (pinned,
 //! so nothing rests on a default that moves between versions).
 
+mod mismatch;
 mod objective;
 
 use super::value::Val;
@@ -258,6 +259,9 @@ const R: &str = "actor_rollout_ref.rollout";
 
 fn row(x: &Ctx, key: &str) -> Mapped {
     if let Some(mapped) = objective::objective_row(x, key) {
+        return mapped;
+    }
+    if let Some(mapped) = mismatch::mismatch_row(x, key) {
         return mapped;
     }
     match key.split('.').next().unwrap_or_default() {

@@ -31,10 +31,13 @@ impl Trainer {
             .filter(|i| !indices.contains(i))
             .collect();
         SplitMix64::for_stream(cfg.run.seed ^ iteration as u64, "resample").shuffle(&mut spare);
-        // Each row's log-probs from the sampling pass (its real tokens), when the engine gave
-        // them, so they survive the replacement (see `with_padding`).
-        let original = scored.logp.take();
-        let mut row_logp = original.as_ref().map(|lp| real_tokens(lp, &scored.rows));
+        // Each row's log-probs from the sampling pass (its real tokens) — the learner's and the
+        // sampler's own —, when the engine gave them, so they survive the replacement (see
+        // `with_padding`).
+        let original = [scored.logp.take(), scored.sampler_logp.take()];
+        let mut carried = original
+            .clone()
+            .map(|lp| lp.map(|lp| real_tokens(&lp, &scored.rows)));
         while !flat.is_empty() && out.rounds < a.max_resample_rounds {
             out.rounds += 1;
             let fresh: Vec<usize> = flat
@@ -43,9 +46,12 @@ impl Trainer {
                 .collect();
             let stream = counter_u32(cfg.run.seed, &[iteration as u32, out.rounds as u32, 0xD5]);
             let more = self.sample_and_verify(&fresh, stream, false)?;
-            let more_logp = more.logp.as_ref().map(|lp| real_tokens(lp, &more.rows));
-            if more_logp.is_none() {
-                row_logp = None;
+            let fresh_logp = [&more.logp, &more.sampler_logp]
+                .map(|lp| lp.as_ref().map(|lp| real_tokens(lp, &more.rows)));
+            for (rows, fresh_rows) in carried.iter_mut().zip(&fresh_logp) {
+                if fresh_rows.is_none() {
+                    *rows = None;
+                }
             }
             match (&mut scored.greedy, &more.greedy) {
                 (Some(greedy), Some(fresh_greedy)) => {
@@ -57,9 +63,11 @@ impl Trainer {
             }
             for (k, &gi) in flat.iter().enumerate() {
                 indices[gi] = fresh[k];
-                if let (Some(rows), Some(fresh_rows)) = (&mut row_logp, &more_logp) {
-                    for j in 0..g {
-                        rows[gi * g + j] = fresh_rows[k * g + j].clone();
+                for (rows, fresh_rows) in carried.iter_mut().zip(&fresh_logp) {
+                    if let (Some(rows), Some(fresh_rows)) = (rows, fresh_rows) {
+                        for j in 0..g {
+                            rows[gi * g + j] = fresh_rows[k * g + j].clone();
+                        }
                     }
                 }
                 for j in 0..g {
@@ -75,10 +83,10 @@ impl Trainer {
         }
         // The replaced groups' advantages are stale; log-probs and greedy answers were carried.
         scored.advantages = None;
-        scored.logp = if out.rounds == 0 {
+        [scored.logp, scored.sampler_logp] = if out.rounds == 0 {
             original
         } else {
-            row_logp.map(|rows| with_padding(&rows))
+            carried.map(|rows| rows.map(|rows| with_padding(&rows)))
         };
         Ok(out)
     }

@@ -22,6 +22,7 @@ use crate::config::{AdvantageMode, KlPenaltyMode, RewardAggregation};
 use crate::engine::{Advantages, Batch, IterationRequest, SampleRequest, StepRequest, Which};
 use crate::metrics::{GroupRecord, StepRecord};
 use crate::objective::advantage;
+use crate::objective::correction::{self, Correction};
 use crate::objective::loss::{LossSettings, reference};
 use crate::task::reward::{reward_components, score_batch};
 use crate::task::tokenizer::EOS_ID;
@@ -29,6 +30,7 @@ use crate::task::{accuracy, is_exact};
 use web_time::Instant;
 
 /// Sampled and verified responses of some prompts, `G` per prompt.
+#[derive(Default)]
 pub(crate) struct Scored {
     pub rows: Vec<Vec<u32>>,
     pub closed: Vec<bool>,
@@ -41,6 +43,8 @@ pub(crate) struct Scored {
     pub greedy: Option<Vec<Vec<u32>>>,
     /// `log π` of the sampled tokens at the sampling weights, when the engine had it.
     pub logp: Option<Vec<f32>>,
+    /// The sampler's own log π of each token (the mismatch lab), when asked.
+    pub sampler_logp: Option<Vec<f32>>,
 }
 
 /// What an iteration's rollout produced, before the record (either path).
@@ -73,6 +77,18 @@ fn mask_rows(batch: &mut Batch, closed: &[bool]) {
             row.fill(0.0);
         }
     }
+}
+
+/// The sampler–learner gap of a rollout whose sampler log π was recorded.
+fn gap_of(
+    cfg: &crate::config::RunConfig,
+    old_logp: &[f32],
+    sampler_logp: Option<&[f32]>,
+    adv: &[f32],
+    batch: &Batch,
+) -> Option<correction::GapStats> {
+    let c = Correction::of(&cfg.algorithm);
+    sampler_logp.map(|s| correction::gap_stats(&c, old_logp, s, adv, &batch.mask, batch.t))
 }
 
 /// Adds the time since the last lap to a slot.
@@ -115,18 +131,7 @@ impl Trainer {
 
         // 5. log π_old and log π_ref of every sampled token, frozen.
         let mut batch = self.batch_of(&indices, &scored.rows, g);
-        let temperature = cfg.sampling.temperature as f32;
-        let old_logp = match scored.logp.take() {
-            Some(logp) => logp,
-            None => self.engine.token_logp(Which::Policy, &batch, temperature)?,
-        };
-        let ref_logp = if a.bugs.shared_reference {
-            // BUG (gallery): the "reference" is the policy itself, so it moves every iteration.
-            old_logp.clone()
-        } else {
-            self.engine
-                .token_logp(Which::Reference, &batch, temperature)?
-        };
+        let (old_logp, ref_logp) = self.learner_logp(&mut scored, &batch)?;
         laps.lap(&mut self.timings.old_ref_logp);
 
         // 4. Advantages from the scores (minus β·KL when the KL goes into the reward; GDPO's
@@ -187,6 +192,39 @@ impl Trainer {
         )
     }
 
+    /// Step 5: log π_old and log π_ref `[B·G·T]` as the learner scores them — the sampling
+    /// pass's own log π serves where the learner scores what the sampler drew from — and a
+    /// check that the sampler's own log π came where the mismatch lab records it.
+    fn learner_logp(
+        &mut self,
+        scored: &mut Scored,
+        batch: &Batch,
+    ) -> Result<(Vec<f32>, Vec<f32>), TrainError> {
+        let cfg = &self.config;
+        let temperature = cfg.sampling.learner_temperature() as f32;
+        let drawn_at_learner_temperature = temperature == cfg.sampling.temperature as f32;
+        if cfg.records_sampler_logp() && scored.sampler_logp.is_none() {
+            return Err(crate::engine::EngineError::Unsupported(format!(
+                "{} returned no sampler log π",
+                self.engine.label()
+            ))
+            .into());
+        }
+        let shared_reference = cfg.algorithm.bugs.shared_reference;
+        let old_logp = match scored.logp.take().filter(|_| drawn_at_learner_temperature) {
+            Some(logp) => logp,
+            None => self.engine.token_logp(Which::Policy, batch, temperature)?,
+        };
+        let ref_logp = if shared_reference {
+            // BUG (gallery): the "reference" is the policy itself, so it moves every iteration.
+            old_logp.clone()
+        } else {
+            self.engine
+                .token_logp(Which::Reference, batch, temperature)?
+        };
+        Ok((old_logp, ref_logp))
+    }
+
     /// Each reward apart (`reward_components`) where the reward is a mixture — several
     /// verifiers, or (the transformer) a format or length term beside the verifier — for GDPO
     /// and the record's collapse count; `None` for a single reward.
@@ -235,6 +273,7 @@ impl Trainer {
                 params: crate::objective::sampling::SamplingParams::of(&cfg.sampling),
                 seed: cfg.run.seed,
                 stream: iteration as u32,
+                sampler: crate::engine::SamplerSide::default(),
                 verify: None,
             },
             reward_weights: self.reward_fn.kernel_weights(),
@@ -283,9 +322,8 @@ impl Trainer {
                     closed: samples.closed,
                     rewards: scores.rewards,
                     exact: scores.exact,
-                    advantages: None,
                     greedy: samples.greedy,
-                    logp: None,
+                    ..Default::default()
                 },
                 batch,
                 adv,
@@ -380,6 +418,14 @@ impl Trainer {
         stats.rollouts = self.rollouts;
         stats.pass = pass;
         stats.reward_collapsed_pairs = collapsed;
+        let adv_t = token_advantages.as_deref().unwrap_or(&driving);
+        stats.gap = gap_of(
+            &cfg,
+            &old_logp,
+            scored.sampler_logp.as_deref(),
+            adv_t,
+            &batch,
+        );
         (stats.value_loss, stats.value_explained_var) = critic;
         let logged = batch.b.min(cfg.run.log_groups);
         let groups = (cfg.run.log_groups > 0).then(|| {
@@ -409,6 +455,7 @@ impl Trainer {
             token_advantages,
             replaced: Vec::new(),
             seen_logp: None,
+            sampler_logp: scored.sampler_logp,
         };
         if cfg.algorithm.replay_buffer > 0 {
             frozen.replaced = self.replay_into(&mut frozen, &scored.rewards, &adv.zero_std);
@@ -588,7 +635,8 @@ impl Trainer {
         // This step's mini-batch (a copy of its groups' rows when the batch is split).
         let parts = frozen.parts(a.steps_per_generation);
         let part = (parts > 1).then(|| frozen.part(self.step_in_iteration % parts, parts));
-        let (batch, advantages, token_advantages, old_logp, ref_logp) = frozen.view(part.as_ref());
+        let (batch, advantages, token_advantages, old_logp, ref_logp, sampler_logp) =
+            frozen.view(part.as_ref());
         // Every row's log π at each step: the ratio's range and KL(π_old ‖ π) come from them.
         // An engine that keeps the step on a device (and batches the iteration's steps) reads
         // back only the last step's logged rows: the ratio statistics are over what it returns
@@ -605,13 +653,14 @@ impl Trainer {
         loss.entropy_coef = self.entropy_control.applied(a) as f32;
         let req = StepRequest {
             loss,
-            temperature: cfg.sampling.temperature as f32,
+            temperature: cfg.sampling.learner_temperature() as f32,
             lr: cfg.optimizer.lr,
             max_grad_norm: cfg.optimizer.max_grad_norm as f32,
             advantages,
             token_advantages,
             old_logp,
             ref_logp,
+            sampler_logp,
             logp_rows: rows,
         };
         // An engine that takes the iteration's steps in one go (one submission): all of them
@@ -767,6 +816,7 @@ impl Trainer {
             params: crate::objective::sampling::SamplingParams::of(s),
             seed: cfg.run.seed,
             stream,
+            sampler: crate::engine::SamplerSide::of(cfg),
             verify: Some((self.reward_fn.kernel_weights(), advantages)),
         })?;
         let (rewards, exact, device_advantages) = match samples.scores {
@@ -784,6 +834,7 @@ impl Trainer {
             advantages: device_advantages,
             greedy: samples.greedy,
             logp: samples.logp,
+            sampler_logp: samples.sampler_logp,
         };
         if advantages && scored.advantages.is_none() {
             scored.advantages = Some(self.advantages(&scored.rewards, g)?);
@@ -824,6 +875,7 @@ impl Trainer {
                     cfg.run.seed,
                     &[iteration as u32, 0xE7A1, chunk as u32],
                 ),
+                sampler: crate::engine::SamplerSide::default(),
                 verify: None,
             })?;
             for (pi, prompt) in part.iter().enumerate() {

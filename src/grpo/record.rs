@@ -49,6 +49,8 @@ pub struct RolloutStats {
     pub reward_collapsed_pairs: f32,
     /// The replay buffer's (groups replaced, groups stored) this iteration.
     pub replay: Option<(usize, usize)>,
+    /// The sampler–learner gap, where the sampler's log π is recorded.
+    pub gap: Option<crate::objective::correction::GapStats>,
 }
 
 /// Held-out pass@k from `N` sampled answers per prompt (unbiased estimator, mean over prompts).
@@ -220,6 +222,7 @@ pub fn rollout_stats(
         value_explained_var: f32::NAN,
         reward_collapsed_pairs: f32::NAN,
         replay: None,
+        gap: None,
         wrong_longer_frac: mean_or_nan(
             (0..lengths.len())
                 .filter(|&i| r.exact[i] == 0)
@@ -331,6 +334,13 @@ pub fn step_record(
         entropy_coef: None,
         replay_replaced: stats.replay.map(|(r, _)| r as f32),
         replay_size: stats.replay.map(|(_, s)| s as f32),
+        is_ratio_min: stats.gap.map(|g| g.ratio_min),
+        is_ratio_mean: stats.gap.map(|g| g.ratio_mean),
+        is_ratio_max: stats.gap.map(|g| g.ratio_max),
+        logp_diff_mean: stats.gap.map(|g| g.logp_diff_mean),
+        logp_diff_max: stats.gap.map(|g| g.logp_diff_max),
+        is_ess: stats.gap.map(|g| g.ess),
+        is_masked: stats.gap.map(|g| g.masked_fraction),
         ratio_mean: sc.ratio_mean,
         grad_norm: sc.grad_norm,
         lr: at.lr as f32,

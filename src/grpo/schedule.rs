@@ -18,6 +18,7 @@ pub(super) struct Part {
     pub token_advantages: Option<Vec<f32>>,
     pub old_logp: Vec<f32>,
     pub ref_logp: Vec<f32>,
+    pub sampler_logp: Option<Vec<f32>>,
     /// Its rows in the whole batch (`[B·G]` indices).
     pub rows: Range<usize>,
 }
@@ -48,13 +49,14 @@ impl Frozen {
                 .as_ref()
                 .map(|x| x[tokens.clone()].to_vec()),
             old_logp: self.old_logp[tokens.clone()].to_vec(),
-            ref_logp: self.ref_logp[tokens].to_vec(),
+            ref_logp: self.ref_logp[tokens.clone()].to_vec(),
+            sampler_logp: self.sampler_logp.as_ref().map(|x| x[tokens].to_vec()),
             rows,
         }
     }
 
     /// What a step trains on: its mini-batch's (batch, advantages, per-token advantages,
-    /// log π_old, log π_ref), or the whole frozen batch's.
+    /// log π_old, log π_ref, the sampler's log π), or the whole frozen batch's.
     #[allow(clippy::type_complexity)]
     pub(super) fn view<'a>(
         &'a self,
@@ -65,6 +67,7 @@ impl Frozen {
         Option<&'a [f32]>,
         &'a [f32],
         &'a [f32],
+        Option<&'a [f32]>,
     ) {
         match part {
             Some(p) => (
@@ -73,6 +76,7 @@ impl Frozen {
                 p.token_advantages.as_deref(),
                 &p.old_logp,
                 &p.ref_logp,
+                p.sampler_logp.as_deref(),
             ),
             None => (
                 &self.batch,
@@ -80,6 +84,7 @@ impl Frozen {
                 self.token_advantages.as_deref(),
                 &self.old_logp,
                 &self.ref_logp,
+                self.sampler_logp.as_deref(),
             ),
         }
     }

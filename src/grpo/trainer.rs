@@ -88,6 +88,9 @@ pub(crate) struct Frozen {
     /// `[B·G·T]`: each row's log π as its mini-batch's latest step read it
     /// (`algorithm.steps_per_generation` > 1), for the iteration's logged groups.
     pub seen_logp: Option<Vec<f32>>,
+    /// `[B·G·T]` the sampler's own log π, where it differs from the learner's (the mismatch
+    /// lab).
+    pub sampler_logp: Option<Vec<f32>>,
 }
 
 /// What a checkpoint holds besides the engine's state: the counters and the prompt sampler's
@@ -456,6 +459,7 @@ impl Trainer {
             params: crate::objective::sampling::SamplingParams::of(&tc.sampling),
             seed: tc.run.seed,
             stream: crate::rng::counter_u32(tc.run.seed, &[0x7EAC]),
+            sampler: crate::engine::SamplerSide::default(),
             verify: None,
         })?;
         let right = accuracy(&self.config, &prompts, &samples.rows);

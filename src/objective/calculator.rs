@@ -20,6 +20,8 @@ pub struct TokenRow {
     pub kl: f32,
     /// The aggregation's weight of the token.
     pub weight: f32,
+    /// The mismatch lab's weight `ω_t` on `ℓ_t` (1 without `algorithm.is_correction`).
+    pub is_weight: f32,
 }
 
 /// A whole calculation: the tokens, the loss, the clip fractions.
@@ -41,12 +43,14 @@ pub enum CalcError {
 }
 
 /// The objective of one response of `logp.len()` tokens with advantage `adv` under the
-/// config's algorithm (`ref_logp`: log π_ref, needed where β > 0).
+/// config's algorithm (`ref_logp`: log π_ref, needed where β > 0; `sampler_logp`: the
+/// sampler's own log π, for `algorithm.is_correction`, π_old where absent).
 pub fn calculate(
     config: &RunConfig,
     logp: &[f32],
     old_logp: &[f32],
     ref_logp: Option<&[f32]>,
+    sampler_logp: Option<&[f32]>,
     adv: f32,
 ) -> Result<Calculation, CalcError> {
     config.validate()?;
@@ -58,6 +62,12 @@ pub fn calculate(
         return Err(CalcError::Input(format!(
             "--old-logp has {} values, --logp {n}: one per token each",
             old_logp.len()
+        )));
+    }
+    if let Some(r) = sampler_logp.filter(|r| r.len() != n) {
+        return Err(CalcError::Input(format!(
+            "--sampler-logp has {} values, --logp {n}",
+            r.len()
         )));
     }
     if let Some(r) = ref_logp.filter(|r| r.len() != n) {
@@ -93,6 +103,7 @@ pub fn calculate(
         logp,
         old_logp,
         ref_logp: refl,
+        sampler_logp,
         advantages: &advantages,
         mask: &mask,
         entropy: None,
@@ -114,6 +125,7 @@ pub fn calculate(
             loss_term: t.term[i],
             kl: t.kl_tokens[i],
             weight: t.weight[i],
+            is_weight: t.is_weight.get(i).copied().unwrap_or(1.0),
         })
         .collect();
     Ok(Calculation {
@@ -137,12 +149,25 @@ impl Calculation {
             a.epsilon_high,
             a.beta
         );
-        out += "token    ratio   objective   ∂L/∂logπ     weight\n";
+        let corrected = a.is_correction != crate::config::IsCorrection::None;
+        if corrected {
+            out += &format!(
+                "correction {} · level {} · band [{}, {}]\n",
+                a.is_correction, a.is_level, a.is_threshold_low, a.is_threshold_high
+            );
+        }
+        out += "token    ratio   objective   ∂L/∂logπ     weight";
+        out += if corrected { "          ω\n" } else { "\n" };
         for (i, r) in self.tokens.iter().enumerate() {
             out += &format!(
-                "{i:>5} {:>8.4} {:>11.5} {:>10.5} {:>10.5}\n",
+                "{i:>5} {:>8.4} {:>11.5} {:>10.5} {:>10.5}",
                 r.ratio, r.objective, r.dlogp, r.weight
             );
+            out += &if corrected {
+                format!(" {:>10.5}\n", r.is_weight)
+            } else {
+                "\n".into()
+            };
         }
         out += &format!(
             "loss {:.6} (clipped low {:.2}, high {:.2})\n",
@@ -171,7 +196,7 @@ mod tests {
             "algorithm.epsilon_low=0.0003",
             "algorithm.epsilon_high=0.0004",
         ]);
-        let got = calculate(&c, &[-1.0, -2.0], &[-1.1, -2.3], None, -1.0).unwrap();
+        let got = calculate(&c, &[-1.0, -2.0], &[-1.1, -2.3], None, None, -1.0).unwrap();
         let s = 0.2f32.exp();
         assert!((got.loss as f32 - s).abs() < 1e-5, "{got:?}");
         for t in &got.tokens {
@@ -199,17 +224,17 @@ mod tests {
         let mut c = RunConfig::default();
         c.algorithm.loss = crate::config::LossMode::Gmpo;
         c.algorithm.loss_agg_mode = crate::config::LossAggMode::TokenMean;
-        let e = calculate(&c, &[-1.0], &[-1.0], None, 1.0)
+        let e = calculate(&c, &[-1.0], &[-1.0], None, None, 1.0)
             .unwrap_err()
             .to_string();
         assert!(e.contains("loss_agg_mode") && e.contains("gmpo"), "{e}");
         let c = config(&[]);
-        let e = calculate(&c, &[-1.0, -2.0], &[-1.0], None, 1.0)
+        let e = calculate(&c, &[-1.0, -2.0], &[-1.0], None, None, 1.0)
             .unwrap_err()
             .to_string();
         assert!(e.contains("--old-logp"), "{e}");
         let c = config(&["algorithm.beta=0.1"]);
-        let e = calculate(&c, &[-1.0], &[-1.0], None, 1.0)
+        let e = calculate(&c, &[-1.0], &[-1.0], None, None, 1.0)
             .unwrap_err()
             .to_string();
         assert!(e.contains("--ref-logp"), "{e}");

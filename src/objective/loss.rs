@@ -8,6 +8,7 @@
 //! per-token formulas for the WGSL engine. A new objective is written here and there only.
 
 use crate::config::{CovPenalty, ImportanceSamplingLevel, KlEstimator, LossAggMode, LossMode};
+use crate::objective::correction::{self, Correction};
 use crate::objective::numeric::{
     exp_fast, map2, masked_dot_f64, masked_sum_f64, sized, sum_f64, zeroed,
 };
@@ -57,6 +58,10 @@ pub struct LossSettings {
     pub kl_cov_coef: f32,
     /// This step's random stream, for the rules that draw tokens across the batch (Clip-Cov).
     pub stream: u64,
+    /// The mismatch lab's weight on each token's policy-gradient term (`objective::correction`).
+    pub correction: Correction,
+    /// DeepSeek-V3.2's unbiased KL: `KL_t` weighted by `π_θ/π_old` (gradient through both).
+    pub unbiased_kl: bool,
 }
 
 impl LossSettings {
@@ -92,6 +97,8 @@ impl LossSettings {
             cov_ub: a.clip_cov_ub as f32,
             kl_cov_coef: a.kl_cov_coef as f32,
             stream: 0,
+            correction: Correction::of(a),
+            unbiased_kl: a.unbiased_kl,
         }
     }
 
@@ -128,6 +135,8 @@ impl LossSettings {
             cov_ub: 5.0,
             kl_cov_coef: 0.1,
             stream: 0,
+            correction: Correction::NONE,
+            unbiased_kl: false,
         }
     }
 
@@ -215,6 +224,9 @@ pub struct TokenInputs<'a> {
     pub old_logp: &'a [f32],
     /// `[R·T]` log π_ref.
     pub ref_logp: &'a [f32],
+    /// `[R·T]` the sampler's own log π of each token, where it differs from what the learner
+    /// scores (the mismatch lab); `None`: the sampler is π_old.
+    pub sampler_logp: Option<&'a [f32]>,
     /// `[R]` one advantage per response, or `[R·T]` one per token (PPO's GAE).
     pub advantages: &'a [f32],
     /// `[R·T]` 1 on real tokens, 0 on padding (padding contributes nothing, whatever it holds).
@@ -259,6 +271,8 @@ pub struct TokenTerms {
     pub kl_tokens: Vec<f32>,
     pub dkl: Vec<f32>,
     pub weight: Vec<f32>,
+    /// `[R·T]` the correction's weight `ω_t` on `ℓ_t` (`objective::correction`); empty when off.
+    pub is_weight: Vec<f32>,
 }
 
 impl TokenTerms {
@@ -298,6 +312,11 @@ pub fn evaluate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     if s.top_entropy_quantile < 1.0 {
         top_entropy(s, x, out);
     }
+    if s.correction.on() {
+        is_weights(s, x, out);
+    } else {
+        out.is_weight.clear();
+    }
     reference::aggregation_weights_into(s.agg, x.mask, x.t, s.max_len, &mut out.weight);
     aggregate(s, x, out);
 }
@@ -317,6 +336,7 @@ pub fn response_terms(
         logp,
         old_logp,
         ref_logp,
+        sampler_logp: None,
         advantages: &advantages,
         mask: &mask,
         entropy: None,
@@ -427,6 +447,45 @@ fn kl_terms(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     if !s.kl_on() || s.shared_reference {
         // Logged only, no gradient (0·∞ where the logged KL overflowed would be NaN).
         dkl.fill(0.0);
+    }
+    if s.unbiased_kl {
+        unbiased_kl(s, x, kl, dkl);
+    }
+}
+
+/// DeepSeek-V3.2's unbiased KL: `KL_t ← r_t·KL_t`, so `β·∂/∂log π` becomes
+/// `β·(∂r_t/∂log π)·KL_t + r_t·β·∂KL_t/∂log π` (the gradient flows through both, as in TRL).
+#[inline(never)]
+fn unbiased_kl(s: &LossSettings, x: &TokenInputs, kl: &mut [f32], dkl: &mut [f32]) {
+    let beta = if s.kl_on() && !s.shared_reference {
+        s.beta
+    } else {
+        0.0
+    };
+    let form = s.ratio_form();
+    for i in 0..kl.len() {
+        let (r, dr) = reference::ratio_of(form, x.logp[i], x.old_logp[i], exp_fast);
+        dkl[i] = beta * dr * kl[i] + r * dkl[i];
+        kl[i] *= r;
+    }
+}
+
+/// The mismatch lab's correction: `ℓ_t ← ω_t·ℓ_t` (and its derivative), `ω_t` detached.
+#[inline(never)]
+fn is_weights(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
+    let tokens = correction::Tokens {
+        logp: x.logp,
+        old_logp: x.old_logp,
+        sampler_logp: x.sampler_logp,
+        adv: &out.adv,
+        mask: x.mask,
+        t: x.t,
+    };
+    correction::weights(&s.correction, &tokens, &mut out.is_weight);
+    let w = &out.is_weight;
+    for ((t, d), &o) in out.term.iter_mut().zip(out.dterm.iter_mut()).zip(w) {
+        *t *= o;
+        *d *= o;
     }
 }
 
@@ -1162,6 +1221,7 @@ mod tests {
                                 logp: lp,
                                 old_logp: &o,
                                 ref_logp: &r,
+                                sampler_logp: None,
                                 advantages: &adv,
                                 mask: &mask,
                                 entropy: Some(en),
@@ -1347,6 +1407,7 @@ mod tests {
             logp: &lp,
             old_logp: &old,
             ref_logp: &old,
+            sampler_logp: None,
             advantages: &adv,
             mask: &mask,
             entropy: Some(&ent),
@@ -1372,6 +1433,7 @@ mod tests {
             logp: &logp,
             old_logp: &old,
             ref_logp: &refl,
+            sampler_logp: None,
             advantages: &adv,
             mask: &mask,
             entropy: None,
@@ -1591,7 +1653,38 @@ mod tests {
             level: Level::Sequence,
             ..clipped
         });
-        assert!(objectives.len() >= 24, "{} objectives", objectives.len());
+        // The mismatch lab: each correction (the sampler's log π apart from π_old; OPSM's δ far
+        // from any response's mean, so no mask flips within a difference), the unbiased KL.
+        let corr = |kind, level, low, high, delta| LossSettings {
+            correction: Correction {
+                kind,
+                level,
+                low,
+                high,
+                opsm_threshold: delta,
+            },
+            ..clipped
+        };
+        use crate::config::{IsCorrection as Is, IsLevel};
+        objectives.push(corr(Is::Tis, IsLevel::Token, 0.8, 1.3, 0.5));
+        objectives.push(corr(Is::Tis, IsLevel::Sequence, 0.0, 3.0, 0.5));
+        objectives.push(corr(Is::Mis, IsLevel::Sequence, 0.5, 2.0, 0.5));
+        objectives.push(LossSettings {
+            level: Level::Sequence,
+            ..corr(Is::Icepop, IsLevel::Token, 0.9, 1.1, 0.5)
+        });
+        objectives.push(corr(Is::Opsm, IsLevel::Token, 0.0, 3.0, -10.0));
+        objectives.push(corr(Is::Opsm, IsLevel::Token, 0.0, 3.0, 10.0));
+        objectives.push(LossSettings {
+            unbiased_kl: true,
+            ..clipped
+        });
+        objectives.push(LossSettings {
+            unbiased_kl: true,
+            kl_estimator: KlEstimator::K1,
+            ..corr(Is::Tis, IsLevel::Token, 0.0, 3.0, 0.5)
+        });
+        assert!(objectives.len() >= 32, "{} objectives", objectives.len());
         let mut checked = 0;
         for (k, s0) in objectives.iter().enumerate() {
             for seed in 0..4u64 {
@@ -1605,12 +1698,17 @@ mod tests {
                 if s.mode == LossMode::Gmpo {
                     (s.epsilon_low, s.epsilon_high) = (0.4, 0.4);
                 }
+                // The sampler's log π: π_old moved by up to ±0.15 nats per token.
+                let sampler: Vec<f32> = (0..12)
+                    .map(|i| old[i] + 0.075 * ((i * 7 % 5) as f32 - 2.0))
+                    .collect();
                 let run = |lp: &[f32], o: &[f32], s: &LossSettings| {
                     let mut out = TokenTerms::default();
                     let x = TokenInputs {
                         logp: lp,
                         old_logp: o,
                         ref_logp: &refl,
+                        sampler_logp: Some(&sampler),
                         advantages: &adv,
                         mask: &mask,
                         entropy: Some(&ent),
@@ -1706,6 +1804,7 @@ mod tests {
                         logp: &logp,
                         old_logp: &old,
                         ref_logp: &refl,
+                        sampler_logp: None,
                         advantages: &adv,
                         mask: &mask,
                         entropy: Some(&ent),

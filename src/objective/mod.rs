@@ -5,6 +5,7 @@
 pub mod adam;
 pub mod advantage;
 pub mod calculator;
+pub mod correction;
 pub mod entropy_control;
 pub mod loss;
 pub mod numeric;

@@ -142,6 +142,40 @@ pub fn sample_independent(
     out
 }
 
+/// `x` rounded to the nearest bfloat16 (ties to even), as an f32: what a sampler computing in
+/// bf16 sees of a logit. NaN stays NaN; values past bf16's range become ±∞.
+pub fn round_bf16(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let bits = x.to_bits();
+    let lsb = (bits >> 16) & 1;
+    f32::from_bits(bits.wrapping_add(0x7fff + lsb) & 0xffff_0000)
+}
+
+/// log π_sampler of every drawn token: its probability under the distribution drawn from
+/// ([`token_weights`] of its row, renormalised; top-k / top-p included). `logits [B, T, V]`
+/// (as the sampler saw them) with shape `(B, T, V, G)`, `tokens [B, G, T]` → `[B, G, T]`.
+pub fn sampler_logp(
+    logits: &[f32],
+    (b, t, v, g): (usize, usize, usize, usize),
+    params: SamplingParams,
+    tokens: &[u32],
+) -> Vec<f32> {
+    let mut out = vec![0f32; b * g * t];
+    for bi in 0..b {
+        for ti in 0..t {
+            let w = token_weights(&logits[(bi * t + ti) * v..(bi * t + ti + 1) * v], params);
+            let total = w.iter().map(|&x| x as f64).sum::<f64>();
+            for gi in 0..g {
+                let i = (bi * g + gi) * t + ti;
+                out[i] = (w[tokens[i] as usize] as f64 / total).ln() as f32;
+            }
+        }
+    }
+    out
+}
+
 /// Greedy decoding: argmax per position (lowest id on ties). `[B, T, V]` → `[B, T]`.
 pub fn argmax_rows(logits: &[f32], v: usize) -> Vec<u32> {
     logits
@@ -192,6 +226,30 @@ mod tests {
                 chi2 < 18.47,
                 "T={temp}: chi2 = {chi2}, counts {counts:?}, probs {probs:?}"
             );
+        }
+    }
+
+    #[test]
+    fn bf16_rounding_and_the_sampler_s_log_probs() {
+        // bf16 keeps 8 significant bits: 1 + 2^-8 is a tie (to even: 1), 1 + 3·2^-8 rounds up.
+        assert_eq!(round_bf16(1.0 + 1.0 / 256.0), 1.0);
+        assert_eq!(round_bf16(1.0 + 3.0 / 256.0), 1.0 + 4.0 / 256.0);
+        assert_eq!(round_bf16(-2.5), -2.5);
+        assert!(round_bf16(f32::NAN).is_nan());
+        assert_eq!(round_bf16(f32::INFINITY), f32::INFINITY);
+        // The sampler's log π is the log of the distribution it draws from (top-k renormalised).
+        let logits = [3.0f32, 2.0, 1.0, 0.0, 0.5, 0.1, -1.0, 2.0];
+        let p = SamplingParams {
+            temperature: 0.7,
+            top_k: 2,
+            top_p: 1.0,
+        };
+        let tokens = sample_independent(&logits, 1, 2, 4, 5, p, 3, 0);
+        let lp = sampler_logp(&logits, (1, 2, 4, 5), p, &tokens);
+        for (i, (&tok, &l)) in tokens.iter().zip(&lp).enumerate() {
+            let row = &logits[(i % 2) * 4..(i % 2 + 1) * 4];
+            let want = sampling_probs(row, p)[tok as usize].ln();
+            assert!((l - want).abs() < 1e-6, "token {i}: {l} vs {want}");
         }
     }
 

@@ -460,6 +460,16 @@ impl WgslLectureEngine {
             Some(
                 "REINFORCE++ with algorithm.gamma < 1 gives each token its own advantage, which its loss kernel does not take",
             )
+        } else if a.is_correction != crate::config::IsCorrection::None || a.unbiased_kl {
+            Some(
+                "the mismatch lab's corrections (algorithm.is_correction, unbiased_kl) are not in its loss kernel",
+            )
+        } else if c.sampling.sampler_precision == crate::config::SamplerPrecision::Bf16
+            || c.sampling.learner_scores == crate::config::LearnerScores::Full
+        {
+            Some(
+                "its rollout kernels draw from the f32 logits the learner scores (sampling.sampler_precision = bf16 and learner_scores = full are host-side gaps)",
+            )
         } else if LossSettings::of(c).sequence_ratio() {
             Some(
                 "a sequence-level ratio (GSPO, GSPO-token, GMPO) needs each response's mean log-ratio before any token's term, and its step kernel computes a (prompt, position) row's tokens in one pass",
@@ -944,6 +954,11 @@ impl Engine for WgslLectureEngine {
         if req.prompts.is_empty() || req.g == 0 {
             return Ok(Samples::default());
         }
+        if req.sampler.any() {
+            return Err(EngineError::Unsupported(
+                "its rollout kernels draw from f32 logits and return no sampler log π (the mismatch lab's gaps run on the CPU engines)".into(),
+            ));
+        }
         if cfg!(target_arch = "wasm32") && req.verify.is_none() {
             // Evaluation draws (pass@k) in a browser, where a read-back cannot be waited for:
             // the same sampler on the host, on the weights the last iteration read back.
@@ -1195,6 +1210,7 @@ impl WgslLectureEngine {
             scores: None,
             greedy: Some(greedy.chunks(n).map(|c| c.to_vec()).collect()),
             logp: None,
+            sampler_logp: None,
         })
     }
 
