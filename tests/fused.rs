@@ -148,6 +148,7 @@ fn fused_step_equals_burn_for_every_new_objective() {
             "algorithm.is_correction=opsm",
             "algorithm.opsm_threshold=0.02",
         ],
+        &["algorithm.max_staleness=1", "algorithm.is_correction=tis"],
     ] {
         let mut c = short_lecture(2);
         c.model.init_scale = 0.3;
@@ -272,4 +273,50 @@ fn a_sampler_learner_gap_is_measured_and_corrected_from_the_same_draws() {
     assert_eq!(truncated[0].is_masked, Some(0.0));
     let bf16 = run(&["sampling.sampler_precision=bf16"]);
     assert!(bf16[0].logp_diff_max.unwrap() > 0.0);
+}
+
+/// Stale rollouts: iteration i draws with the policy of iteration i − k (its first k iterations
+/// with the first policy), the learner rescoring them; the kept policies go through a
+/// checkpoint, so a resumed run draws and trains exactly as the uninterrupted one.
+#[test]
+fn stale_rollouts_draw_from_older_policies_and_survive_a_resume() {
+    let mut c = short_lecture(4);
+    c.sampling.temperature = 0.9;
+    c.model.init_scale = 0.3;
+    c.optimizer.lr = 0.01;
+    c.algorithm.mu = 2;
+    c.algorithm.max_staleness = 2;
+    c.algorithm.is_correction = grpo_lab::config::IsCorrection::Tis;
+    let steps = |t: &mut Trainer, n: usize| -> Vec<grpo_lab::metrics::StepRecord> {
+        (0..n).map(|_| t.step().unwrap()).collect()
+    };
+    let mut whole = Trainer::new(c.clone(), Compute::cpu()).unwrap();
+    let all = steps(&mut whole, 8);
+    // Iteration 0 draws with the policy it learns with: no gap but rounding; then a real one.
+    let gap = |r: &grpo_lab::metrics::StepRecord| r.logp_diff_mean.unwrap();
+    assert!(gap(&all[0]) < 1e-5, "{}", gap(&all[0]));
+    assert!(
+        gap(&all[4]) > 1e-3 && gap(&all[6]) > gap(&all[2]),
+        "{all:?}"
+    );
+    // Interrupted after two iterations, resumed from its checkpoint (through JSON).
+    let mut first = Trainer::new(c.clone(), Compute::cpu()).unwrap();
+    steps(&mut first, 4);
+    let (state, blobs) = first.snapshot().unwrap();
+    assert!(
+        blobs.iter().any(|(n, _)| n.starts_with("stale-1-")),
+        "two kept policies"
+    );
+    let state = serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
+    let mut second = Trainer::new(c, Compute::cpu()).unwrap();
+    second.restore(state, &blobs).unwrap();
+    let resumed = steps(&mut second, 4);
+    for (a, b) in all[4..].iter().zip(&resumed) {
+        assert_eq!(
+            (a.loss, a.logp_diff_mean),
+            (b.loss, b.logp_diff_mean),
+            "step {}",
+            a.step
+        );
+    }
 }

@@ -391,6 +391,9 @@ pub const FIELDS: &[Field] = &[
         .rule("> algorithm.is_threshold_low"),
     Field::new("algorithm.opsm_threshold", "OPSM δ", Range::POSITIVE,
         "OPSM's δ (DeepSeek-V3.2 eq. 9): the mean per-token log(π_sampler/π_θ) of a response above which, with A < 0, it is dropped (TRL off_policy_mask_threshold, e.g. 0.5)."),
+    Field::new("algorithm.max_staleness", "max staleness", Range::int(0, 64),
+        "Stale rollouts, as an asynchronous trainer makes them: iteration i's responses are drawn by the policy of iteration max(0, i − k) (its weights kept, and checkpointed, for k iterations); the learner rescores them as log π_old, and the sampler's own log π feeds algorithm.is_correction and the sampling/* metrics (0 = off). OpenRLHF: async_queue_size; verl: the one-step-off-policy / fully async trainers.")
+        .rule("lecture model; not on the WGSL engine"),
     Field::new("algorithm.unbiased_kl", "unbiased KL", Range::Bool,
         "DeepSeek-V3.2's unbiased KL estimate: each token's KL term multiplied by π_θ/π_old (gradient through both), since the tokens were drawn from π_old, not π_θ. TRL: use_bias_correction_kl.")
         .rule("not on the WGSL engine"),

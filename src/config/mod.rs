@@ -323,6 +323,9 @@ pub struct AlgorithmConfig {
     /// DeepSeek-V3.2's unbiased KL: each token's KL estimate weighted by π_θ/π_old (TRL
     /// `use_bias_correction_kl`).
     pub unbiased_kl: bool,
+    /// Stale rollouts, as an asynchronous trainer makes them: iteration i's responses are drawn
+    /// by the policy of iteration max(0, i − k); the learner rescores them as π_old (0 = off).
+    pub max_staleness: usize,
     /// Which training prompts an iteration uses: uniform, prioritized (by 1 − success rate,
     /// Kimi k1.5) or curriculum (easy to hard by inversions). Needs prompts_per_iteration > 0.
     pub prompt_sampling: PromptSampling,
@@ -401,6 +404,7 @@ impl Default for AlgorithmConfig {
             is_threshold_high: 3.0,
             opsm_threshold: 0.5,
             unbiased_kl: false,
+            max_staleness: 0,
             prompt_sampling: PromptSampling::Uniform,
             gamma: 1.0,
             lam: 0.95,
@@ -1079,15 +1083,16 @@ impl RunConfig {
 
     /// Whether the rollout records the sampler's own log π beside the learner's log π_old: the
     /// sampler drew from something else than the learner scores (top-k / top-p, bf16 logits,
-    /// the learner at temperature 1) and the mismatch lab is asked for (a gap key or a
-    /// correction: top-k / top-p alone roll out as they always did), on the lecture model (the
-    /// transformer's is not recorded yet).
+    /// the learner at temperature 1, an older policy) and the mismatch lab is asked for (a gap
+    /// key or a correction: top-k / top-p alone roll out as they always did), on the lecture
+    /// model (the transformer's is not recorded yet).
     pub fn records_sampler_logp(&self) -> bool {
         let s = &self.sampling;
         let asked = s.learner_scores == LearnerScores::Full
             || s.sampler_precision == SamplerPrecision::Bf16
             || self.algorithm.is_correction != IsCorrection::None;
-        self.model.kind == ModelKind::Lecture && s.has_gap() && asked
+        let stale = self.algorithm.max_staleness > 0;
+        self.model.kind == ModelKind::Lecture && (stale || (s.has_gap() && asked))
     }
 
     /// The longest response in tokens: `n` for the lecture model, `task.max_len` (0 = n + 1)

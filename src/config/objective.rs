@@ -283,7 +283,9 @@ impl RunConfig {
             );
         }
         if self.model.kind == ModelKind::Transformer {
-            let key_gap = if s.sampler_precision == SamplerPrecision::Bf16 {
+            let key_gap = if a.max_staleness > 0 {
+                Some(("algorithm.max_staleness", "a stale sampler"))
+            } else if s.sampler_precision == SamplerPrecision::Bf16 {
                 Some(("sampling.sampler_precision", "bf16"))
             } else if s.learner_scores == LearnerScores::Full {
                 Some(("sampling.learner_scores", "full"))

@@ -114,6 +114,8 @@ impl Trainer {
         if iteration > 0 && a.ref_period > 0 && iteration.is_multiple_of(a.ref_period) {
             self.engine.refresh_reference();
         }
+        // Stale rollouts: this policy kept as a later iteration's sampler.
+        self.remember_policy()?;
         // Choose the prompts (`[B]` indices into the training split).
         let mut indices = self.sampler.indices(&cfg, iteration);
         if self.runs_whole() {
@@ -802,14 +804,16 @@ impl Trainer {
         stream: u32,
         advantages: bool,
     ) -> Result<Scored, TrainError> {
-        let cfg = &self.config;
+        let cfg = self.config.clone();
+        let cfg = &cfg;
         let g = cfg.algorithm.num_generations;
-        let prompts: Vec<&[u32]> = indices
+        let owned: Vec<Vec<u32>> = indices
             .iter()
-            .map(|&i| self.prompts.train[i].as_slice())
+            .map(|&i| self.prompts.train[i].clone())
             .collect();
+        let prompts: Vec<&[u32]> = owned.iter().map(|p| p.as_slice()).collect();
         let s = &cfg.sampling;
-        let samples = self.engine.sample(&SampleRequest {
+        let req = SampleRequest {
             prompts: &prompts,
             g,
             max_len: cfg.max_len(),
@@ -818,7 +822,10 @@ impl Trainer {
             stream,
             sampler: crate::engine::SamplerSide::of(cfg),
             verify: Some((self.reward_fn.kernel_weights(), advantages)),
-        })?;
+        };
+        // An older policy's draws (stale rollouts): its log π and greedy answers are not the
+        // learner's.
+        let (samples, stale) = self.sample_as_sampler(&req)?;
         let (rewards, exact, device_advantages) = match samples.scores {
             Some(s) => (s.rewards, s.exact, s.advantages),
             None => {
@@ -832,8 +839,8 @@ impl Trainer {
             rewards,
             exact,
             advantages: device_advantages,
-            greedy: samples.greedy,
-            logp: samples.logp,
+            greedy: samples.greedy.filter(|_| !stale),
+            logp: samples.logp.filter(|_| !stale),
             sampler_logp: samples.sampler_logp,
         };
         if advantages && scored.advantages.is_none() {

@@ -8,6 +8,7 @@ pub mod prompts;
 pub mod record;
 pub mod replay;
 mod schedule;
+mod staleness;
 pub mod trainer;
 
 pub use trainer::{LIVE_SECTIONS, Timings, TrainError, Trainer, TrainerState};

@@ -163,6 +163,9 @@ pub struct Trainer {
     pub(super) entropy_control: EntropyControl,
     /// Groups with a reward signal kept for replay (`algorithm.replay_buffer`).
     pub(super) replay: ReplayBuffer,
+    /// The engine's state at the start of the last `max_staleness + 1` iterations, oldest
+    /// first: the stale samplers (`grpo::staleness`).
+    pub(super) stale: std::collections::VecDeque<crate::engine::Snapshot>,
     /// The supervised cold start has run (or there is none).
     sft_done: bool,
     sft_heldout_accuracy: Option<f32>,
@@ -203,6 +206,7 @@ impl Trainer {
             critic: None,
             entropy_control,
             replay: ReplayBuffer::default(),
+            stale: Default::default(),
         })
     }
 
@@ -496,7 +500,9 @@ impl Trainer {
                 .then_some(self.entropy_control),
             replay: (self.config.algorithm.replay_buffer > 0).then(|| self.replay.clone()),
         };
-        Ok((state, self.engine.snapshot()?))
+        let mut blobs = self.engine.snapshot()?;
+        blobs.extend(self.stale_blobs());
+        Ok((state, blobs))
     }
 
     /// Continue from what `snapshot` returned; the run then continues bit-identically.
@@ -518,6 +524,7 @@ impl Trainer {
                 return Err(TrainError::ConfigChanged(changed.join(", ")));
             }
         }
+        let snapshot = &self.restore_stale(snapshot);
         match self.engine.restore(snapshot) {
             // Written on burn's path (a GPU, or `run.fused_step = off` at the time): it
             // continues there, on the CPU backend, with burn's own Adam state, as it began.

@@ -460,6 +460,8 @@ impl WgslLectureEngine {
             Some(
                 "REINFORCE++ with algorithm.gamma < 1 gives each token its own advantage, which its loss kernel does not take",
             )
+        } else if a.max_staleness > 0 {
+            Some("stale rollouts (algorithm.max_staleness) sample from kept weights on the host")
         } else if a.is_correction != crate::config::IsCorrection::None || a.unbiased_kl {
             Some(
                 "the mismatch lab's corrections (algorithm.is_correction, unbiased_kl) are not in its loss kernel",

@@ -16,6 +16,7 @@ pub(super) fn mismatch_row(x: &Ctx, key: &str) -> Option<Mapped> {
         | "algorithm.is_threshold_high"
         | "algorithm.opsm_threshold" => knob(x),
         "algorithm.unbiased_kl" => unbiased_kl(x),
+        "algorithm.max_staleness" => staleness(x),
         "sampling.learner_scores" => learner_scores(x),
         "sampling.sampler_precision" => sampler_precision(x),
         _ => return None,
@@ -141,5 +142,14 @@ fn sampler_precision(x: &Ctx) -> Mapped {
         SamplerPrecision::Bf16 => refused(
             "a deliberate gap of the mismatch lab: in a framework the inference engine's dtype makes it (vLLM's dtype), not a trainer key",
         ),
+    }
+}
+
+fn staleness(x: &Ctx) -> Mapped {
+    match x.c.algorithm.max_staleness {
+        0 => exact(vec![], "on-policy rollouts (every framework's synchronous trainer)"),
+        k => refused(format!(
+            "rollouts {k} iterations stale come from an asynchronous trainer (OpenRLHF's async queue, verl's one-step-off-policy / fully async recipes), a different entry point from the one exported"
+        )),
     }
 }
