@@ -147,7 +147,10 @@ fn sampler_precision(x: &Ctx) -> Mapped {
 
 fn staleness(x: &Ctx) -> Mapped {
     match x.c.algorithm.max_staleness {
-        0 => exact(vec![], "on-policy rollouts (every framework's synchronous trainer)"),
+        0 => exact(
+            vec![],
+            "on-policy rollouts (every framework's synchronous trainer)",
+        ),
         k => refused(format!(
             "rollouts {k} iterations stale come from an asynchronous trainer (OpenRLHF's async queue, verl's one-step-off-policy / fully async recipes), a different entry point from the one exported"
         )),
