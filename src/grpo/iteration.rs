@@ -804,9 +804,9 @@ impl Trainer {
         stream: u32,
         advantages: bool,
     ) -> Result<Scored, TrainError> {
-        let cfg = self.config.clone();
-        let cfg = &cfg;
+        let cfg = &self.config;
         let g = cfg.algorithm.num_generations;
+        // Owned: the request must not borrow `self` (a stale sampler swaps the engine's state).
         let owned: Vec<Vec<u32>> = indices
             .iter()
             .map(|&i| self.prompts.train[i].clone())
@@ -826,6 +826,7 @@ impl Trainer {
         // An older policy's draws (stale rollouts): its log π and greedy answers are not the
         // learner's.
         let (samples, stale) = self.sample_as_sampler(&req)?;
+        let cfg = &self.config;
         let (rewards, exact, device_advantages) = match samples.scores {
             Some(s) => (s.rewards, s.exact, s.advantages),
             None => {
