@@ -4,7 +4,7 @@
 //! 1. [`config`], [`estimate`], [`metrics`], [`task`], [`objective`] (the formulas), [`gpu`], [`rng`]
 //! 2. [`model`], [`engine`] (the compute paths behind one seam)
 //! 3. [`grpo`] (one iteration, top to bottom; no burn, gemm or wgpu)
-//! 4. [`train`], [`report`], [`export`] (TRL / verl / OpenRLHF configs, TensorBoard / UNIPO logs)
+//! 4. [`train`], [`lab`] (the gradient lab), [`report`], [`export`] (TRL / verl / OpenRLHF configs, TensorBoard / UNIPO logs)
 //! 5. [`experiment`], [`app`] (egui; nothing imports it), `web` (the browser entry, wasm32)
 //! 6. the CLI (`main.rs`) and `bench`
 //!
@@ -20,6 +20,7 @@ pub mod experiment;
 pub mod export;
 pub mod gpu;
 pub mod grpo;
+pub mod lab;
 pub mod metrics;
 pub mod model;
 pub mod objective;

@@ -55,6 +55,9 @@ enum Command {
     },
     /// One response's objective under a loss: each token's term and ∂L/∂log π, and the loss.
     Objective(ObjectiveArgs),
+    /// The gradient lab: every estimator (advantage mode × objective × G at an equal rollout
+    /// budget) against the exact ∇J of the lecture policy, and k1/k2/k3 against the exact KL.
+    GradientLab(GradientLabArgs),
     /// List every wgpu adapter and what `--device auto` picks.
     Devices {
         #[arg(long)]
@@ -162,6 +165,50 @@ struct ConfigArgs {
     /// Sampling, verifier and advantages: auto | gpu (WGSL kernels) | reference (plain Rust)
     #[arg(long, value_parser = parse_kernels)]
     kernels: Option<KernelChoice>,
+}
+
+#[derive(Args)]
+struct GradientLabArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// θ_old: the run's policy after N iterations (default 20, where the KL is not zero).
+    #[arg(long, value_name = "N", conflicts_with = "checkpoint")]
+    at_iteration: Option<usize>,
+    /// θ_old from a checkpoint instead: a run directory (its newest checkpoint) or
+    /// RUN/checkpoints/iter-N; its reference is the run's.
+    #[arg(long, value_name = "DIR")]
+    checkpoint: Option<PathBuf>,
+    /// θ = θ_old after k of the next iteration's μ optimizer steps (objectives differ once θ ≠ θ_old).
+    #[arg(long, default_value_t = 0)]
+    mu_step: usize,
+    /// Independent batches per estimator.
+    #[arg(long, default_value_t = 400)]
+    batches: usize,
+    /// Answers per prompt in a batch (every G must divide it): the equal rollout budget.
+    #[arg(long, default_value_t = 256)]
+    budget: usize,
+    /// Group sizes.
+    #[arg(long, value_delimiter = ',', default_value = "2,4,8,16,32,64,128,256")]
+    group_sizes: Vec<usize>,
+    /// Advantage modes (default raw,centered,rloo,normalized,batch_normalized; rloo alone
+    /// with --mu-step > 0, so that only the objectives differ).
+    #[arg(long, value_delimiter = ',', value_parser = parse_advantage)]
+    modes: Vec<AdvantageMode>,
+    /// Objectives: naive, unclipped, clipped, cispo, sapo, gmpo, gspo (default: the config's;
+    /// every one with --mu-step > 0).
+    #[arg(long, value_delimiter = ',')]
+    objectives: Vec<String>,
+    #[arg(long)]
+    json: bool,
+    /// Also write the report (gradient-lab.json, gradient-lab.txt) and its charts here.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+    /// Print the lab's memory estimate against the cap and the gradient evaluations it will make, and exit (2 if over).
+    #[arg(long)]
+    dry_run: bool,
 }
 
 #[derive(Args)]
@@ -289,6 +336,15 @@ fn parse_floats(s: &str) -> Result<Vec<f32>, String> {
             }
         })
         .collect()
+}
+
+fn parse_advantage(s: &str) -> Result<AdvantageMode, String> {
+    AdvantageMode::parse(s).ok_or_else(|| {
+        format!(
+            "unknown advantage mode '{s}'; allowed: {}",
+            AdvantageMode::NAMES.join(", ")
+        )
+    })
 }
 
 fn parse_reward(s: &str) -> Result<RewardKind, String> {
@@ -803,6 +859,77 @@ fn devices_cmd(json: bool) -> Result<()> {
     Ok(())
 }
 
+fn gradient_lab_cmd(args: GradientLabArgs) -> Result<()> {
+    use grpo_lab::lab::gradient;
+    let (config, checkpoint) = match &args.checkpoint {
+        Some(dir) => {
+            let (ckpt, stored) = gradient::checkpoint_of(dir).map_err(user)?;
+            (
+                stored.with_overrides(&args.config.sets).map_err(user)?,
+                Some(ckpt),
+            )
+        }
+        None => (build_config(&args.config)?, None),
+    };
+    let mut lab = gradient::LabArgs {
+        at_iteration: args
+            .at_iteration
+            .unwrap_or(if checkpoint.is_some() { 0 } else { 20 }),
+        mu_step: args.mu_step,
+        batches: args.batches,
+        budget: args.budget,
+        group_sizes: args.group_sizes,
+        objectives: args.objectives,
+        ..Default::default()
+    };
+    if !args.modes.is_empty() {
+        lab.modes = args.modes.clone();
+    }
+    if lab.mu_step > 0 {
+        if lab.objectives.is_empty() {
+            lab.objectives = gradient::OBJECTIVES.iter().map(|s| s.to_string()).collect();
+        }
+        if args.modes.is_empty() {
+            lab.modes = vec![AdvantageMode::Rloo];
+        }
+    }
+    gradient::check(&config, &lab).map_err(user)?;
+    let e = gradient::estimate(&config, &lab);
+    if args.dry_run {
+        print!("{}", e.table());
+        println!("{} gradient evaluations", gradient::evaluations(&lab));
+    }
+    if let Some((cap, from)) = train::run::memory_cap(&config)
+        && e.total_mib() > cap
+    {
+        return Err(user(format!(
+            "the gradient lab would need about {:.0} MiB, over the {cap:.0} MiB {from}; mostly: {} (--dry-run prints the whole estimate; run.max_memory_mib sets the cap)",
+            e.total_mib(),
+            e.drivers()
+        )));
+    }
+    if args.dry_run {
+        return Ok(());
+    }
+    let report =
+        gradient::run_all(config, checkpoint.as_deref(), &lab, args.quiet).map_err(user)?;
+    let json = serde_json::to_string_pretty(&report)?;
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("gradient-lab.json"), &json)?;
+        std::fs::write(dir.join("gradient-lab.txt"), report.text())?;
+        for path in report.charts(dir)? {
+            eprintln!("grpo-lab: wrote {}", path.display());
+        }
+    }
+    if args.json {
+        println!("{json}");
+    } else {
+        print!("{}", report.text());
+    }
+    Ok(())
+}
+
 fn bench_cmd(args: BenchArgs) -> Result<()> {
     let config = build_config(&args.config)?;
     let compute = open_device_for(config.run.device, &config)?;
@@ -1057,6 +1184,7 @@ fn main() -> ExitCode {
         }) => score_cmd(reward, &prompt, &response, json),
         Some(Command::Advantages { rewards, json }) => advantages_cmd(&rewards, json),
         Some(Command::Objective(a)) => objective_cmd(a),
+        Some(Command::GradientLab(a)) => gradient_lab_cmd(a),
         Some(Command::Devices { json }) => devices_cmd(json),
         Some(Command::ConfigDocs) => {
             print!("{}", grpo_lab::config::config_docs());

@@ -78,6 +78,13 @@ fn tab_from_query() -> Option<crate::app::Tab> {
     })
 }
 
+/// Whether the URL's query holds `kv` (`?lab=gradient`: the gradient lab's card runs at once).
+fn query_has(kv: &str) -> bool {
+    web_sys::window()
+        .and_then(|w| w.location().search().ok())
+        .is_some_and(|q| q.trim_start_matches('?').split('&').any(|x| x == kv))
+}
+
 /// Called by wasm-bindgen when the module loads.
 /// `?render=gl`: the window drawn with WebGL2 even where WebGPU is there (training may still
 /// use WebGPU). Headless Chromium's GPU process fails presenting a WebGPU canvas, and some
@@ -146,6 +153,10 @@ pub fn start() {
                     );
                     if let Some(tab) = tab_from_query() {
                         app.persisted.tab = tab;
+                    }
+                    if query_has("lab=gradient") {
+                        app.persisted.tab = crate::app::Tab::Experiments;
+                        app.gradient_lab.start();
                     }
                     if let Some(e) = hash_error {
                         app.error = Some(format!("the link's config: {e}"));

@@ -319,3 +319,47 @@ fn the_entropy_coefficient_is_plotted_when_there_is_a_bonus() {
         );
     }
 }
+
+/// The gradient lab's card (Experiments tab) runs the lab here, a slice of each frame, and
+/// shows the same numbers as `grpo-lab gradient-lab` for the same θ.
+#[test]
+fn the_gradient_lab_card_runs_and_matches_the_library() {
+    let mut h = harness(short_config());
+    h.state_mut().persisted.tab = Tab::Experiments;
+    h.run();
+    {
+        let card = &mut h.state_mut().gradient_lab;
+        card.at_iteration = 2;
+    }
+    // The first ▶ Run is the gradient lab's (its card comes first).
+    h.get_all_by_label("▶ Run").next().unwrap().click();
+    for _ in 0..5000 {
+        h.step();
+        if !h.state().gradient_lab.running() {
+            break;
+        }
+    }
+    let status = h.state().gradient_lab.status().unwrap();
+    assert!(
+        status.starts_with("gradient lab done · exact true"),
+        "{status}"
+    );
+    let shown = h
+        .state()
+        .gradient_lab
+        .session
+        .as_ref()
+        .and_then(|s| s.report())
+        .cloned()
+        .unwrap();
+    let a = h.state().gradient_lab.args();
+    let config = RunConfig::preset("lecture17").unwrap();
+    let direct = grpo_lab::lab::gradient::run_all(config, None, &a, true).unwrap();
+    assert_eq!(shown.j, direct.j);
+    assert_eq!(shown.estimators.len(), direct.estimators.len());
+    for (x, y) in shown.estimators.iter().zip(&direct.estimators) {
+        assert_eq!((x.cosine_mean, x.snr), (y.cosine_mean, y.snr), "{}", x.name);
+    }
+    h.run();
+    h.get_by_label("table: 40 estimators");
+}

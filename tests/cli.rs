@@ -638,3 +638,100 @@ fn absurd_sizes_are_refused_by_their_memory_estimate() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("run.max_memory_mib"), "{}", stderr(&o));
 }
+
+/// The gradient lab as the issue asks for it: `--json` with `"exact": true` on lecture17,
+/// every estimator's record, the KL against its estimators; `--out` writes the report and the
+/// charts; `--checkpoint` studies a run's saved policy; `--dry-run` prints the estimate and
+/// an over-cap size is refused naming what drives it.
+#[test]
+fn gradient_lab_reports_every_estimator_against_the_exact_gradient() {
+    let out = temp_dir("cli-gradient-lab");
+    let small = [
+        "--batches",
+        "8",
+        "--budget",
+        "64",
+        "--group-sizes",
+        "2,64",
+        "--quiet",
+    ];
+    let mut args = vec!["gradient-lab", "--preset", "lecture17", "--json"];
+    args.extend_from_slice(&small);
+    args.extend_from_slice(&["--out", out.to_str().unwrap()]);
+    let o = grpo_lab(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["exact"], true);
+    assert!(v["true_grad_norm"].as_f64().unwrap() > 0.0);
+    let est = v["estimators"].as_array().unwrap();
+    assert_eq!(est.len(), 2 * 5, "2 group sizes × 5 modes");
+    for key in [
+        "name",
+        "G",
+        "cosine_mean",
+        "cosine_std",
+        "snr",
+        "bias",
+        "variance",
+    ] {
+        assert!(est.iter().all(|e| !e[key].is_null()), "{key}");
+    }
+    for key in ["exact", "k1", "k2", "k3"] {
+        assert!(
+            v["kl"][key].as_f64().unwrap() > 0.0,
+            "kl.{key}: at iteration 20 π ≠ π_ref"
+        );
+    }
+    for file in [
+        "gradient-lab.json",
+        "gradient-lab.txt",
+        "gradient-lab-cosine.svg",
+        "gradient-lab-snr.png",
+    ] {
+        assert!(out.join(file).exists(), "{file}");
+    }
+    // A run's checkpoint: θ_old is the saved policy, the reference the run's.
+    let run = out.join("run");
+    let o = grpo_lab(&[
+        "train",
+        "--quiet",
+        "--device",
+        "cpu",
+        "--preset",
+        "lecture17",
+        "--set",
+        "run.iterations=2",
+        "--out",
+        run.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut args = vec!["gradient-lab", "--checkpoint", run.to_str().unwrap()];
+    args.extend_from_slice(&small);
+    let o = grpo_lab(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("truth: exact"), "{}", stdout(&o));
+    let o = grpo_lab(&["gradient-lab", "--preset", "lecture17", "--dry-run"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("gradient evaluations") && stdout(&o).contains("MiB"));
+    let o = grpo_lab(&[
+        "gradient-lab",
+        "--preset",
+        "lecture17",
+        "--dry-run",
+        "--budget",
+        "4194304",
+        "--group-sizes",
+        "2",
+        "--set",
+        "run.max_memory_mib=64",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--budget") && stderr(&o).contains("run.max_memory_mib"),
+        "{}",
+        stderr(&o)
+    );
+    let o = grpo_lab(&["gradient-lab", "--preset", "transformer-sort"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("model.kind"), "{}", stderr(&o));
+}

@@ -517,3 +517,69 @@ fn the_page_renders() {
         distinct.len()
     );
 }
+
+/// `?lab=gradient`: the gradient lab's card runs in the tab (a slice of each frame) to the end,
+/// with the numbers `grpo-lab gradient-lab --preset lecture17` prints for the same θ.
+#[test]
+fn the_gradient_lab_runs_in_the_tab_as_the_cli_does() {
+    let Some(browser) = prerequisites() else {
+        return;
+    };
+    let dir = common::temp_dir("web-gradient-lab");
+    let server = serve();
+    let url = format!(
+        "http://127.0.0.1:{}/index.html?report&lab=gradient",
+        server.port
+    );
+    let _chrome = Killed(open(browser, &url, &dir.join("profile")));
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let done = loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let r = server.reports.lock().unwrap();
+        if let Some((t, s)) = r
+            .status
+            .iter()
+            .find(|(_, s)| s.contains("gradient lab done"))
+        {
+            break Some((*t, s.clone()));
+        }
+        if Instant::now() > deadline || !r.errors.is_empty() {
+            break None;
+        }
+    };
+    let r = server.reports.lock().unwrap();
+    assert!(r.errors.is_empty(), "console errors: {:?}", r.errors);
+    let (seconds, status) =
+        done.unwrap_or_else(|| panic!("no 'gradient lab done' in 180 s: {:?}", r.status.last()));
+    eprintln!("gradient lab in headless Chromium: done {seconds:.1} s after the server started");
+    let out = Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
+        .args(["gradient-lab", "--preset", "lecture17", "--json", "--quiet"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cli: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let number = |key: &str| -> f64 {
+        let rest = &status[status
+            .find(key)
+            .unwrap_or_else(|| panic!("{key} in {status}"))
+            + key.len()..];
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    assert!(status.contains("exact true"), "{status}");
+    let j = cli["j"].as_f64().unwrap();
+    assert!((number("· J ") - j).abs() < 1e-4, "{status} vs J {j}");
+    let best = cli["estimators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["cosine_mean"].as_f64().unwrap())
+        .fold(f64::MIN, f64::max);
+    assert!(
+        (number("cosine ") - best).abs() < 1e-3,
+        "{status} vs best cosine {best}"
+    );
+}

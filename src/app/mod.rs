@@ -6,6 +6,7 @@
 
 pub mod experiments;
 pub mod files;
+pub mod lab;
 pub mod shapes;
 pub mod store;
 pub mod views;
@@ -152,6 +153,8 @@ pub struct GrpoApp {
     pub experiment_results: Vec<experiments::InAppExperiment>,
     /// The compiled-in experiments, parsed once (the Experiments tab's cards).
     pub cards: Vec<crate::experiment::Matrix>,
+    /// The gradient lab's card (Experiments tab).
+    pub gradient_lab: lab::LabCard,
 }
 
 /// Errors on the window's own wgpu device (uncaptured validation errors, a lost device,
@@ -300,6 +303,7 @@ impl GrpoApp {
                 .iter()
                 .filter_map(|(name, _)| crate::experiment::Matrix::from_experiment(name).ok())
                 .collect(),
+            gradient_lab: lab::LabCard::default(),
         };
         app.reset(draft);
         if options.autoplay {
@@ -457,7 +461,15 @@ impl GrpoApp {
             Some(e) => format!("error: {}", e.chars().take(200).collect::<String>()),
             None => state.to_string(),
         };
-        format!("grpo-lab · {name} · {progress} · {state} · {}", self.device)
+        let lab = self
+            .gradient_lab
+            .status()
+            .map(|l| format!(" · {l}"))
+            .unwrap_or_default();
+        format!(
+            "grpo-lab · {name} · {progress} · {state} · {}{lab}",
+            self.device
+        )
     }
 
     fn status_line(&self) -> String {
@@ -620,6 +632,11 @@ impl GrpoApp {
             if let Some(err) = e.error.clone() {
                 self.error = Some(format!("experiment {err}"));
             }
+            ui.ctx().request_repaint();
+        }
+        if self.gradient_lab.running() {
+            let budget = self.frame_budget.unwrap_or(Duration::from_millis(12));
+            self.gradient_lab.advance(budget);
             ui.ctx().request_repaint();
         }
         if let Some(sink) = self.status_sink {

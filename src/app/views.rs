@@ -1262,6 +1262,8 @@ pub fn experiments_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     let mut start = None;
     let mut stop = false;
     egui::ScrollArea::vertical().show(ui, |ui| {
+        super::lab::card_ui(app, ui);
+        ui.add_space(6.0);
         for (ci, m) in app.cards.iter().enumerate() {
             egui::Frame::group(ui.style()).show(ui, |ui| {
                 ui.set_width(ui.available_width());

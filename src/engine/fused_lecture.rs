@@ -542,6 +542,59 @@ impl FusedLecture {
         lr: f64,
         max_grad_norm: f32,
     ) -> (StepScalars, Vec<f32>) {
+        let mut sc = std::mem::take(&mut self.scratch);
+        let entropy = self.loss_gradient_into(x, s, temperature, &mut sc);
+        let gr = &sc.g;
+        let grad_norm = (sum_sq(&gr.embedding) + sum_sq(&gr.encode) + sum_sq(&gr.decode_t)).sqrt();
+        let scale = if max_grad_norm > 0.0 && grad_norm > max_grad_norm {
+            max_grad_norm / grad_norm
+        } else {
+            1.0
+        };
+        // Adam (one step count for the three arrays).
+        self.time += 1;
+        let hyper = crate::objective::adam::Hyper {
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+        };
+        let adam = crate::objective::adam::AdamStep::at(&hyper, self.time, lr as f32, scale);
+        for (param, (grad, st)) in [&mut self.embedding, &mut self.encode, &mut self.decode_t]
+            .into_iter()
+            .zip(
+                [&gr.embedding, &gr.encode, &gr.decode_t]
+                    .into_iter()
+                    .zip(self.adam.iter_mut()),
+            )
+        {
+            adam.apply(param, grad, &mut st.m, &mut st.v);
+        }
+        let t = &sc.terms;
+        let rows = x.prompts.len();
+        let scalars = StepScalars {
+            loss: t.loss as f32,
+            kl: t.kl,
+            clip_low: t.clip_low,
+            clip_high: t.clip_high,
+            ratio_mean: t.ratio_mean,
+            entropy: (entropy / rows as f64) as f32,
+            grad_norm,
+        };
+        let logp = sc.logp.clone();
+        self.scratch = sc;
+        (scalars, logp)
+    }
+
+    /// The loss's gradient on a batch into `sc.g` (the terms in `sc.terms`, log π in
+    /// `sc.logp`); returns the summed entropy of the `(prompt, position)` rows.
+    #[inline(always)]
+    fn loss_gradient_into(
+        &self,
+        x: &Batch,
+        s: &LossSettings,
+        temperature: f32,
+        sc: &mut Scratch,
+    ) -> f64 {
         let Batch {
             prompts,
             responses,
@@ -551,22 +604,11 @@ impl FusedLecture {
             ref_logp,
             sampler_logp,
         } = *x;
-        let (n, v) = (self.n, self.vocab);
+        let n = self.n;
         let b = prompts.len() / n;
         let g = advantages.len() / b;
-        let mut sc = std::mem::take(&mut self.scratch);
-        self.forward_into(prompts, &mut sc.f);
-        // Softmax of each (prompt, position) row at the temperature; entropy per row.
-        let rows = b * n;
         let inv_t = 1.0 / temperature;
-        let entropy = softmax_rows(
-            &sc.f.logits,
-            v,
-            inv_t,
-            &mut sc.z,
-            &mut sc.logz,
-            Some(&mut sc.probs),
-        );
+        let entropy = self.forward_softmax(prompts, inv_t, sc);
         self.gather_logp(prompts.len(), responses, &sc.z, &sc.logz, &mut sc.logp);
         // The objective over every token (all responses have n tokens: the mask is all ones).
         let tokens = b * g * n;
@@ -597,8 +639,42 @@ impl FusedLecture {
                 *c = (dt + dk) * (w * inv_t);
             }
         }
-        // d logπ / d logits = (onehot − softmax) / T: the one-hot part per token, the softmax
-        // part once per row with the summed coefficient.
+        let dlogp = std::mem::take(&mut sc.terms.dlogp);
+        self.backward_from_dlogp(prompts, responses, &dlogp, sc);
+        sc.terms.dlogp = dlogp;
+        entropy
+    }
+
+    /// The logits of a batch and the softmax of each (prompt, position) row at temperature
+    /// `1/inv_t` into `sc`; returns the rows' summed entropy.
+    #[inline(always)]
+    fn forward_softmax(&self, prompts: &[u32], inv_t: f32, sc: &mut Scratch) -> f64 {
+        self.forward_into(prompts, &mut sc.f);
+        softmax_rows(
+            &sc.f.logits,
+            self.vocab,
+            inv_t,
+            &mut sc.z,
+            &mut sc.logz,
+            Some(&mut sc.probs),
+        )
+    }
+
+    /// The weights' gradient into `sc.g` from `dlogp [B·G·n]` (∂L/∂z of each response token's
+    /// own logit, 1/T included) with `sc.probs` the rows' softmax: d log π / d z = onehot −
+    /// softmax, the one-hot part per token, the softmax part once per row with the summed
+    /// coefficient.
+    #[inline(always)]
+    fn backward_from_dlogp(
+        &self,
+        prompts: &[u32],
+        responses: &[u32],
+        dlogp: &[f32],
+        sc: &mut Scratch,
+    ) {
+        let (n, v) = (self.n, self.vocab);
+        let rows = prompts.len();
+        let g = dlogp.len() / rows.max(1);
         zeroed(&mut sc.dlogits, rows * v);
         zeroed(&mut sc.row_coef, rows);
         for (bi, (rc, drows)) in sc
@@ -609,13 +685,10 @@ impl FusedLecture {
         {
             for gi in 0..g {
                 let span = (bi * g + gi) * n..(bi * g + gi + 1) * n;
-                for (r, &c) in rc.iter_mut().zip(&sc.terms.dlogp[span.clone()]) {
+                for (r, &c) in rc.iter_mut().zip(&dlogp[span.clone()]) {
                     *r += c;
                 }
-                for (p, (&c, &tok)) in sc.terms.dlogp[span.clone()]
-                    .iter()
-                    .zip(&responses[span])
-                    .enumerate()
+                for (p, (&c, &tok)) in dlogp[span.clone()].iter().zip(&responses[span]).enumerate()
                 {
                     drows[p * v + tok as usize] += c;
                 }
@@ -631,45 +704,77 @@ impl FusedLecture {
                 *dl -= c * pr;
             }
         }
-        self.backward(prompts, &mut sc);
-        let gr = &sc.g;
-        let grad_norm = (sum_sq(&gr.embedding) + sum_sq(&gr.encode) + sum_sq(&gr.decode_t)).sqrt();
-        let scale = if max_grad_norm > 0.0 && grad_norm > max_grad_norm {
-            max_grad_norm / grad_norm
-        } else {
-            1.0
+        self.backward(prompts, sc);
+    }
+
+    /// The gradient of the loss on a batch, without a step (the gradient lab's estimators):
+    /// flat, in [`Self::flat_weights`]'s order. Arguments as [`Self::step`]'s.
+    #[allow(clippy::too_many_arguments)]
+    pub fn loss_gradient(
+        &mut self,
+        prompts: &[u32],
+        responses: &[u32],
+        advantages: &[f32],
+        old_logp: &[f32],
+        ref_logp: &[f32],
+        s: &LossSettings,
+        temperature: f32,
+    ) -> Vec<f32> {
+        let x = Batch {
+            prompts,
+            responses,
+            advantages,
+            token_advantages: None,
+            old_logp,
+            ref_logp,
+            sampler_logp: None,
         };
-        // Adam (one step count for the three arrays).
-        self.time += 1;
-        let hyper = crate::objective::adam::Hyper {
-            beta1: self.beta1,
-            beta2: self.beta2,
-            eps: self.eps,
-        };
-        let adam = crate::objective::adam::AdamStep::at(&hyper, self.time, lr as f32, scale);
-        for (param, (grad, st)) in [&mut self.embedding, &mut self.encode, &mut self.decode_t]
-            .into_iter()
-            .zip(
-                [&gr.embedding, &gr.encode, &gr.decode_t]
-                    .into_iter()
-                    .zip(self.adam.iter_mut()),
-            )
-        {
-            adam.apply(param, grad, &mut st.m, &mut st.v);
-        }
-        let t = &sc.terms;
-        let scalars = StepScalars {
-            loss: t.loss as f32,
-            kl: t.kl,
-            clip_low: t.clip_low,
-            clip_high: t.clip_high,
-            ratio_mean: t.ratio_mean,
-            entropy: (entropy / rows as f64) as f32,
-            grad_norm,
-        };
-        let logp = sc.logp.clone();
+        let mut sc = std::mem::take(&mut self.scratch);
+        self.loss_gradient_into(&x, s, temperature, &mut sc);
+        let out = sc.g.flat();
         self.scratch = sc;
-        (scalars, logp)
+        out
+    }
+
+    /// `∇θ Σ_t coef_t · log π(x_t)` at `temperature` for responses `[B·G·n]` and one
+    /// coefficient per token: with `coef = π(y)·R(y)/P` over every answer `y` it is the exact
+    /// `∇J` (the gradient lab). Flat, in [`Self::flat_weights`]'s order.
+    pub fn logp_gradient(
+        &mut self,
+        prompts: &[u32],
+        responses: &[u32],
+        coef: &[f32],
+        temperature: f32,
+    ) -> Vec<f32> {
+        let mut sc = std::mem::take(&mut self.scratch);
+        let inv_t = 1.0 / temperature;
+        self.forward_softmax(prompts, inv_t, &mut sc);
+        let dlogp: Vec<f32> = coef.iter().map(|&c| c * inv_t).collect();
+        self.backward_from_dlogp(prompts, responses, &dlogp, &mut sc);
+        let out = sc.g.flat();
+        self.scratch = sc;
+        out
+    }
+
+    /// The weights as one vector: embedding, encode, then the decode matrices as this path
+    /// stores them (`decode_t`); the order of every gradient this path returns.
+    pub fn flat_weights(&self) -> Vec<f32> {
+        [&self.embedding[..], &self.encode, &self.decode_t].concat()
+    }
+
+    /// Set the weights from a vector in [`Self::flat_weights`]'s order.
+    pub fn set_flat_weights(&mut self, w: &[f32]) {
+        let (a, b) = (self.embedding.len(), self.encode.len());
+        assert_eq!(w.len(), a + b + self.decode_t.len(), "flat weights' length");
+        self.embedding.copy_from_slice(&w[..a]);
+        self.encode.copy_from_slice(&w[a..a + b]);
+        self.decode_t.copy_from_slice(&w[a + b..]);
+    }
+}
+
+impl Grads {
+    fn flat(&self) -> Vec<f32> {
+        [&self.embedding[..], &self.encode, &self.decode_t].concat()
     }
 }
 

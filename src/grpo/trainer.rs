@@ -257,6 +257,10 @@ impl Trainer {
     pub fn engine(&self) -> &dyn Engine {
         self.engine.as_ref()
     }
+    /// The engine itself (the gradient lab asks it for the reference's log π).
+    pub fn engine_mut(&mut self) -> &mut dyn Engine {
+        self.engine.as_mut()
+    }
     /// What computes, where (one line).
     pub fn engine_label(&self) -> String {
         self.engine.label()

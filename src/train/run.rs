@@ -173,6 +173,11 @@ impl Progress {
         self.bar.set_message(_msg());
     }
 
+    pub(crate) fn set_length(&self, _len: u64) {
+        #[cfg(feature = "native")]
+        self.bar.set_length(_len);
+    }
+
     pub(crate) fn finish_and_clear(&self) {
         #[cfg(feature = "native")]
         self.bar.finish_and_clear();
@@ -516,7 +521,7 @@ fn checkpoint_dir(out: &Path, iteration: usize) -> PathBuf {
 /// The checkpoint to resume from: the one `latest` names if it verifies against its manifest,
 /// else the newest that does, each one passed over named with the reason (a crash mid-write,
 /// a file cut, edited or deleted since).
-fn latest_checkpoint(out: &Path) -> Option<PathBuf> {
+pub(crate) fn latest_checkpoint(out: &Path) -> Option<PathBuf> {
     let root = out.join("checkpoints");
     let named = fs::read_to_string(root.join("latest"))
         .ok()
