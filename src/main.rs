@@ -253,7 +253,7 @@ struct TrainArgs {
 struct CompareArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// An experiment file from assets/experiments (lecture-table, loss-modes, kl-beta, difficulty-bias, sparse-vs-shaped, entropy-collapse, bug-gallery, length-bias, r1-vs-r1-zero, dynamic-sampling).
+    /// An experiment file from assets/experiments (lecture-table, loss-modes, loss-family, kl-beta, difficulty-bias, sparse-vs-shaped, entropy-collapse, entropy-controls, entropy-mechanism, mismatch-lab, bug-gallery, length-bias, r1-vs-r1-zero, dynamic-sampling, …: every file there).
     #[arg(long)]
     experiment: Option<String>,
     /// An axis of the matrix: KEY=V1,V2,... (repeatable: several make a grid).

@@ -189,6 +189,34 @@ pub struct StepRecord {
         skip_serializing_if = "Option::is_none"
     )]
     pub is_masked: Option<f32>,
+    /// The entropy mechanism (`run.entropy_dynamics`; `objective::entropy_dynamics`):
+    /// Cov(log π, A) over the step's real tokens before its update, the law's prediction
+    /// −lr·Cov, the step's first-order change ∇θH·Δθ and the measured change of the mean
+    /// entropy over the step's states (where the engine measures them).
+    #[serde(
+        rename = "entropy/covariance",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub entropy_covariance: Option<f32>,
+    #[serde(
+        rename = "entropy/predicted_delta",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub entropy_predicted_delta: Option<f32>,
+    #[serde(
+        rename = "entropy/first_order_delta",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub entropy_first_order_delta: Option<f32>,
+    #[serde(
+        rename = "entropy/measured_delta",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub entropy_measured_delta: Option<f32>,
     /// Mean importance ratio `π_θ / π_old` over tokens (1 on the first step of an iteration).
     #[serde(rename = "ratio/mean")]
     #[serde(deserialize_with = "f32_or_nan")]
@@ -307,6 +335,15 @@ pub struct GroupRecord {
     /// Per response, per token: `log π_θ` at the iteration's last optimizer step (after μ − 1 updates).
     #[serde(default, deserialize_with = "vec_vec_f32_or_nan")]
     pub logp: Vec<Vec<f32>>,
+    /// Per response, per token, with `run.entropy_dynamics`: the token's term of the batch's
+    /// Cov(log π, A) at that step, `(A − mean A)(log π − mean log π)` (positive: it lowers the
+    /// entropy).
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "vec_vec_f32_or_nan"
+    )]
+    pub cov_terms: Vec<Vec<f32>>,
 }
 
 /// Scalar columns of the CSV sink, in order, with a getter each.
@@ -370,6 +407,10 @@ pub const CSV_COLUMNS: &[(&str, Getter)] = &[
     ("sampling/sampling_logp_difference/max", |r| r.logp_diff_max),
     ("sampling/is_effective_sample_size", |r| r.is_ess),
     ("sampling/is_masked_fraction", |r| r.is_masked),
+    ("entropy/covariance", |r| r.entropy_covariance),
+    ("entropy/predicted_delta", |r| r.entropy_predicted_delta),
+    ("entropy/first_order_delta", |r| r.entropy_first_order_delta),
+    ("entropy/measured_delta", |r| r.entropy_measured_delta),
     ("ratio/mean", |r| Some(r.ratio_mean)),
     ("grad_norm", |r| Some(r.grad_norm)),
     ("lr", |r| Some(r.lr)),

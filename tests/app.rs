@@ -362,4 +362,26 @@ fn the_gradient_lab_card_runs_and_matches_the_library() {
     }
     h.run();
     h.get_by_label("table: 40 estimators");
+    h.snapshot("gradient-lab");
+}
+
+/// With `run.entropy_dynamics` the inspector colours each token by its term of Cov(log π, A)
+/// (the entropy mechanism), with the legend and the number on hover.
+#[test]
+fn the_inspector_colours_tokens_by_their_covariance_term() {
+    let mut c = short_config();
+    c.run.entropy_dynamics = true;
+    let mut h = harness(c);
+    h.run();
+    h.get_by_label("+μ Iteration").click();
+    h.run();
+    let groups = &h.state().run.groups;
+    assert!(!groups.is_empty() && !groups[0].1[0].cov_terms.is_empty());
+    h.state_mut().persisted.tab = Tab::Inspector;
+    h.run();
+    assert!(
+        h.query_by_label_contains("Tokens coloured by their term of Cov(log π, A)")
+            .is_some()
+    );
+    h.snapshot("inspector-entropy");
 }

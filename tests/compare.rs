@@ -84,6 +84,30 @@ fn every_experiment_file_runs_at_a_tiny_budget() {
                 && out.join("charts/reward_mean.png").exists()
                 && out.join("charts/reward_mean.svg").exists()
         );
+        // `scatter`: every step of every seed, x against y (the entropy mechanism's
+        // predicted against measured change), and each cell's correlation in the table.
+        if let Some((x, y)) = &m.card.scatter {
+            let stem = format!("scatter-{}-vs-{}", x.replace('/', "_"), y.replace('/', "_"));
+            assert!(
+                out.join(format!("charts/{stem}.svg")).exists(),
+                "{name}: {stem}"
+            );
+            let corr = format!("corr({x},{y})");
+            let report = md.split("What the mechanism shows").nth(1).unwrap();
+            let column = report
+                .lines()
+                .find(|l| l.starts_with("| cell |") && l.contains(&corr))
+                .and_then(|l| l.split(" | ").position(|c| c.contains(&corr)))
+                .unwrap_or_else(|| panic!("{name}: no {corr} column in {md}"));
+            for row in report.lines().filter(|l| l.starts_with("| loss=")) {
+                let value = row.split(" | ").nth(column).unwrap();
+                let r: f64 = value.split(' ').next().unwrap().parse().unwrap_or(f64::NAN);
+                assert!(
+                    (-1.0..=1.0).contains(&r),
+                    "{name}: {corr} = {value} in {row}"
+                );
+            }
+        }
     }
 }
 

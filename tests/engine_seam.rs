@@ -110,6 +110,8 @@ impl Engine for Fake {
                 ratio_mean: 1.0,
                 entropy,
                 grad_norm: 1.0,
+                entropy_measured: None,
+                entropy_first_order: None,
             },
             logp: vec![-1.0; req.logp_rows * b.t],
         })

@@ -320,3 +320,72 @@ fn stale_rollouts_draw_from_older_policies_and_survive_a_resume() {
         );
     }
 }
+
+/// `run.entropy_dynamics`: every step logs Cov(log π, A) and the law's −lr·Cov; the fused step
+/// and burn's path measure the same entropy change; the fused step's ∇H·Δθ is that change to
+/// first order (a small learning rate: the second-order rest is small); without the switch
+/// nothing is logged.
+#[test]
+fn the_entropy_mechanism_is_logged_predicted_and_measured() {
+    let mut c = RunConfig::preset("lecture17").unwrap();
+    c.run.iterations = 2;
+    c.algorithm.mu = 3;
+    c.optimizer.lr = 1e-4;
+    c.run.entropy_dynamics = true;
+    let run = |fused: FusedChoice| {
+        let mut c = c.clone();
+        c.run.fused_step = fused;
+        let mut t = Trainer::new(c, Compute::cpu()).unwrap();
+        let mut records = Vec::new();
+        while !t.is_done() {
+            records.push(t.step().unwrap());
+        }
+        records
+    };
+    let (fused, burn) = (run(FusedChoice::Auto), run(FusedChoice::Off));
+    for (a, b) in fused.iter().zip(&burn) {
+        let (cov, predicted) = (
+            a.entropy_covariance.unwrap(),
+            a.entropy_predicted_delta.unwrap(),
+        );
+        assert!(
+            (predicted + 1e-4 * cov).abs() < 1e-9,
+            "{predicted} vs −lr·{cov}"
+        );
+        assert!(close(cov, b.entropy_covariance.unwrap(), TOL));
+        let (measured, first) = (
+            a.entropy_measured_delta.unwrap(),
+            a.entropy_first_order_delta.unwrap(),
+        );
+        assert!(measured != 0.0 && measured.is_finite());
+        assert!(
+            (measured - first).abs() < 0.05 * measured.abs(),
+            "step {}: measured {measured} vs first order {first}",
+            a.step
+        );
+        let burn_measured = b.entropy_measured_delta.unwrap();
+        assert!(
+            (measured - burn_measured).abs() < 0.05 * measured.abs() + 1e-7,
+            "step {}: fused {measured} vs burn {burn_measured}",
+            a.step
+        );
+        assert_eq!(
+            b.entropy_first_order_delta, None,
+            "burn's path measures, no ∇H·Δθ"
+        );
+        // The entropy after step k is the entropy before step k + 1 (same batch).
+        if let Some(next) = fused
+            .iter()
+            .find(|r| r.step == a.step + 1 && r.iteration == a.iteration)
+        {
+            assert!((a.entropy + measured - next.entropy).abs() < 1e-5);
+        }
+    }
+    // The logged groups carry each token's covariance term.
+    let logged = fused.iter().find_map(|r| r.groups.as_ref()).unwrap();
+    assert_eq!(logged[0].cov_terms.len(), logged[0].responses.len());
+    c.run.entropy_dynamics = false;
+    let mut t = Trainer::new(c, Compute::cpu()).unwrap();
+    let r = t.step().unwrap();
+    assert!(r.entropy_covariance.is_none() && r.entropy_measured_delta.is_none());
+}

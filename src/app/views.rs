@@ -812,6 +812,9 @@ pub fn inspector_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     if g.zero_std {
         ui.label(RichText::new("∅ All rewards in this group are equal: no learning signal (every centered advantage is 0).").color(ERROR).strong());
     }
+    if !g.cov_terms.is_empty() {
+        ui.label(RichText::new("Tokens coloured by their term of Cov(log π, A) over the batch (the entropy mechanism, Cui et al. 2025): red lowers the entropy (a likely token with a better-than-average advantage, or an unlikely one with a worse), blue raises it; the deeper, the larger. Hover a token for its term.").small());
+    }
     // The ratio and the clip flags from the one per-token formula the engines use.
     let settings = crate::objective::loss::LossSettings::of(&config);
     egui::ScrollArea::both().show(ui, |ui| {
@@ -931,8 +934,50 @@ fn response_row(
             )
         })
         .collect();
-    ui.monospace(tokens.join("  "));
+    match g.cov_terms.get(i) {
+        // Each token on the colour of its covariance term (`run.entropy_dynamics`).
+        Some(terms) => {
+            let scale = g
+                .cov_terms
+                .iter()
+                .flatten()
+                .fold(0.0f32, |m, x| m.max(x.abs()))
+                .max(1e-12);
+            ui.horizontal(|ui| {
+                for (t, text) in tokens.iter().enumerate() {
+                    let c = terms.get(t).copied().unwrap_or(0.0);
+                    ui.label(
+                        RichText::new(text)
+                            .monospace()
+                            .background_color(cov_colour(c / scale)),
+                    )
+                    .on_hover_text(format!(
+                        "covariance term (A − mean A)(log π − mean log π) = {c:+.4}: {}",
+                        if c > 0.0 {
+                            "lowers the entropy"
+                        } else {
+                            "raises the entropy"
+                        }
+                    ));
+                }
+            });
+        }
+        None => {
+            ui.monospace(tokens.join("  "));
+        }
+    }
     ui.end_row();
+}
+
+/// A token's background for its covariance term, `x` in [−1, 1] of the group's largest:
+/// red where it lowers the entropy, blue where it raises it, faint near 0.
+pub fn cov_colour(x: f32) -> Color32 {
+    let a = (x.abs().clamp(0.0, 1.0) * 150.0) as u8;
+    if x > 0.0 {
+        Color32::from_rgba_unmultiplied(220, 50, 47, a)
+    } else {
+        Color32::from_rgba_unmultiplied(38, 139, 210, a)
+    }
 }
 
 // ---------------------------------------------------------------- playground

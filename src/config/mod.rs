@@ -659,6 +659,11 @@ pub struct RunSettings {
     /// Stop once this many responses have been sampled, dynamic sampling's redraws included
     /// (0 = no budget: `iterations` alone ends the run).
     pub rollout_budget: usize,
+    /// Log the entropy mechanism each optimizer step (Cui et al. 2025): `entropy/covariance`
+    /// and `entropy/predicted_delta` (every engine), `entropy/measured_delta` (the lecture
+    /// model's CPU engines: an extra forward pass) and `entropy/first_order_delta` (the fused
+    /// lecture step: an extra backward pass).
+    pub entropy_dynamics: bool,
 }
 
 impl Default for RunSettings {
@@ -678,6 +683,7 @@ impl Default for RunSettings {
             pass_k: 16,
             pass_samples: 0,
             rollout_budget: 0,
+            entropy_dynamics: false,
         }
     }
 }

@@ -502,6 +502,8 @@ impl Engine for BurnEngine {
             ratio_mean: terms.ratio_mean,
             entropy: terms.entropy,
             grad_norm,
+            entropy_measured: None,
+            entropy_first_order: None,
         };
         self.terms = terms;
         if !loss.is_finite() || !grad_norm.is_finite() {
@@ -517,6 +519,21 @@ impl Engine for BurnEngine {
                 .scale_grads(grads, req.max_grad_norm / grad_norm);
         }
         self.policy = self.optim.step(req.lr, self.policy.clone(), grads);
+        let mut scalars = scalars;
+        if req.entropy_dynamics {
+            // The same states' entropy after the update (one more forward pass).
+            let (_, after) = self.policy.valid().score(
+                prompt_tensor(batch, d).without_autodiff(),
+                response_tensor(batch, d).without_autodiff(),
+                req.temperature,
+            );
+            let after = host(after);
+            let mask = &batch.mask;
+            let count = crate::objective::numeric::masked_sum_f64(mask, &vec![1.0; mask.len()]);
+            let mean =
+                crate::objective::numeric::masked_sum_f64(mask, &after[..mask.len()]) / count;
+            scalars.entropy_measured = Some(mean as f32 - scalars.entropy);
+        }
         Ok(StepOutput {
             scalars,
             logp: logp_rows,

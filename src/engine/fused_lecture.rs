@@ -154,6 +154,9 @@ pub struct FusedLecture {
     /// Adam moments of embedding, encode, decode_t; the step count.
     pub adam: [AdamMoments; 3],
     pub time: i32,
+    /// Measure each step's entropy change (`run.entropy_dynamics`): the entropy after the
+    /// update, and `∇θH·Δθ` (an extra forward and backward pass).
+    pub entropy_dynamics: bool,
     beta1: f32,
     beta2: f32,
     eps: f32,
@@ -248,6 +251,7 @@ impl FusedLecture {
             decode_t: Vec::new(),
             adam: Default::default(),
             time: 0,
+            entropy_dynamics: false,
             beta1: o.beta1 as f32,
             beta2: o.beta2 as f32,
             eps: o.eps as f32,
@@ -544,6 +548,15 @@ impl FusedLecture {
     ) -> (StepScalars, Vec<f32>) {
         let mut sc = std::mem::take(&mut self.scratch);
         let entropy = self.loss_gradient_into(x, s, temperature, &mut sc);
+        let rows = x.prompts.len();
+        // ∇θ of the mean row entropy and the weights before the update, for the first-order
+        // change of the step actually taken.
+        let dynamics = self.entropy_dynamics.then(|| {
+            let loss_grads = std::mem::take(&mut sc.g);
+            self.entropy_gradient_into(x.prompts, 1.0 / temperature, &mut sc);
+            let dh = std::mem::replace(&mut sc.g, loss_grads).flat();
+            (dh, self.flat_weights())
+        });
         let gr = &sc.g;
         let grad_norm = (sum_sq(&gr.embedding) + sum_sq(&gr.encode) + sum_sq(&gr.decode_t)).sqrt();
         let scale = if max_grad_norm > 0.0 && grad_norm > max_grad_norm {
@@ -569,8 +582,24 @@ impl FusedLecture {
         {
             adam.apply(param, grad, &mut st.m, &mut st.v);
         }
+        let (entropy_measured, entropy_first_order) = match dynamics {
+            Some((dh, before)) => {
+                let after = self.forward_softmax(x.prompts, 1.0 / temperature, &mut sc);
+                let step: f64 = self
+                    .flat_weights()
+                    .iter()
+                    .zip(&before)
+                    .zip(&dh)
+                    .map(|((&w, &w0), &g)| (w - w0) as f64 * g as f64)
+                    .sum();
+                (
+                    Some(((after - entropy) / rows as f64) as f32),
+                    Some(step as f32),
+                )
+            }
+            None => (None, None),
+        };
         let t = &sc.terms;
-        let rows = x.prompts.len();
         let scalars = StepScalars {
             loss: t.loss as f32,
             kl: t.kl,
@@ -579,6 +608,8 @@ impl FusedLecture {
             ratio_mean: t.ratio_mean,
             entropy: (entropy / rows as f64) as f32,
             grad_norm,
+            entropy_measured,
+            entropy_first_order,
         };
         let logp = sc.logp.clone();
         self.scratch = sc;
@@ -658,6 +689,31 @@ impl FusedLecture {
             &mut sc.logz,
             Some(&mut sc.probs),
         )
+    }
+
+    /// `∇θ` of the mean entropy of the `(prompt, position)` rows into `sc.g`, from the
+    /// softmax `sc` holds (`sc.probs`, `sc.z`, `sc.logz` at temperature `1/inv_t`).
+    fn entropy_gradient_into(&self, prompts: &[u32], inv_t: f32, sc: &mut Scratch) {
+        let v = self.vocab;
+        let rows = prompts.len();
+        let dl = zeroed(&mut sc.dlogits, rows * v);
+        for (r, out) in dl.chunks_exact_mut(v).enumerate() {
+            let (p, z, lz) = (
+                &sc.probs[r * v..(r + 1) * v],
+                &sc.z[r * v..(r + 1) * v],
+                sc.logz[r],
+            );
+            let h: f32 = -p.iter().zip(z).map(|(&p, &z)| p * (z - lz)).sum::<f32>();
+            crate::objective::entropy_dynamics::entropy_logit_gradient(
+                p,
+                |a| z[a] - lz,
+                h,
+                inv_t,
+                1.0 / rows as f32,
+                out,
+            );
+        }
+        self.backward(prompts, sc);
     }
 
     /// The weights' gradient into `sc.g` from `dlogp [B·G·n]` (∂L/∂z of each response token's

@@ -1204,6 +1204,8 @@ impl FusedTransformer {
             ratio_mean: terms.ratio_mean,
             entropy: terms.entropy,
             grad_norm,
+            entropy_measured: None,
+            entropy_first_order: None,
         };
         sc.terms = terms;
         self.scratch = sc;

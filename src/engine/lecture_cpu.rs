@@ -121,6 +121,7 @@ impl Engine for FusedLectureEngine {
     }
 
     fn step(&mut self, batch: &Batch, req: &StepRequest) -> Result<StepOutput, EngineError> {
+        self.policy.entropy_dynamics = req.entropy_dynamics;
         let (scalars, mut logp) = self.policy.step(
             &batch.prompts,
             &batch.responses,

@@ -209,6 +209,9 @@ pub struct StepRequest<'a> {
     pub sampler_logp: Option<&'a [f32]>,
     /// Return `log π` (before the update) of the first this many responses.
     pub logp_rows: usize,
+    /// Measure the step's entropy change (`run.entropy_dynamics`), where the engine can:
+    /// [`StepScalars::entropy_measured`] and [`StepScalars::entropy_first_order`].
+    pub entropy_dynamics: bool,
 }
 
 /// The scalars one optimizer step reports (on any engine).
@@ -221,6 +224,11 @@ pub struct StepScalars {
     pub ratio_mean: f32,
     pub entropy: f32,
     pub grad_norm: f32,
+    /// The mean entropy over the step's states after its update minus `entropy` (asked by
+    /// [`StepRequest::entropy_dynamics`], where the engine measures it).
+    pub entropy_measured: Option<f32>,
+    /// `∇θ H · Δθ`: the first-order entropy change of the update actually taken (same).
+    pub entropy_first_order: Option<f32>,
 }
 
 #[derive(Debug, Clone)]

@@ -186,6 +186,9 @@ pub struct Card {
     /// (the same settings otherwise): the first iteration whose logged rollouts differ (the
     /// mismatch lab: with and without a correction the draws share their uniforms).
     pub part_from: Option<(String, String)>,
+    /// `[x, y]`: every seed's steps as points, x against y, one colour per cell
+    /// (`charts/scatter-X-vs-Y`: the entropy mechanism's predicted against measured change).
+    pub scatter: Option<(String, String)>,
 }
 
 /// How one seed's run is reduced to a number for the report table.
@@ -201,10 +204,12 @@ pub enum Agg {
     Min,
     /// The first logged value (at the start of training: iteration 0).
     First,
+    /// Pearson's r between two metrics over the steps that log both (`corr(a,b)`).
+    Corr,
 }
 
 impl Agg {
-    pub const NAMES: &[&str] = &["mean", "last10", "final", "max", "min", "first"];
+    pub const NAMES: &[&str] = &["mean", "last10", "final", "max", "min", "first", "corr"];
     fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "mean" => Agg::Mean,
@@ -213,6 +218,7 @@ impl Agg {
             "max" => Agg::Max,
             "min" => Agg::Min,
             "first" => Agg::First,
+            "corr" => Agg::Corr,
             _ => return None,
         })
     }
@@ -224,6 +230,7 @@ impl Agg {
             Agg::Max => "max over the run",
             Agg::Min => "min over the run",
             Agg::First => "first",
+            Agg::Corr => "Pearson r over the run's steps",
         }
     }
 }
@@ -237,6 +244,21 @@ pub struct ReportMetric {
 
 impl ReportMetric {
     pub fn parse(s: &str) -> Result<Self, ExperimentError> {
+        // `corr(a,b)`: Pearson's r of two metrics over a run's steps.
+        if let Some(pair) = s.strip_prefix("corr(").and_then(|r| r.strip_suffix(')')) {
+            let Some((a, b)) = pair.split_once(',') else {
+                return Err(ExperimentError::BadReport(format!(
+                    "`{s}`: corr takes two metrics, corr(a,b)"
+                )));
+            };
+            for m in [a.trim(), b.trim()] {
+                Self::parse(m)?;
+            }
+            return Ok(Self {
+                metric: format!("corr({},{})", a.trim(), b.trim()),
+                agg: Agg::Corr,
+            });
+        }
         // `eval/pass@k` holds an `@` of its own: the suffix is an aggregation only when it
         // names one.
         let (metric, agg) = match s.rsplit_once('@') {
@@ -244,6 +266,11 @@ impl ReportMetric {
             _ => (s.to_string(), Some(Agg::Mean)),
         };
         let agg = agg.unwrap_or(Agg::Mean);
+        if agg == Agg::Corr {
+            return Err(ExperimentError::BadReport(format!(
+                "`{s}`: @corr needs two metrics, corr(a,b)"
+            )));
+        }
         if !crate::metrics::CSV_COLUMNS
             .iter()
             .any(|(n, _)| *n == metric)
@@ -270,6 +297,41 @@ impl ReportMetric {
     pub fn agg_words(&self) -> &'static str {
         self.agg.words()
     }
+
+    /// The two metrics of a `corr(a,b)`.
+    pub fn pair(&self) -> Option<(&str, &str)> {
+        self.metric
+            .strip_prefix("corr(")
+            .and_then(|r| r.strip_suffix(')'))
+            .and_then(|p| p.split_once(','))
+    }
+
+    /// The metrics it reads: one, or a correlation's two.
+    pub fn reads(&self) -> Vec<&str> {
+        match self.pair() {
+            Some((a, b)) => vec![a, b],
+            None => vec![self.metric.as_str()],
+        }
+    }
+}
+
+/// Pearson's r, accumulated: n, Σx, Σy, Σx², Σy², Σxy.
+#[derive(Debug, Clone, Copy, Default)]
+struct Pearson([f64; 6]);
+
+impl Pearson {
+    fn push(&mut self, x: f64, y: f64) {
+        for (s, v) in self.0.iter_mut().zip([1.0, x, y, x * x, y * y, x * y]) {
+            *s += v;
+        }
+    }
+
+    fn r(&self) -> f64 {
+        let [n, sx, sy, sxx, syy, sxy] = self.0;
+        let cov = sxy - sx * sy / n;
+        let (vx, vy) = (sxx - sx * sx / n, syy - sy * sy / n);
+        cov / (vx * vy).sqrt()
+    }
 }
 
 /// Reduces one run's records to its report numbers, one record at a time (constant memory).
@@ -284,6 +346,8 @@ pub struct ReportAcc {
     first: Vec<f64>,
     /// Per metric: (iteration, sum, count) of the last 10 iterations seen.
     tail: Vec<std::collections::VecDeque<(usize, f64, usize)>>,
+    /// Per `corr(a,b)` metric: its two getters and sums.
+    pairs: Vec<Option<(Getter, Getter, Pearson)>>,
 }
 
 impl ReportAcc {
@@ -309,10 +373,29 @@ impl ReportAcc {
             last: vec![f64::NAN; n],
             first: vec![f64::NAN; n],
             tail: vec![Default::default(); n],
+            pairs: metrics
+                .iter()
+                .map(|m| {
+                    let (a, b) = m.pair()?;
+                    Some((
+                        crate::metrics::getter(a)?,
+                        crate::metrics::getter(b)?,
+                        Pearson::default(),
+                    ))
+                })
+                .collect(),
         }
     }
 
     pub fn push(&mut self, r: &StepRecord) {
+        for (ga, gb, acc) in self.pairs.iter_mut().flatten() {
+            if let (Some(x), Some(y)) = (ga(r), gb(r))
+                && x.is_finite()
+                && y.is_finite()
+            {
+                acc.push(x as f64, y as f64);
+            }
+        }
         for (k, m) in self.metrics.iter().enumerate() {
             let Some(v) = self.getters[k]
                 .and_then(|get| get(r))
@@ -354,6 +437,9 @@ impl ReportAcc {
             .iter()
             .enumerate()
             .map(|(k, m)| {
+                if let Some((_, _, acc)) = &self.pairs[k] {
+                    return if acc.0[0] >= 2.0 { acc.r() } else { f64::NAN };
+                }
                 if self.sum[k].1 == 0 {
                     return f64::NAN;
                 }
@@ -362,6 +448,7 @@ impl ReportAcc {
                     Agg::Final => self.last[k],
                     Agg::First => self.first[k],
                     Agg::Max | Agg::Min => self.extreme[k],
+                    Agg::Corr => f64::NAN,
                     Agg::Last10 => {
                         let (s, c) = self.tail[k]
                             .iter()
@@ -497,6 +584,8 @@ struct ExperimentSection {
     plots: Vec<String>,
     #[serde(default)]
     part_from: Option<String>,
+    #[serde(default)]
+    scatter: Vec<String>,
 }
 
 /// The compiled-in experiment files.
@@ -560,6 +649,10 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
     (
         "dynamic-sampling",
         include_str!("../../assets/experiments/dynamic-sampling.toml"),
+    ),
+    (
+        "entropy-mechanism",
+        include_str!("../../assets/experiments/entropy-mechanism.toml"),
     ),
     (
         "reward-hacking",
@@ -647,6 +740,20 @@ impl Matrix {
                         ))),
                     })
                     .transpose()?,
+                scatter: match e.scatter.as_slice() {
+                    [] => None,
+                    [x, y] => {
+                        for m in [x, y] {
+                            ReportMetric::parse(m)?;
+                        }
+                        Some((x.clone(), y.clone()))
+                    }
+                    _ => {
+                        return Err(ExperimentError::BadReport(
+                            "scatter = [\"x metric\", \"y metric\"]: two metrics".into(),
+                        ));
+                    }
+                },
             },
         })
     }

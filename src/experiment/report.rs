@@ -49,10 +49,11 @@ impl Card {
         for m in self
             .plots
             .iter()
-            .chain(self.report.iter().map(|r| &r.metric))
+            .map(String::as_str)
+            .chain(self.report.iter().flat_map(|r| r.reads()))
         {
-            if !v.contains(m) && !BAND_METRICS.contains(&m.as_str()) {
-                v.push(m.clone());
+            if !v.iter().any(|x| x == m) && !BAND_METRICS.contains(&m) {
+                v.push(m.to_string());
             }
         }
         v
@@ -220,6 +221,7 @@ pub(super) fn summarise(
 ) -> Result<(Vec<CellSummary>, PathBuf, Vec<PathBuf>), ExperimentError> {
     let mut summaries = Vec::new();
     let mut overlays: BTreeMap<String, Vec<Series>> = BTreeMap::new();
+    let mut scatter = Vec::new();
     for cell in cells {
         let seeds: Vec<SeedStats> = matrix
             .seeds
@@ -228,6 +230,9 @@ pub(super) fn summarise(
             .collect();
         summaries.push(cell_summary(matrix, cell, &seeds));
         let records: Vec<Vec<StepRecord>> = seeds.into_iter().map(|s| s.records).collect();
+        if let Some(s) = scatter_series(matrix, &cell.label, &records) {
+            scatter.push(s);
+        }
         for (name, pts) in seed_bands(&records, &matrix.card.band_metrics()) {
             let mut series =
                 Series::line(cell.label.clone(), pts.iter().map(|p| (p.0, p.1)).collect());
@@ -260,7 +265,37 @@ pub(super) fn summarise(
             .map_err(io(&chart_dir))?,
         );
     }
+    if let Some((x, y)) = &matrix.card.scatter {
+        let stem = format!("scatter-{}-vs-{}", x.replace('/', "_"), y.replace('/', "_"));
+        charts.extend(
+            line_chart(
+                &chart_dir,
+                &stem,
+                &format!("{}: {y} vs {x} (every step)", matrix.name),
+                x,
+                y,
+                &scatter,
+            )
+            .map_err(io(&chart_dir))?,
+        );
+    }
     Ok((summaries, md_path, charts))
+}
+
+/// A cell's points for the card's scatter: every step that logs both metrics, every seed.
+fn scatter_series(matrix: &Matrix, label: &str, runs: &[Vec<StepRecord>]) -> Option<Series> {
+    let (x, y) = matrix.card.scatter.as_ref()?;
+    let (gx, gy) = (crate::metrics::getter(x)?, crate::metrics::getter(y)?);
+    let points = runs
+        .iter()
+        .flatten()
+        .filter_map(|r| Some((gx(r)? as f64, gy(r)? as f64)))
+        .filter(|p| p.0.is_finite() && p.1.is_finite())
+        .collect();
+    Some(Series {
+        scatter: true,
+        ..Series::line(label, points)
+    })
 }
 
 /// What one seed's run contributes to its cell.

@@ -639,11 +639,9 @@ impl Trainer {
         let part = (parts > 1).then(|| frozen.part(self.step_in_iteration % parts, parts));
         let (batch, advantages, token_advantages, old_logp, ref_logp, sampler_logp) =
             frozen.view(part.as_ref());
-        // Every row's log π at each step: the ratio's range and KL(π_old ‖ π) come from them.
-        // An engine that keeps the step on a device (and batches the iteration's steps) reads
-        // back only the last step's logged rows: the ratio statistics are over what it returns
-        // (NaN on the steps it returns none).
-        // (One mini-batch per step: such an engine then takes them one at a time.)
+        // Every row's log π at each step (the ratio's range, KL(π_old ‖ π)); an engine that
+        // batches an iteration's steps on a device returns only the last step's logged rows
+        // (NaN statistics on the others; with mini-batches it takes them one at a time).
         let batched = self.engine.batches_steps() && parts == 1;
         let rows = if batched { logged * g } else { batch.b * g };
         // The step's own random stream (Clip-Cov's draw): a function of seed, iteration, step.
@@ -664,6 +662,7 @@ impl Trainer {
             ref_logp,
             sampler_logp,
             logp_rows: rows,
+            entropy_dynamics: cfg.run.entropy_dynamics,
         };
         // An engine that takes the iteration's steps in one go (one submission): all of them
         // on the first call, handed out one per call.
@@ -677,6 +676,9 @@ impl Trainer {
             all_at_once,
         )?;
         let ratio = RatioStats::of(&out.logp, old_logp, &batch.mask);
+        let covariance = (cfg.run.entropy_dynamics)
+            .then(|| record::covariance(&out.logp, advantages, token_advantages, batch))
+            .flatten();
         self.timings.step += step_started.elapsed().as_secs_f64();
         let sc = out.scalars;
         let step = self.global_step + 1;
@@ -705,6 +707,7 @@ impl Trainer {
         if a.loss == crate::config::LossMode::Cispo {
             record.cispo_clip_ratio = Some(record.clip_ratio_high);
         }
+        record::with_covariance(&mut record, covariance, cfg);
         if a.entropy_bonus() {
             record.entropy_coef = Some(self.entropy_control.coef as f32);
         }

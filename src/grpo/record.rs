@@ -284,6 +284,7 @@ pub fn logged_groups(
             zero_std: zero_std[bi],
             old_logp: Vec::new(),
             logp: Vec::new(),
+            cov_terms: Vec::new(),
         })
         .collect()
 }
@@ -296,6 +297,51 @@ pub struct StepPosition {
     pub step_in_iteration: usize,
     pub lr: f64,
     pub step_time_secs: f64,
+}
+
+/// The entropy mechanism's Cov(log π, A) over the real tokens of a step's batch, from the log π
+/// the step returned and each token's advantage (the per-token ones where there are, GAE; else
+/// each response's own over its positions).
+pub fn covariance(
+    logp: &[f32],
+    advantages: &[f32],
+    token_advantages: Option<&[f32]>,
+    batch: &crate::engine::Batch,
+) -> Option<crate::objective::entropy_dynamics::Covariance> {
+    let per_token: Vec<f32> = match token_advantages {
+        Some(a) => a.to_vec(),
+        None => advantages
+            .iter()
+            .flat_map(|&a| std::iter::repeat_n(a, batch.t))
+            .collect(),
+    };
+    crate::objective::entropy_dynamics::Covariance::of(logp, &per_token, &batch.mask)
+}
+
+/// The entropy mechanism's numbers on a record (`run.entropy_dynamics`): the step's covariance,
+/// the law's prediction −lr·Cov, and each logged token's term (from its response's driving
+/// advantage).
+pub fn with_covariance(
+    record: &mut StepRecord,
+    c: Option<crate::objective::entropy_dynamics::Covariance>,
+    cfg: &crate::config::RunConfig,
+) {
+    let Some(c) = c else {
+        return;
+    };
+    record.entropy_covariance = Some(c.cov as f32);
+    record.entropy_predicted_delta =
+        Some(crate::objective::entropy_dynamics::predicted_delta(cfg.optimizer.lr, &c) as f32);
+    let mode = cfg.algorithm.advantage.name();
+    for g in record.groups.iter_mut().flatten() {
+        let adv = g.advantages.get(mode).cloned().unwrap_or_default();
+        g.cov_terms = g
+            .logp
+            .iter()
+            .zip(&adv)
+            .map(|(lp, &a)| lp.iter().map(|&l| c.term(l, a)).collect())
+            .collect();
+    }
 }
 
 pub fn step_record(
@@ -341,6 +387,10 @@ pub fn step_record(
         logp_diff_max: stats.gap.map(|g| g.logp_diff_max),
         is_ess: stats.gap.map(|g| g.ess),
         is_masked: stats.gap.map(|g| g.masked_fraction),
+        entropy_covariance: None,
+        entropy_predicted_delta: None,
+        entropy_first_order_delta: sc.entropy_first_order,
+        entropy_measured_delta: sc.entropy_measured,
         ratio_mean: sc.ratio_mean,
         grad_norm: sc.grad_norm,
         lr: at.lr as f32,

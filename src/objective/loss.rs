@@ -693,9 +693,8 @@ fn cov_rule(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
         return;
     }
     let n = real.len() as f64;
-    let mean_a = real.iter().map(|&i| out.adv[i] as f64).sum::<f64>() / n;
-    let mean_l = real.iter().map(|&i| x.logp[i] as f64).sum::<f64>() / n;
-    let cov = |i: usize| ((out.adv[i] as f64 - mean_a) * (x.logp[i] as f64 - mean_l)) as f32;
+    let c = super::entropy_dynamics::Covariance::of(x.logp, &out.adv, x.mask).expect("real tokens");
+    let cov = |i: usize| c.term(x.logp[i], out.adv[i]);
     // At least one token for any ratio above 0.
     let k = ((s.cov_ratio as f64 * n).ceil() as usize).max(1);
     match s.cov {

@@ -7,6 +7,7 @@ pub mod advantage;
 pub mod calculator;
 pub mod correction;
 pub mod entropy_control;
+pub mod entropy_dynamics;
 pub mod loss;
 pub mod numeric;
 pub mod sampling;

@@ -34,6 +34,8 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
     pub band: Option<Vec<(f64, f64, f64)>>,
     pub dashed: bool,
+    /// Points only (a scatter), no line.
+    pub scatter: bool,
 }
 
 impl Series {
@@ -43,6 +45,7 @@ impl Series {
             points,
             band: None,
             dashed: false,
+            scatter: false,
         }
     }
 }
@@ -144,7 +147,14 @@ where
         }
         let pts: Vec<(f64, f64)> = s.points.iter().copied().filter(|p| finite(p.1)).collect();
         let style = ShapeStyle::from(&color).stroke_width(2);
-        let anno = if s.dashed {
+        let anno = if s.scatter {
+            chart
+                .draw_series(
+                    pts.iter()
+                        .map(|&p| Circle::new(p, 2, color.mix(0.5).filled())),
+                )
+                .map_err(|e| e.to_string())?
+        } else if s.dashed {
             chart
                 .draw_series(DashedLineSeries::new(pts, 6, 4, style))
                 .map_err(|e| e.to_string())?

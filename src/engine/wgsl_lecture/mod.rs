@@ -462,6 +462,10 @@ impl WgslLectureEngine {
             )
         } else if a.max_staleness > 0 {
             Some("stale rollouts (algorithm.max_staleness) sample from kept weights on the host")
+        } else if c.run.entropy_dynamics {
+            Some(
+                "run.entropy_dynamics needs every token's log π and the entropy after each step on the host, and its steps read back only the logged rows",
+            )
         } else if a.is_correction != crate::config::IsCorrection::None || a.unbiased_kl {
             Some(
                 "the mismatch lab's corrections (algorithm.is_correction, unbiased_kl) are not in its loss kernel",

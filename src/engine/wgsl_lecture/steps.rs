@@ -172,6 +172,8 @@ impl WgslLectureEngine {
                         clip_high: (s[4] as f64 / tk) as f32,
                         entropy: (s[5] as f64 / tk) as f32,
                         grad_norm: s[6].sqrt(),
+                        entropy_measured: None,
+                        entropy_first_order: None,
                     },
                     logp: if k + 1 == count {
                         last_logp.clone()
