@@ -385,7 +385,13 @@ fn the_entropy_mechanism_is_logged_predicted_and_measured() {
     let logged = fused.iter().find_map(|r| r.groups.as_ref()).unwrap();
     assert_eq!(logged[0].cov_terms.len(), logged[0].responses.len());
     c.run.entropy_dynamics = false;
-    let mut t = Trainer::new(c, Compute::cpu()).unwrap();
+    let mut t = Trainer::new(c.clone(), Compute::cpu()).unwrap();
     let r = t.step().unwrap();
     assert!(r.entropy_covariance.is_none() && r.entropy_measured_delta.is_none());
+    // A live switch (the app's Run ▸ Entropy dynamics): no reset needed, the next step logs.
+    c.run.entropy_dynamics = true;
+    assert!(Trainer::needs_reset(&t.config, &c).is_empty());
+    assert!(t.apply_live(&c).is_empty());
+    let r = t.step().unwrap();
+    assert!(r.entropy_covariance.is_some() && r.entropy_measured_delta.is_some());
 }

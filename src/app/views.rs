@@ -141,6 +141,9 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
         field(ui, &err, "run.kernels", |ui, l| {
             combo(ui, l, "kernels", &mut d.run.kernels, &kernels)
         });
+        field(ui, &err, "run.entropy_dynamics", |ui, l| {
+            ui.checkbox(&mut d.run.entropy_dynamics, "").labelled_by(l);
+        });
     })
     .header_response
     .on_hover_text("Length, seed, device");
@@ -501,6 +504,50 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
         });
         field(ui, &err, "sampling.top_p", |ui, l| {
             ui.add(egui::DragValue::new(&mut d.sampling.top_p).speed(0.01))
+                .labelled_by(l);
+        });
+        // The mismatch lab: a gap between sampler and learner on purpose, and its correction.
+        let scores = enum_names(
+            crate::config::LearnerScores::ALL,
+            crate::config::LearnerScores::name,
+        );
+        field(ui, &err, "sampling.learner_scores", |ui, l| {
+            combo(
+                ui,
+                l,
+                "learner-scores",
+                &mut d.sampling.learner_scores,
+                &scores,
+            )
+        });
+        let precision = enum_names(
+            crate::config::SamplerPrecision::ALL,
+            crate::config::SamplerPrecision::name,
+        );
+        field(ui, &err, "sampling.sampler_precision", |ui, l| {
+            combo(
+                ui,
+                l,
+                "sampler-precision",
+                &mut d.sampling.sampler_precision,
+                &precision,
+            )
+        });
+        let corrections = enum_names(
+            crate::config::IsCorrection::ALL,
+            crate::config::IsCorrection::name,
+        );
+        field(ui, &err, "algorithm.is_correction", |ui, l| {
+            combo(
+                ui,
+                l,
+                "is-correction",
+                &mut d.algorithm.is_correction,
+                &corrections,
+            )
+        });
+        field(ui, &err, "algorithm.max_staleness", |ui, l| {
+            ui.add(egui::DragValue::new(&mut d.algorithm.max_staleness))
                 .labelled_by(l);
         });
     });

@@ -296,6 +296,7 @@ impl Trainer {
         c.optimizer = new.optimizer.clone();
         c.sampling = new.sampling.clone();
         c.run.iterations = new.run.iterations;
+        c.run.entropy_dynamics = new.run.entropy_dynamics;
         let ignored = Self::needs_reset(&self.config, new);
         self.config = c;
         ignored
@@ -313,9 +314,10 @@ impl Trainer {
         if old.sft != new.sft {
             out.push("sft");
         }
+        // The run's length and what it logs move live.
         let (mut a, mut b) = (old.run.clone(), new.run.clone());
-        a.iterations = 0;
-        b.iterations = 0;
+        (a.iterations, a.entropy_dynamics) = (0, false);
+        (b.iterations, b.entropy_dynamics) = (0, false);
         if a != b {
             out.push("run");
         }
