@@ -58,6 +58,19 @@ fn field(
     fields(ui, app_error, &[key], add)
 }
 
+/// One row for a key whose value is one of an enum's names: a combo box of them.
+fn enum_field<T: PartialEq + Copy>(
+    ui: &mut egui::Ui,
+    app_error: &Option<(String, String)>,
+    key: &str,
+    value: &mut T,
+    all: &[T],
+    name: fn(T) -> &'static str,
+) {
+    let names = enum_names(all, name);
+    field(ui, app_error, key, |ui, l| combo(ui, l, key, value, &names));
+}
+
 /// One row for several keys (labelled by the first; the others' widgets carry their own
 /// tooltips via [`hint`]); an error naming any of them shows under it.
 fn fields(
@@ -507,45 +520,34 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                 .labelled_by(l);
         });
         // The mismatch lab: a gap between sampler and learner on purpose, and its correction.
-        let scores = enum_names(
-            crate::config::LearnerScores::ALL,
-            crate::config::LearnerScores::name,
+        use crate::config::{IsCorrection, LearnerScores, SamplerPrecision};
+        let learner = &mut d.sampling.learner_scores;
+        enum_field(
+            ui,
+            &err,
+            "sampling.learner_scores",
+            learner,
+            LearnerScores::ALL,
+            LearnerScores::name,
         );
-        field(ui, &err, "sampling.learner_scores", |ui, l| {
-            combo(
-                ui,
-                l,
-                "learner-scores",
-                &mut d.sampling.learner_scores,
-                &scores,
-            )
-        });
-        let precision = enum_names(
-            crate::config::SamplerPrecision::ALL,
-            crate::config::SamplerPrecision::name,
+        let precision = &mut d.sampling.sampler_precision;
+        enum_field(
+            ui,
+            &err,
+            "sampling.sampler_precision",
+            precision,
+            SamplerPrecision::ALL,
+            SamplerPrecision::name,
         );
-        field(ui, &err, "sampling.sampler_precision", |ui, l| {
-            combo(
-                ui,
-                l,
-                "sampler-precision",
-                &mut d.sampling.sampler_precision,
-                &precision,
-            )
-        });
-        let corrections = enum_names(
-            crate::config::IsCorrection::ALL,
-            crate::config::IsCorrection::name,
+        let correction = &mut d.algorithm.is_correction;
+        enum_field(
+            ui,
+            &err,
+            "algorithm.is_correction",
+            correction,
+            IsCorrection::ALL,
+            IsCorrection::name,
         );
-        field(ui, &err, "algorithm.is_correction", |ui, l| {
-            combo(
-                ui,
-                l,
-                "is-correction",
-                &mut d.algorithm.is_correction,
-                &corrections,
-            )
-        });
         field(ui, &err, "algorithm.max_staleness", |ui, l| {
             ui.add(egui::DragValue::new(&mut d.algorithm.max_staleness))
                 .labelled_by(l);
