@@ -885,14 +885,7 @@ fn gradient_lab_cmd(args: GradientLabArgs) -> Result<()> {
     if !args.modes.is_empty() {
         lab.modes = args.modes.clone();
     }
-    if lab.mu_step > 0 {
-        if lab.objectives.is_empty() {
-            lab.objectives = gradient::OBJECTIVES.iter().map(|s| s.to_string()).collect();
-        }
-        if args.modes.is_empty() {
-            lab.modes = vec![AdvantageMode::Rloo];
-        }
-    }
+    let lab = lab.off_policy_defaults(!args.modes.is_empty());
     gradient::check(&config, &lab).map_err(user)?;
     let e = gradient::estimate(&config, &lab);
     if args.dry_run {

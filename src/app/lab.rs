@@ -6,7 +6,7 @@
 
 use super::GrpoApp;
 use super::shapes::PALETTE;
-use crate::config::{AdvantageMode, RunConfig};
+use crate::config::RunConfig;
 use crate::lab::gradient::{self, LabArgs, Report, Session};
 use egui::{Color32, RichText};
 use egui_plot::{Legend, Line, Plot};
@@ -32,16 +32,12 @@ impl LabCard {
     /// The lab's arguments for the card's settings: the CLI's defaults; past μ step 0, RLOO
     /// under every objective (so that only the objectives differ), as the CLI does.
     pub fn args(&self) -> LabArgs {
-        let mut a = LabArgs {
+        LabArgs {
             at_iteration: self.at_iteration,
             mu_step: self.mu_step,
             ..Default::default()
-        };
-        if self.mu_step > 0 {
-            a.objectives = gradient::OBJECTIVES.iter().map(|s| s.to_string()).collect();
-            a.modes = vec![AdvantageMode::Rloo];
         }
-        a
+        .off_policy_defaults(false)
     }
 
     /// Start the lab on lecture17 at the card's settings.
@@ -128,12 +124,7 @@ pub fn card_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
 }
 
 fn report_ui(r: &Report, ui: &mut egui::Ui) {
-    let mut names: Vec<&str> = Vec::new();
-    for e in &r.estimators {
-        if !names.contains(&e.name.as_str()) {
-            names.push(&e.name);
-        }
-    }
+    let names = r.estimator_names();
     let w = ((ui.available_width() - 24.0) / 2.0).max(200.0);
     ui.horizontal(|ui| {
         for (title, get) in [

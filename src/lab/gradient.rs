@@ -62,6 +62,22 @@ impl Default for LabArgs {
     }
 }
 
+impl LabArgs {
+    /// Past μ step 0 the objectives differ: every one of them by default (unless some are
+    /// named), each on RLOO advantages unless `modes_given`, so that only the objectives differ.
+    pub fn off_policy_defaults(mut self, modes_given: bool) -> Self {
+        if self.mu_step > 0 {
+            if self.objectives.is_empty() {
+                self.objectives = OBJECTIVES.iter().map(|s| s.to_string()).collect();
+            }
+            if !modes_given {
+                self.modes = vec![AdvantageMode::Rloo];
+            }
+        }
+        self
+    }
+}
+
 /// The objectives the lab can set side by side: the loss modes, and GSPO (clipped, ratio per
 /// sequence).
 pub const OBJECTIVES: &[&str] = &[
@@ -471,15 +487,16 @@ impl Measure {
             .collect();
         let old_logp = s.old.token_logp(&d.xs, &d.answers);
         let ref_logp = s.reference.token_logp(&d.xs, &d.answers);
+        // Each group's prompt, once per G (the keys run G by G).
+        let mut group_prompts: Vec<(usize, Vec<u32>)> = Vec::new();
         for (acc, &(g, mode, o)) in self.accs.iter_mut().zip(&self.keys) {
+            if group_prompts.last().is_none_or(|(at, _)| *at != g) {
+                let p = d.xs.iter().step_by(g);
+                group_prompts.push((g, p.flat_map(|&x| s.prompts[x].clone()).collect()));
+            }
             let adv = advantage::advantages(mode, &rewards, g);
-            let group_prompts: Vec<u32> =
-                d.xs.iter()
-                    .step_by(g)
-                    .flat_map(|&x| s.prompts[x].clone())
-                    .collect();
             let grad = s.theta.loss_gradient(
-                &group_prompts,
+                &group_prompts.last().expect("pushed above").1,
                 &d.answers,
                 &adv,
                 &old_logp,
@@ -764,6 +781,17 @@ pub fn evaluations(a: &LabArgs) -> usize {
 }
 
 impl Report {
+    /// Each estimator's name once, in the report's order (one line per name across G).
+    pub fn estimator_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = Vec::new();
+        for e in &self.estimators {
+            if !names.contains(&e.name.as_str()) {
+                names.push(&e.name);
+            }
+        }
+        names
+    }
+
     fn find(&self, mode: AdvantageMode, g: usize) -> Option<&EstimatorStats> {
         self.estimators
             .iter()
@@ -937,12 +965,7 @@ impl Report {
     /// against log₂ G (`gradient-lab-cosine`, `gradient-lab-snr`, PNG and SVG).
     pub fn charts(&self, dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
         use crate::report::chart::{Series, line_chart};
-        let mut names: Vec<&str> = Vec::new();
-        for e in &self.estimators {
-            if !names.contains(&e.name.as_str()) {
-                names.push(&e.name);
-            }
-        }
+        let names = self.estimator_names();
         let series = |f: fn(&EstimatorStats) -> f64| -> Vec<Series> {
             names
                 .iter()
