@@ -149,6 +149,19 @@ fn fused_step_equals_burn_for_every_new_objective() {
             "algorithm.opsm_threshold=0.02",
         ],
         &["algorithm.max_staleness=1", "algorithm.is_correction=tis"],
+        // The kept sampling mask: a top-2 sampler, the learner renormalised over its support
+        // (every distribution it scores, the reference's too, under a KL).
+        &[
+            "sampling.top_k=2",
+            "sampling.keep_sampling_mask=true",
+            "algorithm.beta=0.1",
+        ],
+        &[
+            "sampling.top_p=0.6",
+            "sampling.learner_scores=full",
+            "sampling.keep_sampling_mask=true",
+            "algorithm.is_correction=tis",
+        ],
     ] {
         let mut c = short_lecture(2);
         c.model.init_scale = 0.3;
@@ -273,6 +286,53 @@ fn a_sampler_learner_gap_is_measured_and_corrected_from_the_same_draws() {
     assert_eq!(truncated[0].is_masked, Some(0.0));
     let bf16 = run(&["sampling.sampler_precision=bf16"]);
     assert!(bf16[0].logp_diff_max.unwrap() > 0.0);
+}
+
+/// DeepSeek-V3.2's keep-sampling-mask: behind a top-2 sampler at the learner's temperature the
+/// learner's log π_old is the very distribution drawn from (the gap falls to rounding), while
+/// without it the truncation is a gap of the dropped mass; the draws are the same either way,
+/// and the support travels with the groups dynamic sampling puts in.
+#[test]
+fn the_kept_sampling_mask_closes_the_truncation_gap() {
+    let run = |keep: bool| {
+        let mut c = short_lecture(3);
+        c.sampling.temperature = 0.7;
+        c.sampling.top_k = 2;
+        c.sampling.keep_sampling_mask = keep;
+        c.algorithm.is_correction = grpo_lab::config::IsCorrection::Tis;
+        c.algorithm.dynamic_sampling = true;
+        c.validate().unwrap();
+        let mut t = Trainer::new(c, Compute::cpu()).unwrap();
+        let mut records = Vec::new();
+        while !t.is_done() {
+            records.push(t.step().unwrap());
+        }
+        records
+    };
+    let (kept, open) = (run(true), run(false));
+    let first = |r: &[grpo_lab::metrics::StepRecord]| {
+        let groups = r.iter().find_map(|x| x.groups.clone()).unwrap();
+        groups[0].responses.clone()
+    };
+    assert_eq!(first(&kept), first(&open), "the mask moves no draw");
+    for r in &kept {
+        let gap = r.logp_diff_max.unwrap();
+        assert!(gap < 1e-5, "step {}: gap {gap} with the mask kept", r.step);
+        assert!((r.is_ratio_mean.unwrap() - 1.0).abs() < 1e-5, "{r:?}");
+    }
+    assert!(
+        kept.iter().any(|r| r.resample_rounds > 0),
+        "no group was resampled"
+    );
+    let gap = open[0].logp_diff_max.unwrap();
+    assert!(gap > 0.05, "the truncation gap without the mask: {gap}");
+    // The renormalised distribution has less entropy than the full one it came from.
+    assert!(
+        kept[0].entropy < open[0].entropy,
+        "{} vs {}",
+        kept[0].entropy,
+        open[0].entropy
+    );
 }
 
 /// Stale rollouts: iteration i draws with the policy of iteration i − k (its first k iterations

@@ -197,6 +197,42 @@ fn fused_transformer_equals_burn_with_dynamic_sampling() {
     );
 }
 
+/// The mismatch lab on the transformer: a bf16 sampler, a top-k sampler behind a learner at
+/// temperature 1 with the sampler's support kept, and stale rollouts — each records the
+/// sampler's own log π inside the KV-cache loop, and the fused engine still equals burn's path
+/// (the same draws, the same corrected update).
+#[test]
+fn fused_transformer_equals_burn_across_the_sampler_learner_gap() {
+    for (i, sets) in [
+        &[
+            "sampling.sampler_precision=bf16",
+            "algorithm.is_correction=tis",
+        ][..],
+        &[
+            "sampling.learner_scores=full",
+            "sampling.temperature=0.8",
+            "sampling.top_k=3",
+            "sampling.keep_sampling_mask=true",
+            "algorithm.is_correction=mis",
+            "algorithm.is_threshold_low=0.5",
+        ],
+        &["algorithm.max_staleness=1", "algorithm.is_correction=tis"],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut c = ragged();
+        c.run.iterations = 3;
+        c.run.seed = 20 + i as u64;
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let c = c.with_overrides(&sets).unwrap();
+        let (fused, _) = compare(&c);
+        assert!(fused.iter().all(|r| r.is_ratio_mean.is_some()), "{sets:?}");
+        let gap = fused.last().unwrap().logp_diff_max.unwrap();
+        assert!(gap > 0.0 && gap.is_finite(), "{sets:?}: gap {gap}");
+    }
+}
+
 /// The supervised cold start on the fused engine equals burn's (the same held-out accuracy
 /// after it, the same first rollouts and metrics after it).
 #[test]

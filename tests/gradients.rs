@@ -25,7 +25,7 @@ fn naive_loss(model: &LecturePolicy, device: &Device) -> (f64, Tensor<1>) {
     let responses: Vec<i64> = (0..2 * G * N).map(|i| ((i * 7 + 3) % V) as i64).collect();
     let responses = Tensor::<3, Int>::from_data(TensorData::new(responses, [2, G, N]), device);
     let policy = grpo_lab::model::Policy::Lecture(model.clone());
-    let (logp, entropy) = policy.score(prompts, responses, 1.0);
+    let (logp, entropy) = policy.score(prompts, responses, 1.0, None);
     let (lp, ent) = read_back(&logp, &entropy);
     let mut settings = LossSettings::plain(
         LossMode::Naive,

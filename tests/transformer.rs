@@ -107,7 +107,8 @@ fn padding_never_contributes() {
             ..LossSettings::plain(LossMode::Clipped, KlEstimator::K3, *agg)
         };
         let run = |tokens: &[i64], old: &[f32], refp: &[f32]| -> Vec<f32> {
-            let (logp, ent) = policy.score(prompts.clone(), ints3(tokens, [1, g, t], &d), 1.0);
+            let (logp, ent) =
+                policy.score(prompts.clone(), ints3(tokens, [1, g, t], &d), 1.0, None);
             let (logp, ent) = read_back(&logp, &ent);
             let mut out = TokenTerms::default();
             let inputs = TokenInputs {
@@ -195,7 +196,7 @@ fn autoregressive_logprobs_equal_teacher_forced() {
         }
         let pt =
             Tensor::<2, Int>::from_data(TensorData::new(vec![3i64, 1, 4, 0, 0, 2], [2, 3]), &d);
-        let (logp, _) = policy.score(pt, ints3(&ids, [2, g, t], &d), temperature);
+        let (logp, _) = policy.score(pt, ints3(&ids, [2, g, t], &d), temperature, None);
         let logp = logp.into_data().try_to_vec::<f32>().unwrap();
         for (r, row) in generated.rows.iter().enumerate() {
             assert_eq!(seen[r].len(), row.len());

@@ -539,6 +539,10 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
             SamplerPrecision::ALL,
             SamplerPrecision::name,
         );
+        field(ui, &err, "sampling.keep_sampling_mask", |ui, l| {
+            ui.checkbox(&mut d.sampling.keep_sampling_mask, "")
+                .labelled_by(l);
+        });
         let correction = &mut d.algorithm.is_correction;
         enum_field(
             ui,
@@ -609,7 +613,7 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     ui.horizontal(|ui| {
         if ui
             .button("Copy as one line")
-            .on_hover_text("The whole config as one shareable line")
+            .on_hover_text("The config as one shareable line: the nearest preset and the keys that differ from it")
             .clicked()
         {
             app.share_string = share_string(&app.draft);
@@ -636,22 +640,19 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     .labelled_by(l.id);
 }
 
-/// The whole config as one line (TensorFlow Playground style).
+/// The config as one line (TensorFlow Playground style): the nearest preset and the keys
+/// that differ from it ([`RunConfig::to_json_line`]).
 pub fn share_string(c: &RunConfig) -> String {
-    format!(
-        "grpo-lab:{}",
-        serde_json::to_string(c).expect("config serializes")
-    )
+    format!("grpo-lab:{}", c.to_json_line())
 }
 
+/// A shared line, short (a preset and what differs) or long (a whole config).
 pub fn parse_share_string(s: &str) -> Result<RunConfig, String> {
     let json = s
         .trim()
         .strip_prefix("grpo-lab:")
         .ok_or("a shared config starts with `grpo-lab:`")?;
-    let c: RunConfig = serde_json::from_str(json).map_err(|e| format!("shared config: {e}"))?;
-    c.validate().map_err(|e| e.to_string())?;
-    Ok(c)
+    RunConfig::from_json_line(json).map_err(|e| e.to_string())
 }
 
 // ---------------------------------------------------------------- plots

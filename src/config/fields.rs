@@ -393,7 +393,7 @@ pub const FIELDS: &[Field] = &[
         "OPSM's δ (DeepSeek-V3.2 eq. 9): the mean per-token log(π_sampler/π_θ) of a response above which, with A < 0, it is dropped (TRL off_policy_mask_threshold, e.g. 0.5)."),
     Field::new("algorithm.max_staleness", "max staleness", Range::int(0, 64),
         "Stale rollouts, as an asynchronous trainer makes them: iteration i's responses are drawn by the policy of iteration max(0, i − k) (its weights kept, and checkpointed, for k iterations); the learner rescores them as log π_old, and the sampler's own log π feeds algorithm.is_correction and the sampling/* metrics (0 = off). OpenRLHF: async_queue_size; verl: the one-step-off-policy / fully async trainers.")
-        .rule("lecture model; not on the WGSL engine"),
+        .rule("not on the WGSL engine"),
     Field::new("algorithm.unbiased_kl", "unbiased KL", Range::Bool,
         "DeepSeek-V3.2's unbiased KL estimate: each token's KL term multiplied by π_θ/π_old (gradient through both), since the tokens were drawn from π_old, not π_θ. TRL: use_bias_correction_kl.")
         .rule("not on the WGSL engine"),
@@ -437,11 +437,14 @@ pub const FIELDS: &[Field] = &[
     Field::new("sampling.top_p", "top-p", Range::float(Open(0.0), Closed(1.0)),
         "Nucleus sampling: keep the smallest set with this much probability (1 = off). TRL: top_p; verl: actor_rollout_ref.rollout.top_p."),
     Field::new("sampling.learner_scores", "learner scores", Range::Choice(LearnerScores::NAMES),
-        "What the learner scores: sampled (log π at the sampling temperature, as the sampler drew — top-k / top-p are the sampler's alone) or full (the full softmax at temperature 1, as TRL and verl score behind vLLM: with temperature ≠ 1 a sampler–learner gap, trl #4159). The sampler's own log π is recorded beside log π_old whenever the two differ (lecture model), for algorithm.is_correction and the sampling/* metrics.")
-        .rule("full: lecture model (the transformer's sampler log π is not recorded yet)"),
+        "What the learner scores: sampled (log π at the sampling temperature, as the sampler drew — top-k / top-p are the sampler's alone) or full (the full softmax at temperature 1, as TRL and verl score behind vLLM: with temperature ≠ 1 a sampler–learner gap, trl #4159). The sampler's own log π is recorded beside log π_old whenever the two differ, for algorithm.is_correction and the sampling/* metrics.")
+        .rule("full: not on the WGSL engine"),
+    Field::new("sampling.keep_sampling_mask", "keep sampling mask", Range::Bool,
+        "DeepSeek-V3.2's Keep Sampling Mask (arXiv 2512.02556 §3.1; prime-rl's and vLLM's \"sampling replay\"): the rollout records the tokens top-k / top-p kept at each position, and the learner scores log π_θ, log π_old and log π_ref renormalised over that support, so truncation stops being a sampler–learner gap (with learner_scores = sampled and an f32 sampler, π_old is then the distribution drawn from). No TRL / verl / OpenRLHF key (SkyRL #877 asks for it).")
+        .rule("with sampling.top_k or top_p; vocabulary ≤ 64 tokens; not with algorithm.replay_buffer; not on the WGSL engine"),
     Field::new("sampling.sampler_precision", "sampler precision", Range::Choice(SamplerPrecision::NAMES),
         "The sampler's arithmetic: f32, or bf16 (its logits rounded to bfloat16 before the softmax and the draw, as an inference engine in bf16 does; the learner stays f32) — a controlled sampler–learner gap.")
-        .rule("bf16: lecture model, not on the WGSL engine"),
+        .rule("bf16: not on the WGSL engine"),
     // sft
     Field::new("sft.steps", "SFT steps", Range::ANY_INT,
         "Supervised steps on (prompt, sorted) pairs before RL (DeepSeek-R1's cold start). 0 = pure RL (R1-Zero)."),

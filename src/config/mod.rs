@@ -10,6 +10,7 @@
 
 mod fields;
 mod objective;
+mod share;
 use fields::json_path;
 pub use fields::*;
 use serde::{Deserialize, Serialize};
@@ -585,6 +586,9 @@ pub struct SamplingConfig {
     pub learner_scores: LearnerScores,
     /// The sampler's arithmetic: `f32`, or its logits rounded to bf16 before the draw (a gap).
     pub sampler_precision: SamplerPrecision,
+    /// DeepSeek-V3.2's keep-sampling-mask: the learner scores every distribution renormalised
+    /// over the tokens the sampler's top-k / top-p kept at each position.
+    pub keep_sampling_mask: bool,
 }
 
 impl SamplingConfig {
@@ -614,6 +618,7 @@ impl Default for SamplingConfig {
             top_p: 1.0,
             learner_scores: LearnerScores::Sampled,
             sampler_precision: SamplerPrecision::F32,
+            keep_sampling_mask: false,
         }
     }
 }
@@ -1090,15 +1095,23 @@ impl RunConfig {
     /// Whether the rollout records the sampler's own log π beside the learner's log π_old: the
     /// sampler drew from something else than the learner scores (top-k / top-p, bf16 logits,
     /// the learner at temperature 1, an older policy) and the mismatch lab is asked for (a gap
-    /// key or a correction: top-k / top-p alone roll out as they always did), on the lecture
-    /// model (the transformer's is not recorded yet).
+    /// key or a correction: top-k / top-p alone roll out as they always did), on either model.
     pub fn records_sampler_logp(&self) -> bool {
         let s = &self.sampling;
         let asked = s.learner_scores == LearnerScores::Full
             || s.sampler_precision == SamplerPrecision::Bf16
+            || s.keep_sampling_mask
             || self.algorithm.is_correction != IsCorrection::None;
-        let stale = self.algorithm.max_staleness > 0;
-        self.model.kind == ModelKind::Lecture && (stale || (s.has_gap() && asked))
+        self.algorithm.max_staleness > 0 || (s.has_gap() && asked)
+    }
+
+    /// The tokens the policy chooses among at each position: `task.vocab` for the lecture
+    /// model, and `<eos>` besides for the transformer.
+    pub fn learner_vocab(&self) -> usize {
+        match self.model.kind {
+            ModelKind::Lecture => self.task.vocab,
+            ModelKind::Transformer => self.task.vocab + 1,
+        }
     }
 
     /// The longest response in tokens: `n` for the lecture model, `task.max_len` (0 = n + 1)

@@ -258,11 +258,33 @@ impl RunConfig {
         Ok(())
     }
 
-    /// The mismatch lab: the corrections' band and level, and the gaps the sampler can make
-    /// on each model (the transformer's sampler log π is not recorded yet).
+    /// The mismatch lab: the corrections' band and level, and the kept sampling mask's needs.
     fn validate_mismatch(&self) -> Result<(), ConfigError> {
         let a = &self.algorithm;
         let s = &self.sampling;
+        if s.keep_sampling_mask {
+            let vocab = self.learner_vocab();
+            if s.top_k == 0 && s.top_p >= 1.0 {
+                return bad(
+                    "sampling.keep_sampling_mask",
+                    "without sampling.top_k or sampling.top_p: the sampler keeps every token, so there is no mask to keep".into(),
+                );
+            }
+            if vocab > 64 {
+                return bad(
+                    "sampling.keep_sampling_mask",
+                    format!(
+                        "with {vocab} tokens to choose from (task.vocab): a kept support is one 64-bit word per token"
+                    ),
+                );
+            }
+            if a.replay_buffer > 0 {
+                return bad(
+                    "algorithm.replay_buffer",
+                    "with sampling.keep_sampling_mask = true: a stored group keeps no sampler support".into(),
+                );
+            }
+        }
         if a.is_threshold_high <= a.is_threshold_low {
             return bad(
                 "algorithm.is_threshold_high",
@@ -281,39 +303,6 @@ impl RunConfig {
                     a.is_correction, a.is_correction
                 ),
             );
-        }
-        if self.model.kind == ModelKind::Transformer {
-            let key_gap = if a.max_staleness > 0 {
-                Some(("algorithm.max_staleness", "a stale sampler"))
-            } else if s.sampler_precision == SamplerPrecision::Bf16 {
-                Some(("sampling.sampler_precision", "bf16"))
-            } else if s.learner_scores == LearnerScores::Full {
-                Some(("sampling.learner_scores", "full"))
-            } else {
-                None
-            };
-            if let Some((key, value)) = key_gap {
-                return bad(
-                    key,
-                    format!(
-                        "{value} with model.kind = transformer: the sampler's own log π is recorded on the lecture model only so far (the transformer samples inside its KV-cache loop)"
-                    ),
-                );
-            }
-            let truncated = s.top_k > 0 || s.top_p < 1.0;
-            let weighted = matches!(
-                a.is_correction,
-                IsCorrection::Tis | IsCorrection::Mis | IsCorrection::Icepop
-            );
-            if truncated && weighted {
-                return bad(
-                    "algorithm.is_correction",
-                    format!(
-                        "{} with sampling.top_k / top_p on the transformer: the sampler's truncated log π is recorded on the lecture model only so far, and the weight would silently be 1",
-                        a.is_correction
-                    ),
-                );
-            }
         }
         Ok(())
     }
@@ -398,29 +387,20 @@ mod tests {
             ]);
             assert!(e.contains("algorithm.is_level") && e.contains(rule), "{e}");
         }
-        let transformer = |sets: &[&str]| {
+        // Every gap runs on the transformer too: each records the sampler's own log π.
+        for sets in [
+            &["sampling.sampler_precision=bf16"][..],
+            &["sampling.learner_scores=full", "sampling.temperature=0.7"],
+            &["sampling.top_k=3", "algorithm.is_correction=tis"],
+            &["algorithm.max_staleness=2"],
+        ] {
             let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-            RunConfig::preset("transformer-sort")
+            let c = RunConfig::preset("transformer-sort")
                 .unwrap()
                 .with_overrides(&sets)
-                .unwrap_err()
-                .to_string()
-        };
-        let e = transformer(&["sampling.sampler_precision=bf16"]);
-        assert!(
-            e.contains("sampling.sampler_precision") && e.contains("model.kind"),
-            "{e}"
-        );
-        let e = transformer(&["sampling.learner_scores=full"]);
-        assert!(
-            e.contains("sampling.learner_scores") && e.contains("model.kind"),
-            "{e}"
-        );
-        let e = transformer(&["sampling.top_k=3", "algorithm.is_correction=tis"]);
-        assert!(
-            e.contains("algorithm.is_correction") && e.contains("top_k"),
-            "{e}"
-        );
+                .unwrap();
+            assert!(c.records_sampler_logp(), "{sets:?}");
+        }
         let e = refusal(&[
             "sampling.learner_scores=full",
             "sampling.temperature=0.7",

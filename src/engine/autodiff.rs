@@ -12,7 +12,6 @@ use crate::gpu::kernels::Kernels;
 use crate::model::{LecturePolicy, Policy};
 use crate::objective::loss::{self, TokenInputs, TokenTerms};
 use crate::objective::sampling;
-use crate::rng::counter_u32;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
 use burn::store::ModuleRecord;
@@ -110,6 +109,7 @@ pub fn supervised_steps(
             prompt_tensor(batch, device),
             response_tensor(batch, device),
             1.0,
+            None,
         );
         let loss = logp.mean().neg();
         if i + 1 == batches.len() {
@@ -319,16 +319,18 @@ impl BurnEngine {
                 greedy,
                 logp: None,
                 sampler_logp: None,
+                support: None,
             });
         }
-        let (tokens, sampler_logp) = super::draw_lecture(&logits, (b, n, v, g), req);
+        let drawn = super::draw_lecture(&logits, (b, n, v, g), req);
         Ok(Samples {
-            rows: tokens.chunks(n).map(|c| c.to_vec()).collect(),
+            rows: drawn.tokens.chunks(n).map(|c| c.to_vec()).collect(),
             closed: vec![true; b * g],
             scores: None,
             greedy,
             logp: None,
-            sampler_logp,
+            sampler_logp: drawn.sampler_logp,
+            support: drawn.support,
         })
     }
 }
@@ -343,14 +345,12 @@ impl Engine for BurnEngine {
         let frozen = self.policy.valid();
         match &frozen {
             Policy::Lecture(m) => self.sample_lecture(m, req),
-            Policy::Transformer(_) if req.sampler.any() => Err(EngineError::Unsupported(
-                "the transformer's sampler does not round to bf16 or record its log π (the mismatch lab runs on the lecture model)".into(),
-            )),
             Policy::Transformer(_) => {
                 let v = self.vocab + 1;
                 let rows_n = b * g;
-                let kernels = self.kernels.clone();
-                let (seed, stream, params) = (req.seed, req.stream, req.params);
+                let kernels = self.kernels.clone().filter(|_| !req.sampler.any());
+                let draw = req.draw();
+                let mut trace = super::Trace::default();
                 let owned: Vec<Vec<u32>> = req.prompts.iter().map(|p| p.to_vec()).collect();
                 let refs: Vec<&Vec<u32>> = owned.iter().collect();
                 let generated = frozen.generate(
@@ -360,32 +360,26 @@ impl Engine for BurnEngine {
                     &self.compute.device,
                     |logits, t| -> Result<Vec<u32>, EngineError> {
                         // One draw per row: (row, 0, 0) coordinates under a per-position stream,
-                        // so the kernel and the Rust path pick the same tokens.
-                        let step_stream = counter_u32(seed, &[stream, t as u32, 0xA7]);
+                        // so the kernel and the Rust path pick the same tokens. The mismatch
+                        // lab's sampler (bf16, its own log π) draws on the host.
                         Ok(match &kernels {
                             Some(k) => {
-                                k.sample(logits, rows_n, 1, v, 1, params, seed, step_stream)?
+                                let stream = draw.position_stream(t);
+                                k.sample(logits, rows_n, 1, v, 1, draw.params, draw.seed, stream)?
                             }
-                            None => sampling::sample_independent(
-                                logits,
-                                rows_n,
-                                1,
-                                v,
-                                1,
-                                params,
-                                seed,
-                                step_stream,
-                            ),
+                            None => super::draw_position(logits, v, t, &draw, &mut trace),
                         })
                     },
                 )?;
+                let (sampler_logp, support) = trace.finish(&generated.rows, req.sampler);
                 Ok(Samples {
                     rows: generated.rows,
                     closed: generated.closed,
                     scores: None,
                     greedy: None,
                     logp: None,
-                    sampler_logp: None,
+                    sampler_logp,
+                    support,
                 })
             }
         }
@@ -453,6 +447,7 @@ impl Engine for BurnEngine {
             prompt_tensor(batch, &inner).without_autodiff(),
             response_tensor(batch, &inner).without_autodiff(),
             temperature,
+            batch.support.as_deref(),
         );
         Ok(host(logp))
     }
@@ -464,6 +459,7 @@ impl Engine for BurnEngine {
             prompt_tensor(batch, d),
             response_tensor(batch, d),
             req.temperature,
+            batch.support.as_deref(),
         ); // [B, G, T], with gradient
         // log π and each token's entropy on the host (one read-back); the objective's value and
         // per-token coefficients from `objective::loss`; the surrogate carries them back.
@@ -526,6 +522,7 @@ impl Engine for BurnEngine {
                 prompt_tensor(batch, d).without_autodiff(),
                 response_tensor(batch, d).without_autodiff(),
                 req.temperature,
+                batch.support.as_deref(),
             );
             let after = host(after);
             let mask = &batch.mask;

@@ -132,6 +132,17 @@ fn softmax_rows(
     entropy
 }
 
+/// The keep-sampling-mask on the lecture model: each (prompt, position) row of `logits
+/// [B·n, V]` restricted to its sampler support, read off the prompt's first response
+/// (`support [B·G·n]`: its G responses were drawn from the same row, so they share it).
+fn keep_supports(logits: &mut [f32], v: usize, n: usize, support: Option<&[u64]>) {
+    let Some(support) = support else { return };
+    let g = support.len() * v / logits.len().max(1);
+    for (r, row) in logits.chunks_exact_mut(v).enumerate() {
+        crate::objective::sampling::keep_support(row, support[(r / n) * g * n + r % n]);
+    }
+}
+
 /// Adam's state for one parameter array, as burn's `Adam` keeps it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AdamMoments {
@@ -206,6 +217,8 @@ struct Batch<'a> {
     ref_logp: &'a [f32],
     /// `[B·G·n]` the sampler's own log π (the mismatch lab), where it differs.
     sampler_logp: Option<&'a [f32]>,
+    /// `[B·G·n]` the sampler's support, which the learner renormalises over.
+    support: Option<&'a [u64]>,
 }
 
 /// Buffers a step reuses (sized on first use; no allocation or page faults afterwards).
@@ -427,10 +440,17 @@ impl FusedLecture {
     }
 
     /// `log π` at `temperature` of every response token: `prompts [B·n]`, `responses
-    /// [B·G·n]` → `[B·G·n]`, computed exactly as `step` computes it.
-    pub fn token_logp(&self, prompts: &[u32], responses: &[u32], temperature: f32) -> Vec<f32> {
+    /// [B·G·n]` → `[B·G·n]`, computed exactly as `step` computes it (over the sampler's
+    /// `support [B·G·n]` when given).
+    pub fn token_logp(
+        &self,
+        prompts: &[u32],
+        responses: &[u32],
+        temperature: f32,
+        support: Option<&[u64]>,
+    ) -> Vec<f32> {
         let f = self.forward(prompts);
-        self.token_logp_from_logits(&f.logits, responses, temperature)
+        self.token_logp_from_logits(&f.logits, responses, temperature, support)
     }
 
     /// `token_logp` from logits `[B·n, V]` this path's forward already computed. (Portable
@@ -440,8 +460,18 @@ impl FusedLecture {
         logits: &[f32],
         responses: &[u32],
         temperature: f32,
+        support: Option<&[u64]>,
     ) -> Vec<f32> {
         let (mut z, mut logz, mut out) = (Vec::new(), Vec::new(), Vec::new());
+        let mut kept = Vec::new();
+        let logits = match support {
+            Some(_) => {
+                kept.extend_from_slice(logits);
+                keep_supports(&mut kept, self.vocab, self.n, support);
+                &kept[..]
+            }
+            None => logits,
+        };
         softmax_rows(
             logits,
             self.vocab,
@@ -509,6 +539,7 @@ impl FusedLecture {
         old_logp: &[f32],
         ref_logp: &[f32],
         sampler_logp: Option<&[f32]>,
+        support: Option<&[u64]>,
         s: &LossSettings,
         temperature: f32,
         lr: f64,
@@ -522,6 +553,7 @@ impl FusedLecture {
             old_logp,
             ref_logp,
             sampler_logp,
+            support,
         };
         self.step_batch(&x, s, temperature, lr, max_grad_norm)
     }
@@ -584,7 +616,7 @@ impl FusedLecture {
         }
         let (entropy_measured, entropy_first_order) = match dynamics {
             Some((dh, before)) => {
-                let after = self.forward_softmax(x.prompts, 1.0 / temperature, &mut sc);
+                let after = self.forward_softmax(x.prompts, 1.0 / temperature, x.support, &mut sc);
                 let step: f64 = self
                     .flat_weights()
                     .iter()
@@ -634,12 +666,13 @@ impl FusedLecture {
             old_logp,
             ref_logp,
             sampler_logp,
+            support,
         } = *x;
         let n = self.n;
         let b = prompts.len() / n;
         let g = advantages.len() / b;
         let inv_t = 1.0 / temperature;
-        let entropy = self.forward_softmax(prompts, inv_t, sc);
+        let entropy = self.forward_softmax(prompts, inv_t, support, sc);
         self.gather_logp(prompts.len(), responses, &sc.z, &sc.logz, &mut sc.logp);
         // The objective over every token (all responses have n tokens: the mask is all ones).
         let tokens = b * g * n;
@@ -677,10 +710,18 @@ impl FusedLecture {
     }
 
     /// The logits of a batch and the softmax of each (prompt, position) row at temperature
-    /// `1/inv_t` into `sc`; returns the rows' summed entropy.
+    /// `1/inv_t` (over the sampler's support when given) into `sc`; returns the rows' summed
+    /// entropy.
     #[inline(always)]
-    fn forward_softmax(&self, prompts: &[u32], inv_t: f32, sc: &mut Scratch) -> f64 {
+    fn forward_softmax(
+        &self,
+        prompts: &[u32],
+        inv_t: f32,
+        support: Option<&[u64]>,
+        sc: &mut Scratch,
+    ) -> f64 {
         self.forward_into(prompts, &mut sc.f);
+        keep_supports(&mut sc.f.logits, self.vocab, self.n, support);
         softmax_rows(
             &sc.f.logits,
             self.vocab,
@@ -784,6 +825,7 @@ impl FusedLecture {
             old_logp,
             ref_logp,
             sampler_logp: None,
+            support: None,
         };
         let mut sc = std::mem::take(&mut self.scratch);
         self.loss_gradient_into(&x, s, temperature, &mut sc);
@@ -804,7 +846,7 @@ impl FusedLecture {
     ) -> Vec<f32> {
         let mut sc = std::mem::take(&mut self.scratch);
         let inv_t = 1.0 / temperature;
-        self.forward_softmax(prompts, inv_t, &mut sc);
+        self.forward_softmax(prompts, inv_t, None, &mut sc);
         let dlogp: Vec<f32> = coef.iter().map(|&c| c * inv_t).collect();
         self.backward_from_dlogp(prompts, responses, &dlogp, &mut sc);
         let out = sc.g.flat();
@@ -885,7 +927,7 @@ mod tests {
                 FusedLecture::new(&w, vocab, n, d, &c),
                 FusedLecture::new(&w, vocab, n, d, &c),
             );
-            let logp = portable.token_logp(&prompts, &responses, 0.9);
+            let logp = portable.token_logp(&prompts, &responses, 0.9, None);
             let old = noisy(&mut rng, &logp);
             let reference = noisy(&mut rng, &logp);
             let x = Batch {
@@ -896,6 +938,7 @@ mod tests {
                 old_logp: &old,
                 ref_logp: &reference,
                 sampler_logp: None,
+                support: None,
             };
             for _ in 0..3 {
                 // SAFETY: AVX2 is present (checked at the top).
@@ -927,7 +970,7 @@ mod tests {
         let advantages: Vec<f32> = (0..b * g).map(|i| i as f32 - 3.5).collect();
         for beta in [0.0, 0.1] {
             let mut f = FusedLecture::new(&w, vocab, n, d, &c);
-            let logp = f.token_logp(&prompts, &responses, 1.0);
+            let logp = f.token_logp(&prompts, &responses, 1.0, None);
             let reference: Vec<f32> = logp.iter().map(|x| x + 100.0).collect();
             let s = LossSettings {
                 mode: LossMode::Naive,
@@ -949,6 +992,7 @@ mod tests {
                 None,
                 &logp,
                 &reference,
+                None,
                 None,
                 &s,
                 1.0,

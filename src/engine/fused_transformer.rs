@@ -209,6 +209,15 @@ impl Geometry {
     }
 }
 
+/// The keep-sampling-mask: each selected row of `logits [sel, V]` restricted to its token's
+/// sampler support (`support [B·G·T]`), when there is one.
+fn keep_supports(logits: &mut [f32], geo: &Geometry, v: usize, support: Option<&[u64]>) {
+    let Some(support) = support else { return };
+    for (k, i, _, _) in geo.selected() {
+        crate::objective::sampling::keep_support(&mut logits[k * v..(k + 1) * v], support[i]);
+    }
+}
+
 /// The real tokens of each row: one past the last position with a nonzero mask.
 fn lengths_of(mask: &[f32], t: usize) -> Vec<usize> {
     mask.chunks(t.max(1))
@@ -286,6 +295,8 @@ pub struct StepInput<'a> {
     pub ref_logp: &'a [f32],
     /// `[B·G·T]` the sampler's own log π (the mismatch lab), where it differs.
     pub sampler_logp: Option<&'a [f32]>,
+    /// `[B·G·T]` the sampler's support at each token, which the learner renormalises over.
+    pub support: Option<&'a [u64]>,
 }
 
 /// What the step needs besides the batch.
@@ -1023,12 +1034,13 @@ impl FusedTransformer {
         temperature: f32,
     ) -> Vec<f32> {
         let full = vec![t; responses.len() / t.max(1)];
-        self.token_logp_ragged(w, prompts, responses, &full, g, t, temperature)
+        self.token_logp_ragged(w, prompts, responses, &full, g, t, temperature, None)
     }
 
     avx2_dispatch! {
         /// `token_logp` of rows holding `lens[r]` real tokens: the positions after a row's end
-        /// are not computed and hold 0.
+        /// are not computed and hold 0. With `support` (`[B·G·T]`), each token's distribution
+        /// renormalised over it (`sampling.keep_sampling_mask`).
         pub fn token_logp_ragged via token_logp_avx2 => token_logp_body(
             &mut self,
             w: Option<&[f32]>,
@@ -1038,6 +1050,7 @@ impl FusedTransformer {
             g: usize,
             t: usize,
             temperature: f32,
+            support: Option<&[u64]>,
         ) -> Vec<f32>
     }
 
@@ -1072,6 +1085,7 @@ impl FusedTransformer {
         g: usize,
         t: usize,
         temperature: f32,
+        support: Option<&[u64]>,
     ) -> Vec<f32> {
         let mut sc = std::mem::take(&mut self.scratch);
         let w = w.unwrap_or(&self.w);
@@ -1091,6 +1105,7 @@ impl FusedTransformer {
         let inv_t = 1.0 / temperature;
         let (mut z, mut e) = (vec![0.0f32; v], vec![0.0f32; v]);
         let mut out = vec![0.0f32; responses.len()];
+        keep_supports(&mut sc.logits, &sc.geo, v, support);
         for (k, i, _, _) in sc.geo.selected() {
             let (lz, _) = row_softmax(&sc.logits[k * v..(k + 1) * v], inv_t, &mut z, &mut e);
             out[i] = z[responses[i] as usize] - lz;
@@ -1145,6 +1160,7 @@ impl FusedTransformer {
         );
         let geo = std::mem::take(&mut sc.geo);
         let sel = geo.sel();
+        keep_supports(&mut sc.logits, &geo, v, x.support);
         let s = &st.loss;
         let inv_t = 1.0 / st.temperature;
         // Softmax statistics per real token: z = logits/T, log Z, entropy (padding: 0).
@@ -1261,12 +1277,9 @@ impl FusedTransformer {
 
 /// How each row of a generation picks its next token.
 pub enum Pick {
-    /// Sampled with the counter-based draws of `objective::sampling` (row `r` of `B·G`).
-    Sample {
-        params: crate::objective::sampling::SamplingParams,
-        seed: u64,
-        stream: u32,
-    },
+    /// Sampled with the counter-based draws of `objective::sampling` (row `r` of `B·G`), as
+    /// the sampler sees the logits ([`super::draw_position`]).
+    Sample(super::Draw),
     /// Argmax (lowest id on ties).
     Greedy,
 }
@@ -1283,6 +1296,10 @@ pub struct Generation {
     pub logp: Vec<f32>,
     /// The greedy answer to each prompt, when asked for.
     pub greedy: Option<Vec<Vec<u32>>>,
+    /// The sampler's own log π of each drawn token, as `logp`, when its draw asks for it.
+    pub sampler_logp: Option<Vec<f32>>,
+    /// The sampler's support at each drawn token, as `logp`, when its draw asks for it.
+    pub support: Option<Vec<u64>>,
 }
 
 impl FusedTransformer {
@@ -1358,6 +1375,7 @@ impl FusedTransformer {
         let mut active: Vec<usize> = Vec::with_capacity(r);
         let mut active_prompt: Vec<usize> = Vec::with_capacity(r);
         let mut toks: Vec<u32> = Vec::with_capacity(r);
+        let mut trace = super::Trace::default();
         for t in 0..max_len {
             if t > 0 {
                 // Only the rows still open: a closed row's later positions are padding, which
@@ -1389,24 +1407,10 @@ impl FusedTransformer {
                 }
             }
             let next: Vec<u32> = match pick {
-                Pick::Sample {
-                    params,
-                    seed,
-                    stream,
-                } => {
-                    let step_stream = crate::rng::counter_u32(*seed, &[*stream, t as u32, 0xA7]);
-                    crate::objective::sampling::sample_independent(
-                        &logits[..sampled * v],
-                        sampled,
-                        1,
-                        v,
-                        1,
-                        *params,
-                        *seed,
-                        step_stream,
-                    )
+                Pick::Sample(d) => {
+                    super::draw_position(&logits[..sampled * v], v, t, d, &mut trace)
                 }
-                _ => crate::objective::sampling::argmax_rows(&logits[..sampled * v], v),
+                Pick::Greedy => crate::objective::sampling::argmax_rows(&logits[..sampled * v], v),
             };
             let greedy_next = crate::objective::sampling::argmax_rows(&logits[sampled * v..], v);
             for i in 0..r {
@@ -1441,7 +1445,13 @@ impl FusedTransformer {
         let greedy = with_greedy.then(|| rows[sampled..].to_vec());
         rows.truncate(sampled);
         closed.truncate(sampled);
+        let (sampler_logp, support) = match pick {
+            Pick::Sample(d) => trace.finish(&rows, d.sampler),
+            Pick::Greedy => (None, None),
+        };
         Generation {
+            sampler_logp,
+            support,
             rows,
             closed,
             logp,
@@ -1645,6 +1655,7 @@ mod tests {
             old_logp: &c.old,
             ref_logp: &c.refl,
             sampler_logp: None,
+            support: None,
         }
     }
 
@@ -1838,6 +1849,7 @@ mod tests {
                         Tensor::<2, Int>::from_data(ints(&c.prompts, vec![b, N]), &device),
                         Tensor::<3, Int>::from_data(ints(&c.responses, vec![b, G, t]), &device),
                         st.temperature,
+                        None,
                     );
                     // burn's side: log π and H by autodiff, the coefficients from the objective.
                     let (lp_h, ent_h) = autodiff::read_back(&logp, &ent);
@@ -1925,18 +1937,17 @@ mod tests {
             top_p: 1.0,
         };
         let max_len = 6;
-        let gen_out = f.generate(
-            &prompts,
-            4,
-            max_len,
-            &Pick::Sample {
-                params,
-                seed: 1,
-                stream: 2,
+        let draw = |bf16| crate::engine::Draw {
+            params,
+            seed: 1,
+            stream: 2,
+            sampler: crate::engine::SamplerSide {
+                bf16,
+                record_logp: true,
+                keep_support: false,
             },
-            0.8,
-            true,
-        );
+        };
+        let gen_out = f.generate(&prompts, 4, max_len, &Pick::Sample(draw(false)), 0.8, true);
         let t = gen_out.rows.iter().map(|r| r.len()).max().unwrap();
         let eos = 5;
         let padded: Vec<u32> = gen_out
@@ -1945,7 +1956,7 @@ mod tests {
             .flat_map(|r| (0..t).map(move |i| r.get(i).copied().unwrap_or(eos)))
             .collect();
         let lens: Vec<usize> = gen_out.rows.iter().map(|r| r.len()).collect();
-        let forced = f.token_logp_ragged(None, &prompts, &padded, &lens, 4, t, 0.8);
+        let forced = f.token_logp_ragged(None, &prompts, &padded, &lens, 4, t, 0.8, None);
         assert_eq!(forced.len(), gen_out.logp.len());
         let worst = forced
             .iter()
@@ -1953,7 +1964,28 @@ mod tests {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max);
         assert!(worst < 1e-5, "sampling-time log-probs differ by {worst}");
+        // With no gap the sampler's own log π is the learner's.
+        let sampler = gen_out.sampler_logp.as_ref().expect("asked for");
+        let gap = max_gap(sampler, &gen_out.logp);
+        assert!(
+            gap < 1e-5,
+            "sampler and learner differ by {gap} with no gap"
+        );
         let greedy = f.generate(&prompts, 1, max_len, &Pick::Greedy, 1.0, false);
         assert_eq!(gen_out.greedy.unwrap(), greedy.rows);
+        assert!(greedy.sampler_logp.is_none());
+        // bf16 logits: the sampler's log π parts from the learner's by bf16's rounding (a
+        // relative 2⁻⁸ of each logit, here ~1e-3) and not more; rows may draw other tokens.
+        let rounded = f.generate(&prompts, 4, max_len, &Pick::Sample(draw(true)), 0.8, false);
+        let gap = max_gap(rounded.sampler_logp.as_ref().unwrap(), &rounded.logp);
+        assert!(gap > 1e-6 && gap < 0.05, "bf16 gap {gap}");
+    }
+
+    fn max_gap(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max)
     }
 }

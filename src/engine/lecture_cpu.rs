@@ -68,14 +68,16 @@ impl Engine for FusedLectureEngine {
         let (n, v) = (self.policy.n, self.policy.vocab);
         let logits = self.policy.logits(&Self::flat(req.prompts));
         // The sampler's view of the logits (bf16 when the mismatch lab asks), and its log π.
-        let (tokens, sampler_logp) = super::draw_lecture(&logits, (b, n, v, g), req);
+        let drawn = super::draw_lecture(&logits, (b, n, v, g), req);
         // The rollout sampled from these very logits (same weights, same forward): log π_old
-        // comes from them, with the step's own arithmetic.
-        let logp = self
-            .policy
-            .token_logp_from_logits(&logits, &tokens, req.params.temperature);
+        // comes from them, with the step's own arithmetic — unless the learner renormalises
+        // over the sampler's support (then the trainer scores the batch with it).
+        let logp = drawn.support.is_none().then(|| {
+            self.policy
+                .token_logp_from_logits(&logits, &drawn.tokens, req.params.temperature, None)
+        });
         Ok(Samples {
-            rows: tokens.chunks(n).map(|c| c.to_vec()).collect(),
+            rows: drawn.tokens.chunks(n).map(|c| c.to_vec()).collect(),
             closed: vec![true; b * g],
             scores: None,
             greedy: Some(
@@ -84,8 +86,9 @@ impl Engine for FusedLectureEngine {
                     .map(|c| c.to_vec())
                     .collect(),
             ),
-            logp: Some(logp),
-            sampler_logp,
+            logp,
+            sampler_logp: drawn.sampler_logp,
+            support: drawn.support,
         })
     }
 
@@ -117,7 +120,8 @@ impl Engine for FusedLectureEngine {
             Which::Policy => &self.policy,
             Which::Reference => &self.reference,
         };
-        Ok(f.token_logp(&batch.prompts, &batch.responses, temperature))
+        let support = batch.support.as_deref();
+        Ok(f.token_logp(&batch.prompts, &batch.responses, temperature, support))
     }
 
     fn step(&mut self, batch: &Batch, req: &StepRequest) -> Result<StepOutput, EngineError> {
@@ -130,6 +134,7 @@ impl Engine for FusedLectureEngine {
             req.old_logp,
             req.ref_logp,
             req.sampler_logp,
+            batch.support.as_deref(),
             &req.loss,
             req.temperature,
             req.lr,

@@ -94,8 +94,8 @@ pub struct SampleRequest<'a> {
     pub verify: Option<([f32; 3], bool)>,
 }
 
-/// How the sampler differs from the learner on purpose (the mismatch lab; the lecture engines
-/// on the CPU take it, the others refuse it by name).
+/// How the sampler differs from the learner on purpose (the mismatch lab; the CPU engines and
+/// burn's take it, the WGSL lecture engine refuses it by name).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SamplerSide {
     /// The sampler's logits rounded to bf16 before its softmax and draw.
@@ -103,6 +103,9 @@ pub struct SamplerSide {
     /// Return the log π of each drawn token under the distribution drawn from
     /// ([`Samples::sampler_logp`]).
     pub record_logp: bool,
+    /// Return the tokens the sampler could draw at each position ([`Samples::support`]), for
+    /// the learner to renormalise over (`sampling.keep_sampling_mask`).
+    pub keep_support: bool,
 }
 
 impl SamplerSide {
@@ -111,37 +114,153 @@ impl SamplerSide {
         Self {
             bf16: c.sampling.sampler_precision == crate::config::SamplerPrecision::Bf16,
             record_logp: c.records_sampler_logp(),
+            keep_support: c.sampling.keep_sampling_mask,
         }
     }
 
     /// Whether anything is asked beyond a plain draw.
     pub fn any(&self) -> bool {
-        self.bf16 || self.record_logp
+        self.bf16 || self.record_logp || self.keep_support
     }
 }
 
 /// The lecture model's rollout from its logits `[B, n, V]` (shape `(B, n, V, G)`): tokens
-/// `[B·G·n]` drawn as the sampler sees the logits (rounded to bf16 when asked), and the
-/// sampler's own log π of each when asked.
+/// `[B·G·n]` drawn as the sampler sees the logits (rounded to bf16 when asked), and when asked
+/// the sampler's own log π of each and its support at each (`[B·G·n]`; a prompt's G responses
+/// share each position's).
 pub(crate) fn draw_lecture(
     logits: &[f32],
     (b, n, v, g): (usize, usize, usize, usize),
     req: &SampleRequest,
-) -> (Vec<u32>, Option<Vec<f32>>) {
+) -> Drawn {
     use crate::objective::sampling;
-    let rounded: Vec<f32>;
-    let seen = if req.sampler.bf16 {
-        rounded = logits.iter().map(|&x| sampling::round_bf16(x)).collect();
-        &rounded[..]
-    } else {
-        logits
-    };
-    let tokens = sampling::sample_independent(seen, b, n, v, g, req.params, req.seed, req.stream);
-    let logp = req
+    let seen = as_sampler_sees(logits, req.sampler);
+    let tokens = sampling::sample_independent(&seen, b, n, v, g, req.params, req.seed, req.stream);
+    let sampler_logp = req
         .sampler
         .record_logp
-        .then(|| sampling::sampler_logp(seen, (b, n, v, g), req.params, &tokens));
-    (tokens, logp)
+        .then(|| sampling::sampler_logp(&seen, (b, n, v, g), req.params, &tokens));
+    let support = req.sampler.keep_support.then(|| {
+        let per_position = sampling::support_rows(&seen, v, req.params);
+        (0..b * g * n)
+            .map(|i| per_position[(i / (g * n)) * n + i % n])
+            .collect()
+    });
+    Drawn {
+        tokens,
+        sampler_logp,
+        support,
+    }
+}
+
+/// A lecture rollout's draws ([`draw_lecture`]).
+pub(crate) struct Drawn {
+    pub tokens: Vec<u32>,
+    pub sampler_logp: Option<Vec<f32>>,
+    pub support: Option<Vec<u64>>,
+}
+
+/// How a rollout draws: the sampling settings, the counter-based stream's keys and the
+/// sampler's own side — [`SampleRequest`] without its prompts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Draw {
+    pub params: SamplingParams,
+    pub seed: u64,
+    pub stream: u32,
+    pub sampler: SamplerSide,
+}
+
+impl Draw {
+    /// The stream of an autoregressive rollout's position `t` (one draw per row under it).
+    pub fn position_stream(&self, t: usize) -> u32 {
+        crate::rng::counter_u32(self.seed, &[self.stream, t as u32, 0xA7])
+    }
+}
+
+impl SampleRequest<'_> {
+    /// How this request draws.
+    pub fn draw(&self) -> Draw {
+        Draw {
+            params: self.params,
+            seed: self.seed,
+            stream: self.stream,
+            sampler: self.sampler,
+        }
+    }
+}
+
+/// The logits as the sampler sees them: rounded to bf16 when asked.
+fn as_sampler_sees(logits: &[f32], side: SamplerSide) -> std::borrow::Cow<'_, [f32]> {
+    if side.bf16 {
+        let round = crate::objective::sampling::round_bf16;
+        std::borrow::Cow::Owned(logits.iter().map(|&x| round(x)).collect())
+    } else {
+        std::borrow::Cow::Borrowed(logits)
+    }
+}
+
+/// What an autoregressive rollout's sampler recorded, position by position (both transformer
+/// engines): each row's log π_sampler and support where [`SamplerSide`] asks for them.
+#[derive(Debug, Default)]
+pub(crate) struct Trace {
+    logp: Vec<Vec<f32>>,
+    support: Vec<Vec<u64>>,
+}
+
+impl Trace {
+    /// The records as `[rows·T]`, `T` the longest row (at least 1) — the layout of the learner's
+    /// `log π` ([`Samples::logp`]): 0 past each row's end for log π, every token for the support.
+    pub fn finish(
+        &self,
+        rows: &[Vec<u32>],
+        side: SamplerSide,
+    ) -> (Option<Vec<f32>>, Option<Vec<u64>>) {
+        (
+            side.record_logp.then(|| by_rows(&self.logp, rows, 0.0)),
+            side.keep_support
+                .then(|| by_rows(&self.support, rows, u64::MAX)),
+        )
+    }
+}
+
+/// Per-position records `[T][rows]` → `[rows·T]`, `fill` past each row's end.
+fn by_rows<T: Copy>(trace: &[Vec<T>], rows: &[Vec<u32>], fill: T) -> Vec<T> {
+    let width = rows.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
+    let mut out = vec![fill; rows.len() * width];
+    for (i, row) in rows.iter().enumerate() {
+        for (t, slot) in out[i * width..i * width + row.len()].iter_mut().enumerate() {
+            *slot = trace[t][i];
+        }
+    }
+    out
+}
+
+/// One position `t` of an autoregressive rollout (both transformer engines): each row's next
+/// token drawn from `logits [rows, V]` as the sampler sees them, one draw per row under the
+/// position's own stream — so every engine and the WGSL kernel pick the same tokens — and,
+/// when asked, each draw's log π_sampler and the row's support recorded in `trace`.
+pub(crate) fn draw_position(
+    logits: &[f32],
+    v: usize,
+    t: usize,
+    d: &Draw,
+    trace: &mut Trace,
+) -> Vec<u32> {
+    use crate::objective::sampling;
+    let rows = logits.len() / v;
+    let step_stream = d.position_stream(t);
+    let seen = as_sampler_sees(logits, d.sampler);
+    let tokens = sampling::sample_independent(&seen, rows, 1, v, 1, d.params, d.seed, step_stream);
+    if d.sampler.record_logp {
+        let logp = sampling::sampler_logp(&seen, (rows, 1, v, 1), d.params, &tokens);
+        trace.logp.push(logp);
+    }
+    if d.sampler.keep_support {
+        trace
+            .support
+            .push(sampling::support_rows(&seen, v, d.params));
+    }
+    tokens
 }
 
 /// Rewards (and advantages) an engine computed on its device along with the samples.
@@ -178,6 +297,9 @@ pub struct Samples {
     /// `[B·G·T]` log π of every drawn token under the distribution the sampler drew from
     /// (top-k / top-p renormalised, bf16 logits), when [`SamplerSide::record_logp`] asked.
     pub sampler_logp: Option<Vec<f32>>,
+    /// `[B·G·T]` the tokens the sampler could draw at each position (bit `j` for token `j`;
+    /// every token past a row's end), when [`SamplerSide::keep_support`] asked.
+    pub support: Option<Vec<u64>>,
 }
 
 pub use crate::task::batch::Batch;

@@ -62,20 +62,11 @@ impl Engine for FusedTransformerEngine {
     }
 
     fn sample(&mut self, req: &SampleRequest) -> Result<Samples, EngineError> {
-        if req.sampler.any() {
-            return Err(EngineError::Unsupported(
-                "the transformer's sampler does not round to bf16 or record its log π (the mismatch lab runs on the lecture model)".into(),
-            ));
-        }
         let generated = self.policy.generate(
             &Self::flat(req.prompts),
             req.g,
             req.max_len,
-            &Pick::Sample {
-                params: req.params,
-                seed: req.seed,
-                stream: req.stream,
-            },
+            &Pick::Sample(req.draw()),
             req.params.temperature,
             true,
         );
@@ -84,9 +75,12 @@ impl Engine for FusedTransformerEngine {
             closed: generated.closed,
             scores: None,
             greedy: generated.greedy,
-            // The rollout sampled from these very logits: log π_old comes from them.
-            logp: Some(generated.logp),
-            sampler_logp: None,
+            // The rollout sampled from these very logits: log π_old comes from them — unless
+            // the learner renormalises over the sampler's support (the trainer scores the
+            // batch with it).
+            logp: Some(generated.logp).filter(|_| generated.support.is_none()),
+            sampler_logp: generated.sampler_logp,
+            support: generated.support,
         })
     }
 
@@ -120,6 +114,7 @@ impl Engine for FusedTransformerEngine {
             batch.g,
             batch.t,
             temperature,
+            batch.support.as_deref(),
         );
         if let Some(w) = w {
             self.reference = w;
@@ -140,6 +135,7 @@ impl Engine for FusedTransformerEngine {
                 old_logp: req.old_logp,
                 ref_logp: req.ref_logp,
                 sampler_logp: req.sampler_logp,
+                support: batch.support.as_deref(),
             },
             &StepSettings {
                 loss: req.loss,

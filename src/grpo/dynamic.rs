@@ -38,6 +38,10 @@ impl Trainer {
         let mut carried = original
             .clone()
             .map(|lp| lp.map(|lp| real_tokens(&lp, &scored.rows)));
+        let original_support = scored.support.take();
+        let mut support = original_support
+            .as_ref()
+            .map(|s| real_tokens(s, &scored.rows));
         while !flat.is_empty() && out.rounds < a.max_resample_rounds {
             out.rounds += 1;
             let fresh: Vec<usize> = flat
@@ -48,6 +52,7 @@ impl Trainer {
             let more = self.sample_and_verify(&fresh, stream, false)?;
             let fresh_logp = [&more.logp, &more.sampler_logp]
                 .map(|lp| lp.as_ref().map(|lp| real_tokens(lp, &more.rows)));
+            let fresh_support = more.support.as_ref().map(|s| real_tokens(s, &more.rows));
             for (rows, fresh_rows) in carried.iter_mut().zip(&fresh_logp) {
                 if fresh_rows.is_none() {
                     *rows = None;
@@ -70,6 +75,12 @@ impl Trainer {
                         }
                     }
                 }
+                // Asked of every pass alike: present in both or in neither.
+                if let (Some(rows), Some(fresh_rows)) = (&mut support, &fresh_support) {
+                    for j in 0..g {
+                        rows[gi * g + j] = fresh_rows[k * g + j].clone();
+                    }
+                }
                 for j in 0..g {
                     let (dst, src) = (gi * g + j, k * g + j);
                     scored.rows[dst] = more.rows[src].clone();
@@ -86,14 +97,19 @@ impl Trainer {
         [scored.logp, scored.sampler_logp] = if out.rounds == 0 {
             original
         } else {
-            carried.map(|rows| rows.map(|rows| with_padding(&rows)))
+            carried.map(|rows| rows.map(|rows| with_padding(&rows, 0.0)))
+        };
+        scored.support = if out.rounds == 0 {
+            original_support
+        } else {
+            support.map(|rows| with_padding(&rows, u64::MAX))
         };
         Ok(out)
     }
 }
 
-/// `[rows·T]` log-probs (padded to the longest row) → each row's real tokens.
-fn real_tokens(logp: &[f32], rows: &[Vec<u32>]) -> Vec<Vec<f32>> {
+/// `[rows·T]` per-token values (padded to the longest row) → each row's real tokens.
+fn real_tokens<T: Clone>(logp: &[T], rows: &[Vec<u32>]) -> Vec<Vec<T>> {
     let t = logp.len() / rows.len().max(1);
     rows.iter()
         .enumerate()
@@ -101,12 +117,13 @@ fn real_tokens(logp: &[f32], rows: &[Vec<u32>]) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// Rows of log-probs → `[rows·T]` padded to the longest (at least one position) with 0: the
-/// padding positions of a batch whose rows came from different sampling passes. The loss
-/// never reads them (they are masked), so no forward pass is spent on them.
-fn with_padding(rows: &[Vec<f32>]) -> Vec<f32> {
+/// Rows of per-token values → `[rows·T]` padded to the longest (at least one position) with
+/// `fill` (0 for log-probs, every token for a support): the padding positions of a batch whose
+/// rows came from different sampling passes. The loss never reads them (they are masked), so
+/// no forward pass is spent on them.
+fn with_padding<T: Copy>(rows: &[Vec<T>], fill: T) -> Vec<T> {
     let t = rows.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
-    let mut out = vec![0.0f32; rows.len() * t];
+    let mut out = vec![fill; rows.len() * t];
     for (i, r) in rows.iter().enumerate() {
         out[i * t..i * t + r.len()].copy_from_slice(r);
     }

@@ -45,6 +45,8 @@ pub(crate) struct Scored {
     pub logp: Option<Vec<f32>>,
     /// The sampler's own log π of each token (the mismatch lab), when asked.
     pub sampler_logp: Option<Vec<f32>>,
+    /// The sampler's support at each token (`sampling.keep_sampling_mask`), when asked.
+    pub support: Option<Vec<u64>>,
 }
 
 /// What an iteration's rollout produced, before the record (either path).
@@ -131,8 +133,10 @@ impl Trainer {
         let resampling = self.resample_flat_groups(&mut indices, &mut scored)?;
         laps.lap(&mut self.timings.rollout);
 
-        // 5. log π_old and log π_ref of every sampled token, frozen.
+        // 5. log π_old and log π_ref of every sampled token, frozen (over the sampler's
+        // support when the learner keeps it).
         let mut batch = self.batch_of(&indices, &scored.rows, g);
+        batch.support = scored.support.take();
         let (old_logp, ref_logp) = self.learner_logp(&mut scored, &batch)?;
         laps.lap(&mut self.timings.old_ref_logp);
 
@@ -846,6 +850,7 @@ impl Trainer {
             greedy: samples.greedy.filter(|_| !stale),
             logp: samples.logp.filter(|_| !stale),
             sampler_logp: samples.sampler_logp,
+            support: samples.support,
         };
         if advantages && scored.advantages.is_none() {
             scored.advantages = Some(self.advantages(&scored.rewards, g)?);

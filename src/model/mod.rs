@@ -117,17 +117,23 @@ impl Policy {
     }
 
     /// Per-token `log π` and entropy of given responses, teacher-forced:
-    /// `prompts [B, n]`, `responses [B, G, T]` → (`[B, G, T]`, `[B, G, T]`), at `temperature`.
+    /// `prompts [B, n]`, `responses [B, G, T]` → (`[B, G, T]`, `[B, G, T]`), at `temperature`;
+    /// over the sampler's `support [B·G·T]` when given (`sampling.keep_sampling_mask`).
     pub fn score(
         &self,
         prompts: Tensor<2, Int>,
         responses: Tensor<3, Int>,
         temperature: f32,
+        support: Option<&[u64]>,
     ) -> (Tensor<3>, Tensor<3>) {
         let [b, g, t] = responses.dims();
         match self {
             Policy::Lecture(m) => {
-                let logits = m.forward(prompts); // [B, n, V]
+                let mut logits = m.forward(prompts); // [B, n, V]
+                if let Some(s) = support {
+                    // A prompt's G responses were drawn from the same rows: the first one's.
+                    logits = support_bias(logits, |bi, p| s[bi * g * t + p]);
+                }
                 let logp = token_log_probs(logits.clone(), responses, temperature);
                 let ent = token_entropy(logits.div_scalar(temperature))
                     .reshape([b, 1, t])
@@ -144,7 +150,10 @@ impl Policy {
                 } else {
                     prompts
                 };
-                let logits = m.forward(input).narrow(1, n - 1, t).div_scalar(temperature); // [R, T, V]
+                let mut logits = m.forward(input).narrow(1, n - 1, t).div_scalar(temperature); // [R, T, V]
+                if let Some(s) = support {
+                    logits = support_bias(logits, |ri, p| s[ri * t + p]);
+                }
                 let logp = token_log_probs(logits.clone(), resp.reshape([r, 1, t]), 1.0)
                     .reshape([b, g, t]);
                 (logp, token_entropy(logits).reshape([b, g, t]))
@@ -208,6 +217,19 @@ impl Policy {
         }
         Ok(Generated { rows, closed })
     }
+}
+
+/// The keep-sampling-mask on logits `[X, T, V]`: every token off row `(x, t)`'s support
+/// (`bits(x, t)`, bit `j` for token `j`) at `OUTSIDE_SUPPORT`, as an added constant (its
+/// gradient is the softmax's, 0 there).
+fn support_bias(logits: Tensor<3>, bits: impl Fn(usize, usize) -> u64) -> Tensor<3> {
+    let [x, t, v] = logits.dims();
+    let mut bias = vec![0.0f32; x * t * v];
+    for (r, row) in bias.chunks_exact_mut(v).enumerate() {
+        crate::objective::sampling::keep_support(row, bits(r / t, r % t));
+    }
+    let device = logits.device();
+    logits.add(Tensor::from_data(TensorData::new(bias, [x, t, v]), &device))
 }
 
 /// Entropy of the softmax of each position: `logits [X, T, V]` → `[X, T]`.

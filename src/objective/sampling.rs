@@ -176,6 +176,43 @@ pub fn sampler_logp(
     out
 }
 
+/// A logit outside the sampler's kept support (`sampling.keep_sampling_mask`): far below any
+/// real logit, so its probability is 0 at any temperature the config allows, and finite, so
+/// the `p · log π` of the learner's entropy stays 0 there instead of `0 · −∞`.
+pub const OUTSIDE_SUPPORT: f32 = -1e30;
+
+/// The tokens a row of sampling weights ([`token_weights`]) keeps, one bit per token id —
+/// what top-k / top-p left the sampler to draw from (every token when they are off).
+/// Supports are for vocabularies of at most 64 tokens (`sampling.keep_sampling_mask` checks).
+pub fn support_bits(weights: &[f32]) -> u64 {
+    debug_assert!(weights.len() <= 64);
+    weights
+        .iter()
+        .enumerate()
+        .filter(|&(_, &w)| w > 0.0)
+        .fold(0u64, |bits, (i, _)| bits | (1 << i))
+}
+
+/// [`support_bits`] of every row of `logits [rows, V]` as the sampler saw them.
+pub fn support_rows(logits: &[f32], v: usize, params: SamplingParams) -> Vec<u64> {
+    logits
+        .chunks_exact(v)
+        .map(|row| support_bits(&token_weights(row, params)))
+        .collect()
+}
+
+/// DeepSeek-V3.2's keep-sampling-mask on the learner's side: a row of logits restricted to the
+/// sampler's support, every token outside it at [`OUTSIDE_SUPPORT`] — the softmax after it is
+/// the learner's distribution renormalised over what the sampler could draw, and its gradient
+/// reaches only those tokens' logits.
+pub fn keep_support(logits: &mut [f32], bits: u64) {
+    for (i, x) in logits.iter_mut().enumerate() {
+        if bits >> i & 1 == 0 {
+            *x = OUTSIDE_SUPPORT;
+        }
+    }
+}
+
 /// Greedy decoding: argmax per position (lowest id on ties). `[B, T, V]` → `[B, T]`.
 pub fn argmax_rows(logits: &[f32], v: usize) -> Vec<u32> {
     logits

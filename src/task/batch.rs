@@ -17,6 +17,9 @@ pub struct Batch {
     pub mask: Vec<f32>,
     /// Tokens of each response.
     pub lengths: Vec<usize>,
+    /// `[B·G·T]` the sampler's support at each token (bit `j` for token `j`), which the learner
+    /// renormalises over (`sampling.keep_sampling_mask`); `None`: the full vocabulary.
+    pub support: Option<Vec<u64>>,
 }
 
 impl Batch {
@@ -42,6 +45,7 @@ impl Batch {
             pad,
             mask,
             lengths: rows.iter().map(|r| r.len()).collect(),
+            support: None,
         }
     }
 
@@ -57,8 +61,9 @@ impl Batch {
             prompts: self.prompts[range.start * n..range.end * n].to_vec(),
             responses: self.responses[rows.clone()].to_vec(),
             pad: self.pad,
-            mask: self.mask[rows].to_vec(),
+            mask: self.mask[rows.clone()].to_vec(),
             lengths: self.lengths[range.start * g..range.end * g].to_vec(),
+            support: self.support.as_ref().map(|s| s[rows].to_vec()),
         }
     }
 }

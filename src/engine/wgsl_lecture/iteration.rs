@@ -218,7 +218,7 @@ impl WgslLectureEngine {
             scores,
             greedy: Some(greedy.chunks(n).map(|c| c.to_vec()).collect()),
             logp: Some(old),
-            sampler_logp: None,
+            ..Samples::default()
         };
         (samples, rf)
     }

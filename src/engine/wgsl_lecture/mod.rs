@@ -476,6 +476,10 @@ impl WgslLectureEngine {
             Some(
                 "its rollout kernels draw from the f32 logits the learner scores (sampling.sampler_precision = bf16 and learner_scores = full are host-side gaps)",
             )
+        } else if c.sampling.keep_sampling_mask {
+            Some(
+                "sampling.keep_sampling_mask: its softmax kernels score the full vocabulary and its rollout kernels return no support",
+            )
         } else if LossSettings::of(c).sequence_ratio() {
             Some(
                 "a sequence-level ratio (GSPO, GSPO-token, GMPO) needs each response's mean log-ratio before any token's term, and its step kernel computes a (prompt, position) row's tokens in one pass",
@@ -1215,8 +1219,7 @@ impl WgslLectureEngine {
             closed: vec![true; b * g],
             scores: None,
             greedy: Some(greedy.chunks(n).map(|c| c.to_vec()).collect()),
-            logp: None,
-            sampler_logp: None,
+            ..Samples::default()
         })
     }
 

@@ -19,6 +19,7 @@ pub(super) fn mismatch_row(x: &Ctx, key: &str) -> Option<Mapped> {
         "algorithm.max_staleness" => staleness(x),
         "sampling.learner_scores" => learner_scores(x),
         "sampling.sampler_precision" => sampler_precision(x),
+        "sampling.keep_sampling_mask" => keep_sampling_mask(x),
         _ => return None,
     })
 }
@@ -142,6 +143,19 @@ fn sampler_precision(x: &Ctx) -> Mapped {
         SamplerPrecision::Bf16 => refused(
             "a deliberate gap of the mismatch lab: in a framework the inference engine's dtype makes it (vLLM's dtype), not a trainer key",
         ),
+    }
+}
+
+fn keep_sampling_mask(x: &Ctx) -> Mapped {
+    if x.c.sampling.keep_sampling_mask {
+        refused(
+            "DeepSeek-V3.2's keep-sampling-mask needs the inference engine's kept support per token (vLLM's sampling-mask replay, used by prime-rl and SkyRL); TRL, verl and OpenRLHF have no key for it",
+        )
+    } else {
+        exact(
+            vec![],
+            "the learner scores the full vocabulary, as every framework does",
+        )
     }
 }
 
