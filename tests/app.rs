@@ -385,3 +385,26 @@ fn the_inspector_colours_tokens_by_their_covariance_term() {
     );
     h.snapshot("inspector-entropy");
 }
+
+/// Every plot of the Plots tab explains itself: its "?" opens how to read it and what a healthy
+/// and an unhealthy curve look like (and closes it again); a snapshot shows one open.
+#[test]
+fn each_plot_s_question_mark_says_how_to_read_it() {
+    let mut h = harness(short_config());
+    h.state_mut().persisted.tab = Tab::Plots;
+    h.run();
+    h.get_by_label("+μ Iteration").click();
+    h.run();
+    let marks = h.get_all_by_label("?").count();
+    assert_eq!(marks, grpo_lab::app::help::PLOTS.len(), "one ? per plot");
+    assert!(h.query_by_label_contains("Unhealthy").is_none());
+    h.get_all_by_label("?").nth(5).unwrap().click();
+    h.run();
+    let entropy = grpo_lab::app::help::of("entropy").unwrap();
+    h.get_by_label(entropy.unhealthy);
+    h.get_by_label("How to read it");
+    h.snapshot("plot-help");
+    h.get_all_by_label("?").nth(5).unwrap().click();
+    h.run();
+    assert!(h.query_by_label_contains("Unhealthy").is_none());
+}

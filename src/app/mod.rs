@@ -6,6 +6,7 @@
 
 pub mod experiments;
 pub mod files;
+pub mod help;
 pub mod lab;
 pub mod shapes;
 pub mod store;

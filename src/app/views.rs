@@ -657,6 +657,23 @@ pub fn parse_share_string(s: &str) -> Result<RunConfig, String> {
 
 // ---------------------------------------------------------------- plots
 
+/// Prompts the group-rewards legend names (the rest share one entry).
+const LEGEND_PROMPTS: usize = 8;
+
+/// A plot `width` points wide of bars in groups of G, one group per mode (`modes` groups of
+/// `gn` bars at `m·(gn + 2) + i`), with room on the right for the legend (~150 points), which
+/// then never covers the last mode's bars.
+fn bars_plot<'a>(id: &str, modes: usize, gn: usize, width: f32) -> Plot<'a> {
+    let end = (modes * (gn + 2)) as f64;
+    let room = (150.0 / width.max(1.0) as f64).min(0.6);
+    Plot::new(id)
+        .width(width)
+        .legend(Legend::default())
+        .allow_scroll(false)
+        .include_x(-1.0)
+        .include_x(end / (1.0 - room))
+}
+
 fn plot<'a>(id: &str, link: egui::Id, width: f32) -> Plot<'a> {
     plot_without_legend(id, link, width).legend(Legend::default())
 }
@@ -705,77 +722,221 @@ pub fn plots_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     let run = &app.run;
     let w = ((ui.available_width() - 30.0) / 2.0).max(200.0);
     egui::ScrollArea::vertical().show(ui, |ui| {
-        egui::Grid::new("plots").num_columns(2).spacing([12.0, 8.0]).show(ui, |ui| {
-            // Mean reward, smoothed over the raw curve.
-            ui.vertical(|ui| {
-                titled(ui, "Mean reward", "Mean verifier reward of each iteration's rollouts. The dashed line is the largest possible reward.");
-                plot("reward", link, w).show(ui, |p| {
-                    p.line(line("raw", run.reward_raw_points(), PALETTE[0].gamma_multiply(0.25)));
-                    p.line(line("smoothed", run.reward_smoothed_points(), PALETTE[0]));
-                    if let (Some(m), Some(last)) = (max_reward, run.series("reward/mean").last) {
-                        p.line(line("max possible", vec![[0.0, m], [last[0].max(1.0), m]], Color32::GRAY).style(egui_plot::LineStyle::dashed_loose()));
-                    }
+        egui::Grid::new("plots")
+            .num_columns(2)
+            .spacing([12.0, 8.0])
+            .show(ui, |ui| {
+                // Mean reward, smoothed over the raw curve.
+                ui.vertical(|ui| {
+                    super::help::title(ui, "Mean reward", "reward");
+                    plot("reward", link, w).show(ui, |p| {
+                        p.line(line(
+                            "raw",
+                            run.reward_raw_points(),
+                            PALETTE[0].gamma_multiply(0.25),
+                        ));
+                        p.line(line("smoothed", run.reward_smoothed_points(), PALETTE[0]));
+                        if let (Some(m), Some(last)) = (max_reward, run.series("reward/mean").last)
+                        {
+                            p.line(
+                                line(
+                                    "max possible",
+                                    vec![[0.0, m], [last[0].max(1.0), m]],
+                                    Color32::GRAY,
+                                )
+                                .style(egui_plot::LineStyle::dashed_loose()),
+                            );
+                        }
+                    });
+                    png_button(ui, ui.min_rect(), "reward");
                 });
-                png_button(ui, ui.min_rect(), "reward");
-            });
-            // Every response's reward, group by group.
-            ui.vertical(|ui| {
-                titled(ui, "Group rewards", "Every sampled response's reward, one colour per prompt, iteration by iteration: watch groups collapse to one answer.");
-                plot("groups", link, w).show(ui, |p| {
-                    let mut per_prompt: std::collections::BTreeMap<usize, Vec<[f64; 2]>> = Default::default();
-                    let g_max = run.groups.iter().rev().take(1).flat_map(|(_, gs)| gs.iter().map(|g| g.rewards.len())).max().unwrap_or(1);
-                    // At most ~80 iterations of points: thousands of circles cost more to tessellate than to read.
-                    let stride = (run.groups.len() / 80).max(1);
-                    for (it, groups) in run.groups.iter().step_by(stride) {
-                        for g in groups.iter().take(8) {
-                            let pts = per_prompt.entry(g.prompt_index).or_default();
-                            for (i, r) in g.rewards.iter().enumerate() {
-                                let jitter = (i as f64 / g_max as f64 - 0.5) * 0.4;
-                                pts.push([*it as f64 + jitter, *r as f64]);
+                // Every response's reward, group by group.
+                ui.vertical(|ui| {
+                    super::help::title(ui, "Group rewards", "groups");
+                    plot("groups", link, w).show(ui, |p| {
+                        let mut per_prompt: std::collections::BTreeMap<usize, Vec<[f64; 2]>> =
+                            Default::default();
+                        let g_max = run
+                            .groups
+                            .iter()
+                            .rev()
+                            .take(1)
+                            .flat_map(|(_, gs)| gs.iter().map(|g| g.rewards.len()))
+                            .max()
+                            .unwrap_or(1);
+                        // At most ~80 iterations of points: thousands of circles cost more to tessellate than to read.
+                        let stride = (run.groups.len() / 80).max(1);
+                        for (it, groups) in run.groups.iter().step_by(stride) {
+                            for g in groups.iter().take(8) {
+                                let pts = per_prompt.entry(g.prompt_index).or_default();
+                                for (i, r) in g.rewards.iter().enumerate() {
+                                    let jitter = (i as f64 / g_max as f64 - 0.5) * 0.4;
+                                    pts.push([*it as f64 + jitter, *r as f64]);
+                                }
                             }
                         }
-                    }
-                    for (k, (pi, pts)) in per_prompt.into_iter().enumerate() {
-                        let name = app.train_prompts.get(pi).map(|p| format!("[{}]", tokenizer().decode(p))).unwrap_or_else(|| format!("prompt {pi}"));
-                        p.points(Points::new(name, pts).radius(1.2).color(PALETTE[k % PALETTE.len()]));
-                    }
-                });
-                png_button(ui, ui.min_rect(), "groups");
-            });
-            ui.end_row();
-            // Advantages of one group under every mode, side by side.
-            ui.vertical(|ui| {
-                let which = run.groups.last().and_then(|(it, gs)| gs.get(app.inspector_group.min(gs.len().saturating_sub(1))).map(|g| format!(" — [{}], iteration {it}", tokenizer().decode(&g.prompt)))).unwrap_or_default();
-                titled(ui, &format!("Advantages, every mode, same group{which}"), "The latest iteration's group chosen in the inspector: the same rewards under raw, centered, normalized, max, rloo and batch_normalized. Bars in groups of G, one group per mode.");
-                Plot::new("advantages").height(170.0).width(w).legend(Legend::default()).allow_scroll(false).show(ui, |p| {
-                    if let Some((_, groups)) = run.groups.last()
-                        && let Some(g) = groups.get(app.inspector_group.min(groups.len().saturating_sub(1)))
-                    {
-                        let gn = g.rewards.len();
-                        for (m, mode) in AdvantageMode::GROUP.iter().enumerate() {
-                            let values = g.advantages.get(mode.name()).cloned().unwrap_or_default();
-                            let bars: Vec<Bar> = values.iter().enumerate().map(|(i, v)| Bar::new((m * (gn + 2) + i) as f64, *v as f64).width(0.8)).collect();
-                            p.bar_chart(BarChart::new(mode.name(), bars).color(PALETTE[m % PALETTE.len()]));
+                        // The legend names the latest iteration's first groups (the inspector's) and
+                        // gathers every other prompt under one grey entry: never hundreds of rows.
+                        let named: Vec<usize> = run
+                            .groups
+                            .last()
+                            .map(|(_, gs)| {
+                                gs.iter()
+                                    .take(LEGEND_PROMPTS)
+                                    .map(|g| g.prompt_index)
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        for (pi, pts) in per_prompt {
+                            let (name, colour) = match named.iter().position(|&x| x == pi) {
+                                Some(k) => (
+                                    app.train_prompts
+                                        .get(pi)
+                                        .map(|p| format!("[{}]", tokenizer().decode(p)))
+                                        .unwrap_or_else(|| format!("prompt {pi}")),
+                                    PALETTE[k % PALETTE.len()],
+                                ),
+                                None => ("other prompts".to_string(), Color32::GRAY),
+                            };
+                            p.points(Points::new(name, pts).radius(1.2).color(colour));
                         }
-                    }
+                    });
+                    png_button(ui, ui.min_rect(), "groups");
                 });
-                png_button(ui, ui.min_rect(), "advantages");
+                ui.end_row();
+                // Advantages of one group under every mode, side by side.
+                ui.vertical(|ui| {
+                    let which = run
+                        .groups
+                        .last()
+                        .and_then(|(it, gs)| {
+                            gs.get(app.inspector_group.min(gs.len().saturating_sub(1)))
+                                .map(|g| {
+                                    format!(
+                                        " — [{}], iteration {it}",
+                                        tokenizer().decode(&g.prompt)
+                                    )
+                                })
+                        })
+                        .unwrap_or_default();
+                    super::help::title(
+                        ui,
+                        &format!("Advantages, every mode, same group{which}"),
+                        "advantages",
+                    );
+                    let gn = run
+                        .groups
+                        .last()
+                        .and_then(|(_, gs)| gs.first())
+                        .map_or(1, |g| g.rewards.len());
+                    bars_plot("advantages", AdvantageMode::GROUP.len(), gn, w)
+                        .height(170.0)
+                        .show(ui, |p| {
+                            if let Some((_, groups)) = run.groups.last()
+                                && let Some(g) = groups
+                                    .get(app.inspector_group.min(groups.len().saturating_sub(1)))
+                            {
+                                let gn = g.rewards.len();
+                                for (m, mode) in AdvantageMode::GROUP.iter().enumerate() {
+                                    let values =
+                                        g.advantages.get(mode.name()).cloned().unwrap_or_default();
+                                    let bars: Vec<Bar> = values
+                                        .iter()
+                                        .enumerate()
+                                        .map(|(i, v)| {
+                                            Bar::new((m * (gn + 2) + i) as f64, *v as f64)
+                                                .width(0.8)
+                                        })
+                                        .collect();
+                                    p.bar_chart(
+                                        BarChart::new(mode.name(), bars)
+                                            .color(PALETTE[m % PALETTE.len()]),
+                                    );
+                                }
+                            }
+                        });
+                    png_button(ui, ui.min_rect(), "advantages");
+                });
+                small_plot(
+                    ui,
+                    app.persisted.smoothing,
+                    link,
+                    w,
+                    "length",
+                    "Response length",
+                    &[
+                        ("mean", run.series("completions/mean_length"), PALETTE[0]),
+                        ("min", run.series("completions/min_length"), PALETTE[1]),
+                        ("max", run.series("completions/max_length"), PALETTE[2]),
+                        (
+                            "correct",
+                            run.series("completions/mean_length_correct"),
+                            PALETTE[3],
+                        ),
+                        (
+                            "wrong",
+                            run.series("completions/mean_length_wrong"),
+                            PALETTE[4],
+                        ),
+                    ],
+                );
+                ui.end_row();
+                small_plot(
+                    ui,
+                    app.persisted.smoothing,
+                    link,
+                    w,
+                    "kl",
+                    "KL to the reference",
+                    &[("kl", run.series("kl"), PALETTE[3])],
+                );
+                // With an entropy bonus the coefficient shares the plot (the adaptive one moves).
+                let coef = run.series("entropy_coef");
+                let mut ent: Vec<(&str, &super::store::Series, Color32)> =
+                    vec![("entropy", run.series("entropy"), PALETTE[4])];
+                if coef.len > 0 {
+                    ent.push(("entropy_coef", coef, PALETTE[6]));
+                }
+                small_plot(
+                    ui,
+                    app.persisted.smoothing,
+                    link,
+                    w,
+                    "entropy",
+                    "Entropy",
+                    &ent,
+                );
+                ui.end_row();
+                small_plot(
+                    ui,
+                    app.persisted.smoothing,
+                    link,
+                    w,
+                    "clip",
+                    "Clip ratio",
+                    &[
+                        ("low", run.series("clip_ratio/low"), PALETTE[5]),
+                        ("high", run.series("clip_ratio/high"), PALETTE[6]),
+                    ],
+                );
+                small_plot(
+                    ui,
+                    app.persisted.smoothing,
+                    link,
+                    w,
+                    "zero-std",
+                    "Groups with no learning signal",
+                    &[
+                        (
+                            "frac_reward_zero_std",
+                            run.series("frac_reward_zero_std"),
+                            PALETTE[7],
+                        ),
+                        ("accuracy/train", run.series("accuracy/train"), PALETTE[2]),
+                    ],
+                );
+                ui.end_row();
             });
-            small_plot(ui, app.persisted.smoothing, link, w, "length", "Response length", "Mean, min and max response length per iteration, and the mean length of correct and of wrong responses (fixed n for the lecture's model; the transformer's grow or shrink: the length story).", &[("mean", run.series("completions/mean_length"), PALETTE[0]), ("min", run.series("completions/min_length"), PALETTE[1]), ("max", run.series("completions/max_length"), PALETTE[2]), ("correct", run.series("completions/mean_length_correct"), PALETTE[3]), ("wrong", run.series("completions/mean_length_wrong"), PALETTE[4])]);
-            ui.end_row();
-            small_plot(ui, app.persisted.smoothing, link, w, "kl", "KL to the reference", "Mean per-token KL estimate (the configured k1/k2/k3) from the reference policy; drops to 0 when the reference is refreshed.", &[("kl", run.series("kl"), PALETTE[3])]);
-            // With an entropy bonus the coefficient shares the plot (the adaptive one moves).
-            let coef = run.series("entropy_coef");
-            let mut ent: Vec<(&str, &super::store::Series, Color32)> = vec![("entropy", run.series("entropy"), PALETTE[4])];
-            if coef.len > 0 {
-                ent.push(("entropy_coef", coef, PALETTE[6]));
-            }
-            small_plot(ui, app.persisted.smoothing, link, w, "entropy", "Entropy", "Mean entropy of the policy per response position (nats). Falling to 0 = entropy collapse: every response identical, all advantages 0. With an entropy bonus, its coefficient c (algorithm.entropy_coef; with adaptive_entropy it moves toward entropy_target) is drawn beside it.", &ent);
-            ui.end_row();
-            small_plot(ui, app.persisted.smoothing, link, w, "clip", "Clip ratio", "Fraction of tokens whose ratio is clipped: low (ρ < 1−ε_low with A < 0) and high (ρ > 1+ε_high with A > 0).", &[("low", run.series("clip_ratio/low"), PALETTE[5]), ("high", run.series("clip_ratio/high"), PALETTE[6])]);
-            small_plot(ui, app.persisted.smoothing, link, w, "zero-std", "Groups with no learning signal", "Fraction of groups whose rewards are all equal: every centered advantage is 0 there. Also greedy accuracy.", &[("frac_reward_zero_std", run.series("frac_reward_zero_std"), PALETTE[7]), ("accuracy/train", run.series("accuracy/train"), PALETTE[2])]);
-            ui.end_row();
-        });
     });
 }
 
@@ -794,7 +955,6 @@ pub fn ema(points: &[[f64; 2]], w: f64) -> Vec<[f64; 2]> {
         .collect()
 }
 
-#[allow(clippy::too_many_arguments)]
 fn small_plot(
     ui: &mut egui::Ui,
     smoothing: f64,
@@ -802,11 +962,10 @@ fn small_plot(
     w: f32,
     id: &str,
     title: &str,
-    help: &str,
     series: &[(&str, &super::store::Series, Color32)],
 ) {
     ui.vertical(|ui| {
-        titled(ui, title, help);
+        super::help::title(ui, title, id);
         let mut pl = plot(id, link, w);
         if id == "length" {
             pl = pl.include_y(0.0);
@@ -1111,21 +1270,24 @@ pub fn playground_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
             ui.end_row();
         }
     });
-    Plot::new("playground-bars")
-        .height(200.0)
-        .legend(Legend::default())
-        .allow_scroll(false)
-        .show(ui, |p| {
-            let gn = rewards.len();
-            for (m, (name, _)) in formulas.iter().enumerate() {
-                let bars: Vec<Bar> = all.by_mode[*name]
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| Bar::new((m * (gn + 2) + i) as f64, *v as f64).width(0.8))
-                    .collect();
-                p.bar_chart(BarChart::new(*name, bars).color(PALETTE[m % PALETTE.len()]));
-            }
-        });
+    bars_plot(
+        "playground-bars",
+        formulas.len(),
+        rewards.len(),
+        ui.available_width(),
+    )
+    .height(200.0)
+    .show(ui, |p| {
+        let gn = rewards.len();
+        for (m, (name, _)) in formulas.iter().enumerate() {
+            let bars: Vec<Bar> = all.by_mode[*name]
+                .iter()
+                .enumerate()
+                .map(|(i, v)| Bar::new((m * (gn + 2) + i) as f64, *v as f64).width(0.8))
+                .collect();
+            p.bar_chart(BarChart::new(*name, bars).color(PALETTE[m % PALETTE.len()]));
+        }
+    });
     super::shapes::objective_shapes_ui(&app.draft, ui);
 }
 
