@@ -8,6 +8,7 @@ pub mod experiments;
 pub mod files;
 pub mod help;
 pub mod lab;
+pub mod plots;
 pub mod shapes;
 pub mod store;
 pub mod views;
@@ -541,7 +542,7 @@ impl GrpoApp {
                 .on_hover_text("Save the whole window as grpo-lab-window.png")
                 .clicked()
             {
-                views::save_screenshot(ui.ctx(), None, "grpo-lab-window.png".into());
+                plots::save_screenshot(ui.ctx(), None, "grpo-lab-window.png".into());
             }
         });
         if let Some(e) = &self.error {
@@ -666,7 +667,7 @@ impl GrpoApp {
             });
             ui.separator();
             match self.persisted.tab {
-                Tab::Plots => views::plots_ui(self, ui),
+                Tab::Plots => plots::plots_ui(self, ui),
                 Tab::Inspector => views::inspector_ui(self, ui),
                 Tab::Playground => {
                     egui::ScrollArea::vertical().show(ui, |ui| views::playground_ui(self, ui));
