@@ -221,10 +221,17 @@ struct AppArgs {
     /// Start training at once.
     #[arg(long)]
     play: bool,
-    /// Measure the app's own work per frame for SECS seconds while training lecture17 at full
-    /// speed (100k steps), print a JSON report and close.
+    /// Measure the app's own work per frame for SECS seconds while training at full speed
+    /// (lecture17 unless --preset names another; its iterations raised to 10000), print a JSON
+    /// report and close.
     #[arg(long, value_name = "SECS")]
     measure: Option<f64>,
+    /// Open on this tab: plots, inspector, playground, runs, experiments.
+    #[arg(long, value_parser = grpo_lab::app::Tab::from_name)]
+    tab: Option<grpo_lab::app::Tab>,
+    /// Start "walk me through one iteration" (the browser: `?tour=1`).
+    #[arg(long)]
+    tour: bool,
 }
 
 #[derive(Args)]
@@ -971,11 +978,12 @@ fn app_cmd(a: AppArgs) -> Result<()> {
     };
     let measuring = a.measure.is_some();
     if measuring {
-        // lecture17 at full speed on the CPU backend, long enough for 100k points.
-        let mut c = RunConfig::preset("lecture17").expect("preset");
-        c.run.iterations = 10_000;
+        // The preset (lecture17 by default) at full speed on the CPU backend, long enough for
+        // the whole measurement (100k points on lecture17).
+        let mut c = config.unwrap_or_else(|| RunConfig::preset("lecture17").expect("preset"));
+        c.run.iterations = c.run.iterations.max(10_000);
         c.run.device = DeviceChoice::Cpu;
-        c.run.log_groups = 3;
+        c.run.log_groups = c.run.log_groups.max(3);
         config = Some(c);
     }
     if let Some(d) = a.device {
@@ -995,6 +1003,8 @@ fn app_cmd(a: AppArgs) -> Result<()> {
         autoplay: a.play || measuring,
         measure_secs: a.measure,
         fresh: measuring,
+        tab: a.tab,
+        tour: a.tour,
         ..Default::default()
     })
     .map_err(|e| anyhow::anyhow!("the app could not open a window: {e}"))
@@ -1094,6 +1104,8 @@ fn demo() -> Result<()> {
             device: None,
             play: false,
             measure: None,
+            tab: None,
+            tour: false,
         });
     }
     println!(

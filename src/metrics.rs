@@ -329,12 +329,35 @@ pub struct GroupRecord {
     #[serde(deserialize_with = "map_vec_f32_or_nan")]
     pub advantages: BTreeMap<String, Vec<f32>>,
     pub zero_std: bool,
+    /// The advantage each response was trained with (the driving mode's, after any sign
+    /// weighting or multi-reward normalisation; a per-response stand-in where GAE's are per token).
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "vec_f32_or_nan"
+    )]
+    pub driving: Vec<f32>,
     /// Per response, per token: `log π_old` (frozen at the rollout).
     #[serde(default, deserialize_with = "vec_vec_f32_or_nan")]
     pub old_logp: Vec<Vec<f32>>,
     /// Per response, per token: `log π_θ` at the iteration's last optimizer step (after μ − 1 updates).
     #[serde(default, deserialize_with = "vec_vec_f32_or_nan")]
     pub logp: Vec<Vec<f32>>,
+    /// Per response, per token: `log π_ref` (the token view's KL term).
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "vec_vec_f32_or_nan"
+    )]
+    pub ref_logp: Vec<Vec<f32>>,
+    /// Per response, per token: the policy's entropy `H_t` at that position, at the sampling
+    /// temperature, as the last step read it (empty where the engine does not return it).
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "vec_vec_f32_or_nan"
+    )]
+    pub entropy: Vec<Vec<f32>>,
     /// Per response, per token, with `run.entropy_dynamics`: the token's term of the batch's
     /// Cov(log π, A) at that step, `(A − mean A)(log π − mean log π)` (positive: it lowers the
     /// entropy).

@@ -62,20 +62,12 @@ fn config_from_hash() -> Option<Result<crate::config::RunConfig, String>> {
 
 /// `?tab=plots|inspector|playground|runs|experiments`: the tab to open (links to a view, screenshots).
 fn tab_from_query() -> Option<crate::app::Tab> {
-    use crate::app::Tab;
     let search = web_sys::window()?.location().search().ok()?;
     let value = search
         .trim_start_matches('?')
         .split('&')
         .find_map(|kv| kv.strip_prefix("tab="))?;
-    Some(match value {
-        "plots" => Tab::Plots,
-        "inspector" => Tab::Inspector,
-        "playground" => Tab::Playground,
-        "runs" => Tab::Runs,
-        "experiments" => Tab::Experiments,
-        _ => return None,
-    })
+    crate::app::Tab::from_name(value).ok()
 }
 
 /// Whether the URL's query holds `kv` (`?lab=gradient`: the gradient lab's card runs at once).
@@ -153,6 +145,9 @@ pub fn start() {
                     );
                     if let Some(tab) = tab_from_query() {
                         app.persisted.tab = tab;
+                    }
+                    if query_has("tour=1") {
+                        crate::app::tour::start(&mut app);
                     }
                     if query_has("lab=gradient") {
                         app.persisted.tab = crate::app::Tab::Experiments;

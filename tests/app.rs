@@ -3,8 +3,9 @@
 
 use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
-use grpo_lab::app::{AppOptions, GrpoApp, Tab};
+use grpo_lab::app::{AppOptions, GrpoApp, Tab, tour};
 use grpo_lab::config::{AdvantageMode, DeviceChoice, RunConfig};
+use grpo_lab::objective::explain::Quantity;
 
 fn short_config() -> RunConfig {
     let mut c = RunConfig::preset("lecture17").unwrap();
@@ -64,6 +65,11 @@ fn changing_the_advantage_mode_changes_the_next_records() {
     // Switch the driving mode to raw and apply it live (no reset needed).
     h.state_mut().draft.algorithm.advantage = AdvantageMode::Raw;
     h.run();
+    assert_eq!(
+        h.state().draft.algorithm.advantage,
+        AdvantageMode::Raw,
+        "the panel keeps the edit"
+    );
     assert!(!h.state().needs_reset());
     h.get_by_label("Apply").click();
     h.run();
@@ -260,8 +266,18 @@ fn transformer_runs_in_the_app_and_the_inspector_shows_eos() {
             assert_eq!(r.len(), lp.len());
         }
     }
+    // The token view on variable lengths (`<eos>` a token like any other) fits at 1280×800,
+    // with a compared objective beside the configured one.
+    for g in &groups {
+        for (r, e) in g.responses.iter().zip(&g.entropy) {
+            assert_eq!(r.len(), e.len(), "one entropy per token");
+        }
+    }
     h.state_mut().persisted.tab = Tab::Inspector;
+    h.state_mut().token_view.compare = Some(3);
     h.run();
+    assert!(h.query_all_by_label_contains("<eos>").count() > 1);
+    assert_fits(&h, 1280.0, "transformer token view");
     h.snapshot("inspector-transformer");
     h.state_mut().persisted.tab = Tab::Plots;
     h.run();
@@ -379,11 +395,188 @@ fn the_inspector_colours_tokens_by_their_covariance_term() {
     assert!(!groups.is_empty() && !groups[0].1[0].cov_terms.is_empty());
     h.state_mut().persisted.tab = Tab::Inspector;
     h.run();
+    h.get_by_label("Cov(log π, A) term").click();
+    h.run();
+    assert_eq!(h.state().token_view.quantity, Quantity::Covariance);
     assert!(
-        h.query_by_label_contains("Tokens coloured by their term of Cov(log π, A)")
+        h.query_by_label_contains("red lowers the entropy (a likely token with A above the mean")
             .is_some()
     );
     h.snapshot("inspector-entropy");
+}
+
+/// Everything the inspector lays out at 1280×800 ends inside the window: the token view wraps
+/// its rows, the formula card (and the compared one beside it) fit.
+fn assert_fits(h: &Harness<'static, GrpoApp>, width: f32, what: &str) {
+    let mut widest = (0.0f32, String::new());
+    for n in h.query_all_by_label_contains("") {
+        let r = n.rect();
+        if r.max.x > widest.0 {
+            widest = (r.max.x, format!("{n:?}").chars().take(160).collect());
+        }
+    }
+    assert!(
+        widest.0 <= width + 0.5,
+        "{what}: a widget ends at x = {} of {width}: {}",
+        widest.0,
+        widest.1
+    );
+}
+
+/// The token view (#28 §1): every token coloured by the chosen quantity with a legend, every
+/// number of a token on hover, clicked → the formula card with its numbers (§2), and "compare
+/// with" puts a second objective beside it with the differing steps marked; nothing cut off at
+/// 1280×800, on the lecture model and on the transformer (variable lengths, `<eos>`).
+#[test]
+fn the_token_view_and_formula_card_fit_and_explain_a_token() {
+    let mut c = short_config();
+    c.algorithm.loss = grpo_lab::config::LossMode::Clipped;
+    c.algorithm.epsilon_low = 0.2;
+    c.algorithm.epsilon_high = 0.2;
+    let mut h = harness(c);
+    h.run();
+    h.get_by_label("+μ Iteration").click();
+    h.run();
+    h.state_mut().persisted.tab = Tab::Inspector;
+    h.run();
+    // The whole quantity menu, with the ones this run has.
+    for q in Quantity::ALL {
+        assert!(h.query_by_label(q.name()).is_some(), "{}", q.name());
+    }
+    // Entropy is recorded by the fused lecture engine: colour by it.
+    let (_, groups) = h.state().run.groups.last().unwrap().clone();
+    assert_eq!(groups[0].entropy.len(), groups[0].responses.len());
+    assert_eq!(groups[0].ref_logp.len(), groups[0].responses.len());
+    assert!(
+        groups[0].entropy[0]
+            .iter()
+            .all(|h| h.is_finite() && *h >= 0.0)
+    );
+    h.get_by_label("entropy H").click();
+    h.run();
+    assert_eq!(h.state().token_view.quantity, Quantity::Entropy);
+    h.get_by_label("ratio ρ = π/π_old").click();
+    h.run();
+    // The formula card of the default token, then of a clicked one.
+    assert!(h.query_by_label_contains("Formula for token 0").is_some());
+    h.state_mut().token_view.selected = Some((2, 1));
+    h.run();
+    assert!(h.query_by_label_contains("Formula for token 1 (").is_some());
+    for step in [
+        "advantage = ",
+        "ratio = ",
+        "policy-gradient term = ",
+        "aggregation weight = ",
+        "contribution to the loss = ",
+    ] {
+        assert_eq!(
+            h.query_all_by_label_contains(step).count(),
+            1,
+            "one `{step}` in the card"
+        );
+    }
+    assert!(
+        h.query_by_label_contains("ℓ_t = −min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A)")
+            .is_some()
+    );
+    assert_fits(&h, 1280.0, "lecture17 token view");
+    h.snapshot("inspector-tokens");
+    // Compare with CISPO: a second card, the policy-gradient step differs (the responses
+    // table folded away so the cards show whole).
+    h.state_mut().token_view.compare = Some(5);
+    h.get_by_label_contains("Responses: reward, its parts")
+        .click();
+    h.run();
+    assert_eq!(
+        h.query_all_by_label_contains("policy-gradient term = ")
+            .count(),
+        2
+    );
+    assert!(
+        h.query_by_label_contains("ℓ_t = −sg(min(ρ, cap))·A·log π_t")
+            .is_some()
+    );
+    assert_fits(&h, 1280.0, "lecture17 formula cards");
+    h.snapshot("inspector-formula-compare");
+}
+
+/// The guided iteration (#28 §3): eight steps in GRPO-SPEC §2's order, each on its tab with its
+/// panel highlighted; Next / Back / End.
+#[test]
+fn the_guided_iteration_walks_the_spec_s_steps() {
+    let mut h = harness(short_config());
+    h.run();
+    h.get_by_label("▶▶ Walk me through").click();
+    h.run();
+    h.run();
+    assert_eq!(h.state().tour.step, Some(0));
+    assert!(
+        !h.state().run.groups.is_empty(),
+        "the tour runs an iteration first"
+    );
+    assert_eq!(h.state().persisted.tab, Tab::Inspector);
+    assert!(h.state().public_status().ends_with("tour 1/8"));
+    h.get_by_label_contains("1 · Choose prompts");
+    for k in 1..tour::STEPS.len() {
+        h.get_by_label("Next ▶").click();
+        h.run();
+        assert_eq!(h.state().tour.step, Some(k));
+        assert_eq!(h.state().persisted.tab, tour::STEPS[k].tab);
+        h.get_by_label_contains(tour::STEPS[k].title);
+        if k == 5 {
+            h.snapshot("tour-objective");
+        }
+    }
+    h.get_by_label("◀ Back").click();
+    h.run();
+    assert_eq!(h.state().tour.step, Some(tour::STEPS.len() - 2));
+    h.get_by_label("End tour").click();
+    h.run();
+    assert_eq!(h.state().tour.step, None);
+}
+
+/// The config panel is the field table (#28 §6): every key, by section, with a search box.
+#[test]
+fn the_config_panel_shows_every_key_and_searches() {
+    let mut h = Harness::builder()
+        .with_size([1280.0, 4200.0])
+        .wgpu()
+        .build_eframe(|cc| {
+            GrpoApp::new(
+                Some(cc),
+                AppOptions {
+                    inline_trainer: true,
+                    config: Some(short_config()),
+                    fresh: true,
+                    ..Default::default()
+                },
+            )
+        });
+    h.run();
+    h.get_by_label("⊞ all").click();
+    h.run();
+    let count = |h: &Harness<'static, GrpoApp>, key: &str| {
+        let label = grpo_lab::config::field_info(key).unwrap().label;
+        h.query_all_by_label(label).count()
+    };
+    for f in grpo_lab::config::FIELDS {
+        assert!(count(&h, f.key) >= 1, "{} ({}) has no row", f.key, f.label);
+    }
+    h.snapshot("config-panel-full");
+    // Search narrows to the matching keys (GAE's γ and λ are found by "gae").
+    h.state_mut().config_panel.search = "gae".into();
+    h.run_steps(100);
+    assert!(count(&h, "algorithm.gamma") >= 1);
+    assert_eq!(count(&h, "task.vocab"), 0);
+    // An edit through the panel reaches the draft: the bug gallery's switch.
+    h.state_mut().config_panel.search = "shared_reference".into();
+    h.run_steps(100);
+    let label = grpo_lab::config::field_info("algorithm.bugs.shared_reference")
+        .unwrap()
+        .label;
+    h.get_by_label(label).click();
+    h.run();
+    assert!(h.state().draft.algorithm.bugs.shared_reference);
 }
 
 /// Every plot of the Plots tab explains itself: its "?" opens how to read it and what a healthy

@@ -114,6 +114,7 @@ impl Engine for Fake {
                 entropy_first_order: None,
             },
             logp: vec![-1.0; req.logp_rows * b.t],
+            entropy: Vec::new(),
         })
     }
     fn supervised(&mut self, _: &[Batch], _: f64) -> Result<f32, EngineError> {

@@ -458,6 +458,39 @@ fn transformer_sort_runs_in_the_tab() {
     eprintln!("transformer-sort in the tab: {:?}", r.status.last());
 }
 
+/// `?tour=1` starts the guided iteration in the tab: the page's status says which step.
+#[test]
+fn a_link_starts_the_guided_iteration() {
+    let Some(browser) = prerequisites() else {
+        return;
+    };
+    let dir = common::temp_dir("web-tour");
+    let server = serve();
+    let url = format!(
+        "http://127.0.0.1:{}/index.html?report&tour=1&tab=inspector",
+        server.port
+    );
+    let _chrome = Killed(open(browser, &url, &dir.join("profile")));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut seen = None;
+    while Instant::now() < deadline && seen.is_none() {
+        std::thread::sleep(Duration::from_millis(250));
+        let r = server.reports.lock().unwrap();
+        assert!(r.errors.is_empty(), "console errors: {:?}", r.errors);
+        seen = r
+            .status
+            .iter()
+            .find(|(_, s)| s.contains(" · tour 1/8"))
+            .map(|(_, s)| s.clone());
+    }
+    let r = server.reports.lock().unwrap();
+    assert!(
+        seen.is_some(),
+        "no \"tour 1/8\" in the status: {:?}",
+        r.status.last()
+    );
+}
+
 /// A screenshot of the page while it trains (WebGL2 renders in headless screenshots), kept in
 /// `target/web-screenshot.png` to look at.
 #[test]

@@ -4,6 +4,7 @@
 //! `StepRecord`s; `store` keeps them; the `*_ui` functions only read the store each frame
 //! and send commands back. Persisted UI state is kept apart from live state.
 
+pub mod config_panel;
 pub mod experiments;
 pub mod files;
 pub mod help;
@@ -11,13 +12,12 @@ pub mod lab;
 pub mod plots;
 pub mod shapes;
 pub mod store;
+pub mod tokens;
+pub mod tour;
 pub mod views;
 pub mod worker;
 
-use crate::config::{
-    AdvantageMode, DeviceChoice, KernelChoice, KlEstimator, LossAggMode, LossMode, PRESETS,
-    RewardKind, RunConfig,
-};
+use crate::config::{PRESETS, RunConfig};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -35,6 +35,28 @@ pub enum Tab {
 }
 
 impl Tab {
+    /// The tab `name` names (`plots`, `inspector`, `playground`, `runs`, `experiments`).
+    pub fn from_name(name: &str) -> Result<Tab, String> {
+        Self::NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, t)| *t)
+            .ok_or_else(|| {
+                format!(
+                    "unknown tab `{name}`; allowed: {}",
+                    Self::NAMES.map(|(n, _)| n).join(", ")
+                )
+            })
+    }
+
+    const NAMES: [(&'static str, Tab); 5] = [
+        ("plots", Tab::Plots),
+        ("inspector", Tab::Inspector),
+        ("playground", Tab::Playground),
+        ("runs", Tab::Runs),
+        ("experiments", Tab::Experiments),
+    ];
+
     const ALL: [(Tab, &'static str); 5] = [
         (Tab::Plots, "Live plots"),
         (Tab::Inspector, "Group inspector"),
@@ -83,6 +105,10 @@ pub struct AppOptions {
     pub measure_secs: Option<f64>,
     /// Ignore persisted state (tests, measurements).
     pub fresh: bool,
+    /// Open on this tab.
+    pub tab: Option<Tab>,
+    /// Start the guided iteration (`app --tour`, the browser's `?tour=1`).
+    pub tour: bool,
     /// Train inside the frame loop for at most this long per frame (the browser: no threads);
     /// implies the inline trainer.
     pub frame_budget: Option<Duration>,
@@ -129,6 +155,12 @@ pub struct GrpoApp {
     pub share_string: String,
     pub inspector_group: usize,
     pub inspector_iteration: Option<usize>,
+    /// The inspector's token view: the colour quantity, the clicked token, the compared objective.
+    pub token_view: tokens::TokenView,
+    /// The config panel's search and its view of the draft.
+    pub config_panel: config_panel::ConfigPanel,
+    /// "Walk me through one iteration".
+    pub tour: tour::Tour,
     pub runs_path: String,
     /// Records per second, from arrival times.
     rate: (Instant, usize, f64),
@@ -286,6 +318,9 @@ impl GrpoApp {
             notice: None,
             inspector_group: 0,
             inspector_iteration: None,
+            token_view: tokens::TokenView::default(),
+            config_panel: config_panel::ConfigPanel::default(),
+            tour: tour::Tour::default(),
             runs_path: "runs".into(),
             rate: (Instant::now(), 0, 0.0),
             measure: Measure::default(),
@@ -308,6 +343,12 @@ impl GrpoApp {
             gradient_lab: lab::LabCard::default(),
         };
         app.reset(draft);
+        if let Some(tab) = options.tab {
+            app.persisted.tab = tab;
+        }
+        if options.tour {
+            tour::start(&mut app);
+        }
         if options.autoplay {
             app.worker.send(Command::Play);
         }
@@ -468,8 +509,13 @@ impl GrpoApp {
             .status()
             .map(|l| format!(" · {l}"))
             .unwrap_or_default();
+        let tour = self
+            .tour
+            .step
+            .map(|k| format!(" · tour {}/{}", k + 1, tour::STEPS.len()))
+            .unwrap_or_default();
         format!(
-            "grpo-lab · {name} · {progress} · {state} · {}{lab}",
+            "grpo-lab · {name} · {progress} · {state} · {}{lab}{tour}",
             self.device
         )
     }
@@ -534,6 +580,13 @@ impl GrpoApp {
             {
                 let c = self.draft.clone();
                 self.reset(c);
+            }
+            if ui
+                .add_enabled(!self.tour.active(), egui::Button::new("▶▶ Walk me through"))
+                .on_hover_text("One iteration of GRPO, step by step, on this run's panels")
+                .clicked()
+            {
+                tour::start(self);
             }
             ui.separator();
             ui.label(egui::RichText::new(self.status_line()).monospace());
@@ -648,11 +701,12 @@ impl GrpoApp {
                 self.published = line;
             }
         }
-        egui::Panel::top("controls").show(ui, |ui| {
+        let controls = egui::Panel::top("controls").show(ui, |ui| {
             ui.add_space(4.0);
             self.controls_ui(ui);
             ui.add_space(2.0);
         });
+        self.tour.mark("controls", controls.response.rect);
         egui::Panel::left("config")
             .resizable(true)
             .default_size(300.0)
@@ -667,7 +721,10 @@ impl GrpoApp {
             });
             ui.separator();
             match self.persisted.tab {
-                Tab::Plots => plots::plots_ui(self, ui),
+                Tab::Plots => {
+                    self.tour.mark("plots", ui.available_rect_before_wrap());
+                    plots::plots_ui(self, ui)
+                }
                 Tab::Inspector => views::inspector_ui(self, ui),
                 Tab::Playground => {
                     egui::ScrollArea::vertical().show(ui, |ui| views::playground_ui(self, ui));
@@ -676,6 +733,7 @@ impl GrpoApp {
                 Tab::Experiments => views::experiments_ui(self, ui),
             }
         });
+        tour::tour_ui(self, ui.ctx());
         if self.playing && self.frame_budget.is_some() {
             // The trainer runs inside frames: keep them coming.
             ui.ctx().request_repaint();
@@ -808,40 +866,8 @@ pub fn run_app(options: AppOptions) -> Result<(), String> {
     .map_err(|e| e.to_string())
 }
 
-/// Every choice field's allowed values, for the combo boxes.
-pub(crate) fn enum_names<T: Copy>(
-    all: &[T],
-    name: fn(T) -> &'static str,
-) -> Vec<(T, &'static str)> {
-    all.iter().map(|&v| (v, name(v))).collect()
-}
-
 pub(crate) fn presets() -> Vec<&'static str> {
     PRESETS.iter().map(|(n, _)| *n).collect()
-}
-
-/// Each of the config's choice fields: its values with their names.
-pub(crate) type Choices = (
-    Vec<(AdvantageMode, &'static str)>,
-    Vec<(LossMode, &'static str)>,
-    Vec<(KlEstimator, &'static str)>,
-    Vec<(LossAggMode, &'static str)>,
-    Vec<(RewardKind, &'static str)>,
-    Vec<(DeviceChoice, &'static str)>,
-    Vec<(KernelChoice, &'static str)>,
-);
-
-pub(crate) fn choices() -> Choices {
-    (
-        // Every mode the config takes, `gae` (PPO's critic) included.
-        enum_names(AdvantageMode::ALL, AdvantageMode::name),
-        enum_names(LossMode::ALL, LossMode::name),
-        enum_names(KlEstimator::ALL, KlEstimator::name),
-        enum_names(LossAggMode::ALL, LossAggMode::name),
-        enum_names(&RewardKind::ALL, RewardKind::name),
-        enum_names(DeviceChoice::ALL, DeviceChoice::name),
-        enum_names(KernelChoice::ALL, KernelChoice::name),
-    )
 }
 
 #[cfg(test)]

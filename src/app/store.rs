@@ -114,6 +114,9 @@ pub struct RunData {
     reward_raw: Vec<[f64; 2]>,
     /// (iteration, groups) for each iteration that logged groups.
     pub groups: Vec<(usize, Vec<GroupRecord>)>,
+    /// The mean response length of each logged iteration's batch (beside `groups`): the
+    /// token view weighs a token as its batch did.
+    pub group_mean_length: Vec<f32>,
     pub steps: usize,
     pub last: Option<StepRecord>,
 }
@@ -158,6 +161,7 @@ impl RunData {
         self.reward_smoothed.push([x, e]);
         if let Some(g) = r.groups.take() {
             self.groups.push((r.iteration, g));
+            self.group_mean_length.push(r.mean_length);
         }
         self.steps += 1;
         self.last = Some(r);

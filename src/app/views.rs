@@ -2,11 +2,8 @@
 
 use super::store::RunData;
 use super::worker::Command;
-use super::{GrpoApp, choices, enum_names, presets};
-use crate::config::{
-    AdvantageMode, ConfigError, LengthReward, LossMode, ModelKind, PromptSampling, RunConfig,
-    field_info,
-};
+use super::{GrpoApp, presets};
+use crate::config::{AdvantageMode, ConfigError, RunConfig};
 use crate::objective::advantage;
 use crate::task::RewardFn;
 use egui::{Color32, RichText};
@@ -27,85 +24,7 @@ fn error_key(e: &ConfigError) -> String {
     }
 }
 
-/// One labelled field with its tooltip (label and help from the config's field table) and,
-/// when the draft is invalid there, the reason under it.
-fn field(
-    ui: &mut egui::Ui,
-    app_error: &Option<(String, String)>,
-    key: &str,
-    add: impl FnOnce(&mut egui::Ui, egui::Id),
-) {
-    fields(ui, app_error, &[key], add)
-}
-
-/// One row for a key whose value is one of an enum's names: a combo box of them.
-fn enum_field<T: PartialEq + Copy>(
-    ui: &mut egui::Ui,
-    app_error: &Option<(String, String)>,
-    key: &str,
-    value: &mut T,
-    all: &[T],
-    name: fn(T) -> &'static str,
-) {
-    let names = enum_names(all, name);
-    field(ui, app_error, key, |ui, l| combo(ui, l, key, value, &names));
-}
-
-/// One row for several keys (labelled by the first; the others' widgets carry their own
-/// tooltips via [`hint`]); an error naming any of them shows under it.
-fn fields(
-    ui: &mut egui::Ui,
-    app_error: &Option<(String, String)>,
-    keys: &[&str],
-    add: impl FnOnce(&mut egui::Ui, egui::Id),
-) {
-    ui.horizontal(|ui| {
-        let l = match field_info(keys[0]) {
-            Some(f) => ui.label(f.label).on_hover_text(f.tooltip()),
-            None => ui.label(keys[0]),
-        };
-        add(ui, l.id);
-    });
-    if let Some((k, msg)) = app_error
-        && keys.contains(&k.as_str())
-    {
-        ui.label(RichText::new(format!("✖ {msg}")).color(ERROR).small());
-    }
-}
-
-/// A widget's tooltip from its field's help.
-fn hint(r: egui::Response, key: &str) -> egui::Response {
-    match field_info(key) {
-        Some(f) => r.on_hover_text(f.tooltip()),
-        None => r,
-    }
-}
-
-fn combo<T: PartialEq + Copy>(
-    ui: &mut egui::Ui,
-    label: egui::Id,
-    id: &str,
-    value: &mut T,
-    options: &[(T, &'static str)],
-) {
-    let current = options
-        .iter()
-        .find(|(v, _)| v == value)
-        .map(|(_, n)| *n)
-        .unwrap_or("?");
-    egui::ComboBox::from_id_salt(id)
-        .selected_text(current)
-        .show_ui(ui, |ui| {
-            for (v, name) in options {
-                ui.selectable_value(value, *v, *name);
-            }
-        })
-        .response
-        .labelled_by(label);
-}
-
 pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
-    let (adv, loss, kl, agg, reward, device, kernels) = choices();
     let err = app.field_error.clone();
     let d = &mut app.draft;
     ui.heading("Config");
@@ -120,424 +39,6 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
             }
         }
     });
-    ui.collapsing("Run", |ui| {
-        field(ui, &err, "run.seed", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.run.seed)).labelled_by(l);
-        });
-        field(ui, &err, "run.iterations", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.run.iterations))
-                .labelled_by(l);
-        });
-        field(ui, &err, "run.device", |ui, l| {
-            combo(ui, l, "device", &mut d.run.device, &device)
-        });
-        field(ui, &err, "run.kernels", |ui, l| {
-            combo(ui, l, "kernels", &mut d.run.kernels, &kernels)
-        });
-        field(ui, &err, "run.entropy_dynamics", |ui, l| {
-            ui.checkbox(&mut d.run.entropy_dynamics, "").labelled_by(l);
-        });
-    })
-    .header_response
-    .on_hover_text("Length, seed, device");
-    ui.collapsing("Task", |ui| {
-        field(ui, &err, "task.reward", |ui, l| {
-            combo(ui, l, "reward", &mut d.task.reward, &reward)
-        });
-        let aggregations = enum_names(
-            crate::config::RewardAggregation::ALL,
-            crate::config::RewardAggregation::name,
-        );
-        field(ui, &err, "task.reward_aggregation", |ui, l| {
-            combo(
-                ui,
-                l,
-                "reward-aggregation",
-                &mut d.task.reward_aggregation,
-                &aggregations,
-            )
-        });
-        field(ui, &err, "task.n", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.task.n)).labelled_by(l);
-        });
-        field(ui, &err, "task.vocab", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.task.vocab))
-                .labelled_by(l);
-        });
-        if d.task.prompts.is_empty() {
-            field(ui, &err, "task.train_size", |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.task.train_size))
-                    .labelled_by(l);
-            });
-        } else {
-            ui.label(format!(
-                "fixed prompts: {}",
-                d.task
-                    .prompts
-                    .iter()
-                    .map(|p| format!("[{}]", tokenizer().decode(p)))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            ));
-        }
-        field(ui, &err, "task.heldout_size", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.task.heldout_size))
-                .labelled_by(l);
-        });
-    });
-    if d.model.kind == ModelKind::Transformer {
-        ui.collapsing("Lengths & shaping", |ui| {
-            field(ui, &err, "task.max_len", |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.task.max_len))
-                    .labelled_by(l);
-            });
-            field(ui, &err, "task.format_reward", |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.task.format_reward).speed(0.01))
-                    .labelled_by(l);
-            });
-            let lr = [
-                (LengthReward::None, "none"),
-                (LengthReward::Kimi, "kimi"),
-                (LengthReward::Overlong, "overlong"),
-            ];
-            field(ui, &err, "task.length_reward", |ui, l| {
-                combo(ui, l, "length-reward", &mut d.task.length_reward, &lr)
-            });
-            field(ui, &err, "task.length_reward_weight", |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.task.length_reward_weight).speed(0.01))
-                    .labelled_by(l);
-            });
-            field(ui, &err, "task.overlong_buffer", |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.task.overlong_buffer))
-                    .labelled_by(l);
-            });
-        });
-    }
-    ui.collapsing("Model", |ui| {
-        let kinds = [
-            (ModelKind::Lecture, "lecture"),
-            (ModelKind::Transformer, "transformer"),
-        ];
-        field(ui, &err, "model.kind", |ui, l| {
-            combo(ui, l, "model-kind", &mut d.model.kind, &kinds)
-        });
-        field(ui, &err, "model.d_model", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.model.d_model))
-                .labelled_by(l);
-        });
-        if d.model.kind == ModelKind::Transformer {
-            field(ui, &err, "model.layers", |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.model.layers))
-                    .labelled_by(l);
-            });
-            field(ui, &err, "model.heads", |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.model.heads))
-                    .labelled_by(l);
-            });
-            field(ui, &err, "model.context", |ui, l| {
-                ui.add(egui::DragValue::new(&mut d.model.context))
-                    .labelled_by(l);
-            });
-        }
-        field(ui, &err, "model.init_scale", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.model.init_scale).speed(0.01))
-                .labelled_by(l);
-        });
-    });
-    egui::CollapsingHeader::new("Algorithm")
-        .default_open(true)
-        .show(ui, |ui| {
-            let transformer = d.model.kind == crate::config::ModelKind::Transformer;
-            let a = &mut d.algorithm;
-            field(ui, &err, "algorithm.num_generations", |ui, l| {
-                ui.add(egui::DragValue::new(&mut a.num_generations))
-                    .labelled_by(l);
-            });
-            let mu_keys = ["algorithm.mu", "algorithm.steps_per_generation"];
-            fields(ui, &err, &mu_keys, |ui, l| {
-                ui.add(egui::DragValue::new(&mut a.mu)).labelled_by(l);
-                let spg = egui::DragValue::new(&mut a.steps_per_generation)
-                    .range(1..=1000)
-                    .prefix("× mini-batches ");
-                hint(ui.add(spg), mu_keys[1]);
-            });
-            field(ui, &err, "algorithm.advantage", |ui, l| {
-                combo(ui, l, "advantage", &mut a.advantage, &adv)
-            });
-            if a.advantage == crate::config::AdvantageMode::PasskAnalytic {
-                field(ui, &err, "algorithm.passk_advantage_k", |ui, l| {
-                    ui.add(egui::DragValue::new(&mut a.passk_advantage_k))
-                        .labelled_by(l);
-                });
-            }
-            // W-REINFORCE's weights, one row (the field's error names either key).
-            field(ui, &err, "algorithm.positive_weight", |ui, l| {
-                ui.add(egui::DragValue::new(&mut a.positive_weight).speed(0.01))
-                    .labelled_by(l);
-                ui.add(
-                    egui::DragValue::new(&mut a.negative_weight)
-                        .speed(0.01)
-                        .prefix("A < 0: "),
-                );
-            });
-            if let Some((k, msg)) = &err
-                && k == "algorithm.negative_weight"
-            {
-                ui.label(RichText::new(format!("✖ {msg}")).color(ERROR).small());
-            }
-            field(ui, &err, "algorithm.loss", |ui, l| {
-                combo(ui, l, "loss", &mut a.loss, &loss)
-            });
-            let levels = enum_names(
-                crate::config::ImportanceSamplingLevel::ALL,
-                crate::config::ImportanceSamplingLevel::name,
-            );
-            field(ui, &err, "algorithm.importance_sampling_level", |ui, l| {
-                combo(ui, l, "level", &mut a.importance_sampling_level, &levels)
-            });
-            // Each loss's own knobs, where that loss is chosen.
-            let knobs: &[(&str, f64)] = match a.loss {
-                LossMode::Clipped => &[("algorithm.dual_clip", 0.05), ("algorithm.delta", 0.05)],
-                LossMode::Cispo => &[("algorithm.cispo_max_ratio", 0.1)],
-                LossMode::Sapo => &[
-                    ("algorithm.sapo_temperature_pos", 0.01),
-                    ("algorithm.sapo_temperature_neg", 0.01),
-                ],
-                _ => &[],
-            };
-            for &(key, speed) in knobs {
-                let value = match key {
-                    "algorithm.dual_clip" => &mut a.dual_clip,
-                    "algorithm.delta" => &mut a.delta,
-                    "algorithm.cispo_max_ratio" => &mut a.cispo_max_ratio,
-                    "algorithm.sapo_temperature_pos" => &mut a.sapo_temperature_pos,
-                    _ => &mut a.sapo_temperature_neg,
-                };
-                field(ui, &err, key, |ui, l| {
-                    ui.add(egui::DragValue::new(value).speed(speed))
-                        .labelled_by(l);
-                });
-            }
-            field(ui, &err, "algorithm.epsilon_low", |ui, l| {
-                ui.add(egui::DragValue::new(&mut a.epsilon_low).speed(0.005))
-                    .labelled_by(l);
-            });
-            field(ui, &err, "algorithm.epsilon_high", |ui, l| {
-                ui.add(egui::DragValue::new(&mut a.epsilon_high).speed(0.005))
-                    .labelled_by(l);
-            });
-            field(ui, &err, "algorithm.beta", |ui, l| {
-                ui.add(egui::DragValue::new(&mut a.beta).speed(0.001))
-                    .labelled_by(l);
-            });
-            field(ui, &err, "algorithm.kl_estimator", |ui, l| {
-                combo(ui, l, "kl", &mut a.kl_estimator, &kl)
-            });
-            field(ui, &err, "algorithm.ref_period", |ui, l| {
-                ui.add(egui::DragValue::new(&mut a.ref_period))
-                    .labelled_by(l);
-            });
-            field(ui, &err, "algorithm.loss_agg_mode", |ui, l| {
-                combo(ui, l, "agg", &mut a.loss_agg_mode, &agg)
-            });
-            let ent_keys = ["algorithm.entropy_coef", "algorithm.adaptive_entropy"];
-            fields(ui, &err, &ent_keys, |ui, l| {
-                ui.add(egui::DragValue::new(&mut a.entropy_coef).speed(0.001))
-                    .labelled_by(l);
-                hint(
-                    ui.checkbox(&mut a.adaptive_entropy, "adaptive"),
-                    ent_keys[1],
-                );
-            });
-            // Skywork-OR1's controller: the target and step on one row, the bounds on the next.
-            if a.adaptive_entropy {
-                field(ui, &err, "algorithm.entropy_target", |ui, l| {
-                    ui.add(egui::DragValue::new(&mut a.entropy_target).speed(0.01))
-                        .labelled_by(l);
-                    ui.add(
-                        egui::DragValue::new(&mut a.entropy_coef_delta)
-                            .speed(0.001)
-                            .prefix("step ± "),
-                    );
-                });
-                field(ui, &err, "algorithm.entropy_coef_min", |ui, l| {
-                    ui.add(egui::DragValue::new(&mut a.entropy_coef_min).speed(0.001))
-                        .labelled_by(l);
-                    ui.add(
-                        egui::DragValue::new(&mut a.entropy_coef_max)
-                            .speed(0.01)
-                            .prefix("max "),
-                    );
-                });
-            }
-            field(ui, &err, "algorithm.top_entropy_quantile", |ui, l| {
-                ui.add(egui::DragValue::new(&mut a.top_entropy_quantile).speed(0.01))
-                    .labelled_by(l);
-            });
-            // The covariance rules, where their loss is chosen (Clip-Cov: clipped; KL-Cov:
-            // unclipped), with their numbers when one is on.
-            if matches!(a.loss, LossMode::Clipped | LossMode::Unclipped) {
-                let rules = enum_names(
-                    crate::config::CovPenalty::ALL,
-                    crate::config::CovPenalty::name,
-                );
-                field(ui, &err, "algorithm.cov_penalty", |ui, l| {
-                    combo(ui, l, "cov-penalty", &mut a.cov_penalty, &rules)
-                });
-                let knobs: &[(&str, f64)] = match a.cov_penalty {
-                    crate::config::CovPenalty::ClipCov => &[
-                        ("algorithm.clip_cov_ratio", 1e-4),
-                        ("algorithm.clip_cov_lb", 0.05),
-                        ("algorithm.clip_cov_ub", 0.05),
-                    ],
-                    crate::config::CovPenalty::KlCov => &[
-                        ("algorithm.kl_cov_ratio", 1e-4),
-                        ("algorithm.kl_cov_coef", 0.01),
-                    ],
-                    crate::config::CovPenalty::None => &[],
-                };
-                for &(key, speed) in knobs {
-                    let value = match key {
-                        "algorithm.clip_cov_ratio" => &mut a.clip_cov_ratio,
-                        "algorithm.clip_cov_lb" => &mut a.clip_cov_lb,
-                        "algorithm.clip_cov_ub" => &mut a.clip_cov_ub,
-                        "algorithm.kl_cov_ratio" => &mut a.kl_cov_ratio,
-                        _ => &mut a.kl_cov_coef,
-                    };
-                    field(ui, &err, key, |ui, l| {
-                        ui.add(egui::DragValue::new(value).speed(speed))
-                            .labelled_by(l);
-                    });
-                }
-            }
-            // The two ways of replacing groups without a signal, side by side (one at a time).
-            let flat_keys = ["algorithm.dynamic_sampling", "algorithm.replay_buffer"];
-            fields(ui, &err, &flat_keys, |ui, l| {
-                ui.checkbox(&mut a.dynamic_sampling, "").labelled_by(l);
-                ui.add(egui::DragValue::new(&mut a.max_resample_rounds).prefix("max rounds "));
-                let replay = egui::DragValue::new(&mut a.replay_buffer).prefix("replay ");
-                hint(ui.add(replay), flat_keys[1]);
-            });
-            if transformer {
-                field(ui, &err, "algorithm.mask_truncated_completions", |ui, l| {
-                    ui.checkbox(&mut a.mask_truncated_completions, "")
-                        .labelled_by(l);
-                });
-            }
-            field(ui, &err, "algorithm.prompts_per_iteration", |ui, l| {
-                ui.add(egui::DragValue::new(&mut a.prompts_per_iteration))
-                    .labelled_by(l);
-            });
-            let ps = [
-                (PromptSampling::Uniform, "uniform"),
-                (PromptSampling::Prioritized, "prioritized"),
-                (PromptSampling::Curriculum, "curriculum"),
-            ];
-            field(ui, &err, "algorithm.prompt_sampling", |ui, l| {
-                combo(ui, l, "prompt-sampling", &mut a.prompt_sampling, &ps)
-            });
-            ui.label(
-                RichText::new("Bug gallery (deliberate bugs)")
-                    .small()
-                    .strong(),
-            );
-            for (key, on) in [
-                (
-                    "algorithm.bugs.ratio_as_logprob_quotient",
-                    &mut a.bugs.ratio_as_logprob_quotient,
-                ),
-                (
-                    "algorithm.bugs.unfrozen_old_policy",
-                    &mut a.bugs.unfrozen_old_policy,
-                ),
-                (
-                    "algorithm.bugs.shared_reference",
-                    &mut a.bugs.shared_reference,
-                ),
-                (
-                    "algorithm.bugs.std_without_eps",
-                    &mut a.bugs.std_without_eps,
-                ),
-            ] {
-                if let Some(f) = field_info(key) {
-                    ui.checkbox(on, f.label).on_hover_text(f.tooltip());
-                }
-            }
-        });
-    ui.collapsing("Cold start (SFT)", |ui| {
-        field(ui, &err, "sft.steps", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.sft.steps))
-                .labelled_by(l);
-        });
-        field(ui, &err, "sft.examples", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.sft.examples))
-                .labelled_by(l);
-        });
-        field(ui, &err, "sft.lr", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.sft.lr).speed(1e-4))
-                .labelled_by(l);
-        });
-    });
-    ui.collapsing("Optimizer & sampling", |ui| {
-        field(ui, &err, "optimizer.lr", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.optimizer.lr).speed(1e-4))
-                .labelled_by(l);
-        });
-        field(ui, &err, "optimizer.max_grad_norm", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.optimizer.max_grad_norm).speed(0.01))
-                .labelled_by(l);
-        });
-        field(ui, &err, "sampling.temperature", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.sampling.temperature).speed(0.01))
-                .labelled_by(l);
-        });
-        field(ui, &err, "sampling.top_k", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.sampling.top_k))
-                .labelled_by(l);
-        });
-        field(ui, &err, "sampling.top_p", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.sampling.top_p).speed(0.01))
-                .labelled_by(l);
-        });
-        // The mismatch lab: a gap between sampler and learner on purpose, and its correction.
-        use crate::config::{IsCorrection, LearnerScores, SamplerPrecision};
-        let learner = &mut d.sampling.learner_scores;
-        enum_field(
-            ui,
-            &err,
-            "sampling.learner_scores",
-            learner,
-            LearnerScores::ALL,
-            LearnerScores::name,
-        );
-        let precision = &mut d.sampling.sampler_precision;
-        enum_field(
-            ui,
-            &err,
-            "sampling.sampler_precision",
-            precision,
-            SamplerPrecision::ALL,
-            SamplerPrecision::name,
-        );
-        field(ui, &err, "sampling.keep_sampling_mask", |ui, l| {
-            ui.checkbox(&mut d.sampling.keep_sampling_mask, "")
-                .labelled_by(l);
-        });
-        let correction = &mut d.algorithm.is_correction;
-        enum_field(
-            ui,
-            &err,
-            "algorithm.is_correction",
-            correction,
-            IsCorrection::ALL,
-            IsCorrection::name,
-        );
-        field(ui, &err, "algorithm.max_staleness", |ui, l| {
-            ui.add(egui::DragValue::new(&mut d.algorithm.max_staleness))
-                .labelled_by(l);
-        });
-    });
-
     // Validate the draft: a bad value is refused at its field, and the trainer keeps running.
     app.field_error = app
         .draft
@@ -618,6 +119,10 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
             .hint_text("grpo-lab:{…}"),
     )
     .labelled_by(l.id);
+    ui.separator();
+    // Every key of the field table, by section, with a search box (the actions above stay in
+    // reach however many sections are open).
+    super::config_panel::fields_ui(&mut app.config_panel, &mut app.draft, &err, ui);
 }
 
 /// The config as one line (TensorFlow Playground style): the nearest preset and the keys
@@ -645,7 +150,7 @@ pub fn inspector_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     let sel = iteration_slider(app, ui);
     let (iteration, groups) = &app.run.groups[sel];
     let gi = app.inspector_group.min(groups.len() - 1);
-    ui.horizontal_wrapped(|ui| {
+    let prompts = ui.horizontal_wrapped(|ui| {
         ui.label("Prompt");
         for (i, g) in groups.iter().enumerate() {
             let label = format!(
@@ -658,6 +163,7 @@ pub fn inspector_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
             }
         }
     });
+    app.tour.mark("prompts", prompts.response.rect);
     let g = &groups[gi];
     let config = app.running.clone().unwrap_or_default();
     let reward_fn = RewardFn::from_task(&config.task);
@@ -670,35 +176,53 @@ pub fn inspector_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     if g.zero_std {
         ui.label(RichText::new("∅ All rewards in this group are equal: no learning signal (every centered advantage is 0).").color(ERROR).strong());
     }
-    if !g.cov_terms.is_empty() {
-        ui.label(RichText::new("Tokens coloured by their term of Cov(log π, A) over the batch (the entropy mechanism, Cui et al. 2025): red lowers the entropy (a likely token with a better-than-average advantage, or an unlikely one with a worse), blue raises it; the deeper, the larger. Hover a token for its term.").small());
-    }
-    // The ratio and the clip flags from the one per-token formula the engines use.
-    let settings = crate::objective::loss::LossSettings::of(&config);
-    egui::ScrollArea::both().show(ui, |ui| {
-        egui::Grid::new("inspector")
-            .striped(true)
-            .num_columns(4 + AdvantageMode::GROUP.len())
+    let mean_length = app.run.group_mean_length.get(sel).copied().unwrap_or(
+        g.responses.iter().map(Vec::len).sum::<usize>() as f32 / g.responses.len().max(1) as f32,
+    );
+    let batch = super::tokens::batch_shape(&config, g.responses.len(), mean_length);
+    let marks = egui::ScrollArea::vertical()
+        .id_salt("inspector")
+        .show(ui, |ui| {
+            let grid = egui::CollapsingHeader::new(
+                "Responses: reward, its parts, the advantage A under every mode",
+            )
+            .default_open(true)
             .show(ui, |ui| {
-                ui.strong("#");
-                ui.strong("response");
-                ui.strong("reward");
-                ui.strong("parts");
-                for m in AdvantageMode::GROUP {
-                    let t = if *m == config.algorithm.advantage {
-                        format!("A {} ◀", m.name())
-                    } else {
-                        format!("A {}", m.name())
-                    };
-                    ui.strong(t);
-                }
-                ui.strong("per token: log π_old → log π (ratio ρ, clipped?)");
-                ui.end_row();
-                for i in 0..g.responses.len() {
-                    response_row(ui, g, i, &config, &reward_fn, &settings);
-                }
+                egui::ScrollArea::horizontal()
+                    .id_salt("inspector grid")
+                    .show(ui, |ui| responses_grid(ui, g, &config, &reward_fn));
             });
-    });
+            ui.separator();
+            let (tokens, formula) =
+                super::tokens::token_view_ui(&mut app.token_view, ui, g, &config, batch);
+            // The guided iteration brings its panel into view.
+            for (name, rect) in [("tokens", tokens), ("formula", formula)] {
+                if let Some(r) = rect
+                    && app.tour.take_scroll(name)
+                {
+                    ui.scroll_to_rect(r, Some(egui::Align::TOP));
+                }
+            }
+            [
+                (
+                    "responses",
+                    Some(
+                        grid.header_response.rect.union(
+                            grid.body_response
+                                .map_or(grid.header_response.rect, |b| b.rect),
+                        ),
+                    ),
+                ),
+                ("tokens", tokens),
+                ("formula", formula),
+            ]
+        })
+        .inner;
+    for (name, rect) in marks {
+        if let Some(r) = rect {
+            app.tour.mark(name, r);
+        }
+    }
 }
 
 /// The inspector's choice of a logged iteration (the latest unless one is pinned); its index.
@@ -730,112 +254,66 @@ fn iteration_slider(app: &mut GrpoApp, ui: &mut egui::Ui) -> usize {
     sel
 }
 
-/// One response of a logged group: its tokens, reward and its parts, its advantage under every
-/// mode, and per token log π_old → log π with the ratio and whether the clip is active.
-fn response_row(
+/// The group's responses: tokens, reward and its parts, the advantage under every mode (the
+/// driving one marked).
+fn responses_grid(
     ui: &mut egui::Ui,
     g: &crate::metrics::GroupRecord,
-    i: usize,
     config: &RunConfig,
     reward_fn: &RewardFn,
-    settings: &crate::objective::loss::LossSettings,
 ) {
-    let resp = &g.responses[i];
-    ui.label(i.to_string());
-    ui.monospace(tokenizer().decode(resp));
-    ui.label(format!("{:.2}", g.rewards[i]));
-    let parts = reward_fn.score_logged(config, &g.prompt, resp).parts;
-    ui.label(
-        parts
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect::<Vec<_>>()
-            .join(", "),
-    );
-    for m in AdvantageMode::GROUP {
-        let v = g
-            .advantages
-            .get(m.name())
-            .and_then(|a| a.get(i))
-            .copied()
-            .unwrap_or(f32::NAN);
-        ui.label(format!("{v:+.3}"));
-    }
-    let adv = g
-        .advantages
-        .get(config.algorithm.advantage.name())
-        .and_then(|a| a.get(i))
-        .copied()
-        .unwrap_or(0.0);
-    // The objective's own text over the response's logged tokens (the response's ratio at
-    // the sequence level).
-    let (old, new) = (
-        g.old_logp.get(i).cloned().unwrap_or_default(),
-        g.logp.get(i).cloned().unwrap_or_default(),
-    );
-    let known = resp.len().min(old.len()).min(new.len());
-    let (old, new) = (&old[..known], &new[..known]);
-    let terms = crate::objective::loss::response_terms(settings, new, old, old, adv);
-    let (p, ratios) = (settings.pg(), terms.clipped_ratio(settings));
-    let tokens: Vec<String> = (0..resp.len())
-        .map(|t| {
-            if t >= known {
-                return "–".into();
+    egui::Grid::new("inspector")
+        .striped(true)
+        .num_columns(4 + AdvantageMode::GROUP.len())
+        .show(ui, |ui| {
+            ui.strong("#");
+            ui.strong("response");
+            ui.strong("reward");
+            ui.strong("parts");
+            for m in AdvantageMode::GROUP {
+                // Short headers (the section's title says they are advantages), the full name on
+                // hover; ◀ marks the mode that drives.
+                let short = match m {
+                    AdvantageMode::BatchNormalized => "batch-norm.",
+                    AdvantageMode::Normalized => "normalized",
+                    m => m.name(),
+                };
+                let t = if *m == config.algorithm.advantage {
+                    format!("{short} ◀")
+                } else {
+                    short.to_string()
+                };
+                ui.strong(t)
+                    .on_hover_text(format!("A under `algorithm.advantage = {}`", m.name()));
             }
-            let ratio = ratios[t];
-            let (low, high) = crate::objective::loss::reference::clip_flags(&p, ratio, adv);
-            format!(
-                "{:.2}→{:.2} ({ratio:.3}{})",
-                old[t],
-                new[t],
-                if low || high { " ✂" } else { "" }
-            )
-        })
-        .collect();
-    match g.cov_terms.get(i) {
-        // Each token on the colour of its covariance term (`run.entropy_dynamics`).
-        Some(terms) => {
-            let scale = g
-                .cov_terms
-                .iter()
-                .flatten()
-                .fold(0.0f32, |m, x| m.max(x.abs()))
-                .max(1e-12);
-            ui.horizontal(|ui| {
-                for (t, text) in tokens.iter().enumerate() {
-                    let c = terms.get(t).copied().unwrap_or(0.0);
-                    ui.label(
-                        RichText::new(text)
-                            .monospace()
-                            .background_color(cov_colour(c / scale)),
-                    )
-                    .on_hover_text(format!(
-                        "covariance term (A − mean A)(log π − mean log π) = {c:+.4}: {}",
-                        if c > 0.0 {
-                            "lowers the entropy"
-                        } else {
-                            "raises the entropy"
-                        }
-                    ));
+            ui.end_row();
+            for (i, resp) in g.responses.iter().enumerate() {
+                ui.label(i.to_string());
+                ui.monospace(tokenizer().decode(resp));
+                ui.label(format!("{:.2}", g.rewards[i]));
+                let parts = reward_fn.score_logged(config, &g.prompt, resp).parts;
+                let parts = parts
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                // Wrapped in a bounded column: a weighted reward's parts are long.
+                ui.scope(|ui| {
+                    ui.set_max_width(250.0);
+                    ui.add(egui::Label::new(RichText::new(parts).small()).wrap());
+                });
+                for m in AdvantageMode::GROUP {
+                    let v = g
+                        .advantages
+                        .get(m.name())
+                        .and_then(|a| a.get(i))
+                        .copied()
+                        .unwrap_or(f32::NAN);
+                    ui.label(format!("{v:+.3}"));
                 }
-            });
-        }
-        None => {
-            ui.monospace(tokens.join("  "));
-        }
-    }
-    ui.end_row();
-}
-
-/// A token's background for its covariance term, `x` in [−1, 1] of the group's largest:
-/// red where it lowers the entropy, blue where it raises it, faint near 0.
-pub fn cov_colour(x: f32) -> Color32 {
-    let a = (x.abs().clamp(0.0, 1.0) * 150.0) as u8;
-    if x > 0.0 {
-        Color32::from_rgba_unmultiplied(220, 50, 47, a)
-    } else {
-        Color32::from_rgba_unmultiplied(38, 139, 210, a)
-    }
+                ui.end_row();
+            }
+        });
 }
 
 // ---------------------------------------------------------------- playground

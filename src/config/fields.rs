@@ -137,7 +137,7 @@ pub enum Scope {
 }
 
 impl Scope {
-    pub(super) fn applies(self, c: &RunConfig) -> bool {
+    pub fn applies(self, c: &RunConfig) -> bool {
         match self {
             Scope::Always => true,
             Scope::Transformer => c.model.kind == ModelKind::Transformer,
@@ -148,7 +148,7 @@ impl Scope {
             Scope::Sft => c.sft.steps > 0,
         }
     }
-    fn words(self) -> &'static str {
+    pub fn words(self) -> &'static str {
         match self {
             Scope::Always => "",
             Scope::Transformer => "model.kind = transformer",
@@ -307,7 +307,7 @@ pub const FIELDS: &[Field] = &[
         "Every negative advantage is multiplied by this (NSR, learning from failures only: positive_weight = 0; W-REINFORCE: positive_weight 0.1; 1 = off). No framework key."),
     Field::new("algorithm.loss", "Loss", Range::Choice(LossMode::NAMES),
         "Per-token objective (GRPO-SPEC §4; r = π/π_old). naive: −A·log π (REINFORCE; GPG's loss). unclipped: −A·r. clipped: PPO's −min(rA, clip(r, 1−ε_low, 1+ε_high)A), what TRL and verl use by default (verl: policy_loss.loss_mode = vanilla; TRL: loss_type grpo / dapo / dr_grpo / bnpo). cispo (MiniMax-M1): −sg(min(r, cispo_max_ratio))·A·log π, clipped tokens keep their gradient (TRL: loss_type cispo; verl: loss_mode cispo). sapo (arXiv 2511.20347): −(4/τ)·σ(τ(r−1))·A, a soft gate instead of the clip, τ = sapo_temperature_pos / _neg by the sign of A (TRL: loss_type sapo; verl: loss_mode sapo). gmpo (arXiv 2507.20673): the geometric mean of the token ratios, each clipped in log space to [−ε_low, ε_high], −A·exp(mean log r) per response (verl: loss_mode geo_mean; set ε to the paper's 0.4)."),
-    Field::new("algorithm.importance_sampling_level", "IS level", Range::Choice(ImportanceSamplingLevel::NAMES),
+    Field::new("algorithm.importance_sampling_level", "ratio level", Range::Choice(ImportanceSamplingLevel::NAMES),
         "Where the ratio lives. token: r_t per token (PPO, GRPO). sequence (GSPO, arXiv 2507.18071): s = exp(mean_t log r_t) replaces every r_t of the response, clipped per sequence (the paper's ε: 3e-4 / 4e-4), gradient through the mean; with loss_agg_mode seq-mean-token-mean (GSPO) or luspo. sequence_token (GSPO-token): the value s per token, the gradient of each token's own log π. TRL: importance_sampling_level (sequence_token: trl.experimental.gspo_token); verl: loss_mode gspo (its GSPO-token form).")
         .rule("sequence: loss unclipped, clipped or sapo, loss_agg_mode seq-mean-token-mean or luspo; sequence_token: loss unclipped, clipped, cispo or sapo, loss_agg_mode not luspo; token with loss gmpo (which is sequence-level itself)"),
     Field::new("algorithm.epsilon_low", "ε low", Range::float(Open(0.0), Open(1.0)),
@@ -382,7 +382,7 @@ pub const FIELDS: &[Field] = &[
     Field::new("algorithm.is_correction", "IS correction", Range::Choice(IsCorrection::NAMES),
         "The mismatch lab's correction for the gap between the sampler (π_sampler: what drew the responses) and the learner (π_old: the same responses rescored by the policy being trained), w = π_old/π_sampler: none; tis (truncated IS: each token's policy-gradient term × clamp(w, is_threshold_low, is_threshold_high), detached); mis (masked IS: × w inside the band, 0 outside); icepop (Ring/IcePop, per token by definition: as mis at is_level = token, default band 0.5..5 in OpenRLHF's example); opsm (DeepSeek-V3.2's off-policy sequence mask: a response with A < 0 whose mean log(π_sampler/π_θ) exceeds opsm_threshold loses its policy-gradient terms, re-evaluated at every step). Without a gap (sampling.* leave the learner scoring what the sampler drew) w = 1 and π_sampler = π_old. TRL: vllm_importance_sampling_correction + vllm_importance_sampling_mode token_truncate|token_mask|sequence_truncate|sequence_mask, off_policy_mask_threshold; OpenRLHF: enable_vllm_is_correction, vllm_is_correction_type tis|icepop; verl: algorithm.rollout_correction.")
         .rule("icepop and opsm at is_level = token; not on the WGSL engine"),
-    Field::new("algorithm.is_level", "IS level", Range::Choice(IsLevel::NAMES),
+    Field::new("algorithm.is_level", "correction level", Range::Choice(IsLevel::NAMES),
         "Where tis and mis form their weight: token (each token's w_t) or sequence (one w = Π_t w_t per response, TRL's sequence_* modes: exp of the summed log-ratio). TRL: the vllm_importance_sampling_mode prefix."),
     Field::new("algorithm.is_threshold_low", "IS band low", Range::NON_NEGATIVE,
         "The IS weight's lower bound: tis clamps up to it, mis and icepop zero a weight below it (TRL vllm_importance_sampling_clip_min, unset = 0; OpenRLHF vllm_is_truncated_threshold[0])."),

@@ -1244,7 +1244,8 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
     }
 }
 
-fn get_path<'a>(table: &'a toml::Table, key: &str) -> Option<&'a toml::Value> {
+/// The value at a dotted key of a config table.
+pub fn get_path<'a>(table: &'a toml::Table, key: &str) -> Option<&'a toml::Value> {
     let mut parts = key.split('.');
     let mut cur = table.get(parts.next()?)?;
     for p in parts {

@@ -489,6 +489,7 @@ impl Engine for BurnEngine {
             .sqrt();
         let logged = req.logp_rows.div_ceil(g.max(1)).min(b);
         let logp_rows = logp_h[..logged * g * t].to_vec();
+        let entropy_rows = entropy_h[..logged * g * t].to_vec();
         let loss = terms.loss as f32;
         let scalars = StepScalars {
             loss,
@@ -507,6 +508,7 @@ impl Engine for BurnEngine {
             return Ok(StepOutput {
                 scalars,
                 logp: logp_rows,
+                entropy: entropy_rows,
             });
         }
         if req.max_grad_norm > 0.0 && grad_norm > req.max_grad_norm {
@@ -534,6 +536,7 @@ impl Engine for BurnEngine {
         Ok(StepOutput {
             scalars,
             logp: logp_rows,
+            entropy: entropy_rows,
         })
     }
 

@@ -93,8 +93,8 @@ pub(crate) fn product_into(
 }
 
 /// Softmax statistics of `[rows, V]` logits at temperature `1/inv_t`: `z = x·inv_t` and
-/// `log Σ exp z` per row, and (when `probs` is given) the probabilities and the summed
-/// entropy of the rows. `step` and `token_logp` share it, so log π_old at the first step of
+/// `log Σ exp z` per row, and (when `probs` is given) the probabilities, each row's entropy
+/// and their sum. `step` and `token_logp` share it, so log π_old at the first step of
 /// an iteration equals the step's log π bit for bit.
 #[inline(always)]
 fn softmax_rows(
@@ -103,16 +103,18 @@ fn softmax_rows(
     inv_t: f32,
     z: &mut Vec<f32>,
     logz: &mut Vec<f32>,
-    mut probs: Option<&mut Vec<f32>>,
+    mut probs: Option<(&mut Vec<f32>, &mut Vec<f32>)>,
 ) -> f64 {
     // Every element is written below: no fill.
     z.resize(logits.len(), 0.0);
     let rows = logits.len() / v;
     logz.clear();
     logz.resize(rows, 0.0);
-    if let Some(pr) = probs.as_deref_mut() {
+    if let Some((pr, hr)) = probs.as_mut() {
         pr.clear();
         pr.resize(logits.len(), 0.0);
+        hr.clear();
+        hr.resize(rows, 0.0);
     }
     let mut entropy = 0.0f64;
     let mut e = vec![0.0f32; v];
@@ -124,9 +126,10 @@ fn softmax_rows(
     {
         let stats = row_softmax(x, inv_t, zr, &mut e);
         logz[r] = stats.0;
-        if let Some(pr) = probs.as_deref_mut() {
+        if let Some((pr, hr)) = probs.as_mut() {
             let p = &mut pr[r * v..(r + 1) * v];
-            entropy += row_entropy(zr, &e, stats, p, &mut h) as f64;
+            hr[r] = row_entropy(zr, &e, stats, p, &mut h);
+            entropy += hr[r] as f64;
         }
     }
     entropy
@@ -228,6 +231,9 @@ struct Scratch {
     z: Vec<f32>,
     logz: Vec<f32>,
     probs: Vec<f32>,
+    /// `[B·n]` each (prompt, position) row's entropy; `step_h`: as the last step read them.
+    row_h: Vec<f32>,
+    step_h: Vec<f32>,
     dlogits: Vec<f32>,
     row_coef: Vec<f32>,
     // per token
@@ -521,6 +527,22 @@ impl FusedLecture {
         self.forward(prompts).logits
     }
 
+    /// Each token's entropy `H_t` as the last [`Self::step`] read it (before its update), for
+    /// the first `rows` of its `[B·G]` responses of `g` per prompt: `[rows·n]` (a lecture
+    /// model's distribution at a position depends on the prompt alone, so a token's entropy is
+    /// its (prompt, position) row's).
+    pub fn token_entropy(&self, g: usize, rows: usize) -> Vec<f32> {
+        let (n, h) = (self.n, &self.scratch.step_h);
+        (0..rows)
+            .filter(|r| (r / g.max(1) + 1) * n <= h.len())
+            .flat_map(|r| {
+                h[(r / g.max(1)) * n..(r / g.max(1) + 1) * n]
+                    .iter()
+                    .copied()
+            })
+            .collect()
+    }
+
     /// One optimizer step of the GRPO loss on a fixed-length batch.
     /// `prompts [B·n]`, `responses [B·G·n]`, `advantages [B·G]`, `old_logp`/`ref_logp [B·G·n]`.
     /// Returns the step's scalars and `log π` of every token (before the update).
@@ -580,6 +602,7 @@ impl FusedLecture {
     ) -> (StepScalars, Vec<f32>) {
         let mut sc = std::mem::take(&mut self.scratch);
         let entropy = self.loss_gradient_into(x, s, temperature, &mut sc);
+        sc.step_h.clone_from(&sc.row_h);
         let rows = x.prompts.len();
         // ∇θ of the mean row entropy and the weights before the update, for the first-order
         // change of the step actually taken.
@@ -728,7 +751,7 @@ impl FusedLecture {
             inv_t,
             &mut sc.z,
             &mut sc.logz,
-            Some(&mut sc.probs),
+            Some((&mut sc.probs, &mut sc.row_h)),
         )
     }
 

@@ -1132,6 +1132,11 @@ impl FusedTransformer {
         (scalars, self.scratch.logp.clone())
     }
 
+    /// Each token's entropy `H_t` as the last [`Self::step`] read it (`[B·G·T]`, 0 on padding).
+    pub fn token_entropy(&self) -> &[f32] {
+        &self.scratch.ent
+    }
+
     /// The gradient of the last [`Self::loss_and_gradient`] (flat layout).
     pub fn gradient(&self) -> &[f32] {
         &self.scratch.grad

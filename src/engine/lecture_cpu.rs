@@ -141,7 +141,14 @@ impl Engine for FusedLectureEngine {
             req.max_grad_norm,
         );
         logp.truncate(req.logp_rows * batch.t);
-        Ok(StepOutput { scalars, logp })
+        let entropy = self
+            .policy
+            .token_entropy(batch.g, logp.len() / batch.t.max(1));
+        Ok(StepOutput {
+            scalars,
+            logp,
+            entropy,
+        })
     }
 
     fn supervised(&mut self, batches: &[Batch], lr: f64) -> Result<f32, EngineError> {

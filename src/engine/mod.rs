@@ -358,6 +358,9 @@ pub struct StepOutput {
     pub scalars: StepScalars,
     /// `log π` of the first `logp_rows` responses, `[rows·T]`.
     pub logp: Vec<f32>,
+    /// Each token's entropy `H_t` (at the step's temperature) of the same rows, `[rows·T]`;
+    /// empty where the engine does not return it (the WGSL engine).
+    pub entropy: Vec<f32>,
 }
 
 /// A whole iteration asked of an engine that runs one on its device

@@ -147,7 +147,13 @@ impl Engine for FusedTransformerEngine {
         // burn's path returns whole groups: the first ⌈rows/G⌉ prompts' responses.
         let logged = req.logp_rows.div_ceil(batch.g.max(1)).min(batch.b);
         logp.truncate(logged * batch.g * batch.t);
-        Ok(StepOutput { scalars, logp })
+        let entropy = self.policy.token_entropy();
+        let entropy = entropy[..logp.len().min(entropy.len())].to_vec();
+        Ok(StepOutput {
+            scalars,
+            logp,
+            entropy,
+        })
     }
 
     fn supervised(&mut self, batches: &[Batch], lr: f64) -> Result<f32, EngineError> {

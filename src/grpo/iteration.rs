@@ -447,6 +447,7 @@ impl Trainer {
                 &shown,
                 &scored.rewards,
                 &adv.by_mode,
+                &driving,
                 &adv.zero_std,
             )
         });
@@ -460,7 +461,7 @@ impl Trainer {
             groups,
             token_advantages,
             replaced: Vec::new(),
-            seen_logp: None,
+            seen: None,
             sampler_logp: scored.sampler_logp,
         };
         if cfg.algorithm.replay_buffer > 0 {
@@ -691,10 +692,9 @@ impl Trainer {
         let part_rows = part.map(|p| p.rows);
         let frozen = self.frozen.as_mut().expect("rolled out above");
         if let Some(rows) = part_rows {
-            frozen.saw(rows, &out.logp);
+            frozen.saw(rows, &out.logp, &out.entropy);
         }
-        let groups = (last_of_iteration && logged > 0)
-            .then(|| frozen.groups_at(frozen.seen_logp.as_deref().unwrap_or(&out.logp)));
+        let groups = (last_of_iteration && logged > 0).then(|| frozen.groups_after(&out));
         let mut record = record::step_record(
             StepPosition {
                 iteration: self.iteration,
@@ -777,9 +777,19 @@ fn next_output(
 }
 
 impl Frozen {
-    /// The logged groups with their per-token log π (`logp`: after the iteration's μ − 1
-    /// updates, as the last step reads it) and log π_old, for the iteration's last record.
-    fn groups_at(&self, logp: &[f32]) -> Vec<GroupRecord> {
+    /// The logged groups as the iteration's last step `out` left them (each mini-batch's rows
+    /// as its latest step read them, where the batch was split).
+    fn groups_after(&self, out: &crate::engine::StepOutput) -> Vec<GroupRecord> {
+        match &self.seen {
+            Some((logp, entropy)) => self.groups_at(logp, entropy),
+            None => self.groups_at(&out.logp, &out.entropy),
+        }
+    }
+
+    /// The logged groups with their per-token log π and entropy (`logp`, `entropy`: after the
+    /// iteration's μ − 1 updates, as the last step reads them; `entropy` may be empty), log π_old
+    /// and log π_ref, for the iteration's last record.
+    fn groups_at(&self, logp: &[f32], entropy: &[f32]) -> Vec<GroupRecord> {
         let mut groups = self.groups.clone().unwrap_or_default();
         let (t, g) = (self.batch.t, self.batch.g);
         let rows = |x: &[f32]| -> Vec<Vec<f32>> {
@@ -789,14 +799,20 @@ impl Frozen {
                 .map(|(c, &len)| c[..len.min(t)].to_vec())
                 .collect()
         };
-        let (logp, old_logp) = (rows(logp), rows(&self.old_logp));
+        let (logp, old_logp, ref_logp) = (rows(logp), rows(&self.old_logp), rows(&self.ref_logp));
+        let entropy = rows(entropy);
         for (i, group) in groups.iter_mut().enumerate() {
             // A group the replay buffer replaced was not trained on: its rows hold another's.
             if self.replaced.get(i).copied().unwrap_or(false) {
                 continue;
             }
-            group.logp = logp[i * g..(i + 1) * g].to_vec();
-            group.old_logp = old_logp[i * g..(i + 1) * g].to_vec();
+            let span = i * g..(i + 1) * g;
+            group.logp = logp[span.clone()].to_vec();
+            group.old_logp = old_logp[span.clone()].to_vec();
+            group.ref_logp = ref_logp[span.clone()].to_vec();
+            if entropy.len() >= span.end {
+                group.entropy = entropy[span].to_vec();
+            }
         }
         groups
     }

@@ -258,7 +258,8 @@ fn advantage_by_success(r: &RolloutView) -> [f32; 3] {
 }
 
 /// The first `count` groups of the batch as the record logs them: prompt, responses (as shown:
-/// `<eos>` as the tokenizer's id), rewards, every advantage mode, the zero-std flag.
+/// `<eos>` as the tokenizer's id), rewards, every advantage mode, the driving advantage, the
+/// zero-std flag.
 #[allow(clippy::too_many_arguments)]
 pub fn logged_groups(
     count: usize,
@@ -268,6 +269,7 @@ pub fn logged_groups(
     shown_rows: &[Vec<u32>],
     rewards: &[f32],
     by_mode: &[Vec<f32>],
+    driving: &[f32],
     zero_std: &[bool],
 ) -> Vec<GroupRecord> {
     (0..count)
@@ -282,8 +284,14 @@ pub fn logged_groups(
                 .map(|(m, v)| (m.name().to_string(), v[bi * g..(bi + 1) * g].to_vec()))
                 .collect(),
             zero_std: zero_std[bi],
+            driving: driving
+                .get(bi * g..(bi + 1) * g)
+                .map(<[f32]>::to_vec)
+                .unwrap_or_default(),
             old_logp: Vec::new(),
             logp: Vec::new(),
+            ref_logp: Vec::new(),
+            entropy: Vec::new(),
             cov_terms: Vec::new(),
         })
         .collect()

@@ -89,15 +89,22 @@ impl Frozen {
         }
     }
 
-    /// Keep the log π a mini-batch's step read for its rows (`logp`: the first rows of the
-    /// part), for the iteration's logged groups.
-    pub(super) fn saw(&mut self, rows: Range<usize>, logp: &[f32]) {
+    /// Keep the log π and entropy a mini-batch's step read for its rows (`logp`, `entropy`: the
+    /// first rows of the part; `entropy` may be empty), for the iteration's logged groups.
+    pub(super) fn saw(&mut self, rows: Range<usize>, logp: &[f32], entropy: &[f32]) {
         let t = self.batch.t;
-        let seen = self
-            .seen_logp
-            .get_or_insert_with(|| vec![0.0; self.old_logp.len()]);
-        let n = logp.len().min(rows.len() * t);
-        seen[rows.start * t..rows.start * t + n].copy_from_slice(&logp[..n]);
+        let len = self.old_logp.len();
+        let (seen_logp, seen_entropy) = self
+            .seen
+            .get_or_insert_with(|| (vec![0.0; len], Vec::new()));
+        for (seen, x) in [(seen_logp, logp), (seen_entropy, entropy)] {
+            if x.is_empty() {
+                continue;
+            }
+            seen.resize(len, 0.0);
+            let n = x.len().min(rows.len() * t);
+            seen[rows.start * t..rows.start * t + n].copy_from_slice(&x[..n]);
+        }
     }
 }
 

@@ -85,9 +85,10 @@ pub(crate) struct Frozen {
     pub token_advantages: Option<Vec<f32>>,
     /// Per group: replaced by a stored group (`algorithm.replay_buffer`).
     pub replaced: Vec<bool>,
-    /// `[B·G·T]`: each row's log π as its mini-batch's latest step read it
-    /// (`algorithm.steps_per_generation` > 1), for the iteration's logged groups.
-    pub seen_logp: Option<Vec<f32>>,
+    /// `[B·G·T]` twice: each row's log π and entropy as its mini-batch's latest step read them
+    /// (`algorithm.steps_per_generation` > 1), for the iteration's logged groups (the entropy
+    /// empty where the engine returns none).
+    pub seen: Option<(Vec<f32>, Vec<f32>)>,
     /// `[B·G·T]` the sampler's own log π, where it differs from the learner's (the mismatch
     /// lab).
     pub sampler_logp: Option<Vec<f32>>,

@@ -884,36 +884,46 @@ pub mod reference {
         if mask.iter().fold(true, |all, &m| all & (m == 1.0)) {
             // No padding (the lecture model, full-length batches): one weight for every token,
             // the value the rows below would give, without a pass per row.
-            let w = match agg {
-                LossAggMode::TokenMean => 1.0 / (mask.len() as f32).max(1.0),
-                LossAggMode::SeqMeanTokenMean => 1.0 / ((t as f32).max(1.0) * r as f32),
-                LossAggMode::SeqMeanTokenSumNorm => 1.0 / (r * max_len.max(t)) as f32,
-                LossAggMode::Luspo => 1.0 / (r as f32).max(1.0),
-            };
+            let w = row_weight(agg, t as f32, r, mask.len() as f32, max_len.max(t));
             out.clear();
             out.resize(mask.len(), w);
             return;
         }
-        let token_w = match agg {
-            LossAggMode::TokenMean => {
-                1.0 / crate::objective::numeric::lanes8(mask, 0.0, |a, b| a + b).max(1.0)
-            }
+        let tokens = match agg {
+            LossAggMode::TokenMean => crate::objective::numeric::lanes8(mask, 0.0, |a, b| a + b),
             _ => 0.0,
         };
         out.clear();
         out.resize(mask.len(), 0.0);
         for (row, wrow) in mask.chunks(t).zip(out.chunks_mut(t)) {
-            let w = match agg {
-                LossAggMode::TokenMean => token_w,
-                LossAggMode::SeqMeanTokenMean => {
-                    1.0 / (row.iter().sum::<f32>().max(1.0) * r as f32)
-                }
-                LossAggMode::SeqMeanTokenSumNorm => 1.0 / (r * max_len.max(t)) as f32,
-                LossAggMode::Luspo => 1.0 / (r as f32).max(1.0),
+            let len = match agg {
+                LossAggMode::SeqMeanTokenMean => row.iter().sum::<f32>(),
+                _ => 0.0,
             };
+            let w = row_weight(agg, len, r, tokens, max_len.max(t));
             for (o, &m) in wrow.iter_mut().zip(row) {
                 *o = if m == 0.0 { 0.0 } else { w };
             }
+        }
+    }
+
+    /// One real token's weight in a batch of `r` responses holding `tokens` real tokens, its
+    /// response `len` tokens long, `max_len` the longest a response may be:
+    /// [`aggregation_weights`]' rule for one token (the inspector's formula card reads it).
+    #[inline(always)]
+    pub fn row_weight(
+        agg: crate::config::LossAggMode,
+        len: f32,
+        r: usize,
+        tokens: f32,
+        max_len: usize,
+    ) -> f32 {
+        use crate::config::LossAggMode;
+        match agg {
+            LossAggMode::TokenMean => 1.0 / tokens.max(1.0),
+            LossAggMode::SeqMeanTokenMean => 1.0 / (len.max(1.0) * r as f32),
+            LossAggMode::SeqMeanTokenSumNorm => 1.0 / (r * max_len) as f32,
+            LossAggMode::Luspo => 1.0 / (r as f32).max(1.0),
         }
     }
 

@@ -8,6 +8,7 @@ pub mod calculator;
 pub mod correction;
 pub mod entropy_control;
 pub mod entropy_dynamics;
+pub mod explain;
 pub mod loss;
 pub mod numeric;
 pub mod sampling;

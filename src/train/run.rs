@@ -487,6 +487,7 @@ pub fn read_metrics_decimated(
         // Charts read the groups' advantages, not their tokens or per-token log-probs.
         for g in r.groups.iter_mut().flatten() {
             (g.responses, g.logp, g.old_logp) = (Vec::new(), Vec::new(), Vec::new());
+            (g.ref_logp, g.entropy, g.cov_terms) = (Vec::new(), Vec::new(), Vec::new());
         }
         if current
             .first()

@@ -180,6 +180,8 @@ impl WgslLectureEngine {
                     } else {
                         Vec::new()
                     },
+                    // The kernels keep each token's entropy on the device only.
+                    entropy: Vec::new(),
                 }
             })
             .collect()

@@ -1,0 +1,376 @@
+//! The config panel from the field table (#28 §6): every key of `config::FIELDS`, grouped by
+//! section, each with its label, tooltip (help, allowed values, key) and a widget its range
+//! picks — a checkbox, a number with its bounds, a menu of the allowed names, a text line; the
+//! structured keys (prompt lists, reward weights) as one TOML value — plus a search box over
+//! keys, labels and help. A key that does not apply to this config (its scope) is shown
+//! greyed with the condition; a value the draft's validation refuses shows the reason under it.
+
+use crate::config::{Bound, FIELDS, Field, Range, RunConfig, Scope, get_path as get};
+use egui::RichText;
+
+const ERROR: egui::Color32 = egui::Color32::from_rgb(200, 60, 60);
+
+/// The panel's state: the search text, and the draft as a TOML table (rebuilt when the draft
+/// changes, not every frame).
+#[derive(Debug, Default)]
+pub struct ConfigPanel {
+    pub search: String,
+    /// Open (or close) every section on the next frame.
+    expand: Option<bool>,
+    cached: Option<(RunConfig, toml::Table)>,
+}
+
+/// A section's title for the part of a key before its last dot.
+fn section_title(section: &str) -> String {
+    match section {
+        "task" => "Task".into(),
+        "model" => "Model".into(),
+        "algorithm" => "Algorithm".into(),
+        "algorithm.bugs" => "Bug gallery (deliberate bugs)".into(),
+        "sampling" => "Sampling".into(),
+        "optimizer" => "Optimizer".into(),
+        "run" => "Run".into(),
+        "sft" => "Cold start (SFT)".into(),
+        other => other.into(),
+    }
+}
+
+fn section_of(key: &str) -> &str {
+    key.rsplit_once('.').map_or("", |(s, _)| s)
+}
+
+/// Whether `f` matches every word of `search` (key, label or help; case-insensitive).
+pub fn matches(f: &Field, search: &str) -> bool {
+    let hay = format!("{} {} {}", f.key, f.label, f.help).to_lowercase();
+    search
+        .to_lowercase()
+        .split_whitespace()
+        .all(|w| hay.contains(w))
+}
+
+/// The sections in the table's order, each with its fields matching `search`.
+pub fn sections(search: &str) -> Vec<(&'static str, Vec<&'static Field>)> {
+    let mut out: Vec<(&'static str, Vec<&'static Field>)> = Vec::new();
+    for f in FIELDS.iter().filter(|f| matches(f, search)) {
+        let s = section_of(f.key);
+        match out.iter_mut().find(|(name, _)| *name == s) {
+            Some((_, v)) => v.push(f),
+            None => out.push((s, vec![f])),
+        }
+    }
+    out
+}
+
+fn set(table: &mut toml::Table, key: &str, value: toml::Value) {
+    let parts: Vec<&str> = key.split('.').collect();
+    let mut t = table;
+    for p in &parts[..parts.len() - 1] {
+        let entry = t
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let Some(inner) = entry.as_table_mut() else {
+            return;
+        };
+        t = inner;
+    }
+    t.insert(parts[parts.len() - 1].to_string(), value);
+}
+
+/// Every field of the draft, by section; edits go back into `draft` (when the edited table
+/// still reads as a config). `error`: the key the draft's validation refuses, and why.
+pub fn fields_ui(
+    panel: &mut ConfigPanel,
+    draft: &mut RunConfig,
+    error: &Option<(String, String)>,
+    ui: &mut egui::Ui,
+) {
+    ui.horizontal(|ui| {
+        let l = ui.label("Search");
+        ui.add(
+            egui::TextEdit::singleline(&mut panel.search)
+                .hint_text(format!("search {} keys", FIELDS.len()))
+                .desired_width(ui.available_width() - 30.0),
+        )
+        .labelled_by(l.id);
+        if !panel.search.is_empty() && ui.small_button("✖").clicked() {
+            panel.search.clear();
+        }
+    });
+    ui.horizontal(|ui| {
+        if ui
+            .small_button("⊞ all")
+            .on_hover_text("Open every section")
+            .clicked()
+        {
+            panel.expand = Some(true);
+        }
+        if ui
+            .small_button("⊟ all")
+            .on_hover_text("Close every section")
+            .clicked()
+        {
+            panel.expand = Some(false);
+        }
+    });
+    let expand = panel.expand.take();
+    if panel.cached.as_ref().is_none_or(|(c, _)| c != draft) {
+        let table = toml::Table::try_from(&*draft).unwrap_or_default();
+        panel.cached = Some((draft.clone(), table));
+    }
+    let Some((_, table)) = &mut panel.cached else {
+        return;
+    };
+    let searching = !panel.search.trim().is_empty();
+    let found = sections(&panel.search);
+    if found.is_empty() {
+        ui.label(RichText::new("no key matches").weak());
+    }
+    let mut changed = false;
+    for (section, fields) in found {
+        let header =
+            egui::CollapsingHeader::new(format!("{} ({})", section_title(section), fields.len()))
+                .id_salt(section)
+                .default_open(section == "algorithm");
+        let header = match (searching, expand) {
+            (true, _) => header.open(Some(true)),
+            (false, e) => header.open(e),
+        };
+        header.show(ui, |ui| {
+            for f in fields {
+                changed |= field_row(ui, table, f, draft, error);
+            }
+        });
+    }
+    // Not `from_table`: it validates, and an invalid draft must reach the panel to be shown
+    // at its field.
+    if changed && let Ok(c) = toml::Value::Table(table.clone()).try_into::<RunConfig>() {
+        *draft = c;
+    }
+}
+
+/// One key's row: its label (tooltip), its widget, and the refusal under it. Whether it changed.
+fn field_row(
+    ui: &mut egui::Ui,
+    table: &mut toml::Table,
+    f: &Field,
+    draft: &RunConfig,
+    error: &Option<(String, String)>,
+) -> bool {
+    let applies = f.scope.applies(draft);
+    let mut changed = false;
+    ui.horizontal(|ui| {
+        // The tooltip's text is built only while it shows.
+        let l = ui.label(f.label).on_hover_ui(|ui| {
+            ui.label(f.tooltip());
+        });
+        ui.add_enabled_ui(applies, |ui| {
+            changed = widget(ui, table, f, l.id);
+        });
+        if !applies && f.scope != Scope::Always {
+            ui.label(
+                RichText::new(format!("(when {})", f.scope.words()))
+                    .small()
+                    .weak(),
+            );
+        }
+    });
+    if let Some((k, msg)) = error
+        && k == f.key
+    {
+        ui.label(RichText::new(format!("✖ {msg}")).color(ERROR).small());
+    }
+    changed
+}
+
+/// The widget of one key, editing its value in `table`; whether it changed.
+fn widget(ui: &mut egui::Ui, table: &mut toml::Table, f: &Field, label: egui::Id) -> bool {
+    let Some(value) = get(table, f.key).cloned() else {
+        ui.label(RichText::new("(not in this config)").weak());
+        return false;
+    };
+    let new = match (&f.range, &value) {
+        (Range::Bool, toml::Value::Boolean(b)) => {
+            let mut b = *b;
+            ui.checkbox(&mut b, "")
+                .labelled_by(label)
+                .changed()
+                .then_some(toml::Value::Boolean(b))
+        }
+        (Range::Choice(names), toml::Value::String(s)) => {
+            let mut s = s.clone();
+            let r = egui::ComboBox::from_id_salt(f.key)
+                .selected_text(s.as_str())
+                .show_ui(ui, |ui| {
+                    for n in *names {
+                        ui.selectable_value(&mut s, n.to_string(), *n);
+                    }
+                })
+                .response
+                .labelled_by(label);
+            let _ = r;
+            (Some(s.as_str()) != value.as_str()).then_some(toml::Value::String(s))
+        }
+        (Range::Int { min, max }, toml::Value::Integer(i)) => {
+            let mut v = *i;
+            let hi = max.map_or(i64::MAX, |m| m.min(i64::MAX as u64) as i64);
+            // Not clamped on display: an out-of-range value stays, and validation names it.
+            ui.add(
+                egui::DragValue::new(&mut v)
+                    .range(*min as i64..=hi)
+                    .clamp_existing_to_range(false),
+            )
+            .labelled_by(label)
+            .changed()
+            .then_some(toml::Value::Integer(v))
+        }
+        (Range::Float { low, high }, toml::Value::Float(x)) => {
+            let mut v = *x;
+            let lo = match low {
+                Bound::Closed(b) => *b,
+                _ => f64::NEG_INFINITY,
+            };
+            let hi = match high {
+                Bound::Closed(b) => *b,
+                _ => f64::INFINITY,
+            };
+            let speed = (v.abs() * 0.01).max(1e-4);
+            ui.add(
+                egui::DragValue::new(&mut v)
+                    .range(lo..=hi)
+                    .clamp_existing_to_range(false)
+                    .speed(speed)
+                    .custom_formatter(|x, _| float_text(x))
+                    .custom_parser(|s| s.trim().parse().ok()),
+            )
+            .labelled_by(label)
+            .changed()
+            .then_some(toml::Value::Float(v))
+        }
+        (_, toml::Value::String(s)) => {
+            let mut s = s.clone();
+            ui.add(egui::TextEdit::singleline(&mut s).desired_width(160.0))
+                .labelled_by(label)
+                .changed()
+                .then_some(toml::Value::String(s))
+        }
+        // Lists and tables (prompts, reward weights): one TOML value, applied when it reads.
+        _ => toml_line(ui, f.key, &value, label),
+    };
+    match new {
+        Some(v) => {
+            set(table, f.key, v);
+            true
+        }
+        None => false,
+    }
+}
+
+/// A number as the config file would write it, short: `1e-8`, `0.0003`, `0.95`, `64`.
+fn float_text(x: f64) -> String {
+    if x != 0.0 && (x.abs() < 1e-3 || x.abs() >= 1e6) {
+        format!("{x:e}")
+    } else {
+        let s = format!("{x:.6}");
+        let s = s.trim_end_matches('0');
+        s.strip_suffix('.')
+            .map_or(s.to_string(), |i| format!("{i}.0"))
+    }
+}
+
+/// A structured value as one line of TOML (kept in the ui's memory while it is edited); the
+/// new value once the line reads as TOML.
+fn toml_line(
+    ui: &mut egui::Ui,
+    key: &str,
+    value: &toml::Value,
+    label: egui::Id,
+) -> Option<toml::Value> {
+    let id = egui::Id::NULL.with(("toml line", key));
+    let shown = value.to_string();
+    let mut text: String = ui
+        .data_mut(|d| d.get_temp(id))
+        .unwrap_or_else(|| shown.clone());
+    let r = ui
+        .add(
+            egui::TextEdit::singleline(&mut text)
+                .code_editor()
+                .desired_width(220.0),
+        )
+        .labelled_by(label);
+    let parsed = toml::from_str::<toml::Table>(&format!("v = {text}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"));
+    if r.has_focus() {
+        ui.data_mut(|d| d.insert_temp(id, text.clone()));
+    } else {
+        ui.data_mut(|d| d.remove::<String>(id));
+    }
+    if parsed.is_none() {
+        ui.label(RichText::new("not TOML yet").small().color(ERROR));
+    }
+    parsed.filter(|p| r.changed() && p != value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every key of the table has a section and a value in the default config and in each
+    /// preset (so every key gets a widget), and the search narrows by key, label or help.
+    #[test]
+    fn every_key_has_a_widget_and_search_narrows() {
+        for preset in ["lecture17", "transformer-sort"] {
+            let c = RunConfig::preset(preset).unwrap();
+            let table = toml::Table::try_from(&c).unwrap();
+            for f in FIELDS {
+                assert!(
+                    get(&table, f.key).is_some(),
+                    "{preset}: {} has no value",
+                    f.key
+                );
+            }
+        }
+        // Every row is found by its label: no two keys share one.
+        let mut labels: Vec<&str> = FIELDS.iter().map(|f| f.label).collect();
+        labels.sort_unstable();
+        labels.dedup();
+        assert_eq!(labels.len(), FIELDS.len(), "two keys share a label");
+        let all: usize = sections("").iter().map(|(_, v)| v.len()).sum();
+        assert_eq!(all, FIELDS.len());
+        let gae = sections("gae");
+        assert!(
+            gae.iter()
+                .any(|(_, v)| v.iter().any(|f| f.key == "algorithm.gamma"))
+        );
+        assert!(sections("zzzz-no-such-key").is_empty());
+    }
+
+    #[test]
+    fn floats_read_as_the_file_writes_them() {
+        assert_eq!(float_text(1e-8), "1e-8");
+        assert_eq!(float_text(3e-4), "3e-4");
+        assert_eq!(float_text(0.95), "0.95");
+        assert_eq!(float_text(64.0), "64.0");
+        assert_eq!(float_text(0.0), "0.0");
+    }
+
+    /// Setting a value through the table reads back as the config with that value.
+    #[test]
+    fn a_set_value_reads_back() {
+        let c = RunConfig::preset("lecture17").unwrap();
+        let mut table = toml::Table::try_from(&c).unwrap();
+        set(
+            &mut table,
+            "algorithm.epsilon_high",
+            toml::Value::Float(0.28),
+        );
+        set(
+            &mut table,
+            "algorithm.bugs.shared_reference",
+            toml::Value::Boolean(true),
+        );
+        let back: RunConfig = toml::Value::Table(table).try_into().unwrap();
+        assert_eq!(back.algorithm.epsilon_high, 0.28);
+        assert!(back.algorithm.bugs.shared_reference);
+    }
+}
