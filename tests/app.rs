@@ -278,6 +278,11 @@ fn transformer_runs_in_the_app_and_the_inspector_shows_eos() {
     h.run();
     assert!(h.query_all_by_label_contains("<eos>").count() > 1);
     assert_fits(&h, 1280.0, "transformer token view");
+    // The responses table opened: a weighted reward's parts wrap in their column.
+    h.get_by_label_contains("Responses: reward, its parts")
+        .click();
+    h.run();
+    assert_fits(&h, 1280.0, "transformer responses table");
     h.snapshot("inspector-transformer");
     h.state_mut().persisted.tab = Tab::Plots;
     h.run();
@@ -479,14 +484,21 @@ fn the_token_view_and_formula_card_fit_and_explain_a_token() {
         h.query_by_label_contains("ℓ_t = −min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A)")
             .is_some()
     );
+    // The responses table (folded by default) opens with every mode's advantage, and fits too.
+    assert!(h.query_by_label("batch-norm.").is_none());
+    h.get_by_label_contains("Responses: reward, its parts")
+        .click();
+    h.run();
+    assert!(h.query_by_label("batch-norm.").is_some());
     assert_fits(&h, 1280.0, "lecture17 token view");
     h.snapshot("inspector-tokens");
     // Compare with CISPO: a second card, the policy-gradient step differs (the responses
-    // table folded away so the cards show whole).
+    // table folded again so the cards show whole).
     h.state_mut().token_view.compare = Some(5);
     h.get_by_label_contains("Responses: reward, its parts")
         .click();
     h.run();
+    assert!(h.query_by_label("batch-norm.").is_none());
     assert_eq!(
         h.query_all_by_label_contains("policy-gradient term = ")
             .count(),

@@ -17,6 +17,8 @@ pub struct ConfigPanel {
     pub search: String,
     /// Open (or close) every section on the next frame.
     expand: Option<bool>,
+    /// A drawn row's height: the rows scrolled out of view take this much space undrawn.
+    row_h: f32,
     cached: Option<(RunConfig, toml::Table)>,
 }
 
@@ -120,6 +122,7 @@ pub fn fields_ui(
     let Some((_, table)) = &mut panel.cached else {
         return;
     };
+    let table = &mut *table;
     let searching = !panel.search.trim().is_empty();
     let found = sections(&panel.search);
     if found.is_empty() {
@@ -137,7 +140,7 @@ pub fn fields_ui(
         };
         header.show(ui, |ui| {
             for f in fields {
-                changed |= field_row(ui, table, f, draft, error);
+                changed |= field_row(ui, table, f, draft, error, &mut panel.row_h);
             }
         });
     }
@@ -155,10 +158,22 @@ fn field_row(
     f: &Field,
     draft: &RunConfig,
     error: &Option<(String, String)>,
+    row_h: &mut f32,
 ) -> bool {
+    // A row out of view (the panel scrolls ~110 of them) takes its space undrawn: the panel's
+    // cost per frame is that of the rows on screen.
+    let refused = error.as_ref().is_some_and(|(k, _)| k == f.key);
+    let guess = egui::Rect::from_min_size(
+        ui.cursor().min,
+        egui::vec2(ui.available_width(), row_h.max(1.0)),
+    );
+    if *row_h > 0.0 && !refused && !ui.is_rect_visible(guess) {
+        ui.allocate_space(egui::vec2(0.0, *row_h));
+        return false;
+    }
     let applies = f.scope.applies(draft);
     let mut changed = false;
-    ui.horizontal(|ui| {
+    let row = ui.horizontal(|ui| {
         // The tooltip's text is built only while it shows.
         let l = ui.label(f.label).on_hover_ui(|ui| {
             ui.label(f.tooltip());
@@ -174,6 +189,7 @@ fn field_row(
             );
         }
     });
+    *row_h = row.response.rect.height();
     if let Some((k, msg)) = error
         && k == f.key
     {

@@ -183,10 +183,14 @@ pub fn inspector_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     let marks = egui::ScrollArea::vertical()
         .id_salt("inspector")
         .show(ui, |ui| {
+            // Folded by default (each token row says its reward and A; at 1280×800 the token
+            // view and the formula card are on screen whole); the guided iteration opens it.
+            let open = app.tour.take_scroll("responses").then_some(true);
             let grid = egui::CollapsingHeader::new(
                 "Responses: reward, its parts, the advantage A under every mode",
             )
-            .default_open(true)
+            .default_open(false)
+            .open(open)
             .show(ui, |ui| {
                 egui::ScrollArea::horizontal()
                     .id_salt("inspector grid")
