@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command, on any machine with a GPU: the WGSL engine against burn's wgpu path and the
 # fused CPU step, on lecture17 and scaled, then the B·G / n / D scaling sweep on the GPU and
-# on the CPU. Prints one table (and writes the sweeps under bench-gpu-out/).
+# on the CPU, and the fused CPU engines' threads curve (1 … every core). Prints one table (and
+# writes the sweeps under bench-gpu-out/).
 #
 #   bench/gpu.sh                 # a hardware GPU (--device gpu)
 #   DEVICE=software bench/gpu.sh # lavapipe, for comparison on a machine without one
@@ -53,3 +54,20 @@ for k in gpu:
         print("%-5s %8s %14.3f %14.3f %10.2f" % (k[0], k[1], gpu[k], cpu[k], cpu[k] / gpu[k]))
 PY
 fi
+# The fused CPU engines on 1 … every core (`--threads N`; any N gives the same bits).
+echo "threads (fused CPU engine, --device cpu; speed-up against one thread):"
+printf '%-17s %8s %12s %9s\n' preset threads ms/step speedup
+for preset in transformer-sort scaled; do
+  one=""
+  n=1
+  all=$(nproc)
+  while :; do
+    ms=$($BIN bench --preset "$preset" --device cpu --iterations "$ITER" --threads "$n" --json \
+      --set algorithm.dynamic_sampling=false 2>/dev/null | tail -1 |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["ms_per_step"])')
+    [ -z "$one" ] && one=$ms
+    python3 -c "print('%-17s %8d %12.3f %8.2fx' % ('$preset', $n, $ms, $one / $ms))"
+    [ "$n" -ge "$all" ] && break
+    n=$(( n * 2 > all ? all : n * 2 ))
+  done
+done

@@ -50,6 +50,19 @@ pub struct BenchOptions {
     pub scaling: Option<PathBuf>,
     /// Also time burn's autodiff path (`run.engine = burn`) on the same device.
     pub vs_burn: bool,
+    /// `--threads`: the fused engines' threads for every point of a sweep (default 1, so the
+    /// size axes compare with earlier sweeps); the sweep's threads axis varies them.
+    pub threads: Option<usize>,
+}
+
+/// The threads axis of a sweep: 1, 2, 4, … and every core this machine has.
+fn thread_counts() -> Vec<usize> {
+    let all = crate::engine::cores::available();
+    let mut v: Vec<usize> = std::iter::successors(Some(1usize), |x| Some(x * 2))
+        .take_while(|&x| x < all)
+        .collect();
+    v.push(all);
+    v
 }
 
 /// `grpo-lab bench`: the step time of `config` on `compute` (or, with
@@ -257,6 +270,7 @@ fn bench_scaling_transformer(
         .with_overrides(&[
             "sft.steps=0".to_string(),
             "algorithm.dynamic_sampling=false".to_string(),
+            format!("run.threads={}", options.threads.unwrap_or(1)),
         ])
         .map_err(user)?;
     let axes = transformer_axes();
@@ -314,6 +328,7 @@ fn bench_scaling_transformer(
             series.push(line);
         }
     }
+    series.push(threads_sweep(&base, compute, options, &mut table)?);
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join("scaling.csv"), table)?;
     let charts = crate::report::line_chart(
@@ -323,13 +338,48 @@ fn bench_scaling_transformer(
             "transformer step time vs size on {} (log10–log10)",
             compute.label
         ),
-        "log10(size: D, layers, B·G responses, or max_len)",
+        "log10(size: D, layers, B·G responses, max_len, or threads)",
         "log10(on-CPU ms per optimizer step)",
         &series,
     )?;
     println!("table: {}", out.join("scaling.csv").display());
     println!("chart: {}", charts[0].display());
     Ok(())
+}
+
+/// The sweep's threads axis: the fused engine at the base config on 1, 2, 4, … every core, in
+/// wall time (on-CPU time adds the threads up); its rows into `table`.
+fn threads_sweep(
+    base: &RunConfig,
+    compute: &Compute,
+    options: &BenchOptions,
+    table: &mut String,
+) -> Result<crate::report::Series> {
+    let mut pts: Vec<(f64, f64)> = Vec::new();
+    let mut one = None;
+    for threads in thread_counts() {
+        let config = base
+            .with_overrides(&[format!("run.threads={threads}")])
+            .map_err(user)?;
+        let (wall, _) = time_config_cpu(config, compute, options.iterations)?;
+        let base_ms = *one.get_or_insert(wall);
+        println!(
+            "  fused threads = {threads:>3}: {wall:>9.3} ms/step wall   speed-up {:>5.2}×",
+            base_ms / wall
+        );
+        let slope = pts
+            .last()
+            .map(|&(x0, y0)| (wall.log10() - y0) / ((threads as f64).log10() - x0))
+            .unwrap_or(f64::NAN);
+        table.push_str(&format!(
+            "fused,threads,{threads},{threads},,{wall:.4},{slope:.3}\n"
+        ));
+        pts.push(((threads as f64).log10(), wall.log10()));
+    }
+    Ok(crate::report::Series::line(
+        "threads (fused engine, wall ms)",
+        pts,
+    ))
 }
 
 /// The step time of one config: median ms per optimizer step, its parts, the first step,
@@ -386,6 +436,7 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         "preset": options.preset,
         "device": compute.label,
         "engine": trainer.engine_label(),
+        "threads": crate::engine::cores::resolve(config.run.threads),
         "shape": {
             "prompts_per_iteration": config.batch_prompts(trainer.prompts.train.len()),
             "num_generations": config.algorithm.num_generations,

@@ -305,9 +305,14 @@ struct BenchArgs {
     /// with this Python, on the same weights and prompts, and report the ratio.
     #[arg(long, value_name = "PYTHON")]
     pytorch: Option<String>,
-    /// Threads for PyTorch (the baseline is 1).
-    #[arg(long, default_value_t = 1, value_parser = at_least_one())]
-    pytorch_threads: usize,
+    /// Threads for both sides: `run.threads` of the fused CPU engines (0 = every core) and
+    /// PyTorch's `torch.set_num_threads` (default: 1 each — the engines' `run.threads` as
+    /// configured).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// Threads for PyTorch alone, overriding `--threads` (default: `--threads`, else 1).
+    #[arg(long, value_parser = at_least_one())]
+    pytorch_threads: Option<usize>,
     /// Scaling curves instead: step time as B×G, n and D grow around the preset, a log-log
     /// chart and a table written to this directory.
     #[arg(long, value_name = "DIR")]
@@ -575,7 +580,7 @@ fn resumed_config(c: &ConfigArgs, out: &std::path::Path) -> Result<RunConfig> {
     let changed = stored.changed_for_resume(&wanted);
     if !changed.is_empty() {
         return Err(user(format!(
-            "--resume: `--set {}` would change the run ({}); only --set run.iterations=N (to extend it) may",
+            "--resume: `--set {}` would change the run ({}); only --set run.iterations=N (to extend it) and run.threads may",
             c.sets.join(" --set "),
             changed.join(", ")
         )));
@@ -931,16 +936,21 @@ fn gradient_lab_cmd(args: GradientLabArgs) -> Result<()> {
 }
 
 fn bench_cmd(args: BenchArgs) -> Result<()> {
-    let config = build_config(&args.config)?;
+    let mut config = build_config(&args.config)?;
+    if let Some(n) = args.threads {
+        config.run.threads = n;
+    }
+    let both = args.threads.map(grpo_lab::engine::cores::resolve);
     let compute = open_device_for(config.run.device, &config)?;
     let options = bench::BenchOptions {
         preset: args.config.preset.clone(),
         iterations: args.iterations,
         json: args.json,
         pytorch: args.pytorch,
-        pytorch_threads: args.pytorch_threads,
+        pytorch_threads: args.pytorch_threads.or(both).unwrap_or(1),
         scaling: args.scaling,
         vs_burn: args.vs_burn,
+        threads: args.threads,
     };
     bench::bench(config, &compute, &options)
 }

@@ -58,7 +58,12 @@ pub(crate) fn start_trainer(config: &RunConfig) -> Result<Trainer, String> {
     }
     let (compute, why) = selected.map_err(|e| e.to_string())?;
     log::info!("{why}");
-    Trainer::new(config.clone(), compute).map_err(|e| e.to_string())
+    // The window keeps a core: `run.threads = 0` (every core) trains on the others.
+    let mut config = config.clone();
+    if config.run.threads == 0 {
+        config.run.threads = crate::engine::cores::available().saturating_sub(1).max(1);
+    }
+    Trainer::new(config, compute).map_err(|e| e.to_string())
 }
 
 /// The trainer state machine shared by both modes.

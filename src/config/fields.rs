@@ -481,6 +481,8 @@ pub const FIELDS: &[Field] = &[
         "The fused CPU engines (the lecture model's step; the transformer's step with KV-cache rollouts): forward, backward and Adam by hand, held equal to burn's by tests. auto uses them on the CPU backend when the config allows (not with a bug-gallery switch on); off always takes burn's autodiff path."),
     Field::new("run.engine", "Engine on a wgpu device", Range::Choice(EngineChoice::NAMES),
         "On a wgpu device (--device gpu|software): auto takes the WGSL engine for the lecture model (weights, Adam and every activation on the device; forward, backward and Adam as compute dispatches) where it covers the config (no bug-gallery switch, no entropy bonus, run.kernels not reference), else burn's autodiff; wgsl asks for the WGSL engine (on lavapipe when there is no hardware GPU); burn always takes burn's autodiff path there."),
+    Field::new("run.threads", "Threads", Range::ANY_INT,
+        "Threads of the fused CPU engines (the transformer's rollout, log π_old / log π_ref, forward, backward and evaluation): 0 = every core, 1 = one. The batch is cut into parts of whole prompts by its shape alone and the parts' gradients are summed in order, so every thread count gives the same bits; a batch below ~2 M multiply-adds stays one part. In the browser: one thread. compare and the app share the cores between cells (and keep one for the window)."),
     Field::new("run.max_memory_mib", "Memory cap (MiB)", Range::ANY_INT,
         "A config whose memory estimate (`grpo-lab train --dry-run` prints it) exceeds this is refused before anything is allocated, naming the fields that drive it. 0 = the memory this machine has available."),
     Field::new("run.eval_every", "pass@k every", Range::ANY_INT,

@@ -669,6 +669,9 @@ pub struct RunSettings {
     /// model's CPU engines: an extra forward pass) and `entropy/first_order_delta` (the fused
     /// lecture step: an extra backward pass).
     pub entropy_dynamics: bool,
+    /// Threads of the fused CPU engines (0 = every core): the batch is cut into parts by its
+    /// shape alone, so any number gives the same bits.
+    pub threads: usize,
 }
 
 impl Default for RunSettings {
@@ -689,6 +692,7 @@ impl Default for RunSettings {
             pass_samples: 0,
             rollout_budget: 0,
             entropy_dynamics: false,
+            threads: 0,
         }
     }
 }
@@ -1088,7 +1092,8 @@ impl RunConfig {
     pub fn changed_for_resume(&self, new: &RunConfig) -> Vec<String> {
         self.differing_keys(new)
             .into_iter()
-            .filter(|k| k != "run.iterations")
+            // The threads change no result (engine::cores): a run may go on with others.
+            .filter(|k| k != "run.iterations" && k != "run.threads")
             .collect()
     }
 

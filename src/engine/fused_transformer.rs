@@ -1,6 +1,7 @@
 //! A fused CPU path for the transformer policy (`model::transformer`): forward, loss, backward
-//! and Adam written out over plain buffers, every matrix product through `gemm`, one thread, no
-//! autodiff graph; and autoregressive generation with a KV cache (the prompt prefilled once per
+//! and Adam written out over plain buffers, every matrix product through `gemm`, no autodiff
+//! graph, the batch cut into parts of whole prompts that run on `run.threads` threads with the
+//! same result on any number of them (`engine::cores`); and autoregressive generation with a KV cache (the prompt prefilled once per
 //! prompt, then one new position per response and step).
 //!
 //! The weights live in one flat array in the burn module's visiting order (`Layout`), so Adam,
@@ -11,6 +12,7 @@
 //! and weights within stated tolerances) and to finite differences by the tests below.
 
 use super::StepScalars;
+use super::cores::{self, Cores};
 use super::fused_lecture::{View, exp_fast, lanes8, product_into, sum_sq, zeroed};
 use crate::model::TransformerShape;
 use crate::objective::loss::{self, LossSettings, TokenInputs, TokenTerms};
@@ -243,7 +245,8 @@ struct Scratch {
     logz: Vec<f32>,
     ent: Vec<f32>,
     logp: Vec<f32>,
-    terms: TokenTerms,
+    /// The part's response tokens (`[rows·T]`), for the backward's one-hot.
+    responses: Vec<u32>,
     dlogits: Vec<f32>,
     // backward
     dx: Vec<f32>,
@@ -260,6 +263,10 @@ struct Scratch {
 /// (`[B, n, D]`) and each response's own (`[R, max_len, D]`).
 #[derive(Debug, Clone, Default)]
 struct Cache {
+    /// The rows this position decodes: their tokens, (part-local) prompts and cache rows.
+    toks: Vec<u32>,
+    prompt_of: Vec<usize>,
+    cache_row: Vec<usize>,
     pk: Vec<Vec<f32>>,
     pv: Vec<Vec<f32>>,
     rk: Vec<Vec<f32>>,
@@ -299,6 +306,51 @@ pub struct StepInput<'a> {
     pub support: Option<&'a [u64]>,
 }
 
+/// The weights and shape a pass reads (shared by every part).
+#[derive(Clone, Copy)]
+struct Net<'a> {
+    shape: &'a TransformerShape,
+    lay: &'a Layout,
+    /// The prompt's length.
+    n: usize,
+    w: &'a [f32],
+}
+
+/// The rows of a teacher-forced pass: `prompts [B·n]`, `responses [B·G·T]`, `lens [B·G]`.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    prompts: &'a [u32],
+    responses: &'a [u32],
+    lens: &'a [usize],
+    g: usize,
+    t: usize,
+}
+
+impl<'a> Rows<'a> {
+    /// The rows of prompts `p` (a part), and where its tokens start in the whole `[B·G·T]`.
+    fn part(&self, n: usize, p: &std::ops::Range<usize>) -> (Self, usize) {
+        let (g, t) = (self.g, self.t);
+        let part = Self {
+            prompts: &self.prompts[p.start * n..p.end * n],
+            responses: &self.responses[p.start * g * t..p.end * g * t],
+            lens: &self.lens[p.start * g..p.end * g],
+            g,
+            t,
+        };
+        (part, p.start * g * t)
+    }
+}
+
+/// What turns a part's softmax into `∂L/∂logits`: per token (the part's own slices) the
+/// coefficients `∂L/∂log π_t` and, with an entropy bonus, `∂L/∂H_t`; the mask; `1/T`.
+#[derive(Clone, Copy)]
+struct Coefs<'a> {
+    dlogp: &'a [f32],
+    dentropy: Option<&'a [f32]>,
+    mask: &'a [f32],
+    inv_t: f32,
+}
+
 /// What the step needs besides the batch.
 #[derive(Debug, Clone, Copy)]
 pub struct StepSettings {
@@ -319,8 +371,15 @@ pub struct FusedTransformer {
     pub w: Vec<f32>,
     pub adam: AdamState,
     pub hyper: Hyper,
-    scratch: Scratch,
-    cache: Cache,
+    /// One scratch per part of a teacher-forced batch, one KV cache per part of a generation.
+    parts: Vec<Scratch>,
+    caches: Vec<Cache>,
+    /// The last step's `log π`, entropy (`[B·G·T]`), objective terms and gradient (flat).
+    logp: Vec<f32>,
+    ent: Vec<f32>,
+    terms: TokenTerms,
+    grad: Vec<f32>,
+    cores: Cores,
 }
 
 /// `y[r] = LayerNorm(x[r])·g + b` for rows of `d`, keeping `x̂` and `1/σ` for the backward.
@@ -765,9 +824,44 @@ impl FusedTransformer {
             n,
             w,
             hyper,
-            scratch: Scratch::default(),
-            cache: Cache::default(),
+            parts: Vec::new(),
+            caches: Vec::new(),
+            logp: Vec::new(),
+            ent: Vec::new(),
+            terms: TokenTerms::default(),
+            grad: Vec::new(),
+            cores: Cores::default(),
         }
+    }
+
+    /// Run the parts on `threads` threads (0 = every core; 1, the default, none).
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.cores = Cores::new(threads);
+        self
+    }
+
+    /// The threads the parts run on.
+    pub fn threads(&self) -> usize {
+        self.cores.threads()
+    }
+
+    fn net(&self) -> Net<'_> {
+        Net {
+            shape: &self.shape,
+            lay: &self.layout,
+            n: self.n,
+            w: &self.w,
+        }
+    }
+
+    /// The parts of `b` units — prompts with `rows` rows of `t` positions each, or a
+    /// generation's rows (`rows = 1`) — a function of the shape alone, so the results do not
+    /// depend on the threads; a unit's work is roughly the multiply-adds of its positions
+    /// through every block and the head.
+    fn parts_of(&self, b: usize, rows: usize, t: usize) -> Vec<std::ops::Range<usize>> {
+        let (d, v) = (self.shape.d_model, self.shape.vocab);
+        let per_position = self.layout.blocks.len() * (4 * d * d + 2 * d * self.shape.d_ff) + d * v;
+        cores::parts(b, (self.n + rows * t) * per_position)
     }
 
     /// Adam's state as bytes: the step count, then m and v (f32, little-endian).
@@ -802,20 +896,16 @@ impl FusedTransformer {
     /// last token) with weights `w`, row `r` holding `lens[r]` real tokens: fills `sc`
     /// (activations, the geometry, and `logits [Σ L_r, V]` of the positions that predict a
     /// real response token, row by row).
-    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn forward_into(
-        shape: &TransformerShape,
-        lay: &Layout,
-        n: usize,
-        w: &[f32],
-        prompts: &[u32],
-        responses: &[u32],
-        lens: &[usize],
-        g: usize,
-        t: usize,
-        sc: &mut Scratch,
-    ) {
+    fn forward_into(net: &Net, x: &Rows, sc: &mut Scratch) {
+        let Net { shape, lay, n, w } = *net;
+        let Rows {
+            prompts,
+            responses,
+            lens,
+            g,
+            t,
+        } = *x;
         let (v, d, f, hh) = (shape.vocab, shape.d_model, shape.d_ff, shape.heads);
         let dh = d / hh;
         let b = prompts.len() / n;
@@ -900,22 +990,12 @@ impl FusedTransformer {
 
     /// Gradients of every weight from `sc.dlogits [Σ L_r, V]` into `sc.grad` (flat layout),
     /// for the geometry of the last forward.
-    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn backward(
-        shape: &TransformerShape,
-        lay: &Layout,
-        n: usize,
-        w: &[f32],
-        r: usize,
-        g: usize,
-        t: usize,
-        sc: &mut Scratch,
-    ) {
+    fn backward(net: &Net, sc: &mut Scratch) {
+        let Net { shape, lay, w, .. } = *net;
         let (v, d, f, hh) = (shape.vocab, shape.d_model, shape.d_ff, shape.heads);
         let dh = d / hh;
         let geo = std::mem::take(&mut sc.geo);
-        debug_assert!(geo.n == n && geo.g == g && geo.t == t && geo.starts.len() == r + 1);
         let (rows, s) = (geo.total, geo.s);
         let sel = geo.sel();
         let grad = zeroed(&mut sc.grad, lay.total);
@@ -1037,46 +1117,11 @@ impl FusedTransformer {
         self.token_logp_ragged(w, prompts, responses, &full, g, t, temperature, None)
     }
 
-    avx2_dispatch! {
-        /// `token_logp` of rows holding `lens[r]` real tokens: the positions after a row's end
-        /// are not computed and hold 0. With `support` (`[B·G·T]`), each token's distribution
-        /// renormalised over it (`sampling.keep_sampling_mask`).
-        pub fn token_logp_ragged via token_logp_avx2 => token_logp_body(
-            &mut self,
-            w: Option<&[f32]>,
-            prompts: &[u32],
-            responses: &[u32],
-            lens: &[usize],
-            g: usize,
-            t: usize,
-            temperature: f32,
-            support: Option<&[u64]>,
-        ) -> Vec<f32>
-    }
-
-    avx2_dispatch! {
-        /// The step's loss, scalars and gradient (read it with [`Self::gradient`]), no update.
-        pub fn loss_and_gradient via loss_and_gradient_avx2 => loss_and_gradient_body(
-            &mut self,
-            x: &StepInput,
-            st: &StepSettings,
-        ) -> StepScalars
-    }
-
-    avx2_dispatch! {
-        /// Supervised steps (the cold start): `−mean log π(target | prompt)` over every position of
-        /// each batch (as burn's `supervised_steps`: padding included), a fresh Adam, one step per
-        /// batch `(prompts [B·n], targets [B·T], T)`. Returns the last loss.
-        pub fn supervised via supervised_avx2 => supervised_body(
-            &mut self,
-            batches: &[(&[u32], &[u32], usize)],
-            lr: f64,
-        ) -> f32
-    }
-
-    #[inline(always)]
+    /// `token_logp` of rows holding `lens[r]` real tokens: the positions after a row's end are
+    /// not computed and hold 0. With `support` (`[B·G·T]`), each token's distribution
+    /// renormalised over it (`sampling.keep_sampling_mask`).
     #[allow(clippy::too_many_arguments)]
-    fn token_logp_body(
+    pub fn token_logp_ragged(
         &mut self,
         w: Option<&[f32]>,
         prompts: &[u32],
@@ -1087,30 +1132,22 @@ impl FusedTransformer {
         temperature: f32,
         support: Option<&[u64]>,
     ) -> Vec<f32> {
-        let mut sc = std::mem::take(&mut self.scratch);
-        let w = w.unwrap_or(&self.w);
-        Self::forward_into(
-            &self.shape,
-            &self.layout,
-            self.n,
-            w,
+        let rows = Rows {
             prompts,
             responses,
             lens,
             g,
             t,
-            &mut sc,
-        );
-        let v = self.shape.vocab;
-        let inv_t = 1.0 / temperature;
-        let (mut z, mut e) = (vec![0.0f32; v], vec![0.0f32; v]);
+        };
         let mut out = vec![0.0f32; responses.len()];
-        keep_supports(&mut sc.logits, &sc.geo, v, support);
-        for (k, i, _, _) in sc.geo.selected() {
-            let (lz, _) = row_softmax(&sc.logits[k * v..(k + 1) * v], inv_t, &mut z, &mut e);
-            out[i] = z[responses[i] as usize] - lz;
-        }
-        self.scratch = sc;
+        let score = Score {
+            inv_t: 1.0 / temperature,
+            support,
+            entropy: false,
+        };
+        let (parts, ranges) = self.forward_parts(w, &rows, &score);
+        gather(&parts, &ranges, g * t, |sc| &sc.logp, &mut out);
+        self.parts = parts;
         out
     }
 
@@ -1127,96 +1164,69 @@ impl FusedTransformer {
             };
             let hyper = self.hyper;
             self.adam
-                .step(&mut self.w, &self.scratch.grad, scale, st.lr as f32, &hyper);
+                .step(&mut self.w, &self.grad, scale, st.lr as f32, &hyper);
         }
-        (scalars, self.scratch.logp.clone())
+        (scalars, self.logp.clone())
     }
 
     /// Each token's entropy `H_t` as the last [`Self::step`] read it (`[B·G·T]`, 0 on padding).
     pub fn token_entropy(&self) -> &[f32] {
-        &self.scratch.ent
+        &self.ent
     }
 
     /// The gradient of the last [`Self::loss_and_gradient`] (flat layout).
     pub fn gradient(&self) -> &[f32] {
-        &self.scratch.grad
+        &self.grad
     }
 
-    #[inline(always)]
-    fn loss_and_gradient_body(&mut self, x: &StepInput, st: &StepSettings) -> StepScalars {
-        let (n, v) = (self.n, self.shape.vocab);
+    /// The step's loss, scalars and gradient (read it with [`Self::gradient`]), no update.
+    pub fn loss_and_gradient(&mut self, x: &StepInput, st: &StepSettings) -> StepScalars {
         let (g, t) = (x.g, x.t);
-        let b = x.prompts.len() / n;
-        let r = b * g;
-        let tokens = r * t;
-        let mut sc = std::mem::take(&mut self.scratch);
         let lens = lengths_of(x.mask, t);
-        Self::forward_into(
-            &self.shape,
-            &self.layout,
-            n,
-            &self.w,
-            x.prompts,
-            x.responses,
-            &lens,
+        let rows = Rows {
+            prompts: x.prompts,
+            responses: x.responses,
+            lens: &lens,
             g,
             t,
-            &mut sc,
-        );
-        let geo = std::mem::take(&mut sc.geo);
-        let sel = geo.sel();
-        keep_supports(&mut sc.logits, &geo, v, x.support);
+        };
         let s = &st.loss;
         let inv_t = 1.0 / st.temperature;
-        // Softmax statistics per real token: z = logits/T, log Z, entropy (padding: 0).
-        sized(&mut sc.z, sel * v);
-        sized(&mut sc.logz, sel);
-        zeroed(&mut sc.ent, tokens);
-        zeroed(&mut sc.logp, tokens);
-        let (mut e, mut p, mut h) = (vec![0.0f32; v], vec![0.0f32; v], vec![0.0f32; v]);
-        for (k, i, _, _) in geo.selected() {
-            let z = &mut sc.z[k * v..(k + 1) * v];
-            let stats = row_softmax(&sc.logits[k * v..(k + 1) * v], inv_t, z, &mut e);
-            sc.logz[k] = stats.0;
-            sc.ent[i] = row_entropy(z, &e, stats, &mut p, &mut h);
-            sc.logp[i] = z[x.responses[i] as usize] - stats.0;
-        }
-        // The objective and its coefficients ∂L/∂log π_t, ∂L/∂H_t.
-        let bonus = s.entropy_coef != 0.0;
+        let score = Score {
+            inv_t,
+            support: x.support,
+            entropy: true,
+        };
+        // Each part's forward and softmax statistics: log π and H per real token (padding: 0).
+        let tokens = x.responses.len();
+        let (mut parts, ranges) = self.forward_parts(None, &rows, &score);
+        zeroed(&mut self.logp, tokens);
+        zeroed(&mut self.ent, tokens);
+        gather(&parts, &ranges, g * t, |sc| &sc.logp, &mut self.logp);
+        gather(&parts, &ranges, g * t, |sc| &sc.ent, &mut self.ent);
+        // The objective over the whole batch and its coefficients ∂L/∂log π_t, ∂L/∂H_t.
         let inputs = TokenInputs {
-            logp: &sc.logp,
+            logp: &self.logp,
             old_logp: x.old_logp,
             ref_logp: x.ref_logp,
             sampler_logp: x.sampler_logp,
             advantages: x.token_advantages.unwrap_or(x.advantages),
             mask: x.mask,
-            entropy: Some(&sc.ent),
+            entropy: Some(&self.ent),
             t,
         };
-        let mut terms = std::mem::take(&mut sc.terms);
+        let mut terms = std::mem::take(&mut self.terms);
         loss::evaluate(s, &inputs, &mut terms);
-        // ∂L/∂z_j = c_t·(1[j = token] − p_j) + e_t·(−p_j·(log p_j + H)), then /T.
-        let dl = zeroed(&mut sc.dlogits, sel * v);
-        for (k, i, _, _) in geo.selected() {
-            if x.mask[i] == 0.0 {
-                continue;
-            }
-            let coef = terms.dlogp[i];
-            let cw = if bonus { -terms.dentropy[i] } else { 0.0 };
-            let h = sc.ent[i];
-            let z = &sc.z[k * v..(k + 1) * v];
-            let lz = sc.logz[k];
-            let drow = &mut dl[k * v..(k + 1) * v];
-            for (dv, &zi) in drow.iter_mut().zip(z) {
-                let lpj = zi - lz;
-                let p = exp_fast(lpj);
-                *dv = (-coef * p + cw * p * (lpj + h)) * inv_t;
-            }
-            drow[x.responses[i] as usize] += coef * inv_t;
-        }
-        sc.geo = geo;
-        Self::backward(&self.shape, &self.layout, n, &self.w, r, g, t, &mut sc);
-        let grad_norm = sum_sq(&sc.grad).sqrt();
+        let bonus = s.entropy_coef != 0.0;
+        let coefs = Coefs {
+            dlogp: &terms.dlogp,
+            dentropy: bonus.then_some(&terms.dentropy[..]),
+            mask: x.mask,
+            inv_t,
+        };
+        self.backward_parts(&mut parts, &ranges, g * t, &coefs);
+        self.parts = parts;
+        let grad_norm = sum_sq(&self.grad).sqrt();
         let scalars = StepScalars {
             loss: terms.loss as f32,
             kl: terms.kl,
@@ -1228,55 +1238,200 @@ impl FusedTransformer {
             entropy_measured: None,
             entropy_first_order: None,
         };
-        sc.terms = terms;
-        self.scratch = sc;
+        self.terms = terms;
         scalars
     }
 
-    #[inline(always)]
-    fn supervised_body(&mut self, batches: &[(&[u32], &[u32], usize)], lr: f64) -> f32 {
+    /// The batch `rows` cut into parts, each part's forward and softmax statistics (weights
+    /// `w`, else the policy's) on the threads: the parts (the caller puts them back in
+    /// `self.parts`) and the prompts each holds.
+    fn forward_parts(
+        &mut self,
+        w: Option<&[f32]>,
+        rows: &Rows,
+        score: &Score,
+    ) -> (Vec<Scratch>, Vec<std::ops::Range<usize>>) {
+        let ranges = self.parts_of(rows.prompts.len() / self.n.max(1), rows.g, rows.t);
+        let mut parts = std::mem::take(&mut self.parts);
+        parts.resize_with(ranges.len(), Scratch::default);
+        let net = Net {
+            w: w.unwrap_or(&self.w),
+            ..self.net()
+        };
+        self.cores.each(&mut parts, |j, sc| {
+            let (part, at) = rows.part(net.n, &ranges[j]);
+            sc.forward_scored(&net, &part, at, score);
+        });
+        (parts, ranges)
+    }
+
+    /// Every part's backward from `coefs` (the whole batch's, `per_part` tokens per prompt),
+    /// then their gradients summed in part order into `self.grad`.
+    fn backward_parts(
+        &mut self,
+        parts: &mut [Scratch],
+        ranges: &[std::ops::Range<usize>],
+        per_prompt: usize,
+        coefs: &Coefs,
+    ) {
+        let net = self.net();
+        self.cores.each(parts, |j, sc| {
+            let (a, b) = (ranges[j].start * per_prompt, ranges[j].end * per_prompt);
+            let own = Coefs {
+                dlogp: &coefs.dlogp[a..b],
+                dentropy: coefs.dentropy.map(|e| &e[a..b]),
+                mask: &coefs.mask[a..b],
+                inv_t: coefs.inv_t,
+            };
+            sc.backprop(&net, &own);
+        });
+        let total = self.layout.total;
+        let grads: Vec<&[f32]> = parts.iter().map(|sc| &sc.grad[..total]).collect();
+        self.cores
+            .sum_in_order(&grads, sized(&mut self.grad, total));
+    }
+
+    /// Supervised steps (the cold start): `−mean log π(target | prompt)` over every position of
+    /// each batch (as burn's `supervised_steps`: padding included), a fresh Adam, one step per
+    /// batch `(prompts [B·n], targets [B·T], T)`. Returns the last loss.
+    pub fn supervised(&mut self, batches: &[(&[u32], &[u32], usize)], lr: f64) -> f32 {
         let mut adam = AdamState::new(self.layout.total);
-        let mut sc = std::mem::take(&mut self.scratch);
-        let v = self.shape.vocab;
         let mut last = 0.0f32;
+        let score = Score {
+            inv_t: 1.0,
+            support: None,
+            entropy: false,
+        };
         for &(prompts, targets, t) in batches {
             // Every position counts, padding included (as burn's `supervised_steps`).
             let full = vec![t; targets.len() / t.max(1)];
-            Self::forward_into(
-                &self.shape,
-                &self.layout,
-                self.n,
-                &self.w,
+            let rows = Rows {
                 prompts,
-                targets,
-                &full,
-                1,
+                responses: targets,
+                lens: &full,
+                g: 1,
                 t,
-                &mut sc,
-            );
+            };
+            let (mut parts, ranges) = self.forward_parts(None, &rows, &score);
             let tokens = targets.len();
-            let coef = -1.0 / tokens as f32;
-            let mut total = 0.0f64;
-            let (mut z, mut e) = (vec![0.0f32; v], vec![0.0f32; v]);
-            let dl = sized(&mut sc.dlogits, tokens * v);
-            for (i, row) in sc.logits.chunks_exact(v).enumerate() {
-                let (lz, _) = row_softmax(row, 1.0, &mut z, &mut e);
-                let tok = targets[i] as usize;
-                total += (z[tok] - lz) as f64;
-                let drow = &mut dl[i * v..(i + 1) * v];
-                for (dv, &zi) in drow.iter_mut().zip(&z) {
-                    *dv = -coef * exp_fast(zi - lz);
-                }
-                drow[tok] += coef;
-            }
+            zeroed(&mut self.logp, tokens);
+            gather(&parts, &ranges, t, |sc| &sc.logp, &mut self.logp);
+            let total: f64 = self.logp.iter().map(|&l| l as f64).sum();
             last = (-total / tokens as f64) as f32;
-            let r = prompts.len() / self.n;
-            Self::backward(&self.shape, &self.layout, self.n, &self.w, r, 1, t, &mut sc);
+            let coef = vec![-1.0 / tokens as f32; tokens];
+            let ones = vec![1.0f32; tokens];
+            let coefs = Coefs {
+                dlogp: &coef,
+                dentropy: None,
+                mask: &ones,
+                inv_t: 1.0,
+            };
+            self.backward_parts(&mut parts, &ranges, t, &coefs);
+            self.parts = parts;
             let hyper = self.hyper;
-            adam.step(&mut self.w, &sc.grad, 1.0, lr as f32, &hyper);
+            adam.step(&mut self.w, &self.grad, 1.0, lr as f32, &hyper);
         }
-        self.scratch = sc;
         last
+    }
+}
+
+/// How a part's forward is read: the temperature, the sampler's support to renormalise over
+/// (the whole batch's), and whether each token's entropy is wanted.
+struct Score<'a> {
+    inv_t: f32,
+    support: Option<&'a [u64]>,
+    entropy: bool,
+}
+
+/// Each part's `[rows·T]` values (`of`) into their place in the whole `out [B·G·T]`.
+fn gather(
+    parts: &[Scratch],
+    ranges: &[std::ops::Range<usize>],
+    per_prompt: usize,
+    of: impl Fn(&Scratch) -> &Vec<f32>,
+    out: &mut [f32],
+) {
+    for (sc, p) in parts.iter().zip(ranges) {
+        let (a, b) = (p.start * per_prompt, p.end * per_prompt);
+        out[a..b].copy_from_slice(&of(sc)[..b - a]);
+    }
+}
+
+impl Scratch {
+    avx2_dispatch! {
+        /// A part's forward (`x`, its tokens from `at` in the whole batch) and its softmax
+        /// statistics per real token: `z = logits/T`, `log Z`, `log π` and (when asked) `H` into
+        /// `[rows·T]` buffers (padding: 0).
+        fn forward_scored via forward_scored_avx2 => forward_scored_body(
+            &mut self,
+            net: &Net,
+            x: &Rows,
+            at: usize,
+            score: &Score,
+        ) -> ()
+    }
+
+    avx2_dispatch! {
+        /// A part's `∂L/∂logits` from its coefficients, then its backward into `self.grad`.
+        fn backprop via backprop_avx2 => backprop_body(&mut self, net: &Net, c: &Coefs) -> ()
+    }
+
+    #[inline(always)]
+    fn forward_scored_body(&mut self, net: &Net, x: &Rows, at: usize, score: &Score) {
+        FusedTransformer::forward_into(net, x, self);
+        let v = net.shape.vocab;
+        let sel = self.geo.sel();
+        let tokens = x.responses.len();
+        if let Some(support) = score.support {
+            keep_supports(
+                &mut self.logits,
+                &self.geo,
+                v,
+                Some(&support[at..at + tokens]),
+            );
+        }
+        sized(&mut self.z, sel * v);
+        sized(&mut self.logz, sel);
+        zeroed(&mut self.ent, tokens);
+        zeroed(&mut self.logp, tokens);
+        let (mut e, mut p, mut h) = (vec![0.0f32; v], vec![0.0f32; v], vec![0.0f32; v]);
+        for (k, i, _, _) in self.geo.selected() {
+            let z = &mut self.z[k * v..(k + 1) * v];
+            let stats = row_softmax(&self.logits[k * v..(k + 1) * v], score.inv_t, z, &mut e);
+            self.logz[k] = stats.0;
+            if score.entropy {
+                self.ent[i] = row_entropy(z, &e, stats, &mut p, &mut h);
+            }
+            self.logp[i] = z[x.responses[i] as usize] - stats.0;
+        }
+        self.responses.clear();
+        self.responses.extend_from_slice(x.responses);
+    }
+
+    #[inline(always)]
+    fn backprop_body(&mut self, net: &Net, c: &Coefs) {
+        let v = net.shape.vocab;
+        // ∂L/∂z_j = c_t·(1[j = token] − p_j) + e_t·(−p_j·(log p_j + H)), then /T.
+        let sel = self.geo.sel();
+        let dl = zeroed(&mut self.dlogits, sel * v);
+        for (k, i, _, _) in self.geo.selected() {
+            if c.mask[i] == 0.0 {
+                continue;
+            }
+            let coef = c.dlogp[i];
+            let cw = c.dentropy.map_or(0.0, |e| -e[i]);
+            let h = self.ent[i];
+            let z = &self.z[k * v..(k + 1) * v];
+            let lz = self.logz[k];
+            let drow = &mut dl[k * v..(k + 1) * v];
+            for (dv, &zi) in drow.iter_mut().zip(z) {
+                let lpj = zi - lz;
+                let p = exp_fast(lpj);
+                *dv = (-coef * p + cw * p * (lpj + h)) * c.inv_t;
+            }
+            drow[self.responses[i] as usize] += coef * c.inv_t;
+        }
+        FusedTransformer::backward(net, self);
     }
 }
 
@@ -1308,23 +1463,12 @@ pub struct Generation {
 }
 
 impl FusedTransformer {
-    avx2_dispatch! {
-        /// Generate `G` sampled responses per prompt (and, if `with_greedy`, one greedy answer
-        /// per prompt in the same pass) with a KV cache: the prompts' positions once per prompt,
-        /// then one position per response and step, until every row closed or `max_len`.
-        pub fn generate via generate_avx2 => generate_body(
-            &mut self,
-            prompts: &[u32],
-            g: usize,
-            max_len: usize,
-            pick: &Pick,
-            temperature: f32,
-            with_greedy: bool,
-        ) -> Generation
-    }
-
-    #[inline(always)]
-    fn generate_body(
+    /// Generate `G` sampled responses per prompt (and, if `with_greedy`, one greedy answer per
+    /// prompt in the same pass) with a KV cache: the prompts' positions once per prompt, then
+    /// one position per response and step, until every row closed or `max_len`. The rows are
+    /// cut into parts, each with its own cache, decoded on the threads; the draws are taken here,
+    /// for every row at once, so they do not depend on the parts.
+    pub fn generate(
         &mut self,
         prompts: &[u32],
         g: usize,
@@ -1333,82 +1477,102 @@ impl FusedTransformer {
         temperature: f32,
         with_greedy: bool,
     ) -> Generation {
-        let (n, v, d) = (self.n, self.shape.vocab, self.shape.d_model);
+        let (n, v) = (self.n, self.shape.vocab);
         let eos = (v - 1) as u32;
         let b = prompts.len() / n;
         let sampled = b * g;
         let greedy_rows = if with_greedy { b } else { 0 };
         let r = sampled + greedy_rows;
-        let prompt_of: Vec<usize> = (0..r)
-            .map(|i| if i < sampled { i / g } else { i - sampled })
-            .collect();
-        let mut cache = std::mem::take(&mut self.cache);
+        let prompt_of = |i: usize| if i < sampled { i / g } else { i - sampled };
+        // Parts of rows (a prompt's rows may fall in two parts: each prefills it), so that a
+        // redraw of a few prompts' groups still spreads: part `j` holds rows `ranges[j]`, and
+        // the prompts `prompts_of[j]` in order of first use; `local[j][li]` is the part's
+        // prompt of its row `li`.
+        let ranges = self.parts_of(r, 1, max_len);
+        let mut caches = std::mem::take(&mut self.caches);
+        caches.resize_with(ranges.len(), Cache::default);
         let layers = self.layout.blocks.len();
-        for buf in [&mut cache.pk, &mut cache.pv, &mut cache.rk, &mut cache.rv] {
-            buf.resize_with(layers, Vec::new);
+        let d = self.shape.d_model;
+        let (mut prompts_of, mut local) = (Vec::new(), Vec::new());
+        let mut slot = vec![usize::MAX; b];
+        for (c, rr) in caches.iter_mut().zip(&ranges) {
+            let mut ps: Vec<usize> = Vec::new();
+            let here: Vec<usize> = rr
+                .clone()
+                .map(|i| {
+                    let p = prompt_of(i);
+                    if slot[p] == usize::MAX {
+                        slot[p] = ps.len();
+                        ps.push(p);
+                    }
+                    slot[p]
+                })
+                .collect();
+            for &p in &ps {
+                slot[p] = usize::MAX;
+            }
+            c.size(layers, ps.len() * n * d, rr.len() * max_len * d);
+            prompts_of.push(ps);
+            local.push(here);
         }
-        for l in 0..layers {
-            sized(&mut cache.pk[l], b * n * d);
-            sized(&mut cache.pv[l], b * n * d);
-            sized(&mut cache.rk[l], r * max_len * d);
-            sized(&mut cache.rv[l], r * max_len * d);
-        }
-        // Prefill: the prompts' positions, once per prompt.
-        let identity: Vec<usize> = (0..b).collect();
+        let net = self.net();
+        // Prefill: the prompts' positions, once per prompt (and part).
         for s in 0..n {
-            let toks: Vec<u32> = (0..b).map(|bi| prompts[bi * n + s]).collect();
-            self.decode_position(
-                &toks,
-                &identity,
-                &identity,
-                s,
-                max_len,
-                s + 1 == n,
-                &mut cache,
-            );
+            for (c, ps) in caches.iter_mut().zip(&prompts_of) {
+                c.toks.clear();
+                c.toks.extend(ps.iter().map(|&bi| prompts[bi * n + s]));
+                c.prompt_of.clear();
+                c.prompt_of.extend(0..ps.len());
+                c.cache_row.clone_from(&c.prompt_of);
+            }
+            self.cores
+                .each(&mut caches, |_, c| c.decode(&net, s, max_len, s + 1 == n));
         }
         // Logits at position n − 1 of each prompt, broadcast to its rows.
         let mut logits = vec![0.0f32; r * v];
-        for (i, &p) in prompt_of.iter().enumerate() {
-            logits[i * v..(i + 1) * v].copy_from_slice(&cache.logits[p * v..(p + 1) * v]);
+        for (j, c) in caches.iter().enumerate() {
+            for (li, i) in ranges[j].clone().enumerate() {
+                let p = local[j][li];
+                logits[i * v..(i + 1) * v].copy_from_slice(&c.logits[p * v..(p + 1) * v]);
+            }
         }
         let mut rows: Vec<Vec<u32>> = vec![Vec::with_capacity(max_len); r];
         let mut closed = vec![false; r];
         let mut logp_all = vec![0.0f32; sampled * max_len];
         let inv_t = 1.0 / temperature;
         let (mut z, mut e) = (vec![0.0f32; v], vec![0.0f32; v]);
-        let mut active: Vec<usize> = Vec::with_capacity(r);
-        let mut active_prompt: Vec<usize> = Vec::with_capacity(r);
-        let mut toks: Vec<u32> = Vec::with_capacity(r);
         let mut trace = super::Trace::default();
         for t in 0..max_len {
             if t > 0 {
                 // Only the rows still open: a closed row's later positions are padding, which
                 // nothing reads (its logits here stay stale and its draws are discarded).
-                active.clear();
-                active_prompt.clear();
-                toks.clear();
-                for (i, row) in rows.iter().enumerate() {
-                    if !closed[i] {
-                        active.push(i);
-                        active_prompt.push(prompt_of[i]);
-                        toks.push(row[t - 1]);
+                let mut open = 0;
+                for (j, c) in caches.iter_mut().enumerate() {
+                    c.toks.clear();
+                    c.prompt_of.clear();
+                    c.cache_row.clear();
+                    for (li, i) in ranges[j].clone().enumerate() {
+                        if !closed[i] {
+                            c.cache_row.push(li);
+                            c.prompt_of.push(local[j][li]);
+                            c.toks.push(rows[i][t - 1]);
+                        }
                     }
+                    open += c.toks.len();
                 }
-                if active.is_empty() {
+                if open == 0 {
                     break;
                 }
-                self.decode_position(
-                    &toks,
-                    &active_prompt,
-                    &active,
-                    n + t - 1,
-                    max_len,
-                    true,
-                    &mut cache,
-                );
-                for (k, &i) in active.iter().enumerate() {
-                    logits[i * v..(i + 1) * v].copy_from_slice(&cache.logits[k * v..(k + 1) * v]);
+                self.cores.each(&mut caches, |_, c| {
+                    if !c.toks.is_empty() {
+                        c.decode(&net, n + t - 1, max_len, true);
+                    }
+                });
+                for (j, c) in caches.iter().enumerate() {
+                    for (k, &li) in c.cache_row.iter().enumerate() {
+                        let i = ranges[j].start + li;
+                        logits[i * v..(i + 1) * v].copy_from_slice(&c.logits[k * v..(k + 1) * v]);
+                    }
                 }
             }
             let next: Vec<u32> = match pick {
@@ -1437,7 +1601,7 @@ impl FusedTransformer {
                 }
             }
         }
-        self.cache = cache;
+        self.caches = caches;
         let width = rows[..sampled]
             .iter()
             .map(|x| x.len())
@@ -1463,36 +1627,47 @@ impl FusedTransformer {
             greedy,
         }
     }
+}
 
-    /// One position `s` of every row: embed `tokens`, run the blocks against the cache
-    /// (writing this position's keys and values into it), and when `logits` the final
-    /// LayerNorm and head into `cache.logits [rows, V]`. Row `i` belongs to prompt
-    /// `prompt_of[i]` and keeps its own positions in cache row `cache_row[i]`; positions `< n`
-    /// are the prompt's (cached once per prompt).
-    #[allow(clippy::too_many_arguments)]
+impl Cache {
+    /// Room for every block's keys and values: `prompt` floats of the prompts' positions,
+    /// `responses` of the rows'.
+    fn size(&mut self, layers: usize, prompt: usize, responses: usize) {
+        for buf in [&mut self.pk, &mut self.pv, &mut self.rk, &mut self.rv] {
+            buf.resize_with(layers, Vec::new);
+        }
+        for l in 0..layers {
+            sized(&mut self.pk[l], prompt);
+            sized(&mut self.pv[l], prompt);
+            sized(&mut self.rk[l], responses);
+            sized(&mut self.rv[l], responses);
+        }
+    }
+
+    avx2_dispatch! {
+        /// One position `s` of the rows in `toks`: embed them, run the blocks against the cache
+        /// (writing this position's keys and values into it), and when `logits` the final
+        /// LayerNorm and head into `self.logits [rows, V]`. Row `i` belongs to (part-local)
+        /// prompt `prompt_of[i]` and keeps its own positions in cache row `cache_row[i]`;
+        /// positions `< n` are the prompt's (cached once per prompt).
+        fn decode via decode_avx2 => decode_body(
+            &mut self,
+            net: &Net,
+            s: usize,
+            max_len: usize,
+            logits: bool,
+        ) -> ()
+    }
+
     #[inline(always)]
-    fn decode_position(
-        &self,
-        tokens: &[u32],
-        prompt_of: &[usize],
-        cache_row: &[usize],
-        s: usize,
-        max_len: usize,
-        logits: bool,
-        c: &mut Cache,
-    ) {
-        let (n, v, d, f, hh) = (
-            self.n,
-            self.shape.vocab,
-            self.shape.d_model,
-            self.shape.d_ff,
-            self.shape.heads,
-        );
-        let (w, lay) = (&self.w, &self.layout);
+    fn decode_body(&mut self, net: &Net, s: usize, max_len: usize, logits: bool) {
+        let Net { shape, lay, n, w } = *net;
+        let (v, d, f, hh) = (shape.vocab, shape.d_model, shape.d_ff, shape.heads);
+        let c = self;
         let dh = d / hh;
-        let rows = tokens.len();
+        let rows = c.toks.len();
         let x = sized(&mut c.x, rows * d);
-        for (xr, &tok) in x.chunks_exact_mut(d).zip(tokens) {
+        for (xr, &tok) in x.chunks_exact_mut(d).zip(&c.toks) {
             embed(w, lay, d, tok, s, xr);
         }
         let scale = 1.0 / (dh as f32).sqrt();
@@ -1506,13 +1681,13 @@ impl FusedTransformer {
             };
             block_qkv(w, bl, (d, rows), &c.x, ln1, &mut c.qkv);
             // This position's keys and values into the cache.
-            for (i, &p) in prompt_of.iter().enumerate().take(rows) {
+            for (i, &p) in c.prompt_of.iter().enumerate().take(rows) {
                 let kv = &c.qkv[i * 3 * d..(i + 1) * 3 * d];
                 let (kd, vd) = if s < n {
                     let at = (p * n + s) * d;
                     (&mut c.pk[l][at..at + d], at)
                 } else {
-                    let at = (cache_row[i] * max_len + s - n) * d;
+                    let at = (c.cache_row[i] * max_len + s - n) * d;
                     (&mut c.rk[l][at..at + d], at)
                 };
                 kd.copy_from_slice(&kv[d..2 * d]);
@@ -1533,7 +1708,7 @@ impl FusedTransformer {
             let scores = sized(&mut c.scores, hh * span);
             // As the teacher-forced pass: the same attention over the cached keys and values.
             for i in 0..rows {
-                let (p, cr) = (prompt_of[i], cache_row[i]);
+                let (p, cr) = (c.prompt_of[i], c.cache_row[i]);
                 let (kp, vp, kr, vr) = (&c.pk[l], &c.pv[l], &c.rk[l], &c.rv[l]);
                 let at = |j: usize| {
                     if j < n {
@@ -1695,6 +1870,105 @@ mod tests {
             eps: 1e-8,
         };
         FusedTransformer::new(shape(), N, w, hyper)
+    }
+
+    /// A batch the engine cuts into parts gives the same bits on 1 and 3 threads: the
+    /// rollout (sampled and greedy rows, log π while sampling, the sampler's trace), the
+    /// teacher-forced log π, the step's scalars, log π, entropy and gradient, the cold start.
+    #[test]
+    fn parts_give_the_same_bits_on_any_number_of_threads() {
+        let shape = TransformerShape {
+            vocab: 11,
+            context: 12,
+            d_model: 32,
+            heads: 4,
+            layers: 1,
+            d_ff: 64,
+        };
+        let (n, b, g, t) = (5, 16, 8, 6);
+        let device = burn::tensor::Device::flex();
+        let init = crate::model::TransformerPolicy::new(shape, 3.0, 11, &device);
+        let w = super::super::autodiff::flat_params(&crate::model::Policy::Transformer(init));
+        let hyper = Hyper {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        };
+        let mut rng = SplitMix64::new(5);
+        let prompts: Vec<u32> = (0..b * n).map(|_| rng.below(10) as u32).collect();
+        let draw = super::super::Draw {
+            params: crate::objective::sampling::SamplingParams {
+                temperature: 1.0,
+                top_k: 4,
+                top_p: 1.0,
+            },
+            seed: 9,
+            stream: 2,
+            sampler: super::super::SamplerSide {
+                bf16: true,
+                record_logp: true,
+                keep_support: true,
+            },
+        };
+        let run = |threads: usize| {
+            let mut f = FusedTransformer::new(shape, n, w.clone(), hyper).with_threads(threads);
+            assert!(
+                f.parts_of(b, g, t).len() > 1,
+                "the case must be cut into parts"
+            );
+            let out = f.generate(&prompts, g, t, &Pick::Sample(draw), 1.0, true);
+            let width = out.logp.len() / (b * g);
+            let mut responses = vec![10u32; b * g * width];
+            let mut mask = vec![0.0f32; b * g * width];
+            for (i, row) in out.rows.iter().enumerate() {
+                responses[i * width..i * width + row.len()].copy_from_slice(row);
+                mask[i * width..i * width + row.len()].fill(1.0);
+            }
+            let lens: Vec<usize> = out.rows.iter().map(|r| r.len()).collect();
+            let refl = f.token_logp_ragged(None, &prompts, &responses, &lens, g, width, 1.0, None);
+            let advantages: Vec<f32> = (0..b * g).map(|i| (i % 5) as f32 * 0.5 - 1.0).collect();
+            let x = StepInput {
+                prompts: &prompts,
+                responses: &responses,
+                mask: &mask,
+                g,
+                t: width,
+                advantages: &advantages,
+                token_advantages: None,
+                old_logp: &out.logp,
+                ref_logp: &refl,
+                sampler_logp: out.sampler_logp.as_deref(),
+                support: out.support.as_deref(),
+            };
+            let st = settings(
+                LossMode::Clipped,
+                KlEstimator::K3,
+                LossAggMode::TokenMean,
+                0.01,
+            );
+            let (scalars, logp) = f.step(&x, &st);
+            let grad = f.gradient().to_vec();
+            let ent = f.token_entropy().to_vec();
+            let targets: Vec<u32> = (0..64 * t).map(|i| ((i * 7 + i / t) % 11) as u32).collect();
+            let sft_prompts: Vec<u32> = prompts.iter().cycle().take(64 * n).copied().collect();
+            let sft = f.supervised(&[(&sft_prompts, &targets, t)], 1e-3);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            (
+                out.rows,
+                out.greedy,
+                bits(&out.logp),
+                out.sampler_logp.map(|x| bits(&x)),
+                out.support,
+                bits(&refl),
+                format!("{scalars:?}"),
+                bits(&logp),
+                bits(&ent),
+                bits(&grad),
+                sft.to_bits(),
+                bits(&f.w),
+            )
+        };
+        assert_eq!(run(1), run(3));
     }
 
     #[test]
@@ -1922,12 +2196,14 @@ mod tests {
             LossAggMode::TokenMean,
             0.01,
         );
-        let portable = f.loss_and_gradient_body(&input(&c), &st);
-        let g_portable = f.gradient().to_vec();
-        // SAFETY: AVX2 is present (checked at the top).
-        let wide = unsafe { f.loss_and_gradient_avx2(&input(&c), &st) };
+        let wide = f.loss_and_gradient(&input(&c), &st);
+        let g_wide = f.gradient().to_vec();
+        use std::sync::atomic::Ordering::Relaxed;
+        crate::engine::PORTABLE_ONLY.store(true, Relaxed);
+        let portable = f.loss_and_gradient(&input(&c), &st);
+        crate::engine::PORTABLE_ONLY.store(false, Relaxed);
         assert_eq!(portable, wide);
-        assert_eq!(g_portable, f.gradient());
+        assert_eq!(g_wide, f.gradient());
     }
 
     /// Generation with the KV cache reads the same log-probs as the teacher-forced pass on

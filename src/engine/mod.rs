@@ -20,7 +20,7 @@ macro_rules! avx2_dispatch {
         #[allow(clippy::too_many_arguments)]
         $vis fn $name(&mut self $(, $arg: $ty)*) -> $ret {
             #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx2") {
+            if $crate::engine::avx2_on() {
                 // SAFETY: the CPU has AVX2 (checked just above).
                 return unsafe { self.$avx2($($arg),*) };
             }
@@ -37,7 +37,25 @@ macro_rules! avx2_dispatch {
     };
 }
 
+/// Whether the dispatch takes the AVX2 build (the CPU has it, and no test turned it off).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn avx2_on() -> bool {
+    #[cfg(test)]
+    if PORTABLE_ONLY.load(std::sync::atomic::Ordering::Relaxed) {
+        return false;
+    }
+    std::arch::is_x86_feature_detected!("avx2")
+}
+
+/// Set by a test to run the portable builds (harmless to other tests: both builds give the
+/// same bits, which is what that test checks).
+#[cfg(test)]
+pub(crate) static PORTABLE_ONLY: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 pub mod autodiff;
+pub mod cores;
 pub mod fused_lecture;
 pub mod fused_transformer;
 pub mod lecture_cpu;

@@ -39,7 +39,7 @@ impl FusedTransformerEngine {
         };
         Self {
             reference: w.clone(),
-            policy: FusedTransformer::new(shape, c.task.n, w, hyper),
+            policy: FusedTransformer::new(shape, c.task.n, w, hyper).with_threads(c.run.threads),
         }
     }
 
@@ -58,7 +58,10 @@ impl FusedTransformerEngine {
 
 impl Engine for FusedTransformerEngine {
     fn label(&self) -> String {
-        "fused CPU transformer step (KV cache)".into()
+        match self.policy.threads() {
+            1 => "fused CPU transformer step (KV cache)".into(),
+            n => format!("fused CPU transformer step (KV cache, {n} threads)"),
+        }
     }
 
     fn sample(&mut self, req: &SampleRequest) -> Result<Samples, EngineError> {

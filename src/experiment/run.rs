@@ -141,7 +141,9 @@ fn plan(
             let dir = run_dir(&opts.out, cell, seed);
             let stored = dir.join("config.toml");
             if stored.exists() {
-                let prev = RunConfig::from_file(&stored)?;
+                let mut prev = RunConfig::from_file(&stored)?;
+                // The threads a cell ran on change no result (engine::cores).
+                prev.run.threads = config.run.threads;
                 if prev != config {
                     let diff = prev.differing_keys(&config).join(", ");
                     return Err(ExperimentError::DifferentConfig {
@@ -174,6 +176,8 @@ fn run_all(
     let next = AtomicUsize::new(0);
     let errors: Mutex<Vec<ExperimentError>> = Mutex::new(Vec::new());
     let jobs = jobs.max(1).min(todo.len().max(1));
+    // Cells in parallel share the cores: `run.threads = 0` becomes each one's share.
+    let share = (crate::engine::cores::available() / jobs).max(1);
     std::thread::scope(|s| {
         for _ in 0..jobs {
             s.spawn(|| {
@@ -185,8 +189,12 @@ fn run_all(
                     if train::interrupted() {
                         break;
                     }
+                    let mut config = config.clone();
+                    if config.run.threads == 0 {
+                        config.run.threads = share;
+                    }
                     let result = train::run(
-                        config.clone(),
+                        config,
                         computes[i].clone(),
                         RunOptions {
                             out: dir.clone(),
