@@ -436,7 +436,7 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         "preset": options.preset,
         "device": compute.label,
         "engine": trainer.engine_label(),
-        "threads": crate::engine::cores::resolve(config.run.threads),
+        "threads": trainer.engine().threads(),
         "shape": {
             "prompts_per_iteration": config.batch_prompts(trainer.prompts.train.len()),
             "num_generations": config.algorithm.num_generations,

@@ -494,6 +494,10 @@ pub trait Engine {
     fn restore(&mut self, snapshot: &Snapshot) -> Result<(), EngineError>;
     /// Whether this engine computes exactly what `config` asks (after a live change).
     fn supports(&self, config: &RunConfig) -> bool;
+    /// The threads its passes run on (`run.threads` where the engine takes it).
+    fn threads(&self) -> usize {
+        1
+    }
     /// For engines that drive a device by hand (the WGSL engine): command submissions so far
     /// and dispatches per optimizer step (`bench` reports them).
     fn device_counts(&self) -> Option<DeviceCounts> {

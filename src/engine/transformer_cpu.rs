@@ -198,4 +198,8 @@ impl Engine for FusedTransformerEngine {
     fn supports(&self, config: &RunConfig) -> bool {
         Self::covers(config)
     }
+
+    fn threads(&self) -> usize {
+        self.policy.threads()
+    }
 }
