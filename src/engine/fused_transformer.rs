@@ -1,8 +1,9 @@
 //! A fused CPU path for the transformer policy (`model::transformer`): forward, loss, backward
 //! and Adam written out over plain buffers, every matrix product through `gemm`, no autodiff
-//! graph, the batch cut into parts of whole prompts that run on `run.threads` threads with the
-//! same result on any number of them (`engine::cores`); and autoregressive generation with a KV cache (the prompt prefilled once per
-//! prompt, then one new position per response and step).
+//! graph; and autoregressive generation with a KV cache (the prompt prefilled once per
+//! prompt, then one new position per response and step). Each batch is cut into parts — whole
+//! prompts for the teacher-forced passes, rows for generation — that run on `run.threads`
+//! threads with the same result on any number of them (`engine::cores`).
 //!
 //! The weights live in one flat array in the burn module's visiting order (`Layout`), so Adam,
 //! the gradient norm and the checkpoints are single loops over one buffer, and
@@ -1265,7 +1266,7 @@ impl FusedTransformer {
         (parts, ranges)
     }
 
-    /// Every part's backward from `coefs` (the whole batch's, `per_part` tokens per prompt),
+    /// Every part's backward from `coefs` (the whole batch's, `per_prompt` tokens per prompt),
     /// then their gradients summed in part order into `self.grad`.
     fn backward_parts(
         &mut self,
