@@ -43,17 +43,30 @@ fn section_of(key: &str) -> &str {
 
 /// Whether `f` matches every word of `search` (key, label or help; case-insensitive).
 pub fn matches(f: &Field, search: &str) -> bool {
-    let hay = format!("{} {} {}", f.key, f.label, f.help).to_lowercase();
-    search
-        .to_lowercase()
-        .split_whitespace()
-        .all(|w| hay.contains(w))
+    matches_text(&haystack(f), &search.to_lowercase())
+}
+
+/// What the search reads of a field: key, label and help, lower-cased.
+fn haystack(f: &Field) -> String {
+    format!("{} {} {}", f.key, f.label, f.help).to_lowercase()
+}
+
+fn matches_text(hay: &str, search_lower: &str) -> bool {
+    search_lower.split_whitespace().all(|w| hay.contains(w))
 }
 
 /// The sections in the table's order, each with its fields matching `search`.
 pub fn sections(search: &str) -> Vec<(&'static str, Vec<&'static Field>)> {
+    // Every field's haystack, lower-cased once per process (the panel searches every frame).
+    static HAY: std::sync::LazyLock<Vec<String>> =
+        std::sync::LazyLock::new(|| FIELDS.iter().map(haystack).collect());
+    let search = search.to_lowercase();
     let mut out: Vec<(&'static str, Vec<&'static Field>)> = Vec::new();
-    for f in FIELDS.iter().filter(|f| matches(f, search)) {
+    let found = FIELDS
+        .iter()
+        .zip(HAY.iter())
+        .filter(|(_, hay)| matches_text(hay, &search));
+    for (f, _) in found {
         let s = section_of(f.key);
         match out.iter_mut().find(|(name, _)| *name == s) {
             Some((_, v)) => v.push(f),

@@ -125,6 +125,8 @@ struct Measure {
     started: Option<Instant>,
     ui_ms: Vec<f64>,
     cpu_ms: Vec<f64>,
+    /// The UI thread's CPU time in `draw` (what `ui_ms` holds less the time it waited for a core).
+    ui_cpu_ms: Vec<f64>,
     steps_at_start: usize,
     /// When the trainer finished (its speed is measured up to then).
     trainer_done_at: Option<Instant>,
@@ -137,6 +139,8 @@ pub struct GrpoApp {
     pub draft: RunConfig,
     /// Where each invalid field's message goes: (config key, message).
     pub field_error: Option<(String, String)>,
+    /// The draft `field_error` was computed for.
+    validated: Option<RunConfig>,
     /// The config of the run in progress.
     pub running: Option<RunConfig>,
     pub run: RunData,
@@ -304,6 +308,7 @@ impl GrpoApp {
             persisted,
             draft: draft.clone(),
             field_error: None,
+            validated: None,
             running: None,
             run: RunData::new("current"),
             overlays,
@@ -459,6 +464,19 @@ impl GrpoApp {
     }
 
     /// Which config changes need a new run (new model or prompts) rather than a live update.
+    /// `field_error` for the draft, recomputed only when the draft changed (validating every
+    /// frame was a tenth of the frame's work).
+    fn revalidate(&mut self) {
+        if self.validated.as_ref() != Some(&self.draft) {
+            self.field_error = self
+                .draft
+                .validate()
+                .err()
+                .map(|e| (views::error_key(&e), e.to_string()));
+            self.validated = Some(self.draft.clone());
+        }
+    }
+
     pub fn needs_reset(&self) -> bool {
         match &self.running {
             None => true,
@@ -615,7 +633,12 @@ impl GrpoApp {
         }
     }
 
-    fn measure_frame(&mut self, ctx: &egui::Context, ui_ms: f64, frame: &eframe::Frame) {
+    fn measure_frame(
+        &mut self,
+        ctx: &egui::Context,
+        (ui_ms, ui_cpu_ms): (f64, Option<f64>),
+        frame: &eframe::Frame,
+    ) {
         let Some(until) = self.measure.until else {
             return;
         };
@@ -626,6 +649,7 @@ impl GrpoApp {
             self.measure.steps_at_start = self.run.steps;
         }
         self.measure.ui_ms.push(ui_ms);
+        self.measure.ui_cpu_ms.extend(ui_cpu_ms);
         if self.finished && self.measure.trainer_done_at.is_none() {
             self.measure.trainer_done_at = Some(Instant::now());
         }
@@ -646,6 +670,8 @@ impl GrpoApp {
                 "fps": self.measure.ui_ms.len() as f64 / secs,
                 "app_ui_ms_p50": q(&self.measure.ui_ms, 0.5),
                 "app_ui_ms_p95": q(&self.measure.ui_ms, 0.95),
+                "app_ui_cpu_ms_p50": q(&self.measure.ui_cpu_ms, 0.5),
+                "app_ui_cpu_ms_p95": q(&self.measure.ui_cpu_ms, 0.95),
                 "frame_cpu_ms_p50": q(&self.measure.cpu_ms, 0.5),
                 "frame_cpu_ms_p95": q(&self.measure.cpu_ms, 0.95),
                 "points_in_plots": self.run.steps,
@@ -746,11 +772,12 @@ impl GrpoApp {
 
 impl eframe::App for GrpoApp {
     fn ui(&mut self, ui: &mut egui::Ui, frame: &mut eframe::Frame) {
-        let t = Instant::now();
+        let (t, cpu) = (Instant::now(), thread_cpu_ms());
         self.draw(ui);
         let ms = t.elapsed().as_secs_f64() * 1000.0;
+        let cpu = cpu.zip(thread_cpu_ms()).map(|(a, b)| b - a);
         let ctx = ui.ctx().clone();
-        self.measure_frame(&ctx, ms, frame);
+        self.measure_frame(&ctx, (ms, cpu), frame);
         if self.measure.until.is_some() && !self.measure.done {
             // Keep frames coming (at the training cap) even after the trainer finishes.
             ctx.request_repaint_after(Duration::from_millis(100));
@@ -766,6 +793,23 @@ impl eframe::App for GrpoApp {
             .collect();
         eframe::set_value(storage, eframe::APP_KEY, &self.persisted);
     }
+}
+
+/// This thread's CPU time in ms (where the OS tells it): the app's own work without the time
+/// its thread waited for a core (on two cores the trainer and the rasterizer's threads compete).
+fn thread_cpu_ms() -> Option<f64> {
+    #[cfg(unix)]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec for the call's duration.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        (rc == 0).then(|| ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 / 1e6)
+    }
+    #[cfg(not(unix))]
+    None
 }
 
 /// DejaVu Sans (embedded) after egui's own fonts, for the symbols they lack (▶ ‖ ⟲ ✖ ∅ ✂).

@@ -235,17 +235,33 @@ fn token_chip(
     } else {
         format!(" {text} ")
     })
-    .monospace()
-    .background_color(colour(q, x));
+    .monospace();
     if view.selected == Some((i, t)) {
         rich = rich.strong().underline();
     }
+    // The colour is painted behind the text rather than laid out with it: the text's layout
+    // then repeats across tokens, groups and steps (egui's galley cache hits), and a new
+    // group costs no new layouts — the view's share of a frame when the trainer logs.
+    let galley = egui::WidgetText::from(rich).into_galley(
+        ui,
+        Some(egui::TextWrapMode::Extend),
+        f32::INFINITY,
+        egui::TextStyle::Monospace,
+    );
+    let (rect, r) = ui.allocate_exact_size(galley.size(), egui::Sense::click());
+    r.widget_info(|| egui::WidgetInfo::labeled(egui::Role::Label, true, galley.text()));
+    if ui.is_rect_visible(rect) {
+        ui.painter().rect_filled(rect, 0.0, colour(q, x));
+        ui.painter().galley(
+            rect.min,
+            galley,
+            ui.visuals().widgets.style(&r).text_color(),
+        );
+    }
     // The hover's text is built only while it shows.
-    let r = ui
-        .add(egui::Label::new(rich).sense(egui::Sense::click()))
-        .on_hover_ui(|ui| {
-            ui.label(hover(terms, g, (i, t), &text, clipped));
-        });
+    let r = r.on_hover_ui(|ui| {
+        ui.label(hover(terms, g, (i, t), &text, clipped));
+    });
     r.clicked().then_some((i, t))
 }
 

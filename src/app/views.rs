@@ -17,7 +17,7 @@ use super::shapes::PALETTE;
 // ---------------------------------------------------------------- config
 
 /// The key a validation error is about.
-fn error_key(e: &ConfigError) -> String {
+pub(super) fn error_key(e: &ConfigError) -> String {
     match e {
         ConfigError::InvalidValue { key, .. } | ConfigError::UnknownKey { key, .. } => key.clone(),
         _ => String::new(),
@@ -40,11 +40,7 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
         }
     });
     // Validate the draft: a bad value is refused at its field, and the trainer keeps running.
-    app.field_error = app
-        .draft
-        .validate()
-        .err()
-        .map(|e| (error_key(&e), e.to_string()));
+    app.revalidate();
     ui.separator();
     let valid = app.field_error.is_none();
     let needs_reset = app.needs_reset();
