@@ -463,7 +463,6 @@ impl GrpoApp {
         }
     }
 
-    /// Which config changes need a new run (new model or prompts) rather than a live update.
     /// `field_error` for the draft, recomputed only when the draft changed (validating every
     /// frame was a tenth of the frame's work).
     fn revalidate(&mut self) {
@@ -477,6 +476,7 @@ impl GrpoApp {
         }
     }
 
+    /// Which config changes need a new run (new model or prompts) rather than a live update.
     pub fn needs_reset(&self) -> bool {
         match &self.running {
             None => true,
