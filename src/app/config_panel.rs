@@ -41,16 +41,12 @@ fn section_of(key: &str) -> &str {
     key.rsplit_once('.').map_or("", |(s, _)| s)
 }
 
-/// Whether `f` matches every word of `search` (key, label or help; case-insensitive).
-pub fn matches(f: &Field, search: &str) -> bool {
-    matches_text(&haystack(f), &search.to_lowercase())
-}
-
 /// What the search reads of a field: key, label and help, lower-cased.
 fn haystack(f: &Field) -> String {
     format!("{} {} {}", f.key, f.label, f.help).to_lowercase()
 }
 
+/// Whether a haystack holds every word of the (lower-cased) search.
 fn matches_text(hay: &str, search_lower: &str) -> bool {
     search_lower.split_whitespace().all(|w| hay.contains(w))
 }

@@ -772,10 +772,14 @@ impl GrpoApp {
 
 impl eframe::App for GrpoApp {
     fn ui(&mut self, ui: &mut egui::Ui, frame: &mut eframe::Frame) {
-        let (t, cpu) = (Instant::now(), thread_cpu_ms());
+        // The thread's CPU time only while measuring (it is a system call, not a clock read).
+        let measuring = self.measure.until.is_some() && !self.measure.done;
+        let (t, cpu) = (Instant::now(), measuring.then(thread_cpu_ms).flatten());
         self.draw(ui);
         let ms = t.elapsed().as_secs_f64() * 1000.0;
-        let cpu = cpu.zip(thread_cpu_ms()).map(|(a, b)| b - a);
+        let cpu = cpu
+            .zip(thread_cpu_ms().filter(|_| measuring))
+            .map(|(a, b)| b - a);
         let ctx = ui.ctx().clone();
         self.measure_frame(&ctx, (ms, cpu), frame);
         if self.measure.until.is_some() && !self.measure.done {
