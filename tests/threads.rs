@@ -1,7 +1,8 @@
-//! `run.threads` changes how fast a run goes, never what it computes: the fused transformer
-//! engine cuts each batch into parts by its shape alone and sums the parts' gradients in part
-//! order, so 1, 2 and 3 threads write the same `metrics.jsonl` byte for byte (the wall-clock
-//! fields aside) and the same Adam moments and trainer state in the last checkpoint.
+//! `run.threads` changes how fast a run goes, never what it computes: the fused engines cut
+//! each batch into parts by its shape alone and add the parts' sums in part order, so 1, 2 and
+//! 3 threads write the same `metrics.jsonl` byte for byte (the wall-clock fields aside) and the
+//! same Adam moments and trainer state in the last checkpoint — the transformer's, and the
+//! lecture model's at a shape its step cuts into parts.
 
 mod common;
 
@@ -32,12 +33,34 @@ fn config() -> RunConfig {
     c
 }
 
+/// `scaled` (the lecture model) at 128 prompts × 4 responses, D = 32: 2 parts for the rollout,
+/// log π, the step and the held-out evaluation (the objective's terms each part's own, Adam by
+/// spans on the threads).
+fn lecture_config() -> RunConfig {
+    let mut c = RunConfig::preset("scaled").unwrap();
+    c.task.train_size = 512;
+    c.task.heldout_size = 128;
+    c.model.d_model = 32;
+    c.algorithm.prompts_per_iteration = 128;
+    c.algorithm.num_generations = 4;
+    c.algorithm.mu = 2;
+    c.algorithm.beta = 0.05;
+    c.run.iterations = 2;
+    c.run.checkpoint_every = 2;
+    c.run.eval_every = 1;
+    c.validate().unwrap();
+    c
+}
+
 /// The text of `metrics.jsonl` without the wall-clock fields, and the last checkpoint's
 /// Adam moments and trainer state, byte for byte.
 fn run_with(threads: usize) -> (Vec<String>, Vec<(String, Vec<u8>)>) {
-    let mut c = config();
+    run_config(config(), threads)
+}
+
+fn run_config(mut c: RunConfig, threads: usize) -> (Vec<String>, Vec<(String, Vec<u8>)>) {
     c.run.threads = threads;
-    let out = temp_dir(&format!("threads-{threads}"));
+    let out = temp_dir(&format!("threads-{}-{threads}", c.run.name));
     let outcome = train::run(
         c,
         Compute::cpu(),
@@ -98,6 +121,15 @@ fn run_with(threads: usize) -> (Vec<String>, Vec<(String, Vec<u8>)>) {
 
 #[test]
 fn one_two_and_three_threads_write_the_same_run() {
+    same_run_on_any_threads(run_with);
+}
+
+#[test]
+fn the_lecture_model_s_run_is_the_same_on_any_threads() {
+    same_run_on_any_threads(|threads| run_config(lecture_config(), threads));
+}
+
+fn same_run_on_any_threads(run_with: impl Fn(usize) -> (Vec<String>, Vec<(String, Vec<u8>)>)) {
     let (one, w1) = run_with(1);
     assert!(!one.is_empty() && !w1.is_empty());
     for threads in [2, 3] {

@@ -5,7 +5,11 @@
 //! backward passes on their own buffers. The threads take parts; whatever sums over parts (the
 //! gradient) is added in part order. So a run is bit-identical with 1, 2 or 16 threads, and a
 //! shape below [`PART_WORK`] is one part: exactly the single-threaded engine. Counter-based
-//! draws stay per row, and the draws themselves are taken on the calling thread.
+//! draws stay per row (the transformer takes them on the calling thread, the lecture model by
+//! parts, each keyed by its row's index in the batch).
+//!
+//! The threads are a `hot` pool: the calling thread and `threads − 1` workers that spin
+//! between jobs, since a step hands out work several times a millisecond.
 //!
 //! In the browser (wasm32 without shared memory) there is one thread and the parts run in turn.
 
@@ -22,8 +26,16 @@ pub const MAX_PARTS: usize = 8;
 /// `units` (prompts) cut into at most [`MAX_PARTS`] runs of whole units, each about
 /// `work_per_unit · units / parts ≥ PART_WORK` (one run when the whole is smaller).
 pub fn parts(units: usize, work_per_unit: usize) -> Vec<Range<usize>> {
+    parts_at(units, work_per_unit, PART_WORK)
+}
+
+/// [`parts`] with parts of at least `part_work` (an engine whose work runs at another speed
+/// than its multiply-adds say).
+pub fn parts_at(units: usize, work_per_unit: usize, part_work: usize) -> Vec<Range<usize>> {
     let total = units.saturating_mul(work_per_unit.max(1));
-    let k = (total / PART_WORK).clamp(1, MAX_PARTS).min(units.max(1));
+    let k = (total / part_work.max(1))
+        .clamp(1, MAX_PARTS)
+        .min(units.max(1));
     let per = units.div_ceil(k).max(1);
     (0..units.max(1))
         .step_by(per)
@@ -51,7 +63,7 @@ pub fn available() -> usize {
 #[derive(Clone, Default)]
 pub struct Cores {
     #[cfg(not(target_arch = "wasm32"))]
-    pool: Option<std::sync::Arc<rayon::ThreadPool>>,
+    pool: Option<std::sync::Arc<hot::Pool>>,
 }
 
 impl std::fmt::Debug for Cores {
@@ -61,17 +73,13 @@ impl std::fmt::Debug for Cores {
 }
 
 impl Cores {
-    /// `threads` as `run.threads` reads (0 = every core). Where the pool cannot be built, one
-    /// thread, said once in the log.
+    /// `threads` as `run.threads` reads (0 = every core): the calling thread and `threads − 1`
+    /// workers. Where a worker cannot be started, one thread, said once in the log.
     pub fn new(threads: usize) -> Self {
         let n = resolve(threads);
         #[cfg(not(target_arch = "wasm32"))]
         if n > 1 {
-            match rayon::ThreadPoolBuilder::new()
-                .num_threads(n)
-                .thread_name(|i| format!("grpo-lab-{i}"))
-                .build()
-            {
+            match hot::Pool::new(n - 1) {
                 Ok(pool) => {
                     return Self {
                         pool: Some(std::sync::Arc::new(pool)),
@@ -88,7 +96,7 @@ impl Cores {
     pub fn threads(&self) -> usize {
         #[cfg(not(target_arch = "wasm32"))]
         if let Some(p) = &self.pool {
-            return p.current_num_threads();
+            return p.workers() + 1;
         }
         1
     }
@@ -99,13 +107,14 @@ impl Cores {
         if let Some(pool) = &self.pool
             && items.len() > 1
         {
-            use rayon::prelude::*;
-            pool.install(|| {
-                items
-                    .par_iter_mut()
-                    .enumerate()
-                    .with_max_len(1)
-                    .for_each(|(i, x)| f(i, x))
+            let base = hot::SendPtr(items.as_mut_ptr());
+            let len = items.len();
+            pool.run(len, &|i| {
+                assert!(i < len);
+                // SAFETY: the pool runs each index once, so the `&mut` are disjoint, and `run`
+                // returns only when every index has run (the borrow of `items` outlives them).
+                let item = unsafe { &mut *base.at(i) };
+                f(i, item)
             });
             return;
         }
@@ -138,6 +147,194 @@ impl Cores {
                 }
             }
         });
+    }
+}
+
+/// Workers that spin between jobs before they sleep: an engine's step hands its threads work
+/// several times a step, ~50–200 µs apart, and waking a sleeping thread costs 20–130 µs on a
+/// virtual machine (measured with rayon's pool: 30 µs of work took 50 µs back to back, 131 µs
+/// with 200 µs between) — a worker that is still spinning starts in well under 1 µs.
+#[cfg(not(target_arch = "wasm32"))]
+mod hot {
+    use std::cell::UnsafeCell;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+    use std::time::{Duration, Instant};
+
+    /// How long an idle worker spins before it sleeps (a step's gaps are far shorter; a run's
+    /// pauses — a checkpoint, the app's frame — longer).
+    const SPIN: Duration = Duration::from_millis(2);
+
+    /// A job: a function of the item's index, its lifetime erased (see [`Pool::run`]).
+    type Job = *const (dyn Fn(usize) + Sync + 'static);
+
+    /// A raw pointer that a job may carry to another thread.
+    pub struct SendPtr<T>(pub *mut T);
+    // SAFETY: the pool hands each index to one thread (`Cores::each`).
+    unsafe impl<T: Send> Send for SendPtr<T> {}
+    unsafe impl<T: Send> Sync for SendPtr<T> {}
+
+    impl<T> SendPtr<T> {
+        /// The pointer to item `i` (a method, so closures capture the whole `SendPtr`).
+        pub fn at(&self, i: usize) -> *mut T {
+            self.0.wrapping_add(i)
+        }
+    }
+
+    struct Shared {
+        /// `epoch << 32 | items << 16 | next`: a job's number, its item count and the next
+        /// index to claim, in one word, so a claim (a compare-and-swap) is of one job's index.
+        ticket: AtomicU64,
+        /// The current job, written before its ticket is published, read after a claim.
+        job: UnsafeCell<Option<Job>>,
+        /// Items of the current job that have run.
+        done: AtomicUsize,
+        panicked: AtomicBool,
+        sleeping: AtomicUsize,
+        stop: AtomicBool,
+    }
+
+    // SAFETY: `job` is written only while no thread can claim an index (every index of the
+    // previous job has run, and the next ticket is not yet published) and read only after a
+    // claim, which the publishing store happens-before; the job it points to is `Sync`.
+    unsafe impl Sync for Shared {}
+    unsafe impl Send for Shared {}
+
+    /// Claim and run the current job's items until none is left.
+    fn work(s: &Shared) {
+        loop {
+            let t = s.ticket.load(Acquire);
+            let (items, next) = ((t >> 16) & 0xffff, t & 0xffff);
+            if next >= items {
+                return;
+            }
+            if s.ticket
+                .compare_exchange_weak(t, t + 1, AcqRel, Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            // SAFETY: a claimed index of the current job: `job` is that job's, alive until its
+            // `done` reaches its count (which this item's increment below is part of).
+            let job = unsafe { (*s.job.get()).expect("a published job") };
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+                (*job)(next as usize)
+            }));
+            if ran.is_err() {
+                s.panicked.store(true, Relaxed);
+            }
+            s.done.fetch_add(1, Release);
+        }
+    }
+
+    fn worker(s: Arc<Shared>) {
+        let mut seen = s.ticket.load(Acquire) >> 32;
+        let mut idle = Instant::now();
+        let mut spins = 0u32;
+        while !s.stop.load(Relaxed) {
+            let t = s.ticket.load(Acquire);
+            if t >> 32 != seen {
+                seen = t >> 32;
+                work(&s);
+                idle = Instant::now();
+                continue;
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(256) && idle.elapsed() > SPIN {
+                s.sleeping.fetch_add(1, SeqCst);
+                // Either the publisher sees this sleeper and wakes it, or this sees the job.
+                if s.ticket.load(SeqCst) >> 32 == seen && !s.stop.load(SeqCst) {
+                    std::thread::park();
+                }
+                s.sleeping.fetch_sub(1, SeqCst);
+                idle = Instant::now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    pub struct Pool {
+        shared: Arc<Shared>,
+        threads: Vec<std::thread::JoinHandle<()>>,
+        /// One job at a time; a job started from inside a job (or from another thread while
+        /// one runs) runs on its caller.
+        busy: std::sync::Mutex<()>,
+    }
+
+    impl Pool {
+        pub fn new(workers: usize) -> std::io::Result<Self> {
+            let shared = Arc::new(Shared {
+                ticket: AtomicU64::new(0),
+                job: UnsafeCell::new(None),
+                done: AtomicUsize::new(0),
+                panicked: AtomicBool::new(false),
+                sleeping: AtomicUsize::new(0),
+                stop: AtomicBool::new(false),
+            });
+            let mut pool = Self {
+                shared: shared.clone(),
+                threads: Vec::new(),
+                busy: std::sync::Mutex::new(()),
+            };
+            for i in 0..workers {
+                let s = shared.clone();
+                let h = std::thread::Builder::new()
+                    .name(format!("grpo-lab-{i}"))
+                    .spawn(move || worker(s))?;
+                pool.threads.push(h);
+            }
+            Ok(pool)
+        }
+
+        pub fn workers(&self) -> usize {
+            self.threads.len()
+        }
+
+        /// `f(i)` for every `i < items`, on the workers and the calling thread; returns when
+        /// every one has run (a panic in one is raised here).
+        pub fn run(&self, items: usize, f: &(dyn Fn(usize) + Sync)) {
+            let guard = self.busy.try_lock();
+            if guard.is_err() || items > 0xffff {
+                (0..items).for_each(f);
+                return;
+            }
+            let s = &*self.shared;
+            // SAFETY: only the lifetime is erased; no thread calls the job after `done`
+            // reaches `items`, which this waits for before it returns (and `f` outlives that).
+            let job: Job = unsafe {
+                std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f)
+            };
+            // SAFETY: no index of any job is claimable now (the previous one ran to the end).
+            unsafe { *s.job.get() = Some(job) };
+            s.done.store(0, Relaxed);
+            let epoch = (s.ticket.load(Relaxed) >> 32).wrapping_add(1) & 0xffff_ffff;
+            s.ticket.store(epoch << 32 | (items as u64) << 16, SeqCst);
+            if s.sleeping.load(SeqCst) > 0 {
+                for h in &self.threads {
+                    h.thread().unpark();
+                }
+            }
+            work(s);
+            while s.done.load(Acquire) < items {
+                std::hint::spin_loop();
+            }
+            if s.panicked.swap(false, Relaxed) {
+                panic!("a part panicked on a worker thread");
+            }
+        }
+    }
+
+    impl Drop for Pool {
+        fn drop(&mut self) {
+            self.shared.stop.store(true, SeqCst);
+            for h in &self.threads {
+                h.thread().unpark();
+            }
+            for h in self.threads.drain(..) {
+                let _ = h.join();
+            }
+        }
     }
 }
 

@@ -9,13 +9,22 @@
 //! It is held equal to the burn path by `tests/fused.rs` (same weights after several
 //! iterations within a stated tolerance) and is used only for configurations it covers
 //! (`FusedLecture::supports`).
+//!
+//! On `run.threads` a batch of enough prompts is cut into parts (runs of whole prompts, by its
+//! shape alone): each part's rows go forward, through the objective (`loss::evaluate_span`) and
+//! back to `∂enc` on a thread, then each position's table gradients do; whatever adds over parts
+//! or positions is added in their order, so any thread count gives the same bits (`Rows`,
+//! `table_grads`).
 
 pub use super::StepScalars;
+use super::cores::{self, Cores};
 use crate::config::{ModelKind, RunConfig};
 use crate::model::lecture::LectureWeights;
-use crate::objective::loss::{self, LossSettings, TokenInputs, TokenTerms};
+use crate::objective::loss::{self, BatchTotals, LossSettings, SpanSums, TokenInputs, TokenTerms};
 pub use crate::objective::numeric::{exp_fast, lanes8, sum_f64, sum_sq, zeroed};
-use crate::objective::numeric::{row_entropy, row_softmax};
+use crate::objective::numeric::{row_entropy, row_softmax, sized};
+use crate::objective::sampling::{self, SamplingParams};
+use std::ops::Range;
 
 /// A read-only strided matrix: element `(i, j)` at `data[i·rs + j·cs]`.
 #[derive(Clone, Copy)]
@@ -93,30 +102,18 @@ pub(crate) fn product_into(
 }
 
 /// Softmax statistics of `[rows, V]` logits at temperature `1/inv_t`: `z = x·inv_t` and
-/// `log Σ exp z` per row, and (when `probs` is given) the probabilities, each row's entropy
-/// and their sum. `step` and `token_logp` share it, so log π_old at the first step of
-/// an iteration equals the step's log π bit for bit.
+/// `log Σ exp z` per row, and (when `probs` is given) the probabilities and each row's
+/// entropy. `step` and `token_logp` share it, so log π_old at the first step of an iteration
+/// equals the step's log π bit for bit.
 #[inline(always)]
 fn softmax_rows(
     logits: &[f32],
     v: usize,
     inv_t: f32,
-    z: &mut Vec<f32>,
-    logz: &mut Vec<f32>,
-    mut probs: Option<(&mut Vec<f32>, &mut Vec<f32>)>,
-) -> f64 {
-    // Every element is written below: no fill.
-    z.resize(logits.len(), 0.0);
-    let rows = logits.len() / v;
-    logz.clear();
-    logz.resize(rows, 0.0);
-    if let Some((pr, hr)) = probs.as_mut() {
-        pr.clear();
-        pr.resize(logits.len(), 0.0);
-        hr.clear();
-        hr.resize(rows, 0.0);
-    }
-    let mut entropy = 0.0f64;
+    z: &mut [f32],
+    logz: &mut [f32],
+    mut probs: Option<(&mut [f32], &mut [f32])>,
+) {
     let mut e = vec![0.0f32; v];
     let mut h = vec![0.0f32; v];
     for (r, (x, zr)) in logits
@@ -129,10 +126,64 @@ fn softmax_rows(
         if let Some((pr, hr)) = probs.as_mut() {
             let p = &mut pr[r * v..(r + 1) * v];
             hr[r] = row_entropy(zr, &e, stats, p, &mut h);
-            entropy += hr[r] as f64;
         }
     }
-    entropy
+}
+
+/// `out[t] = z[row(t), x_t] − log Z[row(t)]` for the responses `[B·G·n]` of `B` prompts whose
+/// rows' softmax statistics `z [B·n, V]`, `logz [B·n]` hold.
+#[inline(always)]
+fn gather_logp(n: usize, v: usize, responses: &[u32], z: &[f32], logz: &[f32], out: &mut [f32]) {
+    let b = logz.len() / n.max(1);
+    let g = responses.len() / logz.len().max(1);
+    // A token outside the vocabulary would read (and in the step, write) another row.
+    assert!(responses.iter().all(|&t| (t as usize) < v), "token ≥ vocab");
+    for bi in 0..b {
+        for gi in 0..g {
+            let span = (bi * g + gi) * n..(bi * g + gi + 1) * n;
+            for (p, (o, &tok)) in out[span.clone()]
+                .iter_mut()
+                .zip(&responses[span])
+                .enumerate()
+            {
+                let r = bi * n + p;
+                *o = z[r * v + tok as usize] - logz[r];
+            }
+        }
+    }
+}
+
+/// `∂L/∂z = ∂L/∂log π · 1/T` into `terms.dlogp`: at T ≠ 1 `dlogp`'s terms again with 1/T
+/// folded into each weight first (the order the lecture's tables were measured in).
+#[inline(always)]
+fn temper(s: &LossSettings, inv_t: f32, terms: &mut TokenTerms) {
+    if inv_t != 1.0 && s.coupled() {
+        // A response's ratio reaches its tokens through `couple`: the coefficients as they
+        // are, then 1/T.
+        terms.dlogp.iter_mut().for_each(|c| *c *= inv_t);
+    } else if inv_t != 1.0 {
+        let t = terms;
+        let cells = t.dterm.iter().zip(&t.dkl).zip(&t.weight);
+        for (c, ((&dt, &dk), &w)) in t.dlogp.iter_mut().zip(cells) {
+            *c = (dt + dk) * (w * inv_t);
+        }
+    }
+}
+
+/// `v[from..from + len]`.
+fn token_span(v: &[f32], from: usize, len: usize) -> &[f32] {
+    &v[from..from + len]
+}
+
+/// `buf` cut into one slice per range of `ranges` (consecutive, from 0), `per` elements a unit.
+fn split_by<'a, T>(mut buf: &'a mut [T], ranges: &[Range<usize>], per: usize) -> Vec<&'a mut [T]> {
+    let mut out = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        let (head, tail) = std::mem::take(&mut buf).split_at_mut(r.len() * per);
+        out.push(head);
+        buf = tail;
+    }
+    out
 }
 
 /// The keep-sampling-mask on the lecture model: each (prompt, position) row of `logits
@@ -175,7 +226,16 @@ pub struct FusedLecture {
     beta2: f32,
     eps: f32,
     scratch: Scratch,
+    cores: Cores,
+    /// The least work of a part ([`PART_WORK`]; a test sets it to compare part counts).
+    part_work: usize,
 }
+
+/// The work of one prompt's rows through a step (multiply-adds, roughly) is `4·n·V·D` (its
+/// products, and its G responses' tokens at G ≈ 16); a part holds at least this much (~100 µs on one AVX2 core, ten thread hand-offs): `scaled`'s
+/// 256 prompts make 8 parts, the lecture's 3 prompts and `random-sort`'s 64 one — exactly the
+/// single-threaded step.
+const PART_WORK: usize = 1_000_000;
 
 /// Forward activations of a batch.
 ///
@@ -245,6 +305,210 @@ struct Scratch {
     d_enc: Vec<f32>,
     dt: Vec<f32>,
     g: Grads,
+    /// Each part's own buffers, and (when the batch has parts) each position's tables.
+    parts: Vec<Part>,
+    positions: Vec<Position>,
+}
+
+/// A part's own buffers: its responses' objective terms and sums when they are its own.
+#[derive(Debug, Clone, Default)]
+struct Part {
+    terms: TokenTerms,
+    sums: SpanSums,
+}
+
+/// One position's tables `T_p [V, D]`, `M_p [D, V]`, their gradients `∂T_p`, `∂M_p` and its
+/// shares of the weights' (`∂encode_p`, `∂decode_p` as `[D, D]`, `∂E`), computed on the
+/// threads when the batch has parts.
+#[derive(Debug, Clone, Default)]
+struct Position {
+    t: Vec<f32>,
+    m: Vec<f32>,
+    dt: Vec<f32>,
+    dm: Vec<f32>,
+    encode: Vec<f32>,
+    decode: Vec<f32>,
+    embedding: Vec<f32>,
+}
+
+/// What a forward over the parts reads: the logits, then their softmax statistics (and
+/// log π of the responses given), then the probabilities and entropies too.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+enum Read {
+    Logits,
+    LogProbs,
+    Softmax,
+}
+
+/// Where a backward over the parts reads `∂L/∂z` of each response token: the whole batch's
+/// coefficients, or nowhere (`dlogits` holds ∂L/∂logits).
+#[derive(Debug, Clone, Copy)]
+enum Dlogp<'a> {
+    Whole(&'a [f32]),
+    Given,
+}
+
+/// The shape and the tables every part reads (`Forward::t`, `Forward::m`).
+struct Tables<'a> {
+    n: usize,
+    d: usize,
+    v: usize,
+    t: &'a [f32],
+    m: &'a [f32],
+}
+
+/// One part's rows of the batch-wide buffers — its prompts, their `(prompt, position)` rows,
+/// their responses' tokens — and its own buffers.
+struct Rows<'a> {
+    prompts: &'a [u32],
+    responses: &'a [u32],
+    support: Option<&'a [u64]>,
+    enc: &'a mut [f32],
+    logits: &'a mut [f32],
+    z: &'a mut [f32],
+    logz: &'a mut [f32],
+    probs: &'a mut [f32],
+    row_h: &'a mut [f32],
+    logp: &'a mut [f32],
+    dlogits: &'a mut [f32],
+    row_coef: &'a mut [f32],
+    d_enc: &'a mut [f32],
+    own: &'a mut Part,
+}
+
+/// A span of one weight array, its gradient and Adam moments (the step runs spans on the
+/// threads; element by element, so any cut gives the same bits).
+struct AdamSpan<'a> {
+    w: &'a mut [f32],
+    g: &'a [f32],
+    m: &'a mut [f32],
+    v: &'a mut [f32],
+}
+
+impl AdamSpan<'_> {
+    avx2_dispatch! {
+        fn apply via apply_avx2 => apply_body(&mut self, adam: &crate::objective::adam::AdamStep) -> ()
+    }
+
+    #[inline(always)]
+    fn apply_body(&mut self, adam: &crate::objective::adam::AdamStep) {
+        adam.apply(self.w, self.g, self.m, self.v);
+    }
+}
+
+impl Rows<'_> {
+    avx2_dispatch! {
+        fn forward via forward_avx2 => forward_body(&mut self, net: &Tables, inv_t: f32, read: Read) -> ()
+    }
+
+    /// This part's logits (`enc = Σ_p T_p[x_p]`, `logits = enc · M`), then what `read` asks.
+    #[inline(always)]
+    fn forward_body(&mut self, net: &Tables, inv_t: f32, read: Read) {
+        let (n, d, v) = (net.n, net.d, net.v);
+        let b = self.prompts.len() / n;
+        for (i, row) in self.enc.chunks_exact_mut(d).enumerate() {
+            for (p, &tok) in self.prompts[i * n..(i + 1) * n].iter().enumerate() {
+                let from = tok as usize * n * d + p * d;
+                for (e, &x) in row.iter_mut().zip(&net.t[from..from + d]) {
+                    *e += x;
+                }
+            }
+        }
+        let (enc, m) = (View::rows(self.enc, d), View::rows(net.m, n * v));
+        product_into(self.logits, n * v, enc, m, (b, d, n * v), false);
+        self.score(net, inv_t, read);
+    }
+
+    /// The softmax statistics of this part's logits (over the sampler's support when given)
+    /// and log π of its responses, and the probabilities and entropies when `read` asks.
+    #[inline(always)]
+    fn score(&mut self, net: &Tables, inv_t: f32, read: Read) {
+        if read == Read::Logits {
+            return;
+        }
+        let (n, v) = (net.n, net.v);
+        keep_supports(self.logits, v, n, self.support);
+        let probs = (read == Read::Softmax).then_some((&mut *self.probs, &mut *self.row_h));
+        softmax_rows(self.logits, v, inv_t, self.z, self.logz, probs);
+        if !self.responses.is_empty() {
+            gather_logp(n, v, self.responses, self.z, self.logz, self.logp);
+        }
+    }
+
+    avx2_dispatch! {
+        fn objective via objective_avx2 => objective_body(
+            &mut self,
+            s: &LossSettings,
+            x: &TokenInputs,
+            totals: &BatchTotals,
+            inv_t: f32,
+        ) -> ()
+    }
+
+    /// This part's responses' objective terms (`x` their inputs) into its own `terms`, their
+    /// coefficients at 1/T.
+    #[inline(always)]
+    fn objective_body(
+        &mut self,
+        s: &LossSettings,
+        x: &TokenInputs,
+        totals: &BatchTotals,
+        inv_t: f32,
+    ) {
+        let own = &mut *self.own;
+        own.sums = loss::evaluate_span(s, x, totals, &mut own.terms);
+        temper(s, inv_t, &mut own.terms);
+    }
+
+    avx2_dispatch! {
+        fn backward via backward_avx2 => backward_body(&mut self, net: &Tables, dlogp: Option<&[f32]>) -> ()
+    }
+
+    /// This part's `∂L/∂logits` from `dlogp` (∂L/∂z of each response token's own logit, 1/T
+    /// included; `None`: `dlogits` already holds them) with `probs` its rows' softmax, then its
+    /// rows' `∂enc`.
+    #[inline(always)]
+    fn backward_body(&mut self, net: &Tables, dlogp: Option<&[f32]>) {
+        let (n, d, v) = (net.n, net.d, net.v);
+        let b = self.prompts.len() / n;
+        if let Some(dlogp) = dlogp {
+            // d log π / d z = onehot − softmax: the one-hot part per token, the softmax part
+            // once per row with the summed coefficient.
+            let g = dlogp.len() / self.prompts.len().max(1);
+            self.dlogits.fill(0.0);
+            self.row_coef.fill(0.0);
+            for (bi, (rc, drows)) in self
+                .row_coef
+                .chunks_exact_mut(n)
+                .zip(self.dlogits.chunks_exact_mut(n * v))
+                .enumerate()
+            {
+                for gi in 0..g {
+                    let span = (bi * g + gi) * n..(bi * g + gi + 1) * n;
+                    for (r, &c) in rc.iter_mut().zip(&dlogp[span.clone()]) {
+                        *r += c;
+                    }
+                    let cells = dlogp[span.clone()].iter().zip(&self.responses[span]);
+                    for (p, (&c, &tok)) in cells.enumerate() {
+                        drows[p * v + tok as usize] += c;
+                    }
+                }
+            }
+            let rows = self
+                .dlogits
+                .chunks_exact_mut(v)
+                .zip(self.probs.chunks_exact(v));
+            for ((drow, prow), &c) in rows.zip(self.row_coef.iter()) {
+                for (dl, &pr) in drow.iter_mut().zip(prow) {
+                    *dl -= c * pr;
+                }
+            }
+        }
+        // logits = enc · M: this part's rows of ∂enc (∂M sums over every row: by position).
+        let dl = View::rows(self.dlogits, n * v);
+        let m_t = View::rows(net.m, n * v).t();
+        product_into(self.d_enc, d, dl, m_t, (b, n * v, d), false);
+    }
 }
 
 impl FusedLecture {
@@ -275,6 +539,8 @@ impl FusedLecture {
             beta2: o.beta2 as f32,
             eps: o.eps as f32,
             scratch: Scratch::default(),
+            cores: Cores::default(),
+            part_work: PART_WORK,
         };
         s.set_weights(w);
         s.adam = [s.embedding.len(), s.encode.len(), s.decode_t.len()].map(|len| AdamMoments {
@@ -317,99 +583,345 @@ impl FusedLecture {
         }
     }
 
-    /// The logits of a batch into `f` (see `Forward` for the order of the products).
+    /// Run the parts on `threads` threads (0 = every core; 1, the default, none).
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.cores = Cores::new(threads);
+        self
+    }
+
+    /// The threads the parts run on.
+    pub fn threads(&self) -> usize {
+        self.cores.threads()
+    }
+
+    /// The parts of `b` prompts: a function of the shape alone, so the results do not depend
+    /// on the threads, and the same for every pass over a batch (the rollout's logits, the
+    /// step's, log π_old's), so they agree bit for bit.
+    fn parts_of(&self, b: usize) -> Vec<Range<usize>> {
+        cores::parts_at(b, self.n * self.vocab * 4 * self.d, self.part_work)
+    }
+
+    /// The per-position tables `T_p = E · encode_p` into `f.t [V, n·D]` and `M_p = decode_p ·
+    /// Eᵀ` into `f.m [D, n·V]`: in turn for one part, by position on the threads for several.
     #[inline(always)]
-    fn forward_into(&self, prompts: &[u32], f: &mut Forward) {
+    fn tables(&self, parts: usize, f: &mut Forward, positions: &mut Vec<Position>) {
         let (n, d, v) = (self.n, self.d, self.vocab);
-        let b = prompts.len() / n;
         let emb = View::rows(&self.embedding, d);
         let t = zeroed(&mut f.t, v * n * d);
         let m = zeroed(&mut f.m, d * n * v);
-        for p in 0..n {
-            let encode_p = View::rows(&self.encode, d).at(p * d * d);
-            product_into(&mut t[p * d..], n * d, emb, encode_p, (v, d, d), false);
-            let decode_p = View::rows(&self.decode_t, n * d).at(p * d);
-            product_into(&mut m[p * v..], n * v, decode_p, emb.t(), (d, d, v), false);
-        }
-        let enc = zeroed(&mut f.enc, b * d);
-        for (i, row) in enc.chunks_exact_mut(d).enumerate() {
-            for (p, &tok) in prompts[i * n..(i + 1) * n].iter().enumerate() {
-                let from = tok as usize * n * d + p * d;
-                for (e, &x) in row.iter_mut().zip(&f.t[from..from + d]) {
-                    *e += x;
-                }
+        let encode_p = |p: usize| View::rows(&self.encode, d).at(p * d * d);
+        let decode_p = |p: usize| View::rows(&self.decode_t, n * d).at(p * d);
+        if parts <= 1 {
+            for p in 0..n {
+                product_into(&mut t[p * d..], n * d, emb, encode_p(p), (v, d, d), false);
+                product_into(
+                    &mut m[p * v..],
+                    n * v,
+                    decode_p(p),
+                    emb.t(),
+                    (d, d, v),
+                    false,
+                );
             }
+            return;
         }
-        let logits = zeroed(&mut f.logits, b * n * v);
-        let (enc, m) = (View::rows(&f.enc, d), View::rows(&f.m, n * v));
-        product_into(logits, n * v, enc, m, (b, d, n * v), false);
-    }
-
-    fn forward(&self, prompts: &[u32]) -> Forward {
-        let mut f = Forward::default();
-        self.forward_into(prompts, &mut f);
-        f
-    }
-
-    /// Gradients of the weights from `dlogits [B, n·V]` through `forward`'s products, into
-    /// `s.g` (`s.dm`, `s.d_enc`, `s.dt` are its intermediates).
-    #[inline(always)]
-    fn backward(&self, prompts: &[u32], s: &mut Scratch) {
-        let (n, d, v) = (self.n, self.d, self.vocab);
-        let b = prompts.len() / n;
-        let emb = View::rows(&self.embedding, d);
-        let dl = View::rows(&s.dlogits, n * v);
-        // logits = enc · M
-        let dm = zeroed(&mut s.dm, d * n * v);
-        product_into(
-            dm,
-            n * v,
-            View::rows(&s.f.enc, d).t(),
-            dl,
-            (d, b, n * v),
-            false,
-        );
-        let d_enc = zeroed(&mut s.d_enc, b * d);
-        product_into(
-            d_enc,
-            d,
-            dl,
-            View::rows(&s.f.m, n * v).t(),
-            (b, n * v, d),
-            false,
-        );
-        // enc[b] = Σ_p T_p[x_bp]: scatter the rows back to the tables.
-        let dt = zeroed(&mut s.dt, v * n * d);
-        for (i, row) in s.d_enc.chunks_exact(d).enumerate() {
-            for (p, &tok) in prompts[i * n..(i + 1) * n].iter().enumerate() {
-                let to = tok as usize * n * d + p * d;
-                for (g, &x) in dt[to..to + d].iter_mut().zip(row) {
-                    *g += x;
-                }
-            }
-        }
-        let g = &mut s.g;
-        zeroed(&mut g.embedding, v * d);
-        zeroed(&mut g.encode, n * d * d);
-        zeroed(&mut g.decode_t, d * n * d);
-        for p in 0..n {
-            // M_p = decode_p · Eᵀ
-            let dm_p = View::rows(&s.dm, n * v).at(p * v);
-            let decode_p = View::rows(&self.decode_t, n * d).at(p * d);
-            product_into(&mut g.decode_t[p * d..], n * d, dm_p, emb, (d, v, d), false);
-            product_into(&mut g.embedding, d, dm_p.t(), decode_p, (v, d, d), true);
-            // T_p = E · encode_p
-            let dt_p = View::rows(&s.dt, n * d).at(p * d);
-            let encode_p = View::rows(&self.encode, d).at(p * d * d);
+        positions.resize_with(n, Position::default);
+        self.cores.each(positions, |p, pos| {
             product_into(
-                &mut g.encode[p * d * d..],
+                zeroed(&mut pos.t, v * d),
                 d,
-                emb.t(),
-                dt_p,
-                (d, v, d),
+                emb,
+                encode_p(p),
+                (v, d, d),
                 false,
             );
-            product_into(&mut g.embedding, d, dt_p, encode_p.t(), (v, d, d), true);
+            product_into(
+                zeroed(&mut pos.m, d * v),
+                v,
+                decode_p(p),
+                emb.t(),
+                (d, d, v),
+                false,
+            );
+        });
+        for (p, pos) in positions.iter().enumerate() {
+            for (row, src) in t.chunks_exact_mut(n * d).zip(pos.t.chunks_exact(d)) {
+                row[p * d..(p + 1) * d].copy_from_slice(src);
+            }
+            for (row, src) in m.chunks_exact_mut(n * v).zip(pos.m.chunks_exact(v)) {
+                row[p * v..(p + 1) * v].copy_from_slice(src);
+            }
+        }
+    }
+
+    /// The forward of `prompts [B·n]` cut into parts: the tables, then each part's rows on the
+    /// threads — their logits (unless `given`: `sc.f.logits` already holds them) and what
+    /// `read` asks, log π of `responses [B·G·n]` when given. Returns the parts.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_parts(
+        &self,
+        prompts: &[u32],
+        responses: &[u32],
+        support: Option<&[u64]>,
+        inv_t: f32,
+        read: Read,
+        given: bool,
+        sc: &mut Scratch,
+    ) -> Vec<Range<usize>> {
+        let ranges = self.prepare_forward(prompts, responses, read, given, sc);
+        let (net, mut parts) = self.rows_of(prompts, responses, support, &ranges, sc);
+        self.cores.each(&mut parts, |_, r| match given {
+            true => r.score(&net, inv_t, read),
+            false => r.forward(&net, inv_t, read),
+        });
+        ranges
+    }
+
+    /// The parts of `prompts`, their tables (unless `given`) and the forward's buffers sized
+    /// for what `read` asks.
+    fn prepare_forward(
+        &self,
+        prompts: &[u32],
+        responses: &[u32],
+        read: Read,
+        given: bool,
+        sc: &mut Scratch,
+    ) -> Vec<Range<usize>> {
+        let (n, v) = (self.n, self.vocab);
+        let b = prompts.len() / n;
+        let ranges = self.parts_of(b);
+        if !given {
+            self.tables(ranges.len(), &mut sc.f, &mut sc.positions);
+        }
+        let rows = b * n;
+        let at = |r: Read| if read >= r { rows } else { 0 };
+        sized(&mut sc.z, at(Read::LogProbs) * v);
+        sized(&mut sc.logz, at(Read::LogProbs));
+        sized(&mut sc.probs, at(Read::Softmax) * v);
+        sized(&mut sc.row_h, at(Read::Softmax));
+        if read >= Read::LogProbs && !responses.is_empty() {
+            // (Without responses it keeps the last step's: the entropy lab's second forward.)
+            sized(&mut sc.logp, responses.len());
+        }
+        if !given {
+            zeroed(&mut sc.f.enc, b * self.d);
+            sized(&mut sc.f.logits, rows * v);
+        }
+        ranges
+    }
+
+    /// The backward's buffers sized for `prompts` (`∂logits` too unless already `given`).
+    fn prepare_backward(&self, prompts: &[u32], given: bool, sc: &mut Scratch) {
+        let rows = prompts.len();
+        if !given {
+            sized(&mut sc.dlogits, rows * self.vocab);
+            sized(&mut sc.row_coef, rows);
+        }
+        sized(&mut sc.d_enc, rows / self.n * self.d);
+    }
+
+    /// The batch-wide buffers of `sc` cut at the parts `ranges` of `prompts` (each buffer by
+    /// its length per prompt; one not sized for this batch, into empty slices), with the
+    /// tables they read.
+    fn rows_of<'a>(
+        &self,
+        prompts: &'a [u32],
+        responses: &'a [u32],
+        support: Option<&'a [u64]>,
+        ranges: &[Range<usize>],
+        sc: &'a mut Scratch,
+    ) -> (Tables<'a>, Vec<Rows<'a>>) {
+        let n = self.n;
+        let b = prompts.len() / n;
+        let Scratch {
+            f,
+            z,
+            logz,
+            probs,
+            row_h,
+            dlogits,
+            logp,
+            row_coef,
+            d_enc,
+            parts,
+            ..
+        } = sc;
+        parts.resize_with(ranges.len(), Part::default);
+        let per = |len: usize| match b {
+            0 => 0,
+            _ if len.is_multiple_of(b) => len / b,
+            _ => 0,
+        };
+        macro_rules! cut {
+            ($buf:expr) => {{
+                let per = per($buf.len());
+                split_by(&mut $buf[..], ranges, per).into_iter()
+            }};
+        }
+        let g = responses.len() / b.max(1);
+        let mut enc = cut!(f.enc);
+        let mut logits = cut!(f.logits);
+        let (mut z, mut logz, mut probs, mut row_h) =
+            (cut!(z), cut!(logz), cut!(probs), cut!(row_h));
+        let (mut dlogits, mut row_coef, mut d_enc) = (cut!(dlogits), cut!(row_coef), cut!(d_enc));
+        let mut logp = cut!(logp);
+        let rows = ranges
+            .iter()
+            .zip(parts.iter_mut())
+            .map(|(r, own)| Rows {
+                prompts: &prompts[r.start * n..r.end * n],
+                responses: &responses[r.start * g..r.end * g],
+                support: support.map(|s| &s[r.start * g..r.end * g]),
+                enc: enc.next().expect("a slice per part"),
+                logits: logits.next().expect("a slice per part"),
+                z: z.next().expect("a slice per part"),
+                logz: logz.next().expect("a slice per part"),
+                probs: probs.next().expect("a slice per part"),
+                row_h: row_h.next().expect("a slice per part"),
+                logp: logp.next().expect("a slice per part"),
+                dlogits: dlogits.next().expect("a slice per part"),
+                row_coef: row_coef.next().expect("a slice per part"),
+                d_enc: d_enc.next().expect("a slice per part"),
+                own,
+            })
+            .collect();
+        let net = Tables {
+            n,
+            d: self.d,
+            v: self.vocab,
+            t: &f.t,
+            m: &f.m,
+        };
+        (net, rows)
+    }
+
+    /// Every part's backward on the threads — from `dlogp [B·G·n]` (whole, or each part's own
+    /// terms; or `sc.dlogits` already holds ∂L/∂logits) — then the weights' gradient into
+    /// `sc.g`.
+    fn backward_parts(
+        &self,
+        prompts: &[u32],
+        responses: &[u32],
+        ranges: &[Range<usize>],
+        dlogp: Dlogp,
+        sc: &mut Scratch,
+    ) {
+        let per_prompt = responses.len() / (prompts.len() / self.n).max(1);
+        self.prepare_backward(prompts, matches!(dlogp, Dlogp::Given), sc);
+        let (net, mut parts) = self.rows_of(prompts, responses, None, ranges, sc);
+        self.cores.each(&mut parts, |j, r| match dlogp {
+            Dlogp::Whole(w) => {
+                let span = ranges[j].start * per_prompt..ranges[j].end * per_prompt;
+                r.backward(&net, Some(&w[span]));
+            }
+            Dlogp::Given => r.backward(&net, None),
+        });
+        drop(parts);
+        self.table_grads(prompts, ranges.len(), sc);
+    }
+
+    /// `∂T_p` from the rows' `∂enc` (`enc[b] = Σ_p T_p[x_bp]`: each row back to its token's
+    /// row of `T_p`), into `dt` whose row `tok` starts at `tok·rs + at`.
+    #[inline(always)]
+    fn scatter_dt(
+        &self,
+        p: usize,
+        prompts: &[u32],
+        d_enc: &[f32],
+        dt: &mut [f32],
+        rs: usize,
+        at: usize,
+    ) {
+        let (n, d) = (self.n, self.d);
+        for (row, x) in d_enc.chunks_exact(d).zip(prompts.chunks_exact(n)) {
+            let to = x[p] as usize * rs + at;
+            for (g, &e) in dt[to..to + d].iter_mut().zip(row) {
+                *g += e;
+            }
+        }
+    }
+
+    /// Position `p`'s gradients from `∂M_p [D, V]` and `∂T_p [V, D]`: `∂decode_p` into `decode`
+    /// (row stride `rs`), `∂encode_p` into `encode`, and `∂E`'s share added to `embedding`
+    /// (written when `!add`).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn position_grads(
+        &self,
+        p: usize,
+        (dm, dt): (View, View),
+        (decode, rs): (&mut [f32], usize),
+        encode: &mut [f32],
+        embedding: &mut [f32],
+        add: bool,
+    ) {
+        let (n, d, v) = (self.n, self.d, self.vocab);
+        let emb = View::rows(&self.embedding, d);
+        let encode_p = View::rows(&self.encode, d).at(p * d * d);
+        let decode_p = View::rows(&self.decode_t, n * d).at(p * d);
+        // M_p = decode_p · Eᵀ
+        product_into(decode, rs, dm, emb, (d, v, d), false);
+        product_into(embedding, d, dm.t(), decode_p, (v, d, d), add);
+        // T_p = E · encode_p
+        product_into(encode, d, emb.t(), dt, (d, v, d), false);
+        product_into(embedding, d, dt, encode_p.t(), (v, d, d), true);
+    }
+
+    /// The weights' gradient into `sc.g` from the rows' `∂logits` (`sc.dlogits`) and `∂enc`
+    /// (`sc.d_enc`) through `∂M = encᵀ·∂logits` and `∂T`: whole and position by position in
+    /// turn for one part; for several, each position's on the threads (`∂M_p` over every row,
+    /// so no part's share is summed) and their `∂E` shares added in position order.
+    fn table_grads(&self, prompts: &[u32], parts: usize, sc: &mut Scratch) {
+        let (n, d, v) = (self.n, self.d, self.vocab);
+        let b = prompts.len() / n;
+        let g = &mut sc.g;
+        // ∂E adds up over positions; ∂encode and ∂decode are written whole below.
+        zeroed(&mut g.embedding, v * d);
+        sized(&mut g.encode, n * d * d);
+        sized(&mut g.decode_t, d * n * d);
+        let (enc, dl) = (View::rows(&sc.f.enc, d), View::rows(&sc.dlogits, n * v));
+        if parts <= 1 {
+            let dm = zeroed(&mut sc.dm, d * n * v);
+            product_into(dm, n * v, enc.t(), dl, (d, b, n * v), false);
+            let dt = zeroed(&mut sc.dt, v * n * d);
+            for p in 0..n {
+                self.scatter_dt(p, prompts, &sc.d_enc, dt, n * d, p * d);
+            }
+            for p in 0..n {
+                let dm_p = View::rows(&sc.dm, n * v).at(p * v);
+                let dt_p = View::rows(&sc.dt, n * d).at(p * d);
+                let decode = (&mut g.decode_t[p * d..], n * d);
+                let encode = &mut g.encode[p * d * d..];
+                self.position_grads(p, (dm_p, dt_p), decode, encode, &mut g.embedding, true);
+            }
+            return;
+        }
+        let positions = &mut sc.positions;
+        positions.resize_with(n, Position::default);
+        let d_enc = &sc.d_enc;
+        self.cores.each(positions, |p, pos| {
+            let dm = zeroed(&mut pos.dm, d * v);
+            product_into(dm, v, enc.t(), dl.at(p * v), (d, b, v), false);
+            let dt = zeroed(&mut pos.dt, v * d);
+            self.scatter_dt(p, prompts, d_enc, dt, d, 0);
+            let views = (View::rows(&pos.dm, v), View::rows(&pos.dt, d));
+            let decode = (zeroed(&mut pos.decode, d * d), d);
+            let encode = zeroed(&mut pos.encode, d * d);
+            let emb = zeroed(&mut pos.embedding, v * d);
+            self.position_grads(p, views, decode, encode, emb, false);
+        });
+        for (p, pos) in positions.iter().enumerate() {
+            for (row, src) in g
+                .decode_t
+                .chunks_exact_mut(n * d)
+                .zip(pos.decode.chunks_exact(d))
+            {
+                row[p * d..(p + 1) * d].copy_from_slice(src);
+            }
+            g.encode[p * d * d..(p + 1) * d * d].copy_from_slice(&pos.encode);
+            for (o, &x) in g.embedding.iter_mut().zip(&pos.embedding) {
+                *o += x;
+            }
         }
     }
 
@@ -455,76 +967,57 @@ impl FusedLecture {
         temperature: f32,
         support: Option<&[u64]>,
     ) -> Vec<f32> {
-        let f = self.forward(prompts);
-        self.token_logp_from_logits(&f.logits, responses, temperature, support)
+        let mut sc = Scratch::default();
+        let (inv_t, read) = (1.0 / temperature, Read::LogProbs);
+        self.forward_parts(prompts, responses, support, inv_t, read, false, &mut sc);
+        sc.logp
     }
 
-    /// `token_logp` from logits `[B·n, V]` this path's forward already computed. (Portable
-    /// build only: an AVX2 build measured no gain here, and it gives the same bits anyway.)
+    /// `token_logp` from logits `[B·n, V]` of `prompts` this path's forward already computed.
     pub fn token_logp_from_logits(
         &self,
+        prompts: &[u32],
         logits: &[f32],
         responses: &[u32],
         temperature: f32,
         support: Option<&[u64]>,
     ) -> Vec<f32> {
-        let (mut z, mut logz, mut out) = (Vec::new(), Vec::new(), Vec::new());
-        let mut kept = Vec::new();
-        let logits = match support {
-            Some(_) => {
-                kept.extend_from_slice(logits);
-                keep_supports(&mut kept, self.vocab, self.n, support);
-                &kept[..]
-            }
-            None => logits,
-        };
-        softmax_rows(
-            logits,
-            self.vocab,
-            1.0 / temperature,
-            &mut z,
-            &mut logz,
-            None,
-        );
-        self.gather_logp(logits.len() / self.vocab, responses, &z, &logz, &mut out);
-        out
+        let mut sc = Scratch::default();
+        sc.f.logits.extend_from_slice(logits);
+        let (inv_t, read) = (1.0 / temperature, Read::LogProbs);
+        self.forward_parts(prompts, responses, support, inv_t, read, true, &mut sc);
+        sc.logp
     }
 
-    /// `out[t] = z[row(t), x_t] − log Z[row(t)]` for responses `[B·G·n]`.
-    #[inline(always)]
-    fn gather_logp(
+    /// `G` responses per prompt drawn from `logits [B·n, V]` (this path's, of `B` prompts) as
+    /// `sampling::sample_independent` draws them, the parts on the threads: `[B·G·n]`.
+    pub fn sample(
         &self,
-        prompt_tokens: usize,
-        responses: &[u32],
-        z: &[f32],
-        logz: &[f32],
-        out: &mut Vec<f32>,
-    ) {
+        logits: &[f32],
+        g: usize,
+        params: SamplingParams,
+        key: (u64, u32),
+    ) -> Vec<u32> {
         let (n, v) = (self.n, self.vocab);
-        let b = prompt_tokens / n;
-        let g = responses.len() / prompt_tokens.max(1);
-        // A token outside the vocabulary would read (and in the step, write) another row.
-        assert!(responses.iter().all(|&t| (t as usize) < v), "token ≥ vocab");
-        out.clear();
-        out.resize(responses.len(), 0.0);
-        for bi in 0..b {
-            for gi in 0..g {
-                let span = (bi * g + gi) * n..(bi * g + gi + 1) * n;
-                for (p, (o, &tok)) in out[span.clone()]
-                    .iter_mut()
-                    .zip(&responses[span])
-                    .enumerate()
-                {
-                    let r = bi * n + p;
-                    *o = z[r * v + tok as usize] - logz[r];
-                }
-            }
-        }
+        let b = logits.len() / (n * v).max(1);
+        let ranges = self.parts_of(b);
+        let mut out = vec![0u32; b * g * n];
+        let mut parts: Vec<_> = split_by(&mut out, &ranges, g * n)
+            .into_iter()
+            .zip(&ranges)
+            .collect();
+        self.cores.each(&mut parts, |_, (out, r)| {
+            let rows = &logits[r.start * n * v..r.end * n * v];
+            sampling::sample_independent_into(rows, r.start, (n, v, g), params, key, out);
+        });
+        out
     }
 
     /// `logits [B, n, V]` of the current weights (for rollouts and evaluation).
     pub fn logits(&self, prompts: &[u32]) -> Vec<f32> {
-        self.forward(prompts).logits
+        let mut sc = Scratch::default();
+        self.forward_parts(prompts, &[], None, 1.0, Read::Logits, false, &mut sc);
+        sc.f.logits
     }
 
     /// Each token's entropy `H_t` as the last [`Self::step`] read it (before its update), for
@@ -533,14 +1026,15 @@ impl FusedLecture {
     /// its (prompt, position) row's).
     pub fn token_entropy(&self, g: usize, rows: usize) -> Vec<f32> {
         let (n, h) = (self.n, &self.scratch.step_h);
-        (0..rows)
-            .filter(|r| (r / g.max(1) + 1) * n <= h.len())
-            .flat_map(|r| {
-                h[(r / g.max(1)) * n..(r / g.max(1) + 1) * n]
-                    .iter()
-                    .copied()
-            })
-            .collect()
+        let mut out = Vec::with_capacity(rows * n);
+        for r in 0..rows {
+            let prompt = r / g.max(1);
+            match h.get(prompt * n..(prompt + 1) * n) {
+                Some(row) => out.extend_from_slice(row),
+                None => break,
+            }
+        }
+        out
     }
 
     /// One optimizer step of the GRPO loss on a fixed-length batch.
@@ -627,6 +1121,9 @@ impl FusedLecture {
             eps: self.eps,
         };
         let adam = crate::objective::adam::AdamStep::at(&hyper, self.time, lr as f32, scale);
+        // Element by element: spans of the three arrays on the threads give the same bits.
+        const SPAN: usize = 1 << 13;
+        let mut spans = Vec::new();
         for (param, (grad, st)) in [&mut self.embedding, &mut self.encode, &mut self.decode_t]
             .into_iter()
             .zip(
@@ -635,11 +1132,21 @@ impl FusedLecture {
                     .zip(self.adam.iter_mut()),
             )
         {
-            adam.apply(param, grad, &mut st.m, &mut st.v);
+            let cells = param.chunks_mut(SPAN).zip(grad.chunks(SPAN));
+            let moments = st.m.chunks_mut(SPAN).zip(st.v.chunks_mut(SPAN));
+            spans.extend(cells.zip(moments));
         }
+        let mut spans: Vec<AdamSpan> = spans
+            .into_iter()
+            .map(|((w, g), (m, v))| AdamSpan { w, g, m, v })
+            .collect();
+        self.cores.each(&mut spans, |_, span| span.apply(&adam));
         let (entropy_measured, entropy_first_order) = match dynamics {
             Some((dh, before)) => {
-                let after = self.forward_softmax(x.prompts, 1.0 / temperature, x.support, &mut sc);
+                let inv_t = 1.0 / temperature;
+                let after = self
+                    .forward_softmax(x.prompts, &[], inv_t, x.support, &mut sc)
+                    .1;
                 let step: f64 = self
                     .flat_weights()
                     .iter()
@@ -671,8 +1178,10 @@ impl FusedLecture {
         (scalars, logp)
     }
 
-    /// The loss's gradient on a batch into `sc.g` (the terms in `sc.terms`, log π in
-    /// `sc.logp`); returns the summed entropy of the `(prompt, position)` rows.
+    /// The loss's gradient on a batch into `sc.g` (the step's scalars in `sc.terms`, log π in
+    /// `sc.logp`); returns the summed entropy of the `(prompt, position)` rows. With several
+    /// parts each part's responses' objective terms are its own (`loss::evaluate_span`) unless a
+    /// batch-level rule needs them whole.
     #[inline(always)]
     fn loss_gradient_into(
         &self,
@@ -695,13 +1204,51 @@ impl FusedLecture {
         let b = prompts.len() / n;
         let g = advantages.len() / b;
         let inv_t = 1.0 / temperature;
-        let entropy = self.forward_softmax(prompts, inv_t, support, sc);
-        self.gather_logp(prompts.len(), responses, &sc.z, &sc.logz, &mut sc.logp);
         // The objective over every token (all responses have n tokens: the mask is all ones).
         let tokens = b * g * n;
         if sc.ones.len() != tokens {
             sc.ones = vec![1.0; tokens];
         }
+        if self.parts_of(b).len() > 1 && loss::splits(s) {
+            // Each part's forward, objective and backward in one go on the threads.
+            let ranges = self.prepare_forward(prompts, responses, Read::Softmax, false, sc);
+            self.prepare_backward(prompts, false, sc);
+            let totals = BatchTotals::of(&sc.ones, n);
+            let ones = std::mem::take(&mut sc.ones);
+            let (net, mut parts) = self.rows_of(prompts, responses, support, &ranges, sc);
+            self.cores.each(&mut parts, |j, r| {
+                r.forward(&net, inv_t, Read::Softmax);
+                // This part's responses and their tokens.
+                let (r0, len) = (ranges[j].start * g, ranges[j].len() * g);
+                let tok = |v| token_span(v, r0 * n, len * n);
+                let logp = std::mem::take(&mut r.logp);
+                let own = TokenInputs {
+                    logp,
+                    old_logp: tok(old_logp),
+                    ref_logp: tok(ref_logp),
+                    sampler_logp: sampler_logp.map(tok),
+                    advantages: match token_advantages {
+                        Some(per_token) => tok(per_token),
+                        None => token_span(advantages, r0, len),
+                    },
+                    mask: tok(&ones),
+                    entropy: None,
+                    t: n,
+                };
+                r.objective(s, &own, &totals, inv_t);
+                r.logp = logp;
+                let dlogp = std::mem::take(&mut r.own.terms.dlogp);
+                r.backward(&net, Some(&dlogp));
+                r.own.terms.dlogp = dlogp;
+            });
+            drop(parts);
+            sc.ones = ones;
+            let sums: Vec<SpanSums> = sc.parts.iter().map(|p| p.sums).collect();
+            loss::finish(&sums, &mut sc.terms);
+            self.table_grads(prompts, ranges.len(), sc);
+            return sc.row_h.iter().fold(0.0f64, |a, &h| a + h as f64);
+        }
+        let (ranges, entropy) = self.forward_softmax(prompts, responses, inv_t, support, sc);
         let inputs = TokenInputs {
             logp: &sc.logp,
             old_logp,
@@ -713,46 +1260,29 @@ impl FusedLecture {
             t: n,
         };
         loss::evaluate(s, &inputs, &mut sc.terms);
-        // ∂L/∂z = ∂L/∂log π · 1/T: at T ≠ 1 `dlogp`'s terms again with 1/T folded into each
-        // weight first (the order the lecture's tables were measured in).
-        if inv_t != 1.0 && s.coupled() {
-            // A response's ratio reaches its tokens through `couple`: the coefficients as
-            // they are, then 1/T.
-            sc.terms.dlogp.iter_mut().for_each(|c| *c *= inv_t);
-        } else if inv_t != 1.0 {
-            let t = &mut sc.terms;
-            let terms = t.dterm.iter().zip(&t.dkl).zip(&t.weight);
-            for (c, ((&dt, &dk), &w)) in t.dlogp.iter_mut().zip(terms) {
-                *c = (dt + dk) * (w * inv_t);
-            }
-        }
+        temper(s, inv_t, &mut sc.terms);
         let dlogp = std::mem::take(&mut sc.terms.dlogp);
-        self.backward_from_dlogp(prompts, responses, &dlogp, sc);
+        self.backward_parts(prompts, responses, &ranges, Dlogp::Whole(&dlogp), sc);
         sc.terms.dlogp = dlogp;
         entropy
     }
 
     /// The logits of a batch and the softmax of each (prompt, position) row at temperature
-    /// `1/inv_t` (over the sampler's support when given) into `sc`; returns the rows' summed
-    /// entropy.
+    /// `1/inv_t` (over the sampler's support when given; log π of `responses` when given) into
+    /// `sc`; returns the parts and the rows' summed entropy.
     #[inline(always)]
     fn forward_softmax(
         &self,
         prompts: &[u32],
+        responses: &[u32],
         inv_t: f32,
         support: Option<&[u64]>,
         sc: &mut Scratch,
-    ) -> f64 {
-        self.forward_into(prompts, &mut sc.f);
-        keep_supports(&mut sc.f.logits, self.vocab, self.n, support);
-        softmax_rows(
-            &sc.f.logits,
-            self.vocab,
-            inv_t,
-            &mut sc.z,
-            &mut sc.logz,
-            Some((&mut sc.probs, &mut sc.row_h)),
-        )
+    ) -> (Vec<Range<usize>>, f64) {
+        let ranges =
+            self.forward_parts(prompts, responses, support, inv_t, Read::Softmax, false, sc);
+        let entropy = sc.row_h.iter().fold(0.0f64, |a, &h| a + h as f64);
+        (ranges, entropy)
     }
 
     /// `∇θ` of the mean entropy of the `(prompt, position)` rows into `sc.g`, from the
@@ -777,54 +1307,9 @@ impl FusedLecture {
                 out,
             );
         }
-        self.backward(prompts, sc);
-    }
-
-    /// The weights' gradient into `sc.g` from `dlogp [B·G·n]` (∂L/∂z of each response token's
-    /// own logit, 1/T included) with `sc.probs` the rows' softmax: d log π / d z = onehot −
-    /// softmax, the one-hot part per token, the softmax part once per row with the summed
-    /// coefficient.
-    #[inline(always)]
-    fn backward_from_dlogp(
-        &self,
-        prompts: &[u32],
-        responses: &[u32],
-        dlogp: &[f32],
-        sc: &mut Scratch,
-    ) {
-        let (n, v) = (self.n, self.vocab);
-        let rows = prompts.len();
-        let g = dlogp.len() / rows.max(1);
-        zeroed(&mut sc.dlogits, rows * v);
         zeroed(&mut sc.row_coef, rows);
-        for (bi, (rc, drows)) in sc
-            .row_coef
-            .chunks_exact_mut(n)
-            .zip(sc.dlogits.chunks_exact_mut(n * v))
-            .enumerate()
-        {
-            for gi in 0..g {
-                let span = (bi * g + gi) * n..(bi * g + gi + 1) * n;
-                for (r, &c) in rc.iter_mut().zip(&dlogp[span.clone()]) {
-                    *r += c;
-                }
-                for (p, (&c, &tok)) in dlogp[span.clone()].iter().zip(&responses[span]).enumerate()
-                {
-                    drows[p * v + tok as usize] += c;
-                }
-            }
-        }
-        for ((drow, prow), &c) in sc
-            .dlogits
-            .chunks_exact_mut(v)
-            .zip(sc.probs.chunks_exact(v))
-            .zip(&sc.row_coef)
-        {
-            for (dl, &pr) in drow.iter_mut().zip(prow) {
-                *dl -= c * pr;
-            }
-        }
-        self.backward(prompts, sc);
+        let ranges = self.parts_of(rows / self.n);
+        self.backward_parts(prompts, &[], &ranges, Dlogp::Given, sc);
     }
 
     /// The gradient of the loss on a batch, without a step (the gradient lab's estimators):
@@ -869,9 +1354,9 @@ impl FusedLecture {
     ) -> Vec<f32> {
         let mut sc = std::mem::take(&mut self.scratch);
         let inv_t = 1.0 / temperature;
-        self.forward_softmax(prompts, inv_t, None, &mut sc);
+        let (ranges, _) = self.forward_softmax(prompts, &[], inv_t, None, &mut sc);
         let dlogp: Vec<f32> = coef.iter().map(|&c| c * inv_t).collect();
-        self.backward_from_dlogp(prompts, responses, &dlogp, &mut sc);
+        self.backward_parts(prompts, responses, &ranges, Dlogp::Whole(&dlogp), &mut sc);
         let out = sc.g.flat();
         self.scratch = sc;
         out
@@ -904,6 +1389,21 @@ mod tests {
     use super::*;
     use crate::config::{KlEstimator, LossMode};
 
+    /// `b` random prompts of `n` tokens, `g` random responses each, one advantage per response.
+    fn random_batch(
+        rng: &mut crate::rng::SplitMix64,
+        vocab: usize,
+        n: usize,
+        b: usize,
+        g: usize,
+    ) -> (Vec<u32>, Vec<u32>, Vec<f32>) {
+        let mut tokens =
+            |len: usize| -> Vec<u32> { (0..len).map(|_| rng.below(vocab as u64) as u32).collect() };
+        let (prompts, responses) = (tokens(b * n), tokens(b * g * n));
+        let advantages = (0..b * g).map(|_| rng.normal() as f32).collect();
+        (prompts, responses, advantages)
+    }
+
     /// The AVX2 build of the step and the portable one give bit-identical results on the
     /// same CPU.
     #[test]
@@ -920,11 +1420,7 @@ mod tests {
         c.optimizer.lr = 0.01;
         let w = LectureWeights::init(vocab, n, d, 0.5, 3);
         let mut rng = SplitMix64::new(9);
-        let prompts: Vec<u32> = (0..b * n).map(|_| rng.below(vocab as u64) as u32).collect();
-        let responses: Vec<u32> = (0..b * g * n)
-            .map(|_| rng.below(vocab as u64) as u32)
-            .collect();
-        let advantages: Vec<f32> = (0..b * g).map(|_| rng.normal() as f32).collect();
+        let (prompts, responses, advantages) = random_batch(&mut rng, vocab, n, b, g);
         let noisy = |rng: &mut SplitMix64, x: &[f32]| -> Vec<f32> {
             x.iter().map(|v| v + 0.3 * rng.normal() as f32).collect()
         };
@@ -964,9 +1460,11 @@ mod tests {
                 support: None,
             };
             for _ in 0..3 {
-                // SAFETY: AVX2 is present (checked at the top).
-                let a = unsafe { wide.step_avx2(&x, &s, 0.9, 0.01, 0.5) };
-                let p = portable.step_body(&x, &s, 0.9, 0.01, 0.5);
+                let a = wide.step_batch(&x, &s, 0.9, 0.01, 0.5);
+                use std::sync::atomic::Ordering::Relaxed;
+                crate::engine::PORTABLE_ONLY.store(true, Relaxed);
+                let p = portable.step_batch(&x, &s, 0.9, 0.01, 0.5);
+                crate::engine::PORTABLE_ONLY.store(false, Relaxed);
                 assert_eq!(a, p, "{mode:?} {est:?}");
             }
             let bits = |f: &FusedLecture| -> Vec<u32> {
@@ -1030,5 +1528,82 @@ mod tests {
                 assert!(!sc.loss.is_finite(), "{sc:?}");
             }
         }
+    }
+
+    /// A batch the step cuts into parts gives the same step on 1, 2 and 3 threads bit for bit,
+    /// and the one-part step's up to the sums' order; log π_old from the rollout's logits equals
+    /// the step's log π bit for bit with parts too.
+    #[test]
+    fn parts_give_the_same_step_on_any_number_of_threads() {
+        use crate::config::LossAggMode;
+        use crate::rng::SplitMix64;
+        let (vocab, n, d, b, g) = (7, 4, 16, 40, 3);
+        let c = RunConfig::preset("lecture17").unwrap();
+        let w = LectureWeights::init(vocab, n, d, 0.5, 4);
+        let (prompts, responses, advantages) =
+            random_batch(&mut SplitMix64::new(2), vocab, n, b, g);
+        let make = |threads: usize, part_work: usize| {
+            let mut f = FusedLecture::new(&w, vocab, n, d, &c).with_threads(threads);
+            f.part_work = part_work;
+            f
+        };
+        let one = make(1, usize::MAX);
+        assert_eq!(one.parts_of(b).len(), 1);
+        assert_eq!(make(1, 1).parts_of(b).len(), cores::MAX_PARTS);
+        let old = one.token_logp(&prompts, &responses, 0.8, None);
+        let reference: Vec<f32> = old.iter().map(|x| x - 0.1).collect();
+        let mut s = LossSettings::plain(LossMode::Clipped, KlEstimator::K3, LossAggMode::TokenMean);
+        s.beta = 0.05;
+        let run = |mut f: FusedLecture| {
+            let from_rollout =
+                f.token_logp_from_logits(&prompts, &f.logits(&prompts), &responses, 0.8, None);
+            let mut out = Vec::new();
+            for _ in 0..3 {
+                let (sc, logp) = f.step(
+                    &prompts,
+                    &responses,
+                    &advantages,
+                    None,
+                    &old,
+                    &reference,
+                    None,
+                    None,
+                    &s,
+                    0.8,
+                    0.01,
+                    0.0,
+                );
+                if out.is_empty() {
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&logp), bits(&from_rollout));
+                }
+                out.push(sc);
+            }
+            (out, f.flat_weights())
+        };
+        let (whole, w_whole) = run(make(1, usize::MAX));
+        let (parts, w_parts) = run(make(1, 1));
+        for threads in [2, 3] {
+            let (sc, w) = run(make(threads, 1));
+            assert_eq!(sc, parts, "{threads} threads");
+            assert!(
+                w.iter()
+                    .zip(&w_parts)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+            );
+        }
+        let close = |a: f32, b: f32| (a - b).abs() <= 1e-4 * (1.0 + b.abs());
+        for (a, b) in parts.iter().zip(&whole) {
+            assert!(close(a.loss, b.loss) && close(a.kl, b.kl) && close(a.grad_norm, b.grad_norm));
+            assert!(
+                close(a.entropy, b.entropy) && a.clip_low == b.clip_low,
+                "{a:?} vs {b:?}"
+            );
+        }
+        assert!(w_parts.iter().zip(&w_whole).all(|(&a, &b)| close(a, b)));
+        assert_ne!(
+            w_parts, w_whole,
+            "parts sum in another order (else the test shows nothing)"
+        );
     }
 }

@@ -29,7 +29,7 @@ impl FusedLectureEngine {
     pub fn new(c: &RunConfig) -> Self {
         let (t, m) = (&c.task, &c.model);
         let w = LectureWeights::init(t.vocab, t.n, m.d_model, m.init_scale, c.run.seed);
-        let policy = FusedLecture::new(&w, t.vocab, t.n, m.d_model, c);
+        let policy = FusedLecture::new(&w, t.vocab, t.n, m.d_model, c).with_threads(c.run.threads);
         Self {
             reference: policy.clone(),
             policy,
@@ -60,21 +60,45 @@ impl FusedLectureEngine {
 
 impl Engine for FusedLectureEngine {
     fn label(&self) -> String {
-        "fused CPU lecture step".into()
+        match self.policy.threads() {
+            1 => "fused CPU lecture step".into(),
+            n => format!("fused CPU lecture step ({n} threads)"),
+        }
+    }
+
+    fn threads(&self) -> usize {
+        self.policy.threads()
     }
 
     fn sample(&mut self, req: &SampleRequest) -> Result<Samples, EngineError> {
         let (b, g) = (req.prompts.len(), req.g);
         let (n, v) = (self.policy.n, self.policy.vocab);
-        let logits = self.policy.logits(&Self::flat(req.prompts));
+        let flat = Self::flat(req.prompts);
+        let logits = self.policy.logits(&flat);
         // The sampler's view of the logits (bf16 when the mismatch lab asks), and its log π.
-        let drawn = super::draw_lecture(&logits, (b, n, v, g), req);
+        let plain = req.sampler == super::SamplerSide::default();
+        let drawn = match plain {
+            // The draws by parts on the threads (the same draws).
+            true => super::Drawn {
+                tokens: self
+                    .policy
+                    .sample(&logits, g, req.params, (req.seed, req.stream)),
+                sampler_logp: None,
+                support: None,
+            },
+            false => super::draw_lecture(&logits, (b, n, v, g), req),
+        };
         // The rollout sampled from these very logits (same weights, same forward): log π_old
         // comes from them, with the step's own arithmetic — unless the learner renormalises
         // over the sampler's support (then the trainer scores the batch with it).
         let logp = drawn.support.is_none().then(|| {
-            self.policy
-                .token_logp_from_logits(&logits, &drawn.tokens, req.params.temperature, None)
+            self.policy.token_logp_from_logits(
+                &flat,
+                &logits,
+                &drawn.tokens,
+                req.params.temperature,
+                None,
+            )
         });
         Ok(Samples {
             rows: drawn.tokens.chunks(n).map(|c| c.to_vec()).collect(),

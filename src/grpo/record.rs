@@ -98,21 +98,41 @@ impl RatioStats {
     /// exponentiated once each (`exp` is monotone: the same values as the extremes of the
     /// ratios, without an `exp` per token — that was ~1.3 M instructions a step on `scaled`).
     pub fn of(logp: &[f32], old_logp: &[f32], mask: &[f32]) -> Self {
-        let (mut lo, mut hi, mut kl, mut count) = (f32::INFINITY, f32::NEG_INFINITY, 0f64, 0f64);
-        // Whether a real token had a log-ratio that is a number (`f32::min` passes over NaN,
-        // as it did over exp(NaN)).
-        let mut seen = false;
-        for ((&lp, &old), &m) in logp.iter().zip(old_logp).zip(mask) {
-            if m == 0.0 {
-                continue;
+        // Eight independent lanes (the loop vectorizes; one chain of f64 additions over
+        // `scaled`'s 32 k tokens was a serial ~50 µs of every step). Padding reads as NaN,
+        // which `min`/`max` pass over; whether a real token's log-ratio was a number is
+        // counted apart (`f32::min` passes over NaN, as it did over exp(NaN)).
+        const L: usize = 8;
+        let (mut lo, mut hi) = ([f32::INFINITY; L], [f32::NEG_INFINITY; L]);
+        let (mut kl, mut count, mut numbers) = ([0f64; L], [0f64; L], [0u32; L]);
+        let len = logp.len().min(old_logp.len()).min(mask.len());
+        let mut lane = |l: usize, lp: f32, old: f32, m: f32| {
+            let real = m != 0.0;
+            let d = if real { lp - old } else { f32::NAN };
+            lo[l] = lo[l].min(d);
+            hi[l] = hi[l].max(d);
+            numbers[l] += (real && !d.is_nan()) as u32;
+            kl[l] += if real { (old - lp) as f64 } else { 0.0 };
+            count[l] += real as u32 as f64;
+        };
+        let whole = len / L * L;
+        for ((lp8, old8), m8) in logp[..whole]
+            .chunks_exact(L)
+            .zip(old_logp[..whole].chunks_exact(L))
+            .zip(mask[..whole].chunks_exact(L))
+        {
+            for l in 0..L {
+                lane(l, lp8[l], old8[l], m8[l]);
             }
-            let d = lp - old;
-            lo = lo.min(d);
-            hi = hi.max(d);
-            seen |= !d.is_nan();
-            kl += (old - lp) as f64;
-            count += 1.0;
         }
+        for i in whole..len {
+            lane(i - whole, logp[i], old_logp[i], mask[i]);
+        }
+        let lo = lo.iter().fold(f32::INFINITY, |a, &b| a.min(b));
+        let hi = hi.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let seen = numbers.iter().any(|&k| k > 0);
+        let kl: f64 = kl.iter().sum();
+        let count: f64 = count.iter().sum();
         if count == 0.0 {
             return Self::UNKNOWN;
         }

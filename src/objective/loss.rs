@@ -296,6 +296,97 @@ impl TokenTerms {
 pub fn evaluate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     let n = x.logp.len();
     debug_assert!(x.old_logp.len() == n && x.ref_logp.len() == n && x.mask.len() == n);
+    let totals = BatchTotals::of(x.mask, x.t);
+    token_passes(s, x, out);
+    if s.cov != CovPenalty::None {
+        cov_rule(s, x, out);
+    }
+    if s.top_entropy_quantile < 1.0 {
+        top_entropy(s, x, out);
+    }
+    let sums = weigh(s, x, &totals, out);
+    finish(&[sums], out);
+}
+
+/// Whether [`evaluate`] can run on a batch's responses in spans ([`evaluate_span`]): every
+/// term is the token's or its response's, the batch enters only through [`BatchTotals`] — no
+/// batch-level rule (the covariance rules, the top-entropy quantile).
+pub fn splits(s: &LossSettings) -> bool {
+    s.cov == CovPenalty::None && s.top_entropy_quantile >= 1.0
+}
+
+/// What a batch's aggregation weights read of the whole batch: its responses and real tokens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchTotals {
+    pub responses: usize,
+    /// Real tokens (a count of a 0/1 mask: exact in f32).
+    pub tokens: f32,
+}
+
+impl BatchTotals {
+    /// The totals of a `[R·T]` mask.
+    pub fn of(mask: &[f32], t: usize) -> Self {
+        Self {
+            responses: mask.len() / t.max(1),
+            tokens: crate::objective::numeric::lanes8(mask, 0.0, |a, b| a + b),
+        }
+    }
+}
+
+/// One span's sums over its real tokens, which [`finish`] turns into the step's scalars.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SpanSums {
+    /// `Σ w·(ℓ + β·KL − c·H)`
+    pub loss: f64,
+    pub kl: f64,
+    pub ratio: f64,
+    pub entropy: Option<f64>,
+    pub count: f64,
+    pub clip_low: u32,
+    pub clip_high: u32,
+}
+
+/// [`evaluate`] on a span of whole responses of a batch whose totals are `totals` (the
+/// responses' own terms, their coefficients into `out`), when [`splits`] holds; its sums
+/// returned. [`finish`] over the spans' sums, in span order, gives the batch's scalars: the
+/// per-token values are [`evaluate`]'s bit for bit, the sums equal up to their order.
+#[inline(always)]
+pub fn evaluate_span(
+    s: &LossSettings,
+    x: &TokenInputs,
+    totals: &BatchTotals,
+    out: &mut TokenTerms,
+) -> SpanSums {
+    assert!(splits(s), "a batch-level rule needs the whole batch");
+    token_passes(s, x, out);
+    weigh(s, x, totals, out)
+}
+
+/// The step's scalars into `out` from its spans' sums, added in span order.
+pub fn finish(spans: &[SpanSums], out: &mut TokenTerms) {
+    let add = |f: fn(&SpanSums) -> f64| {
+        let (first, rest) = spans.split_first().expect("at least one span");
+        rest.iter().fold(f(first), |a, b| a + f(b))
+    };
+    let count = add(|x| x.count).max(1.0);
+    let (low, high) = spans.iter().fold((0u64, 0u64), |(l, h), x| {
+        (l + x.clip_low as u64, h + x.clip_high as u64)
+    });
+    out.loss = add(|x| x.loss);
+    out.kl = (add(|x| x.kl) / count) as f32;
+    out.clip_low = (low as f64 / count) as f32;
+    out.clip_high = (high as f64 / count) as f32;
+    out.ratio_mean = (add(|x| x.ratio) / count) as f32;
+    out.entropy = match spans[0].entropy {
+        Some(_) => (add(|x| x.entropy.unwrap_or(f64::NAN)) / count) as f32,
+        None => f32::NAN,
+    };
+}
+
+/// The passes of every token on its own or within its response: `A_t`, `ρ_t` (and the
+/// response's ratio), `KL_t`, `ℓ_t` and their derivatives.
+#[inline(always)]
+fn token_passes(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     per_token_advantages(x, &mut out.adv);
     ratios(s.ratio_form(), x, &mut out.ratio);
     if s.sequence_ratio() {
@@ -306,19 +397,23 @@ pub fn evaluate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
     }
     kl_terms(s, x, out);
     pg_terms(s, x, out);
-    if s.cov != CovPenalty::None {
-        cov_rule(s, x, out);
-    }
-    if s.top_entropy_quantile < 1.0 {
-        top_entropy(s, x, out);
-    }
+}
+
+/// The correction's weights, the aggregation's, and the coefficients and sums.
+#[inline(always)]
+fn weigh(
+    s: &LossSettings,
+    x: &TokenInputs,
+    totals: &BatchTotals,
+    out: &mut TokenTerms,
+) -> SpanSums {
     if s.correction.on() {
         is_weights(s, x, out);
     } else {
         out.is_weight.clear();
     }
-    reference::aggregation_weights_into(s.agg, x.mask, x.t, s.max_len, &mut out.weight);
-    aggregate(s, x, out);
+    reference::aggregation_weights_of(s.agg, x.mask, x.t, s.max_len, totals, &mut out.weight);
+    aggregate(s, x, out)
 }
 
 /// One response's terms (every token real, no entropy bonus): what the inspector and the
@@ -573,10 +668,10 @@ fn pg_loop<const MODE: u8>(
 }
 
 /// The coefficients `∂L/∂log π_t = w_t·(∂ℓ_t + β·∂KL_t)`, `∂L/∂H_t = −c·w_t`, the loss
-/// `Σ_t w_t·(ℓ_t + β·KL_t − c·H_t)` and the means over real tokens (padding is skipped, so
+/// `Σ_t w_t·(ℓ_t + β·KL_t − c·H_t)` and the sums over real tokens (padding is skipped, so
 /// whatever it holds never reaches a sum).
 #[inline(always)]
-fn aggregate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
+fn aggregate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) -> SpanSums {
     let n = x.logp.len();
     let c = s.entropy_coef;
     let bonus = c != 0.0;
@@ -621,16 +716,15 @@ fn aggregate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) {
         LossMode::Sapo => (0, 0),
         _ => clip_counts::<false>(&p, flagged, adv, mask),
     };
-    let count = sum_f64(mask).max(1.0);
-    out.loss = loss;
-    out.kl = (total(kl) / count) as f32;
-    out.clip_low = (low as f64 / count) as f32;
-    out.clip_high = (high as f64 / count) as f32;
-    out.ratio_mean = (total(ratio) / count) as f32;
-    out.entropy = match x.entropy {
-        Some(h) => (total(&h[..n]) / count) as f32,
-        None => f32::NAN,
-    };
+    SpanSums {
+        loss,
+        kl: total(kl),
+        ratio: total(ratio),
+        entropy: x.entropy.map(|h| total(&h[..n])),
+        count: sum_f64(mask),
+        clip_low: low,
+        clip_high: high,
+    }
 }
 
 /// Real tokens clipped low and high by `reference::clip_flags`, with the loss a constant
@@ -875,29 +969,39 @@ pub mod reference {
         max_len: usize,
         out: &mut Vec<f32>,
     ) {
-        use crate::config::LossAggMode;
+        let totals = super::BatchTotals::of(mask, t);
+        aggregation_weights_of(agg, mask, t, max_len, &totals, out);
+    }
+
+    /// [`aggregation_weights`] of a span of whole responses (`mask` the span's) in a batch
+    /// whose totals are `totals`.
+    #[inline(always)]
+    pub fn aggregation_weights_of(
+        agg: crate::config::LossAggMode,
+        mask: &[f32],
+        t: usize,
+        max_len: usize,
+        totals: &super::BatchTotals,
+        out: &mut Vec<f32>,
+    ) {
         // Counts of 0/1 masks: exact in f32 in any order.
         let t = t.max(1);
-        let r = mask.len() / t;
+        let (r, tokens) = (totals.responses, totals.tokens);
         // (A fold, not `all`: no early exit, so it vectorizes; the scalar loop with a branch
         // per token was ~1 % of the fused lecture step.)
         if mask.iter().fold(true, |all, &m| all & (m == 1.0)) {
             // No padding (the lecture model, full-length batches): one weight for every token,
             // the value the rows below would give, without a pass per row.
-            let w = row_weight(agg, t as f32, r, mask.len() as f32, max_len.max(t));
+            let w = row_weight(agg, t as f32, r, tokens, max_len.max(t));
             out.clear();
             out.resize(mask.len(), w);
             return;
         }
-        let tokens = match agg {
-            LossAggMode::TokenMean => crate::objective::numeric::lanes8(mask, 0.0, |a, b| a + b),
-            _ => 0.0,
-        };
         out.clear();
         out.resize(mask.len(), 0.0);
         for (row, wrow) in mask.chunks(t).zip(out.chunks_mut(t)) {
             let len = match agg {
-                LossAggMode::SeqMeanTokenMean => row.iter().sum::<f32>(),
+                crate::config::LossAggMode::SeqMeanTokenMean => row.iter().sum::<f32>(),
                 _ => 0.0,
             };
             let w = row_weight(agg, len, r, tokens, max_len.max(t));
@@ -1165,6 +1269,26 @@ mod tests {
             .pg(),
         );
         out
+    }
+
+    /// Inputs over a ragged batch of `T = 4` (no sampler, no entropy).
+    fn inputs<'a>(
+        logp: &'a [f32],
+        old: &'a [f32],
+        refl: &'a [f32],
+        adv: &'a [f32],
+        mask: &'a [f32],
+    ) -> TokenInputs<'a> {
+        TokenInputs {
+            logp,
+            old_logp: old,
+            ref_logp: refl,
+            sampler_logp: None,
+            advantages: adv,
+            mask,
+            entropy: None,
+            t: 4,
+        }
     }
 
     /// A ragged batch (R = 3, T = 4) whose padding holds junk.
@@ -1843,6 +1967,68 @@ mod tests {
                     assert!(close(out.ratio_mean as f64, ratio / n));
                     assert_eq!(out.clip_low, (low / n) as f32);
                     assert_eq!(out.clip_high, (high / n) as f32);
+                }
+            }
+        }
+    }
+
+    /// A batch evaluated in spans of whole responses (as the threaded engines cut it) gives
+    /// `evaluate`'s per-token coefficients bit for bit and its scalars up to the sums' order,
+    /// for every loss, aggregation, and the unbiased KL, on a ragged batch.
+    #[test]
+    fn spans_give_the_whole_batch_s_terms() {
+        let [logp, old, refl, ent, mask, adv] = ragged(11);
+        for mode in LossMode::ALL {
+            for agg in LossAggMode::ALL {
+                for unbiased in [false, true] {
+                    let s = LossSettings {
+                        beta: 0.1,
+                        max_len: 5,
+                        entropy_coef: 0.02,
+                        unbiased_kl: unbiased,
+                        ..LossSettings::plain(*mode, KlEstimator::K3, *agg)
+                    };
+                    assert!(splits(&s));
+                    let x = TokenInputs {
+                        entropy: Some(&ent),
+                        ..inputs(&logp, &old, &refl, &adv, &mask)
+                    };
+                    let mut whole = TokenTerms::default();
+                    evaluate(&s, &x, &mut whole);
+                    let totals = BatchTotals::of(&mask, 4);
+                    let (mut sums, mut dlogp) = (Vec::new(), Vec::new());
+                    for (a, b) in [(0usize, 1usize), (1, 3)] {
+                        let (t0, t1) = (a * 4, b * 4);
+                        let span = TokenInputs {
+                            logp: &logp[t0..t1],
+                            old_logp: &old[t0..t1],
+                            ref_logp: &refl[t0..t1],
+                            advantages: &adv[a..b],
+                            mask: &mask[t0..t1],
+                            entropy: Some(&ent[t0..t1]),
+                            ..x
+                        };
+                        let mut part = TokenTerms::default();
+                        sums.push(evaluate_span(&s, &span, &totals, &mut part));
+                        dlogp.extend_from_slice(&part.dlogp);
+                    }
+                    let mut out = TokenTerms::default();
+                    finish(&sums, &mut out);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&dlogp), bits(&whole.dlogp), "{mode:?} {agg}");
+                    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * (1.0 + b.abs());
+                    assert!(close(out.loss, whole.loss), "{mode:?} {agg}");
+                    for (a, b) in [
+                        (out.kl, whole.kl),
+                        (out.ratio_mean, whole.ratio_mean),
+                        (out.entropy, whole.entropy),
+                    ] {
+                        assert!(close(a as f64, b as f64), "{mode:?} {agg}: {a} vs {b}");
+                    }
+                    assert_eq!(
+                        (out.clip_low, out.clip_high),
+                        (whole.clip_low, whole.clip_high)
+                    );
                 }
             }
         }

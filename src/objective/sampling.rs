@@ -125,21 +125,37 @@ pub fn sample_independent(
     iteration: u32,
 ) -> Vec<u32> {
     let mut out = vec![0u32; b * g * t];
+    sample_independent_into(logits, 0, (t, v, g), params, (seed, iteration), &mut out);
+    out
+}
+
+/// [`sample_independent`] for the prompts `first..` of a batch whose rows `logits` holds
+/// (`[b, T, V]`, `b` of them), into `out [b·G·T]`: the same draws as the whole batch's (each
+/// is keyed by its prompt's index in the batch), so a batch can be drawn in parts.
+pub fn sample_independent_into(
+    logits: &[f32],
+    first: usize,
+    (t, v, g): (usize, usize, usize),
+    params: SamplingParams,
+    (seed, iteration): (u64, u32),
+    out: &mut [u32],
+) {
+    let b = logits.len() / (t * v).max(1);
     for bi in 0..b {
         for ti in 0..t {
             let row = &logits[(bi * t + ti) * v..(bi * t + ti + 1) * v];
             let probs = sampling_probs(row, params);
             let kept = weight_total(&probs);
+            let prompt = (first + bi) as u32;
             for gi in 0..g {
                 let u = unit_f32(counter_u32(
                     seed,
-                    &[iteration, bi as u32, gi as u32, ti as u32],
+                    &[iteration, prompt, gi as u32, ti as u32],
                 ));
                 out[(bi * g + gi) * t + ti] = draw_from(&probs, kept, u);
             }
         }
     }
-    out
 }
 
 /// `x` rounded to the nearest bfloat16 (ties to even), as an f32: what a sampler computing in
