@@ -137,6 +137,10 @@ pub fn bench_scaling(
     if base.model.kind == crate::config::ModelKind::Transformer {
         return bench_scaling_transformer(base, compute, options, out);
     }
+    // The size axes on `--threads` (default 1, so they compare with earlier sweeps).
+    let base = &base
+        .with_overrides(&[format!("run.threads={}", options.threads.unwrap_or(1))])
+        .map_err(user)?;
     let axes: [(&str, &str, Vec<usize>); 3] = [
         (
             "B·G",
@@ -185,13 +189,23 @@ pub fn bench_scaling(
             pts,
         ));
     }
+    if !compute.is_wgpu() {
+        // The fused step's threads axis (on a wgpu device the engine has no threads).
+        let (line, rows) = threads_sweep(base, compute, options)?;
+        series.push(line);
+        for (threads, wall, slope) in rows {
+            table.push_str(&format!(
+                "threads,{threads},{threads},{wall:.4},{slope:.3}\n"
+            ));
+        }
+    }
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join("scaling.csv"), table)?;
     let charts = crate::report::line_chart(
         out,
         "scaling",
         &format!("step time vs size on {} (log10–log10)", compute.label),
-        "log10(size: B·G responses, n, or D)",
+        "log10(size: B·G responses, n, D, or threads)",
         "log10(ms per optimizer step)",
         &series,
     )?;
@@ -328,7 +342,13 @@ fn bench_scaling_transformer(
             series.push(line);
         }
     }
-    series.push(threads_sweep(&base, compute, options, &mut table)?);
+    let (line, rows) = threads_sweep(&base, compute, options)?;
+    series.push(line);
+    for (threads, wall, slope) in rows {
+        table.push_str(&format!(
+            "fused,threads,{threads},{threads},,{wall:.4},{slope:.3}\n"
+        ));
+    }
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join("scaling.csv"), table)?;
     let charts = crate::report::line_chart(
@@ -347,15 +367,18 @@ fn bench_scaling_transformer(
     Ok(())
 }
 
+/// One point of the threads axis: threads, wall ms per step, the local log-log slope.
+type ThreadsRow = (usize, f64, f64);
+
 /// The sweep's threads axis: the fused engine at the base config on 1, 2, 4, … every core, in
-/// wall time (on-CPU time adds the threads up); its rows into `table`.
+/// wall time (on-CPU time adds the threads up); its line and `(threads, ms, local slope)` rows.
 fn threads_sweep(
     base: &RunConfig,
     compute: &Compute,
     options: &BenchOptions,
-    table: &mut String,
-) -> Result<crate::report::Series> {
+) -> Result<(crate::report::Series, Vec<ThreadsRow>)> {
     let mut pts: Vec<(f64, f64)> = Vec::new();
+    let mut rows = Vec::new();
     let mut one = None;
     for threads in thread_counts() {
         let config = base
@@ -371,15 +394,11 @@ fn threads_sweep(
             .last()
             .map(|&(x0, y0)| (wall.log10() - y0) / ((threads as f64).log10() - x0))
             .unwrap_or(f64::NAN);
-        table.push_str(&format!(
-            "fused,threads,{threads},{threads},,{wall:.4},{slope:.3}\n"
-        ));
+        rows.push((threads, wall, slope));
         pts.push(((threads as f64).log10(), wall.log10()));
     }
-    Ok(crate::report::Series::line(
-        "threads (fused engine, wall ms)",
-        pts,
-    ))
+    let line = crate::report::Series::line("threads (fused engine, wall ms)", pts);
+    Ok((line, rows))
 }
 
 /// The step time of one config: median ms per optimizer step, its parts, the first step,
