@@ -232,9 +232,9 @@ pub struct FusedLecture {
 }
 
 /// The work of one prompt's rows through a step (multiply-adds, roughly) is `4·n·V·D` (its
-/// products, and its G responses' tokens at G ≈ 16); a part holds at least this much (~100 µs on one AVX2 core, ten thread hand-offs): `scaled`'s
-/// 256 prompts make 8 parts, the lecture's 3 prompts and `random-sort`'s 64 one — exactly the
-/// single-threaded step.
+/// products, and its G responses' tokens at G ≈ 16); a part holds at least this much (~100 µs
+/// on one AVX2 core): `scaled`'s 256 prompts make 8 parts, the lecture's 3 prompts and
+/// `random-sort`'s 64 one — exactly the single-threaded step.
 const PART_WORK: usize = 1_000_000;
 
 /// Forward activations of a batch.
@@ -759,6 +759,7 @@ impl FusedLecture {
             }};
         }
         let g = responses.len() / b.max(1);
+        let per_s = support.map_or(0, |s| s.len() / b.max(1));
         let mut enc = cut!(f.enc);
         let mut logits = cut!(f.logits);
         let (mut z, mut logz, mut probs, mut row_h) =
@@ -771,7 +772,7 @@ impl FusedLecture {
             .map(|(r, own)| Rows {
                 prompts: &prompts[r.start * n..r.end * n],
                 responses: &responses[r.start * g..r.end * g],
-                support: support.map(|s| &s[r.start * g..r.end * g]),
+                support: support.map(|s| &s[r.start * per_s..r.end * per_s]),
                 enc: enc.next().expect("a slice per part"),
                 logits: logits.next().expect("a slice per part"),
                 z: z.next().expect("a slice per part"),
@@ -1605,5 +1606,29 @@ mod tests {
             w_parts, w_whole,
             "parts sum in another order (else the test shows nothing)"
         );
+        // The entropy lab's second forward (no responses) over the sampler's support, by parts.
+        let support = vec![(1u64 << vocab) - 1; responses.len()];
+        let dynamics = |threads: usize| {
+            let mut f = make(threads, 1);
+            f.entropy_dynamics = true;
+            let (sc, logp) = f.step(
+                &prompts,
+                &responses,
+                &advantages,
+                None,
+                &old,
+                &reference,
+                None,
+                Some(&support),
+                &s,
+                0.8,
+                0.01,
+                0.0,
+            );
+            assert_eq!(logp.len(), responses.len());
+            assert!(sc.entropy_measured.is_some_and(f32::is_finite), "{sc:?}");
+            sc
+        };
+        assert_eq!(dynamics(1), dynamics(2));
     }
 }
