@@ -1555,25 +1555,18 @@ mod tests {
         let reference: Vec<f32> = old.iter().map(|x| x - 0.1).collect();
         let mut s = LossSettings::plain(LossMode::Clipped, KlEstimator::K3, LossAggMode::TokenMean);
         s.beta = 0.05;
+        let step = |f: &mut FusedLecture, support: Option<&[u64]>| {
+            let (a, r) = (&advantages, &reference);
+            f.step(
+                &prompts, &responses, a, None, &old, r, None, support, &s, 0.8, 0.01, 0.0,
+            )
+        };
         let run = |mut f: FusedLecture| {
             let from_rollout =
                 f.token_logp_from_logits(&prompts, &f.logits(&prompts), &responses, 0.8, None);
             let mut out = Vec::new();
             for _ in 0..3 {
-                let (sc, logp) = f.step(
-                    &prompts,
-                    &responses,
-                    &advantages,
-                    None,
-                    &old,
-                    &reference,
-                    None,
-                    None,
-                    &s,
-                    0.8,
-                    0.01,
-                    0.0,
-                );
+                let (sc, logp) = step(&mut f, None);
                 if out.is_empty() {
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&logp), bits(&from_rollout));
@@ -1611,20 +1604,7 @@ mod tests {
         let dynamics = |threads: usize| {
             let mut f = make(threads, 1);
             f.entropy_dynamics = true;
-            let (sc, logp) = f.step(
-                &prompts,
-                &responses,
-                &advantages,
-                None,
-                &old,
-                &reference,
-                None,
-                Some(&support),
-                &s,
-                0.8,
-                0.01,
-                0.0,
-            );
+            let (sc, logp) = step(&mut f, Some(&support));
             assert_eq!(logp.len(), responses.len());
             assert!(sc.entropy_measured.is_some_and(f32::is_finite), "{sc:?}");
             sc
