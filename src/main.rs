@@ -181,14 +181,15 @@ struct GradientLabArgs {
     /// θ = θ_old after k of the next iteration's μ optimizer steps (objectives differ once θ ≠ θ_old).
     #[arg(long, default_value_t = 0)]
     mu_step: usize,
-    /// Independent batches per estimator.
-    #[arg(long, default_value_t = 400)]
-    batches: usize,
-    /// Answers per prompt in a batch (every G must divide it): the equal rollout budget.
-    #[arg(long, default_value_t = 256)]
-    budget: usize,
-    /// Group sizes.
-    #[arg(long, value_delimiter = ',', default_value = "2,4,8,16,32,64,128,256")]
+    /// Independent batches per estimator (default 400; the transformer's 50).
+    #[arg(long)]
+    batches: Option<usize>,
+    /// Answers per prompt in a batch (every G must divide it): the equal rollout budget
+    /// (default 256; the transformer's 32).
+    #[arg(long)]
+    budget: Option<usize>,
+    /// Group sizes (default 2,4,…,256; the transformer's 2,4,…,32).
+    #[arg(long, value_delimiter = ',')]
     group_sizes: Vec<usize>,
     /// Advantage modes (default raw,centered,rloo,normalized,batch_normalized; rloo alone
     /// with --mu-step > 0, so that only the objectives differ).
@@ -883,17 +884,20 @@ fn gradient_lab_cmd(args: GradientLabArgs) -> Result<()> {
         }
         None => (build_config(&args.config)?, None),
     };
+    let defaults = gradient::LabArgs::for_config(&config);
     let mut lab = gradient::LabArgs {
         at_iteration: args
             .at_iteration
             .unwrap_or(if checkpoint.is_some() { 0 } else { 20 }),
         mu_step: args.mu_step,
-        batches: args.batches,
-        budget: args.budget,
-        group_sizes: args.group_sizes,
+        batches: args.batches.unwrap_or(defaults.batches),
+        budget: args.budget.unwrap_or(defaults.budget),
         objectives: args.objectives,
-        ..Default::default()
+        ..defaults
     };
+    if !args.group_sizes.is_empty() {
+        lab.group_sizes = args.group_sizes;
+    }
     if !args.modes.is_empty() {
         lab.modes = args.modes.clone();
     }

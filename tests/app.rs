@@ -373,8 +373,8 @@ fn the_gradient_lab_card_runs_and_matches_the_library() {
         .and_then(|s| s.report())
         .cloned()
         .unwrap();
-    let a = h.state().gradient_lab.args();
     let config = RunConfig::preset("lecture17").unwrap();
+    let a = h.state().gradient_lab.args(&config);
     let direct = grpo_lab::lab::gradient::run_all(config, None, &a, true).unwrap();
     assert_eq!(shown.j, direct.j);
     assert_eq!(shown.estimators.len(), direct.estimators.len());

@@ -382,7 +382,7 @@ fn stale_rollouts_draw_from_older_policies_and_survive_a_resume() {
 }
 
 /// `run.entropy_dynamics`: every step logs Cov(log π, A) and the law's −lr·Cov; the fused step
-/// and burn's path measure the same entropy change; the fused step's ∇H·Δθ is that change to
+/// and burn's path measure the same entropy change and the same ∇H·Δθ, which is that change to
 /// first order (a small learning rate: the second-order rest is small); without the switch
 /// nothing is logged.
 #[test]
@@ -429,9 +429,11 @@ fn the_entropy_mechanism_is_logged_predicted_and_measured() {
             "step {}: fused {measured} vs burn {burn_measured}",
             a.step
         );
-        assert_eq!(
-            b.entropy_first_order_delta, None,
-            "burn's path measures, no ∇H·Δθ"
+        let burn_first = b.entropy_first_order_delta.unwrap();
+        assert!(
+            (first - burn_first).abs() < 0.05 * first.abs() + 1e-7,
+            "step {}: fused ∇H·Δθ {first} vs burn's {burn_first}",
+            a.step
         );
         // The entropy after step k is the entropy before step k + 1 (same batch).
         if let Some(next) = fused

@@ -178,6 +178,44 @@ fn fused_transformer_equals_burn_for_every_aggregation_and_the_entropy_bonus() {
     }
 }
 
+/// `run.entropy_dynamics` on the transformer: the fused step and burn's path measure the same
+/// entropy change and the same first-order change ∇θH·Δθ, which is the measured one to first
+/// order at a small learning rate.
+#[test]
+fn fused_transformer_equals_burn_on_the_entropy_mechanism() {
+    let mut c = ragged();
+    c.run.iterations = 2;
+    c.optimizer.lr = 1e-4;
+    c.run.entropy_dynamics = true;
+    let (fused, burn) = compare(&c);
+    for (a, b) in fused.iter().zip(&burn) {
+        let (m, f) = (
+            a.entropy_measured_delta.unwrap(),
+            a.entropy_first_order_delta.unwrap(),
+        );
+        let (bm, bf) = (
+            b.entropy_measured_delta.unwrap(),
+            b.entropy_first_order_delta.unwrap(),
+        );
+        assert!(m != 0.0 && m.is_finite(), "step {}: {m}", a.step);
+        assert!(
+            (m - f).abs() < 0.05 * m.abs(),
+            "step {}: measured {m} vs ∇H·Δθ {f}",
+            a.step
+        );
+        assert!(
+            (m - bm).abs() < 0.02 * m.abs() + 1e-6,
+            "step {}: measured {m} vs burn {bm}",
+            a.step
+        );
+        assert!(
+            (f - bf).abs() < 0.02 * f.abs() + 1e-6,
+            "step {}: ∇H·Δθ {f} vs burn {bf}",
+            a.step
+        );
+    }
+}
+
 /// Dynamic sampling replaces flat groups with fresh rollouts; the fused engine carries their
 /// sampling-pass log-probs and greedy answers into the batch, and still equals burn's path.
 #[test]

@@ -1,8 +1,9 @@
 //! The gradient lab's card in the Experiments tab (the desktop app and the browser alike): the
-//! lecture17 policy at an iteration, every estimator against the exact ∇J, run a slice of
-//! each frame (`lab::gradient::Session`), then its two charts (cosine and SNR against G per
-//! advantage mode), its table, the KL estimators and what they show — the numbers
-//! `grpo-lab gradient-lab --preset lecture17` prints for the same θ.
+//! lecture17 policy (the exact ∇J) or transformer-sort's (a large-sample ∇J, labelled as such)
+//! at an iteration, every estimator against the truth, run a slice of each frame
+//! (`lab::gradient::Session`), then its two charts (cosine and SNR against G per advantage
+//! mode), its table, the KL estimators and what they show — the numbers
+//! `grpo-lab gradient-lab --preset P` prints for the same θ.
 
 use super::GrpoApp;
 use super::shapes::PALETTE;
@@ -11,8 +12,13 @@ use crate::lab::gradient::{self, LabArgs, Report, Session};
 use egui::{Color32, RichText};
 use egui_plot::{Legend, Line, Plot};
 
+/// The presets the card offers: the lecture model (exact) and the transformer (sampled).
+pub const LAB_PRESETS: [&str; 2] = ["lecture17", "transformer-sort"];
+
 /// The card's settings and its session.
 pub struct LabCard {
+    /// The preset studied: one of [`LAB_PRESETS`].
+    pub preset: &'static str,
     pub at_iteration: usize,
     pub mu_step: usize,
     pub session: Option<Session>,
@@ -21,6 +27,7 @@ pub struct LabCard {
 impl Default for LabCard {
     fn default() -> Self {
         Self {
+            preset: LAB_PRESETS[0],
             at_iteration: 20,
             mu_step: 0,
             session: None,
@@ -31,19 +38,19 @@ impl Default for LabCard {
 impl LabCard {
     /// The lab's arguments for the card's settings: the CLI's defaults; past μ step 0, RLOO
     /// under every objective (so that only the objectives differ), as the CLI does.
-    pub fn args(&self) -> LabArgs {
+    pub fn args(&self, config: &RunConfig) -> LabArgs {
         LabArgs {
             at_iteration: self.at_iteration,
             mu_step: self.mu_step,
-            ..Default::default()
+            ..LabArgs::for_config(config)
         }
         .off_policy_defaults(false)
     }
 
-    /// Start the lab on lecture17 at the card's settings.
+    /// Start the lab on the card's preset at its settings.
     pub fn start(&mut self) {
-        let config = RunConfig::preset("lecture17").expect("a compiled-in preset");
-        let a = self.args();
+        let config = RunConfig::preset(self.preset).expect("a compiled-in preset");
+        let a = self.args(&config);
         self.session = Some(match gradient::trainer_for(config, None) {
             Ok(t) => Session::start(t, &a),
             Err(e) => Session::Failed(e),
@@ -99,20 +106,29 @@ pub fn card_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                 }
             } else if ui
                 .button("▶ Run")
-                .on_hover_text("Train lecture17 to the iteration, then draw the batches and set every estimate against the exact ∇J, here")
+                .on_hover_text("Train the preset to the iteration, then draw the batches and set every estimate against ∇J (exact on lecture17, a large-sample estimate on transformer-sort), here")
                 .clicked()
             {
                 card.start();
             }
+            egui::ComboBox::from_id_salt("gradient-lab-preset")
+                .selected_text(card.preset)
+                .show_ui(ui, |ui| {
+                    for p in LAB_PRESETS {
+                        ui.selectable_value(&mut card.preset, p, p);
+                    }
+                })
+                .response
+                .on_hover_text("lecture17: 125 answers per prompt, enumerated (∇J exact); transformer-sort: answers drawn token by token, ∇J from 2¹⁸ answers with its standard error (~1.5 min in a release build on 2 cores)");
             ui.add(egui::DragValue::new(&mut card.at_iteration).range(0..=100).prefix("at iteration "))
-                .on_hover_text("θ_old: lecture17's policy after this many iterations (the reference is iteration 0's)");
+                .on_hover_text("θ_old: the preset's policy after this many iterations (the reference is iteration 0's)");
             ui.add(egui::DragValue::new(&mut card.mu_step).range(0..=9).prefix("μ step "))
                 .on_hover_text("θ: θ_old after this many of the next iteration's μ optimizer steps; past 0 the objectives (naive, clipped, CISPO, SAPO, GMPO, GSPO) differ, each with RLOO advantages");
         });
         ui.label(RichText::new("Every estimator against the true gradient: a baseline cuts variance (RLOO without bias; the group mean is RLOO × (G−1)/G); std normalisation bends the direction; at an equal budget larger groups are a better baseline; k1 and k3 estimate the KL without bias, k2 with one.").strong());
         ui.label(RichText::new("Source: GRPO-SPEC §3; Ahmadian et al. 2024 (RLOO); Liu et al. 2025 (Dr. GRPO); Schulman 2020, \"Approximating KL divergence\"").small().italics());
-        ui.label("Look at: the cosine and SNR against G per mode (lecture17's 125 answers per prompt are enumerated, so ∇J is exact); bias against its noise floor in the table.");
-        ui.label(RichText::new(format!("Same numbers as `grpo-lab gradient-lab --preset lecture17 --at-iteration {} --mu-step {}`", card.at_iteration, card.mu_step)).small());
+        ui.label("Look at: the cosine and SNR against G per mode (lecture17's 125 answers per prompt are enumerated, so ∇J is exact; transformer-sort's cannot be, so its ∇J is a large-sample estimate whose own error the report states); bias against its noise floor in the table.");
+        ui.label(RichText::new(format!("Same numbers as `grpo-lab gradient-lab --preset {} --at-iteration {} --mu-step {}`", card.preset, card.at_iteration, card.mu_step)).small());
         if let Some(line) = card.status() {
             let failed = matches!(card.session, Some(Session::Failed(_)));
             ui.label(RichText::new(line).small().color(if failed { Color32::RED } else { ui.visuals().weak_text_color() }));
@@ -159,10 +175,19 @@ fn report_ui(r: &Report, ui: &mut egui::Ui) {
         }
     });
     ui.label(format!(
-        "J(θ) = {:.5} · ‖∇J‖ = {:.5} ({}) · KL(π_θ ‖ π_ref) exact {:.5}: k1 {:.5} ± {:.5}, k2 {:.5} ± {:.5}, k3 {:.5} ± {:.5}",
+        "J(θ) = {:.5} · ‖∇J‖ = {:.5} ({}) · KL(π_θ ‖ π_ref) {} {:.5}: k1 {:.5} ± {:.5}, k2 {:.5} ± {:.5}, k3 {:.5} ± {:.5}",
         r.j,
         r.true_grad_norm,
-        if r.exact { "exact" } else { "a large-sample estimate" },
+        if r.exact {
+            "exact".to_string()
+        } else {
+            format!(
+                "a large-sample estimate, ± {:.1} %; J ± {:.5}",
+                100.0 * r.true_grad_se,
+                r.j_se
+            )
+        },
+        if r.exact { "exact" } else { "sampled" },
         r.kl.exact,
         r.kl.k1,
         r.kl.k1_std,

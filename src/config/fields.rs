@@ -470,7 +470,7 @@ pub const FIELDS: &[Field] = &[
     Field::new("run.checkpoint_every", "Checkpoint every", Range::ANY_INT,
         "Write a checkpoint every this many iterations (0 = only at the end). TRL: save_steps; verl: trainer.save_freq."),
     Field::new("run.entropy_dynamics", "Entropy dynamics", Range::Bool,
-        "Log the entropy mechanism each optimizer step (Cui et al. 2025): entropy/covariance = Cov(log π, A) over the batch's tokens, entropy/predicted_delta = −lr·Cov (the law's natural-gradient form; Adam is outside it), entropy/measured_delta (the lecture model on the CPU: an extra forward) and entropy/first_order_delta = ∇H·Δθ of the step taken (the fused lecture step: an extra backward). The inspector colours each token by its covariance term."),
+        "Log the entropy mechanism each optimizer step (Cui et al. 2025): entropy/covariance = Cov(log π, A) over the batch's tokens, entropy/predicted_delta = −lr·Cov (the law's natural-gradient form; Adam is outside it), entropy/measured_delta (an extra forward after the update) and entropy/first_order_delta = ∇H·Δθ of the step taken (an extra backward for ∇θH): the fused lecture and transformer steps and burn's path; the WGSL engine refuses the key. The inspector colours each token by its covariance term."),
     Field::new("run.log_groups", "Logged groups", Range::ANY_INT,
         "How many groups per iteration are logged in full (prompt, responses, rewards, advantages). TRL: log_completions."),
     Field::new("run.device", "Device", Range::Choice(DeviceChoice::NAMES),

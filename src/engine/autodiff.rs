@@ -121,20 +121,36 @@ pub fn supervised_steps(
     (policy, last_loss)
 }
 
-/// Every float parameter of a module, flattened in visiting order.
+/// Every float parameter of a module, flattened in [`visited`] order except the lecture
+/// model's (its own layout: embedding, encode, decode).
 pub fn flat_params(policy: &Policy) -> Vec<f32> {
-    struct Flat(Vec<f32>);
-    impl ModuleVisitor for Flat {
-        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
-            self.0
-                .extend(p.val().into_data().iter::<f32>().collect::<Vec<f32>>());
-        }
-    }
     if let Policy::Lecture(m) = policy {
         let w = m.weights();
         return [w.embedding, w.encode, w.decode].concat();
     }
-    let mut f = Flat(Vec::new());
+    visited(policy, None)
+}
+
+/// Every float parameter of a module in visiting order — or, with `grads`, each one's
+/// gradient there (0 where it has none).
+fn visited(policy: &Policy, grads: Option<&GradientsParams>) -> Vec<f32> {
+    struct Flat<'a>(Vec<f32>, Option<&'a GradientsParams>);
+    impl ModuleVisitor for Flat<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            let value = match self.1 {
+                None => Some(p.val()),
+                Some(g) => g.get::<D>(p.id),
+            };
+            match value {
+                Some(x) => self.0.extend(x.into_data().iter::<f32>()),
+                None => {
+                    let n = p.val().shape().num_elements();
+                    self.0.extend(std::iter::repeat_n(0.0, n));
+                }
+            }
+        }
+    }
+    let mut f = Flat(Vec::new(), grads);
     policy.visit(&mut f);
     f.0
 }
@@ -230,6 +246,26 @@ impl BurnEngine {
             e.restore_optimizer(bytes)?;
         }
         Ok(e)
+    }
+
+    /// `∇θ` of the batch's mean token entropy (a forward and a backward of its own) in
+    /// [`visited`] order.
+    fn entropy_gradient(&self, batch: &Batch, temperature: f32) -> Vec<f32> {
+        let d = &self.device;
+        let (_, entropy) = self.policy.score(
+            prompt_tensor(batch, d),
+            response_tensor(batch, d),
+            temperature,
+            batch.support.as_deref(),
+        );
+        let m = &batch.mask;
+        let count = crate::objective::numeric::masked_sum_f64(m, &vec![1.0; m.len()]).max(1.0);
+        let weights: Vec<f32> = m.iter().map(|&x| (x as f64 / count) as f32).collect();
+        let mean = entropy
+            .mul(f32_tensor(&weights, [batch.b, batch.g, batch.t], d))
+            .sum();
+        let grads = GradientsParams::from_grads(mean.backward(), &self.policy);
+        visited(&self.policy, Some(&grads))
     }
 
     fn restore_weights(&mut self, snapshot: &Snapshot) -> Result<(), EngineError> {
@@ -516,8 +552,21 @@ impl Engine for BurnEngine {
                 .policy
                 .scale_grads(grads, req.max_grad_norm / grad_norm);
         }
+        // ∇θ of the mean token entropy and the weights before the update (visiting order),
+        // for the first-order change of the step actually taken.
+        let dynamics = req.entropy_dynamics.then(|| {
+            (
+                self.entropy_gradient(batch, req.temperature),
+                visited(&self.policy, None),
+            )
+        });
         self.policy = self.optim.step(req.lr, self.policy.clone(), grads);
         let mut scalars = scalars;
+        if let Some((dh, before)) = dynamics {
+            let after = visited(&self.policy, None);
+            scalars.entropy_first_order =
+                Some(crate::objective::entropy_dynamics::first_order(&after, &before, &dh) as f32);
+        }
         if req.entropy_dynamics {
             // The same states' entropy after the update (one more forward pass).
             let (_, after) = self.policy.valid().score(

@@ -1148,13 +1148,11 @@ impl FusedLecture {
                 let after = self
                     .forward_softmax(x.prompts, &[], inv_t, x.support, &mut sc)
                     .1;
-                let step: f64 = self
-                    .flat_weights()
-                    .iter()
-                    .zip(&before)
-                    .zip(&dh)
-                    .map(|((&w, &w0), &g)| (w - w0) as f64 * g as f64)
-                    .sum();
+                let step = crate::objective::entropy_dynamics::first_order(
+                    &self.flat_weights(),
+                    &before,
+                    &dh,
+                );
                 (
                     Some(((after - entropy) / rows as f64) as f32),
                     Some(step as f32),

@@ -16,8 +16,9 @@ use super::StepScalars;
 use super::cores::{self, Cores};
 use super::fused_lecture::{View, exp_fast, lanes8, product_into, sum_sq, zeroed};
 use crate::model::TransformerShape;
+use crate::objective::entropy_dynamics::first_order;
 use crate::objective::loss::{self, LossSettings, TokenInputs, TokenTerms};
-use crate::objective::numeric::{row_entropy, row_softmax};
+use crate::objective::numeric::{masked_sum_f64, row_entropy, row_softmax};
 
 /// LayerNorm's ε (as `model::transformer::layer_norm`).
 const LN_EPS: f32 = 1e-5;
@@ -307,6 +308,24 @@ pub struct StepInput<'a> {
     pub support: Option<&'a [u64]>,
 }
 
+impl<'a> StepInput<'a> {
+    /// The batch's rows for a teacher-forced pass, each `lens[r]` tokens long.
+    fn rows<'b>(&'b self, lens: &'b [usize]) -> Rows<'b> {
+        Rows {
+            prompts: self.prompts,
+            responses: self.responses,
+            lens,
+            g: self.g,
+            t: self.t,
+        }
+    }
+
+    /// `Σ_t m_t`: the batch's real tokens.
+    fn tokens(&self) -> f64 {
+        masked_sum_f64(self.mask, &vec![1.0; self.mask.len()]).max(1.0)
+    }
+}
+
 /// The weights and shape a pass reads (shared by every part).
 #[derive(Clone, Copy)]
 struct Net<'a> {
@@ -359,6 +378,10 @@ pub struct StepSettings {
     pub temperature: f32,
     pub lr: f64,
     pub max_grad_norm: f32,
+    /// Measure the step's entropy change (`run.entropy_dynamics`): the mean entropy of the
+    /// batch's tokens after the update, and `∇θH·Δθ` of the update (a forward and a backward
+    /// more, and a forward after the update).
+    pub entropy_dynamics: bool,
 }
 
 /// The transformer's weights, Adam state and scratch on the host.
@@ -1118,6 +1141,25 @@ impl FusedTransformer {
         self.token_logp_ragged(w, prompts, responses, &full, g, t, temperature, None)
     }
 
+    /// [`Self::token_logp_ragged`] of a frozen batch (its lengths and support).
+    pub fn batch_logp(
+        &mut self,
+        w: Option<&[f32]>,
+        batch: &crate::task::batch::Batch,
+        temperature: f32,
+    ) -> Vec<f32> {
+        self.token_logp_ragged(
+            w,
+            &batch.prompts,
+            &batch.responses,
+            &batch.lengths,
+            batch.g,
+            batch.t,
+            temperature,
+            batch.support.as_deref(),
+        )
+    }
+
     /// `token_logp` of rows holding `lens[r]` real tokens: the positions after a row's end are
     /// not computed and hold 0. With `support` (`[B·G·T]`), each token's distribution
     /// renormalised over it (`sampling.keep_sampling_mask`).
@@ -1156,18 +1198,92 @@ impl FusedTransformer {
     /// every token (before the update). Weights stay as they were when the loss or the
     /// gradient norm is not finite (as on burn's path; the trainer then stops the run).
     pub fn step(&mut self, x: &StepInput, st: &StepSettings) -> (StepScalars, Vec<f32>) {
-        let scalars = self.loss_and_gradient(x, st);
+        let mut scalars = self.loss_and_gradient(x, st);
         if scalars.loss.is_finite() && scalars.grad_norm.is_finite() {
             let scale = if st.max_grad_norm > 0.0 && scalars.grad_norm > st.max_grad_norm {
                 st.max_grad_norm / scalars.grad_norm
             } else {
                 1.0
             };
+            // ∇θ of the mean token entropy and the weights before the update, for the
+            // first-order change of the step actually taken.
+            let dynamics = st.entropy_dynamics.then(|| {
+                let loss_grad = std::mem::take(&mut self.grad);
+                self.entropy_gradient_into(x, st.temperature);
+                let dh = std::mem::replace(&mut self.grad, loss_grad);
+                (dh, self.w.clone())
+            });
             let hyper = self.hyper;
             self.adam
                 .step(&mut self.w, &self.grad, scale, st.lr as f32, &hyper);
+            if let Some((dh, before)) = dynamics {
+                let after = self.mean_entropy(x, st.temperature);
+                scalars.entropy_measured = Some(after as f32 - scalars.entropy);
+                scalars.entropy_first_order = Some(first_order(&self.w, &before, &dh) as f32);
+            }
         }
         (scalars, self.logp.clone())
+    }
+
+    /// `∇θ` of the batch's mean token entropy `H̄ = Σ_t m_t·H_t / Σ_t m_t` at `temperature`
+    /// into `self.grad` (`∂/∂H_t = m_t/Σm`, no log π term).
+    fn entropy_gradient_into(&mut self, x: &StepInput, temperature: f32) {
+        let count = x.tokens();
+        let weights: Vec<f32> = x.mask.iter().map(|&m| (m as f64 / count) as f32).collect();
+        let zeros = vec![0.0f32; x.mask.len()];
+        self.coefficient_gradient_into(x, temperature, &zeros, Some(&weights));
+    }
+
+    /// `∇θ Σ_t coef_t·log π_t` at `temperature` over the batch's real tokens (flat): with
+    /// `coef = (R − b)/K` per answer's tokens it is a sampled `∇J` (the gradient lab). Reads
+    /// `x`'s prompts, responses, mask, `g`, `t` and support only.
+    pub fn logp_gradient(&mut self, x: &StepInput, coef: &[f32], temperature: f32) -> Vec<f32> {
+        self.coefficient_gradient_into(x, temperature, coef, None);
+        self.grad.clone()
+    }
+
+    /// `∇θ (Σ_t c_t·log π_t + Σ_t e_t·H_t)` at `temperature` into `self.grad`: a forward and
+    /// a backward from the coefficients, no objective.
+    fn coefficient_gradient_into(
+        &mut self,
+        x: &StepInput,
+        temperature: f32,
+        dlogp: &[f32],
+        dentropy: Option<&[f32]>,
+    ) {
+        let lens = lengths_of(x.mask, x.t);
+        let rows = x.rows(&lens);
+        let inv_t = 1.0 / temperature;
+        let score = Score {
+            inv_t,
+            support: x.support,
+            entropy: dentropy.is_some(),
+        };
+        let (mut parts, ranges) = self.forward_parts(None, &rows, &score);
+        let coefs = Coefs {
+            dlogp,
+            dentropy,
+            mask: x.mask,
+            inv_t,
+        };
+        self.backward_parts(&mut parts, &ranges, x.g * x.t, &coefs);
+        self.parts = parts;
+    }
+
+    /// The batch's mean token entropy at `temperature` under the current weights.
+    fn mean_entropy(&mut self, x: &StepInput, temperature: f32) -> f64 {
+        let lens = lengths_of(x.mask, x.t);
+        let rows = x.rows(&lens);
+        let score = Score {
+            inv_t: 1.0 / temperature,
+            support: x.support,
+            entropy: true,
+        };
+        let (parts, ranges) = self.forward_parts(None, &rows, &score);
+        let mut ent = vec![0.0f32; x.responses.len()];
+        gather(&parts, &ranges, x.g * x.t, |sc| &sc.ent, &mut ent);
+        self.parts = parts;
+        masked_sum_f64(x.mask, &ent) / x.tokens()
     }
 
     /// Each token's entropy `H_t` as the last [`Self::step`] read it (`[B·G·T]`, 0 on padding).
@@ -1184,13 +1300,7 @@ impl FusedTransformer {
     pub fn loss_and_gradient(&mut self, x: &StepInput, st: &StepSettings) -> StepScalars {
         let (g, t) = (x.g, x.t);
         let lens = lengths_of(x.mask, t);
-        let rows = Rows {
-            prompts: x.prompts,
-            responses: x.responses,
-            lens: &lens,
-            g,
-            t,
-        };
+        let rows = x.rows(&lens);
         let s = &st.loss;
         let inv_t = 1.0 / st.temperature;
         let score = Score {
@@ -1858,6 +1968,7 @@ mod tests {
             temperature: 0.9,
             lr: 1e-3,
             max_grad_norm: 0.0,
+            entropy_dynamics: false,
         }
     }
 
@@ -1989,6 +2100,58 @@ mod tests {
             worst.0, worst.1
         );
         assert!(worst.0 < 1e-6 && worst.1 < 1e-6, "{worst:?}");
+    }
+
+    /// `run.entropy_dynamics` on the transformer: the update is the same step's (its extra
+    /// passes leave the weights and scalars alone), the measured change is the mean entropy's
+    /// after the step minus before, and at a small learning rate `∇θH·Δθ` is that change to first
+    /// order (Adam's first step moves every weight by about `lr`: the rest is O(lr²)).
+    #[test]
+    fn entropy_dynamics_measures_the_step_and_its_first_order_change() {
+        for lr in [1e-4, 3e-3] {
+            let mut plain = fused(4);
+            let c = case(&mut plain, 5);
+            let mut st = settings(
+                LossMode::Clipped,
+                KlEstimator::K3,
+                LossAggMode::TokenMean,
+                0.0,
+            );
+            st.lr = lr;
+            let mut dyn_ = plain.clone();
+            let (a, _) = plain.step(&input(&c), &st);
+            st.entropy_dynamics = true;
+            let (b, _) = dyn_.step(&input(&c), &st);
+            assert_eq!(plain.w, dyn_.w, "the same update");
+            assert_eq!(
+                (a.loss, a.entropy, a.grad_norm),
+                (b.loss, b.entropy, b.grad_norm)
+            );
+            assert_eq!((a.entropy_measured, a.entropy_first_order), (None, None));
+            let measured = b.entropy_measured.expect("measured") as f64;
+            let first = b.entropy_first_order.expect("first order") as f64;
+            // The measured change by hand: the mean entropy after the update.
+            dyn_.loss_and_gradient(&input(&c), &{
+                let mut s = st;
+                s.entropy_dynamics = false;
+                s
+            });
+            let after = masked_sum_f64(&c.mask, dyn_.token_entropy()) / input(&c).tokens();
+            assert!(
+                (measured - (after - b.entropy as f64)).abs() < 1e-6,
+                "{measured} vs {after} − {}",
+                b.entropy
+            );
+            let gap = (measured - first).abs();
+            eprintln!("lr {lr}: measured {measured:.3e}, first order {first:.3e}, gap {gap:.1e}");
+            assert!(measured.abs() > 1e-7, "{measured}");
+            if lr < 1e-3 {
+                assert!(gap <= 0.05 * measured.abs(), "{measured} vs {first}");
+            } else {
+                // Bigger steps: the first-order term still has the change's sign.
+                assert!(measured * first > 0.0, "{measured} vs {first}");
+            }
+        }
     }
 
     /// The analytic gradient against central differences (in f64 of the f32 loss) at a few

@@ -109,16 +109,7 @@ impl Engine for FusedTransformerEngine {
             Which::Reference => Some(std::mem::take(&mut self.reference)),
         };
         // Positions after a row's end are masked everywhere they are read: not computed.
-        let out = self.policy.token_logp_ragged(
-            w.as_deref(),
-            &batch.prompts,
-            &batch.responses,
-            &batch.lengths,
-            batch.g,
-            batch.t,
-            temperature,
-            batch.support.as_deref(),
-        );
+        let out = self.policy.batch_logp(w.as_deref(), batch, temperature);
         if let Some(w) = w {
             self.reference = w;
         }
@@ -145,6 +136,7 @@ impl Engine for FusedTransformerEngine {
                 temperature: req.temperature,
                 lr: req.lr,
                 max_grad_norm: req.max_grad_norm,
+                entropy_dynamics: req.entropy_dynamics,
             },
         );
         // burn's path returns whole groups: the first ⌈rows/G⌉ prompts' responses.

@@ -156,9 +156,17 @@ pub struct Truth {
 /// The three KL estimators of one answer, each summed over its tokens: `−log ρ`,
 /// `½ (log ρ)²` and `ρ − 1 − log ρ`, with `ρ = π_ref/π_θ` per token.
 pub fn k_estimates(theta: &Tables, reference: &Tables, x: usize, y: &[u32]) -> [f64; 3] {
+    k_of(
+        y.iter()
+            .enumerate()
+            .map(|(p, &t)| reference.row(x, p)[t as usize] - theta.row(x, p)[t as usize]),
+    )
+}
+
+/// k1, k2, k3 of one answer from its tokens' `log ρ_t = log π_ref − log π_θ`, summed.
+pub fn k_of(log_rhos: impl Iterator<Item = f64>) -> [f64; 3] {
     let mut k = [0.0; 3];
-    for (p, &t) in y.iter().enumerate() {
-        let log_rho = reference.row(x, p)[t as usize] - theta.row(x, p)[t as usize];
+    for log_rho in log_rhos {
         k[0] -= log_rho;
         k[1] += 0.5 * log_rho * log_rho;
         k[2] += log_rho.exp() - 1.0 - log_rho;
@@ -168,10 +176,10 @@ pub fn k_estimates(theta: &Tables, reference: &Tables, x: usize, y: &[u32]) -> [
 
 /// Running first and second moments of the three estimators, weighted.
 #[derive(Default)]
-struct Moments([(f64, f64); 3]);
+pub struct Moments([(f64, f64); 3]);
 
 impl Moments {
-    fn add(&mut self, weight: f64, k: [f64; 3]) {
+    pub fn add(&mut self, weight: f64, k: [f64; 3]) {
         for (m, v) in self.0.iter_mut().zip(k) {
             m.0 += weight * v;
             m.1 += weight * v * v;
@@ -296,31 +304,60 @@ fn sample(m: &mut Model, samples: usize, seed: u64) -> Truth {
         js.push(j / p_count);
         kls.push(kl / p_count);
     }
-    let (j, j_se) = mean_se(&js);
-    let (kl, kl_se) = mean_se(&kls);
-    let mean: Vec<f64> = (0..grads[0].len())
-        .map(|i| grads.iter().map(|g| g[i]).sum::<f64>() / CHUNKS as f64)
-        .collect();
-    let spread: f64 = grads
-        .iter()
-        .map(|g| {
-            g.iter()
-                .zip(&mean)
-                .map(|(a, b)| (a - b).powi(2))
-                .sum::<f64>()
-        })
-        .sum::<f64>()
-        / (CHUNKS * (CHUNKS - 1)) as f64;
-    Truth {
-        exact: false,
-        answers: per_chunk * CHUNKS,
-        j,
-        j_se,
-        grad_se: spread.sqrt() / norm(&mean).max(f64::MIN_POSITIVE),
-        grad: mean,
-        kl,
-        kl_se,
-        k_moments: moments.of((CHUNKS * per_chunk * m.prompts.len()) as f64),
+    Chunks {
+        grads,
+        js,
+        kls,
+        moments,
+    }
+    .truth(
+        per_chunk * CHUNKS,
+        (CHUNKS * per_chunk * m.prompts.len()) as f64,
+    )
+}
+
+/// A large-sample truth's independent chunks: each chunk's ∇J, J and KL estimates, and the
+/// k1/k2/k3 moments over every answer.
+#[derive(Default)]
+pub struct Chunks {
+    pub grads: Vec<Vec<f64>>,
+    pub js: Vec<f64>,
+    pub kls: Vec<f64>,
+    pub moments: Moments,
+}
+
+impl Chunks {
+    /// The truth: the chunks' means, their standard errors from the spread between chunks.
+    /// `answers`: per prompt; `total`: every answer drawn.
+    pub fn truth(self, answers: usize, total: f64) -> Truth {
+        let chunks = self.grads.len() as f64;
+        let (j, j_se) = mean_se(&self.js);
+        let (kl, kl_se) = mean_se(&self.kls);
+        let mean: Vec<f64> = (0..self.grads[0].len())
+            .map(|i| self.grads.iter().map(|g| g[i]).sum::<f64>() / chunks)
+            .collect();
+        let spread: f64 = self
+            .grads
+            .iter()
+            .map(|g| {
+                g.iter()
+                    .zip(&mean)
+                    .map(|(a, b)| (a - b).powi(2))
+                    .sum::<f64>()
+            })
+            .sum::<f64>()
+            / (chunks * (chunks - 1.0));
+        Truth {
+            exact: false,
+            answers,
+            j,
+            j_se,
+            grad_se: spread.sqrt() / norm(&mean).max(f64::MIN_POSITIVE),
+            grad: mean,
+            kl,
+            kl_se,
+            k_moments: self.moments.of(total),
+        }
     }
 }
 

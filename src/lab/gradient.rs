@@ -12,6 +12,7 @@
 //! reference's KL is estimated by k1, k2 and k3 on answers drawn from π_θ.
 
 use super::exact::{self, Model, Tables, Truth, add_into, dot, norm};
+use super::study::{Ctx, Drawn, Estimator, Studied, batch_prompts};
 use crate::config::{AdvantageMode, ImportanceSamplingLevel, LossMode, ModelKind, RunConfig};
 use crate::engine::fused_lecture::FusedLecture;
 use crate::engine::{Batch, Which};
@@ -63,6 +64,23 @@ impl Default for LabArgs {
 }
 
 impl LabArgs {
+    /// The defaults for a config's model: the lecture's above; the transformer's smaller —
+    /// each of its gradients is a forward and a backward through the network over every
+    /// answer of a batch — 50 batches of 32 answers per prompt (G up to 32), and a truth of
+    /// 2¹⁸ answers in all.
+    pub fn for_config(c: &RunConfig) -> Self {
+        match c.model.kind {
+            ModelKind::Lecture => Self::default(),
+            ModelKind::Transformer => Self {
+                batches: 50,
+                budget: 32,
+                group_sizes: vec![2, 4, 8, 16, 32],
+                truth_samples: 1 << 18,
+                ..Self::default()
+            },
+        }
+    }
+
     /// Past μ step 0 the objectives differ: every one of them by default (unless some are
     /// named), each on RLOO advantages unless `modes_given`, so that only the objectives differ.
     pub fn off_policy_defaults(mut self, modes_given: bool) -> Self {
@@ -116,10 +134,6 @@ pub fn config_objective(c: &RunConfig) -> &'static str {
 
 /// Why a lab cannot run.
 pub fn check(c: &RunConfig, a: &LabArgs) -> Result<(), String> {
-    if c.model.kind != ModelKind::Lecture {
-        return Err(
-            "the gradient lab needs the lecture model (model.kind = \"lecture\"): its positions are decoded independently, so π is a table and ∇J can be enumerated; model.kind = \"transformer\" is not covered yet".to_string());
-    }
     if c.sampling.top_k > 0 || c.sampling.top_p < 1.0 || c.sampling.has_gap() {
         return Err("the gradient lab studies π itself: sampling.top_k, sampling.top_p and the mismatch lab's sampler keys must be off".into());
     }
@@ -156,14 +170,82 @@ pub fn check(c: &RunConfig, a: &LabArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// The policies the lab studies, taken from a run.
-pub struct Setup {
-    pub config: RunConfig,
-    /// The policy the gradients are taken at.
+/// The lecture policy studied: θ's fused net, and θ_old's, θ's and the reference's log π tables.
+pub struct LectureStudy {
     pub theta: FusedLecture,
     pub old: Tables,
     pub at: Tables,
     pub reference: Tables,
+}
+
+impl Studied for LectureStudy {
+    fn draw_old(&mut self, ctx: &Ctx, budget: usize, batch: usize) -> Drawn {
+        let n = self.old.n;
+        let d = draw_batch(&self.old, ctx.config, budget, batch, OLD_STREAM);
+        let rewards = d
+            .answers
+            .chunks_exact(n)
+            .zip(&d.xs)
+            .map(|(y, &x)| ctx.reward.reward(&ctx.prompts[x], y))
+            .collect();
+        Drawn {
+            old_logp: self.old.token_logp(&d.xs, &d.answers),
+            ref_logp: self.reference.token_logp(&d.xs, &d.answers),
+            mask: vec![1.0; d.answers.len()],
+            t: n,
+            rewards,
+            responses: d.answers,
+            xs: d.xs,
+        }
+    }
+
+    fn loss_gradient(&mut self, ctx: &Ctx, d: &Drawn, e: &Estimator) -> Vec<f32> {
+        self.theta.loss_gradient(
+            e.group_prompts,
+            &d.responses,
+            e.adv,
+            &d.old_logp,
+            &d.ref_logp,
+            e.settings,
+            ctx.config.sampling.temperature as f32,
+        )
+    }
+
+    fn kl_estimates(&mut self, ctx: &Ctx, budget: usize, batch: usize) -> [f64; 3] {
+        let d = draw_batch(&self.at, ctx.config, budget, batch, THETA_STREAM);
+        let mut k = [0.0f64; 3];
+        for (y, &x) in d.answers.chunks_exact(self.at.n).zip(&d.xs) {
+            for (acc, v) in k
+                .iter_mut()
+                .zip(exact::k_estimates(&self.at, &self.reference, x, y))
+            {
+                *acc += v;
+            }
+        }
+        let rows = d.xs.len() as f64;
+        k.map(|x| x / rows)
+    }
+
+    fn truth(&mut self, ctx: &Ctx, samples: usize) -> Truth {
+        exact::truth(
+            &mut Model {
+                net: &mut self.theta,
+                theta: &self.at,
+                reference: &self.reference,
+                prompts: ctx.prompts,
+                reward: ctx.reward,
+                temperature: ctx.config.sampling.temperature as f32,
+            },
+            samples,
+            ctx.config.run.seed,
+        )
+    }
+}
+
+/// The policies the lab studies, taken from a run.
+pub struct Setup {
+    pub config: RunConfig,
+    pub policy: Box<dyn Studied>,
     pub prompts: Vec<Vec<u32>>,
     pub reward: RewardFn,
 }
@@ -215,7 +297,7 @@ fn reference_tables(trainer: &mut Trainer, prompts: &[Vec<u32>]) -> Result<Table
 
 impl Setup {
     /// Drive `trainer` (fresh, or restored from a checkpoint) to θ_old and θ. The reference
-    /// is `initial` (iteration 0's policy, in the lecture's flat layout) when given, else the
+    /// is `initial` (iteration 0's policy, in the engine's flat layout) when given, else the
     /// one the trainer's engine holds (a checkpoint's).
     pub fn from_trainer(
         mut trainer: Trainer,
@@ -228,25 +310,49 @@ impl Setup {
         }
         let c = trainer.config.clone();
         let prompts = trainer.prompts.train.clone();
-        let temperature = c.sampling.temperature as f32;
-        let old_net = fused_from(&c, &trainer.engine().flat_weights());
+        let old = trainer.engine().flat_weights();
         for _ in 0..a.mu_step {
             trainer.step().map_err(|e| e.to_string())?;
         }
-        let theta = fused_from(&c, &trainer.engine().flat_weights());
-        let reference = match initial {
-            Some(w) => Tables::of(&fused_from(&c, w), &prompts, temperature),
-            None => reference_tables(&mut trainer, &prompts)?,
+        let theta = trainer.engine().flat_weights();
+        let policy: Box<dyn Studied> = if c.model.kind == ModelKind::Transformer {
+            let reference = match initial {
+                Some(w) => w.to_vec(),
+                None => super::sampled::reference_weights(&trainer)?,
+            };
+            Box::new(super::sampled::TransformerStudy::new(
+                &c, old, theta, reference,
+            ))
+        } else {
+            let temperature = c.sampling.temperature as f32;
+            let theta = fused_from(&c, &theta);
+            let reference = match initial {
+                Some(w) => Tables::of(&fused_from(&c, w), &prompts, temperature),
+                None => reference_tables(&mut trainer, &prompts)?,
+            };
+            Box::new(LectureStudy {
+                old: Tables::of(&fused_from(&c, &old), &prompts, temperature),
+                at: Tables::of(&theta, &prompts, temperature),
+                theta,
+                reference,
+            })
         };
         Ok(Self {
-            old: Tables::of(&old_net, &prompts, temperature),
-            at: Tables::of(&theta, &prompts, temperature),
-            theta,
-            reference,
+            policy,
             reward: trainer.reward_fn.clone(),
             prompts,
             config: c,
         })
+    }
+
+    /// The studied policy and what it reads besides.
+    fn parts(&mut self) -> (&mut dyn Studied, Ctx<'_>) {
+        let ctx = Ctx {
+            config: &self.config,
+            prompts: &self.prompts,
+            reward: &self.reward,
+        };
+        (self.policy.as_mut(), ctx)
     }
 }
 
@@ -269,7 +375,8 @@ pub struct EstimatorStats {
     /// `‖E ĝ − c*∇J‖ / ‖c*∇J‖`: the mean's direction error after the best scale.
     pub bias: f64,
     /// What `bias` would read for an unbiased estimator from this many batches (the mean's
-    /// own Monte Carlo error, `√(tr Cov / N) / ‖c*∇J‖`).
+    /// own Monte Carlo error, `√(tr Cov / N) / ‖c*∇J‖`; with a sampled truth, its relative
+    /// standard error added in quadrature).
     pub bias_floor: f64,
     /// `tr Cov ĝ / ‖c*∇J‖²`: the variance in units of the (scaled) true gradient's square.
     pub variance: f64,
@@ -343,7 +450,9 @@ impl Acc {
         self.count += 1;
     }
 
-    fn stats(&self, truth: &[f64]) -> (f64, f64, f64, f64, f64, f64, f64) {
+    /// `truth_se`: the truth's own relative standard error (0 when exact), which a sampled
+    /// truth adds to every bias's floor.
+    fn stats(&self, truth: &[f64], truth_se: f64) -> (f64, f64, f64, f64, f64, f64, f64) {
         let k = self.count as f64;
         let mean: Vec<f64> = self.sum.iter().map(|s| s / k).collect();
         let mean_norm = norm(&mean);
@@ -362,7 +471,11 @@ impl Acc {
             mean_norm / tr_cov.sqrt().max(f64::MIN_POSITIVE),
             scale,
             norm(&off) / scaled,
-            (tr_cov / k).sqrt() / scaled,
+            if truth_se == 0.0 {
+                (tr_cov / k).sqrt() / scaled
+            } else {
+                ((tr_cov / k) / (scaled * scaled) + truth_se * truth_se).sqrt()
+            },
             tr_cov / (scaled * scaled),
         )
     }
@@ -381,14 +494,8 @@ struct Draws {
 
 fn draw_batch(t: &Tables, c: &RunConfig, budget: usize, batch: usize, stream: u32) -> Draws {
     let p = t.prompts;
-    let b = c.batch_prompts(p);
-    let mut idx: Vec<usize> = (0..p).collect();
-    if b < p {
-        let mut rng =
-            crate::rng::SplitMix64::for_stream(c.run.seed ^ (batch as u64) << 20, "gradient-lab");
-        rng.shuffle(&mut idx);
-        idx.truncate(b);
-    }
+    let idx = batch_prompts(c, p, batch);
+    let b = idx.len();
     let mut xs = Vec::with_capacity(b * budget);
     let mut answers = Vec::with_capacity(b * budget * t.n);
     for &x in &idx {
@@ -420,8 +527,6 @@ impl Measure {
     /// The truth at θ (exact, or the large-sample stand-in) and empty sums.
     pub fn new(mut setup: Setup, a: &LabArgs) -> Self {
         let c = &setup.config;
-        let temperature = c.sampling.temperature as f32;
-        let seed = c.run.seed;
         let objectives: Vec<String> = if a.objectives.is_empty() {
             vec![config_objective(c).to_string()]
         } else {
@@ -442,18 +547,8 @@ impl Measure {
                     .flat_map(move |&m| (0..count).map(move |o| (g, m, o)))
             })
             .collect();
-        let truth = exact::truth(
-            &mut Model {
-                net: &mut setup.theta,
-                theta: &setup.at,
-                reference: &setup.reference,
-                prompts: &setup.prompts,
-                reward: &setup.reward,
-                temperature,
-            },
-            a.truth_samples,
-            seed,
-        );
+        let (policy, ctx) = setup.parts();
+        let truth = policy.truth(&ctx, a.truth_samples);
         Self {
             accs: keys.iter().map(|_| Acc::default()).collect(),
             keys,
@@ -474,36 +569,23 @@ impl Measure {
     /// One more batch: its answers from π_θold, every estimator's gradient on them, and the
     /// KL estimators on answers from π_θ.
     pub fn step(&mut self) {
-        let (s, a) = (&mut self.setup, &self.args);
-        let c = &s.config;
-        let temperature = c.sampling.temperature as f32;
-        let n = c.task.n;
-        let d = draw_batch(&s.old, c, a.budget, self.batch, OLD_STREAM);
-        let rewards: Vec<f32> = d
-            .answers
-            .chunks_exact(n)
-            .zip(&d.xs)
-            .map(|(y, &x)| s.reward.reward(&s.prompts[x], y))
-            .collect();
-        let old_logp = s.old.token_logp(&d.xs, &d.answers);
-        let ref_logp = s.reference.token_logp(&d.xs, &d.answers);
+        let a = &self.args;
+        let (policy, ctx) = self.setup.parts();
+        let d = policy.draw_old(&ctx, a.budget, self.batch);
         // Each group's prompt, once per G (the keys run G by G).
         let mut group_prompts: Vec<(usize, Vec<u32>)> = Vec::new();
         for (acc, &(g, mode, o)) in self.accs.iter_mut().zip(&self.keys) {
             if group_prompts.last().is_none_or(|(at, _)| *at != g) {
                 let p = d.xs.iter().step_by(g);
-                group_prompts.push((g, p.flat_map(|&x| s.prompts[x].clone()).collect()));
+                group_prompts.push((g, p.flat_map(|&x| ctx.prompts[x].clone()).collect()));
             }
-            let adv = advantage::advantages(mode, &rewards, g);
-            let grad = s.theta.loss_gradient(
-                &group_prompts.last().expect("pushed above").1,
-                &d.answers,
-                &adv,
-                &old_logp,
-                &ref_logp,
-                &self.settings[o],
-                temperature,
-            );
+            let adv = advantage::advantages(mode, &d.rewards, g);
+            let e = Estimator {
+                group_prompts: &group_prompts.last().expect("pushed above").1,
+                adv: &adv,
+                settings: &self.settings[o],
+            };
+            let grad = policy.loss_gradient(&ctx, &d, &e);
             // The loss descends; the estimate of ∇J is its negative.
             let ascent: Vec<f32> = grad.iter().map(|x| -x).collect();
             acc.add(&ascent, &self.truth.grad);
@@ -511,7 +593,7 @@ impl Measure {
         for (k, est) in self
             .kl
             .iter_mut()
-            .zip(kl_estimates(s, a.budget, self.batch))
+            .zip(policy.kl_estimates(&ctx, a.budget, self.batch))
         {
             k.push(est);
         }
@@ -527,7 +609,7 @@ impl Measure {
             .zip(&self.accs)
             .map(|(&(g, mode, o), acc)| {
                 let (cosine_mean, cosine_std, snr, scale, bias, bias_floor, variance) =
-                    acc.stats(&truth.grad);
+                    acc.stats(&truth.grad, truth.grad_se);
                 let name = if self.objectives.len() > 1 {
                     format!("{}/{}", mode.name(), self.objectives[o])
                 } else {
@@ -597,12 +679,21 @@ pub enum Session {
 
 impl Session {
     /// A session on `trainer` (fresh, or restored from a checkpoint).
-    pub fn start(trainer: Trainer, a: &LabArgs) -> Self {
-        let initial = (trainer.global_step() == 0).then(|| trainer.engine().flat_weights());
-        match check(&trainer.config, a) {
-            Ok(()) => Session::Training(Box::new(trainer), a.clone(), initial),
-            Err(e) => Session::Failed(e),
+    pub fn start(mut trainer: Trainer, a: &LabArgs) -> Self {
+        if let Err(e) = check(&trainer.config, a) {
+            return Session::Failed(e);
         }
+        // The reference is iteration 0's policy: after the run's supervised cold start where
+        // it has one (R1's recipe, `sft.steps`: the reference starts from the fine-tuned policy).
+        let initial = if trainer.global_step() == 0 {
+            if let Err(e) = trainer.cold_start() {
+                return Session::Failed(e.to_string());
+            }
+            Some(trainer.engine().flat_weights())
+        } else {
+            None
+        };
+        Session::Training(Box::new(trainer), a.clone(), initial)
     }
 
     pub fn is_done(&self) -> bool {
@@ -668,23 +759,6 @@ impl Session {
     }
 }
 
-/// One batch's k1, k2, k3 estimates of `KL(π_θ ‖ π_ref)` on answers drawn from π_θ
-/// ([`exact::k_estimates`] averaged over the batch).
-fn kl_estimates(s: &Setup, budget: usize, batch: usize) -> [f64; 3] {
-    let d = draw_batch(&s.at, &s.config, budget, batch, THETA_STREAM);
-    let mut k = [0.0f64; 3];
-    for (y, &x) in d.answers.chunks_exact(s.at.n).zip(&d.xs) {
-        for (acc, v) in k
-            .iter_mut()
-            .zip(exact::k_estimates(&s.at, &s.reference, x, y))
-        {
-            *acc += v;
-        }
-    }
-    let rows = d.xs.len() as f64;
-    k.map(|x| x / rows)
-}
-
 /// The checkpoint `dir` names (a run directory: its newest checkpoint that verifies; or a
 /// checkpoint directory `RUN/checkpoints/iter-N`) and the config its run recorded.
 pub fn checkpoint_of(dir: &std::path::Path) -> Result<(std::path::PathBuf, RunConfig), String> {
@@ -737,34 +811,67 @@ pub fn estimate(c: &RunConfig, a: &LabArgs) -> crate::estimate::Estimate {
         c.task.vocab as u128,
         c.model.d_model as u128,
     );
-    let params = v * d + 2 * n * d * d;
-    let per = exact::answers_per_prompt(c.task.n, c.task.vocab).unwrap_or(a.truth_samples / 8);
-    let rows = per.min(1 << 16) as u128;
     let prompts = c.task.prompts.len().max(c.task.train_size) as u128;
     let batch_rows = (c.batch_prompts(prompts as usize) * a.budget) as u128;
     let estimators = (a.group_sizes.len() * a.modes.len() * a.objectives.len().max(1)) as u128;
-    let parts = [
-        (
-            "the truth's enumeration chunk",
-            "task.n, task.vocab",
-            rows * n * 16 + 8 * params,
-        ),
-        (
-            "log π tables (θ_old, θ, reference)",
-            "task.n, task.vocab, task.train_size",
-            3 * 8 * prompts * n * v,
-        ),
-        (
-            "a batch's answers and per-token terms",
-            "--budget, algorithm.prompts_per_iteration",
-            batch_rows * n * 64,
-        ),
-        (
-            "each estimator's running sum",
-            "--group-sizes, --modes, --objectives",
-            estimators * params * 8,
-        ),
-    ];
+    let parts = if c.model.kind == ModelKind::Transformer {
+        let shape = crate::model::transformer_shape(c);
+        let params = crate::engine::fused_transformer::Layout::of(&shape).total as u128;
+        // A teacher-forced pass keeps ~(10·D + 2·d_ff)·layers + 4·V floats per position.
+        let positions = (c.task.n + c.max_len()) as u128;
+        let per_row = positions
+            * ((10 * d + 2 * shape.d_ff as u128) * shape.layers as u128 + 4 * (v + 1))
+            * 4;
+        let truth_rows = super::sampled::ROWS as u128;
+        [
+            (
+                "the truth's passes (1024 answers at once)",
+                "model.*, task.max_len",
+                truth_rows * per_row + 8 * params,
+            ),
+            (
+                "the weights (θ_old, θ, reference) and a gradient",
+                "model.*",
+                4 * 4 * params,
+            ),
+            (
+                "a batch's answers and passes",
+                "--budget, algorithm.prompts_per_iteration",
+                batch_rows * per_row,
+            ),
+            (
+                "each estimator's running sum",
+                "--group-sizes, --modes, --objectives",
+                estimators * params * 8,
+            ),
+        ]
+    } else {
+        let params = v * d + 2 * n * d * d;
+        let per = exact::answers_per_prompt(c.task.n, c.task.vocab).unwrap_or(a.truth_samples / 8);
+        let rows = per.min(1 << 16) as u128;
+        [
+            (
+                "the truth's enumeration chunk",
+                "task.n, task.vocab",
+                rows * n * 16 + 8 * params,
+            ),
+            (
+                "log π tables (θ_old, θ, reference)",
+                "task.n, task.vocab, task.train_size",
+                3 * 8 * prompts * n * v,
+            ),
+            (
+                "a batch's answers and per-token terms",
+                "--budget, algorithm.prompts_per_iteration",
+                batch_rows * n * 64,
+            ),
+            (
+                "each estimator's running sum",
+                "--group-sizes, --modes, --objectives",
+                estimators * params * 8,
+            ),
+        ]
+    };
     for (what, fields, bytes) in parts {
         e.parts.push(crate::estimate::Part {
             what,
@@ -987,7 +1094,14 @@ impl Report {
         let mut out = line_chart(
             dir,
             "gradient-lab-cosine",
-            &format!("cosine to the exact ∇J, mean over batches ({at})"),
+            &format!(
+                "cosine to {}, mean over batches ({at})",
+                if self.exact {
+                    "the exact ∇J"
+                } else {
+                    "∇J (a large-sample estimate)"
+                }
+            ),
             "log₂ G (groups of G at an equal budget)",
             "cosine to ∇J",
             &series(|e| e.cosine_mean),
@@ -1127,11 +1241,73 @@ mod tests {
         assert!(k.k2 - k.exact > 10.0 * se(k.k2_std), "{k:?}");
     }
 
+    /// The lab on a small transformer at its second iteration (the reference is iteration
+    /// 0's): not exact, a truth with its standard error; the group mean is RLOO × (G−1)/G
+    /// exactly (the same answers, θ = θ_old); a baseline cuts the raw reward's variance; a
+    /// larger group's RLOO points closer to ∇J; the KL is not zero and k1's expectation over
+    /// the truth's answers is its KL.
+    #[test]
+    fn the_transformer_lab_measures_estimators_against_a_sampled_truth() {
+        let c = RunConfig::preset("transformer-sort")
+            .unwrap()
+            .with_overrides(&[
+                "model.d_model=16".into(),
+                "model.layers=1".into(),
+                "model.heads=2".into(),
+                "task.train_size=32".into(),
+                "task.heldout_size=8".into(),
+                "algorithm.prompts_per_iteration=4".into(),
+                "algorithm.num_generations=4".into(),
+                "algorithm.dynamic_sampling=false".into(),
+                "sft.steps=20".into(),
+                "sft.examples=64".into(),
+                "sft.batch_size=16".into(),
+                "optimizer.lr=1e-2".into(),
+            ])
+            .unwrap();
+        let a = LabArgs {
+            at_iteration: 2,
+            batches: 40,
+            budget: 8,
+            group_sizes: vec![2, 8],
+            modes: vec![
+                AdvantageMode::Raw,
+                AdvantageMode::Centered,
+                AdvantageMode::Rloo,
+            ],
+            truth_samples: 8 * 32 * 64,
+            ..LabArgs::for_config(&c)
+        };
+        let r = run_all(c, None, &a, true).unwrap();
+        let find = |name: &str, g: usize| {
+            r.estimators
+                .iter()
+                .find(|e| e.name == name && e.g == g)
+                .unwrap()
+        };
+        eprintln!("{}", r.text());
+        assert!(!r.exact && r.truth_answers == 8 * 64, "{}", r.truth_answers);
+        assert!(r.true_grad_norm > 0.0 && r.true_grad_se > 0.0 && r.true_grad_se < 0.5);
+        for g in [2, 8] {
+            let ratio = find("centered", g).scale / find("rloo", g).scale;
+            let want = (g - 1) as f64 / g as f64;
+            assert!((ratio - want).abs() < 1e-3, "G = {g}: {ratio} vs {want}");
+        }
+        assert!(find("raw", 8).variance > find("rloo", 8).variance);
+        assert!(find("rloo", 8).cosine_mean > find("rloo", 2).cosine_mean);
+        assert!(find("rloo", 8).cosine_mean > 0.1, "{:?}", find("rloo", 8));
+        let k = &r.kl;
+        assert!(k.exact > 1e-4, "{k:?}");
+        assert!(
+            (k.k1_expected - k.exact).abs() < 1e-9 * (1.0 + k.exact),
+            "{k:?}"
+        );
+    }
+
     #[test]
     fn what_the_lab_cannot_study_is_refused_by_name() {
         let t = RunConfig::preset("transformer-sort").unwrap();
-        let e = check(&t, &LabArgs::default()).unwrap_err();
-        assert!(e.contains("model.kind"), "{e}");
+        assert_eq!(check(&t, &LabArgs::for_config(&t)), Ok(()));
         let c = RunConfig::preset("lecture17").unwrap();
         let e = check(
             &c,

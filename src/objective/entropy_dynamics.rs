@@ -55,6 +55,17 @@ impl Covariance {
     }
 }
 
+/// `∇θH·Δθ`: the first-order entropy change of an update from `before` to `after` (flat
+/// weights) along `dh = ∇θH` at `before`, summed in f64.
+pub fn first_order(after: &[f32], before: &[f32], dh: &[f32]) -> f64 {
+    after
+        .iter()
+        .zip(before)
+        .zip(dh)
+        .map(|((&w, &w0), &g)| (w - w0) as f64 * g as f64)
+        .sum()
+}
+
 /// The law's natural-gradient prediction of a step's entropy change: `−η·Cov(log π, A)`.
 pub fn predicted_delta(lr: f64, c: &Covariance) -> f64 {
     -lr * c.cov
