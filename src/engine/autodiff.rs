@@ -527,17 +527,7 @@ impl Engine for BurnEngine {
         let logp_rows = logp_h[..logged * g * t].to_vec();
         let entropy_rows = entropy_h[..logged * g * t].to_vec();
         let loss = terms.loss as f32;
-        let scalars = StepScalars {
-            loss,
-            kl: terms.kl,
-            clip_low: terms.clip_low,
-            clip_high: terms.clip_high,
-            ratio_mean: terms.ratio_mean,
-            entropy: terms.entropy,
-            grad_norm,
-            entropy_measured: None,
-            entropy_first_order: None,
-        };
+        let scalars = StepScalars::of(&terms, grad_norm);
         self.terms = terms;
         if !loss.is_finite() || !grad_norm.is_finite() {
             // The trainer stops the run; the weights stay as they were.

@@ -1160,17 +1160,12 @@ impl FusedLecture {
             }
             None => (None, None),
         };
-        let t = &sc.terms;
+        // The entropy per `(prompt, position)` row (this step scores rows, not tokens).
         let scalars = StepScalars {
-            loss: t.loss as f32,
-            kl: t.kl,
-            clip_low: t.clip_low,
-            clip_high: t.clip_high,
-            ratio_mean: t.ratio_mean,
             entropy: (entropy / rows as f64) as f32,
-            grad_norm,
             entropy_measured,
             entropy_first_order,
+            ..StepScalars::of(&sc.terms, grad_norm)
         };
         let logp = sc.logp.clone();
         self.scratch = sc;

@@ -1338,17 +1338,7 @@ impl FusedTransformer {
         self.backward_parts(&mut parts, &ranges, g * t, &coefs);
         self.parts = parts;
         let grad_norm = sum_sq(&self.grad).sqrt();
-        let scalars = StepScalars {
-            loss: terms.loss as f32,
-            kl: terms.kl,
-            clip_low: terms.clip_low,
-            clip_high: terms.clip_high,
-            ratio_mean: terms.ratio_mean,
-            entropy: terms.entropy,
-            grad_norm,
-            entropy_measured: None,
-            entropy_first_order: None,
-        };
+        let scalars = StepScalars::of(&terms, grad_norm);
         self.terms = terms;
         scalars
     }

@@ -371,6 +371,24 @@ pub struct StepScalars {
     pub entropy_first_order: Option<f32>,
 }
 
+impl StepScalars {
+    /// The scalars of a step whose objective `objective::loss` evaluated (`t`), with the
+    /// gradient's norm; nothing of the entropy's change.
+    pub fn of(t: &crate::objective::loss::TokenTerms, grad_norm: f32) -> Self {
+        Self {
+            loss: t.loss as f32,
+            kl: t.kl,
+            clip_low: t.clip_low,
+            clip_high: t.clip_high,
+            ratio_mean: t.ratio_mean,
+            entropy: t.entropy,
+            grad_norm,
+            entropy_measured: None,
+            entropy_first_order: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct StepOutput {
     pub scalars: StepScalars,
