@@ -105,7 +105,7 @@ pub fn supervised_steps(
     let mut optim = adam(optimizer);
     let mut last_loss = 0.0f32;
     for (i, batch) in batches.iter().enumerate() {
-        let (logp, _) = policy.score(
+        let logp = policy.log_probs(
             prompt_tensor(batch, device),
             response_tensor(batch, device),
             1.0,
@@ -479,7 +479,7 @@ impl Engine for BurnEngine {
             Which::Reference => &self.reference,
         };
         let inner = self.device.clone();
-        let (logp, _) = p.valid().score(
+        let logp = p.valid().log_probs(
             prompt_tensor(batch, &inner).without_autodiff(),
             response_tensor(batch, &inner).without_autodiff(),
             temperature,

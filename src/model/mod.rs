@@ -126,6 +126,31 @@ impl Policy {
         temperature: f32,
         support: Option<&[u64]>,
     ) -> (Tensor<3>, Tensor<3>) {
+        let (logp, entropy) = self.score_with(prompts, responses, temperature, support, true);
+        (logp, entropy.expect("asked for"))
+    }
+
+    /// [`Self::score`]'s `log π` alone: the entropy's kernels are not queued (log π_old,
+    /// log π_ref and the cold start read no entropy).
+    pub fn log_probs(
+        &self,
+        prompts: Tensor<2, Int>,
+        responses: Tensor<3, Int>,
+        temperature: f32,
+        support: Option<&[u64]>,
+    ) -> Tensor<3> {
+        self.score_with(prompts, responses, temperature, support, false)
+            .0
+    }
+
+    fn score_with(
+        &self,
+        prompts: Tensor<2, Int>,
+        responses: Tensor<3, Int>,
+        temperature: f32,
+        support: Option<&[u64]>,
+        entropy: bool,
+    ) -> (Tensor<3>, Option<Tensor<3>>) {
         let [b, g, t] = responses.dims();
         match self {
             Policy::Lecture(m) => {
@@ -134,11 +159,12 @@ impl Policy {
                     // A prompt's G responses were drawn from the same rows: the first one's.
                     logits = support_bias(logits, |bi, p| s[bi * g * t + p]);
                 }
-                let logp = token_log_probs(logits.clone(), responses, temperature);
-                let ent = token_entropy(logits.div_scalar(temperature))
-                    .reshape([b, 1, t])
-                    .expand([b, g, t]);
-                (logp, ent)
+                let ent = entropy.then(|| {
+                    token_entropy(logits.clone().div_scalar(temperature))
+                        .reshape([b, 1, t])
+                        .expand([b, g, t])
+                });
+                (token_log_probs(logits, responses, temperature), ent)
             }
             Policy::Transformer(m) => {
                 let n = prompts.dims()[1];
@@ -154,9 +180,9 @@ impl Policy {
                 if let Some(s) = support {
                     logits = support_bias(logits, |ri, p| s[ri * t + p]);
                 }
-                let logp = token_log_probs(logits.clone(), resp.reshape([r, 1, t]), 1.0)
-                    .reshape([b, g, t]);
-                (logp, token_entropy(logits).reshape([b, g, t]))
+                let ent = entropy.then(|| token_entropy(logits.clone()).reshape([b, g, t]));
+                let logp = token_log_probs(logits, resp.reshape([r, 1, t]), 1.0).reshape([b, g, t]);
+                (logp, ent)
             }
         }
     }
