@@ -510,6 +510,52 @@ fn the_token_view_and_formula_card_fit_and_explain_a_token() {
     );
     assert_fits(&h, 1280.0, "lecture17 formula cards");
     h.snapshot("inspector-formula-compare");
+    // A row is one widget that hit-tests its chips: clicks left to right along response 2
+    // select nothing on its head, then its tokens in order, each of them.
+    h.state_mut().token_view.selected = Some((0, 0));
+    h.run();
+    let row = h.get_by_label_contains("response 2: ").rect();
+    let tokens = h.state().run.groups.last().unwrap().1[0].responses[2].len();
+    let mut seen = Vec::new();
+    let mut x = row.left() + 1.0;
+    while x < row.right() {
+        let pos = egui::pos2(x, row.center().y);
+        h.hover_at(pos);
+        for pressed in [true, false] {
+            h.event(egui::Event::PointerButton {
+                pos,
+                button: egui::PointerButton::Primary,
+                pressed,
+                modifiers: egui::Modifiers::default(),
+            });
+        }
+        h.run();
+        let sel = h.state().token_view.selected.unwrap();
+        if sel != (0, 0) && seen.last() != Some(&sel) {
+            seen.push(sel);
+        }
+        x += 4.0;
+    }
+    assert_eq!(seen, (0..tokens).map(|t| (2, t)).collect::<Vec<_>>());
+    // The prompt strip: a click on the second prompt shows its group.
+    let strip = h.get_by_label_contains("Prompt [").rect();
+    assert_eq!(h.state().inspector_group, 0);
+    let mut x = strip.left();
+    while h.state().inspector_group == 0 && x < strip.right() {
+        let pos = egui::pos2(x, strip.top() + 8.0);
+        h.hover_at(pos);
+        for pressed in [true, false] {
+            h.event(egui::Event::PointerButton {
+                pos,
+                button: egui::PointerButton::Primary,
+                pressed,
+                modifiers: egui::Modifiers::default(),
+            });
+        }
+        h.run();
+        x += 4.0;
+    }
+    assert_eq!(h.state().inspector_group, 1, "the second prompt, first");
 }
 
 /// The guided iteration (#28 §3): eight steps in GRPO-SPEC §2's order, each on its tab with its

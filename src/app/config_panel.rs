@@ -20,7 +20,12 @@ pub struct ConfigPanel {
     /// A drawn row's height: the rows scrolled out of view take this much space undrawn.
     row_h: f32,
     cached: Option<(RunConfig, toml::Table)>,
+    /// The sections matching the search, for the search they match (it changes on typing).
+    found: Option<(String, Vec<Section>)>,
 }
+
+/// A section's name and its fields (those matching the search).
+pub type Section = (&'static str, Vec<&'static Field>);
 
 /// A section's title for the part of a key before its last dot.
 fn section_title(section: &str) -> String {
@@ -52,12 +57,12 @@ fn matches_text(hay: &str, search_lower: &str) -> bool {
 }
 
 /// The sections in the table's order, each with its fields matching `search`.
-pub fn sections(search: &str) -> Vec<(&'static str, Vec<&'static Field>)> {
+pub fn sections(search: &str) -> Vec<Section> {
     // Every field's haystack, lower-cased once per process (the panel searches every frame).
     static HAY: std::sync::LazyLock<Vec<String>> =
         std::sync::LazyLock::new(|| FIELDS.iter().map(haystack).collect());
     let search = search.to_lowercase();
-    let mut out: Vec<(&'static str, Vec<&'static Field>)> = Vec::new();
+    let mut out: Vec<Section> = Vec::new();
     let found = FIELDS
         .iter()
         .zip(HAY.iter())
@@ -133,12 +138,15 @@ pub fn fields_ui(
     };
     let table = &mut *table;
     let searching = !panel.search.trim().is_empty();
-    let found = sections(&panel.search);
+    if panel.found.as_ref().is_none_or(|(s, _)| *s != panel.search) {
+        panel.found = Some((panel.search.clone(), sections(&panel.search)));
+    }
+    let found = panel.found.as_ref().map_or(&[][..], |(_, f)| &f[..]);
     if found.is_empty() {
         ui.label(RichText::new("no key matches").weak());
     }
     let mut changed = false;
-    for (section, fields) in found {
+    for (section, fields) in found.iter().map(|(s, f)| (*s, f)) {
         let header =
             egui::CollapsingHeader::new(format!("{} ({})", section_title(section), fields.len()))
                 .id_salt(section)
@@ -187,9 +195,14 @@ fn field_row(
         let l = ui.label(f.label).on_hover_ui(|ui| {
             ui.label(f.tooltip());
         });
-        ui.add_enabled_ui(applies, |ui| {
+        // A scope (a child ui) only for the rows that do not apply: most rows are enabled.
+        if applies {
             changed = widget(ui, table, f, l.id);
-        });
+        } else {
+            ui.add_enabled_ui(false, |ui| {
+                changed = widget(ui, table, f, l.id);
+            });
+        }
         if !applies && f.scope != Scope::Always {
             ui.label(
                 RichText::new(format!("(when {})", f.scope.words()))

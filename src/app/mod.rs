@@ -9,6 +9,7 @@ pub mod experiments;
 pub mod files;
 pub mod help;
 pub mod lab;
+pub mod mono;
 pub mod plots;
 pub mod shapes;
 pub mod store;
@@ -607,7 +608,7 @@ impl GrpoApp {
                 tour::start(self);
             }
             ui.separator();
-            ui.label(egui::RichText::new(self.status_line()).monospace());
+            mono::label(ui, &self.status_line(), mono::Look::PLAIN);
             if ui
                 .button("Save PNG")
                 .on_hover_text("Save the whole window as grpo-lab-window.png")

@@ -5,6 +5,7 @@
 //! with its numbers step by step to its contribution to the loss, beside a second objective's
 //! for the same token. The numbers are `objective::explain`'s (the engines' own text).
 
+use super::mono;
 use super::plots::tokenizer;
 use crate::config::RunConfig;
 use crate::metrics::GroupRecord;
@@ -180,21 +181,20 @@ pub fn token_view_ui(
         .max_height(260.0)
         .show(ui, |ui| {
             for (i, resp) in g.responses.iter().enumerate() {
-                ui.horizontal_wrapped(|ui| {
-                    ui.spacing_mut().item_spacing.x = 4.0;
-                    ui.monospace(format!(
-                        "#{i:<2} r {:>5.2} A {:>+6.2} │",
-                        g.rewards.get(i).copied().unwrap_or(f32::NAN),
-                        adv.get(i).copied().unwrap_or(f32::NAN)
-                    ));
-                    for (t, &tok) in resp.iter().enumerate() {
-                        if let Some(clicked) =
-                            token_chip(ui, view, &s, &terms, g, (i, t), tok, scale)
-                        {
-                            view.selected = Some(clicked);
-                        }
-                    }
-                });
+                let head = format!(
+                    "#{i:<2} r {:>5.2} A {:>+6.2} |",
+                    g.rewards.get(i).copied().unwrap_or(f32::NAN),
+                    adv.get(i).copied().unwrap_or(f32::NAN)
+                );
+                let row = Row {
+                    i,
+                    head,
+                    tokens: resp,
+                    scale,
+                };
+                if let Some(clicked) = token_row(ui, view, &s, &terms, g, row) {
+                    view.selected = Some(clicked);
+                }
             }
         });
     for c in &terms.caveats {
@@ -209,60 +209,145 @@ pub fn token_view_ui(
     (Some(rows.inner_rect), card)
 }
 
-/// One token as a coloured chip; `Some(at)` when clicked.
-#[allow(clippy::too_many_arguments)]
-fn token_chip(
+/// A token row's item: (position in the response, text, galley, fill).
+type RowItem = (Option<usize>, String, std::sync::Arc<egui::Galley>, Color32);
+
+/// One response's row of the token view.
+struct Row<'a> {
+    i: usize,
+    /// Its reward and advantage, before the tokens.
+    head: String,
+    tokens: &'a [u32],
+    /// The colour scale (the group's largest |value|).
+    scale: f32,
+}
+
+/// A row's items — (position in the response, text, galley, fill) — the head's pieces first
+/// (their layouts repeat: see `mono`), then every token; and how many pieces the head has.
+fn row_items(
+    ui: &egui::Ui,
+    view: &TokenView,
+    s: &LossSettings,
+    terms: &GroupTerms,
+    g: &GroupRecord,
+    row: &Row<'_>,
+) -> (usize, Vec<RowItem>) {
+    let (q, i) = (view.quantity, row.i);
+    let galley = |ui: &egui::Ui, rich: RichText| {
+        // The colour is painted behind the text rather than laid out with it: the text's
+        // layout then repeats across tokens, groups and steps (egui's galley cache hits).
+        egui::WidgetText::from(rich).into_galley(
+            ui,
+            Some(egui::TextWrapMode::Extend),
+            f32::INFINITY,
+            egui::TextStyle::Monospace,
+        )
+    };
+    let head = mono::pieces(&row.head);
+    let mut items: Vec<RowItem> = head
+        .iter()
+        .map(|p| {
+            let gl = galley(ui, RichText::new(*p).monospace());
+            (None, String::new(), gl, Color32::TRANSPARENT)
+        })
+        .collect();
+    for (t, &tok) in row.tokens.iter().enumerate() {
+        let text = tokenizer().decode(&[tok]);
+        if terms.at(i, t).is_none() {
+            let gl = galley(ui, RichText::new(&text).monospace().weak());
+            items.push((None, text, gl, Color32::TRANSPARENT));
+            continue;
+        }
+        let v = terms.value(q, i, t, &g.cov_terms);
+        let x = if q == Quantity::Ratio { v.ln() } else { v } / row.scale;
+        let shown = if terms.clipped(s, i, t) {
+            format!(" {text}✂")
+        } else {
+            format!(" {text} ")
+        };
+        let mut rich = RichText::new(shown).monospace();
+        if view.selected == Some((i, t)) {
+            rich = rich.strong().underline();
+        }
+        items.push((Some(t), text, galley(ui, rich), colour(q, x)));
+    }
+    (head.len(), items)
+}
+
+/// A response as one widget: its head, then each token as a coloured chip, wrapped at the
+/// panel's width; the hover shows the numbers of the token under the pointer and a click
+/// selects it (`Some(at)`). One widget per row rather than per token: the view's cost per
+/// frame is that of its ~G rows, not of its ~G·T tokens.
+fn token_row(
     ui: &mut egui::Ui,
     view: &TokenView,
     s: &LossSettings,
     terms: &GroupTerms,
     g: &GroupRecord,
-    (i, t): (usize, usize),
-    tok: u32,
-    scale: f32,
+    row: Row<'_>,
 ) -> Option<(usize, usize)> {
-    let q = view.quantity;
-    let text = tokenizer().decode(&[tok]);
-    if terms.at(i, t).is_none() {
-        ui.monospace(RichText::new(text).weak());
-        return None;
-    }
-    let v = terms.value(q, i, t, &g.cov_terms);
-    let x = if q == Quantity::Ratio { v.ln() } else { v } / scale;
-    let clipped = terms.clipped(s, i, t);
-    let mut rich = RichText::new(if clipped {
-        format!(" {text}✂")
-    } else {
-        format!(" {text} ")
-    })
-    .monospace();
-    if view.selected == Some((i, t)) {
-        rich = rich.strong().underline();
-    }
-    // The colour is painted behind the text rather than laid out with it: the text's layout
-    // then repeats across tokens, groups and steps (egui's galley cache hits), and a new
-    // group costs no new layouts — the view's share of a frame when the trainer logs.
-    let galley = egui::WidgetText::from(rich).into_galley(
-        ui,
-        Some(egui::TextWrapMode::Extend),
-        f32::INFINITY,
-        egui::TextStyle::Monospace,
-    );
-    let (rect, r) = ui.allocate_exact_size(galley.size(), egui::Sense::click());
-    r.widget_info(|| egui::WidgetInfo::labeled(egui::Role::Label, true, galley.text()));
-    if ui.is_rect_visible(rect) {
-        ui.painter().rect_filled(rect, 0.0, colour(q, x));
-        ui.painter().galley(
-            rect.min,
-            galley,
-            ui.visuals().widgets.style(&r).text_color(),
-        );
-    }
-    // The hover's text is built only while it shows.
-    let r = r.on_hover_ui(|ui| {
-        ui.label(hover(terms, g, (i, t), &text, clipped));
+    let (i, gap) = (row.i, 4.0);
+    let width = ui.available_width().max(1.0);
+    let (head, items) = row_items(ui, view, s, terms, g, &row);
+    // The items left to right, wrapping at the width; the head's pieces side by side, a gap
+    // after it and after each token.
+    let sizes: Vec<egui::Vec2> = items.iter().map(|it| it.2.size()).collect();
+    let glue = |k: usize| if k + 1 < head { 0.0 } else { gap };
+    let (rects, size) = mono::flow(&sizes, width, 0.0, gap, glue);
+    // A little air under the row, so that the chips of two rows do not touch.
+    let (rect, r) = ui.allocate_exact_size(egui::vec2(width, size.y + 2.0), egui::Sense::click());
+    r.widget_info(|| {
+        let tokens: Vec<&str> = items[head..].iter().map(|it| it.1.as_str()).collect();
+        egui::WidgetInfo::labeled(
+            egui::Role::Label,
+            true,
+            format!("response {i}: {}", tokens.join(" ")),
+        )
     });
-    r.clicked().then_some((i, t))
+    let at = |p: egui::Pos2| {
+        rects
+            .iter()
+            .zip(&items)
+            .find(|(b, it)| it.0.is_some() && b.translate(rect.min.to_vec2()).contains(p))
+            .and_then(|(_, it)| it.0)
+    };
+    let hovered = r.hover_pos().and_then(at);
+    if ui.is_rect_visible(rect) {
+        let painter = ui.painter();
+        let text_colour = ui.visuals().text_color();
+        for (b, (t, _, gl, fill)) in rects.iter().zip(&items) {
+            let b = b.translate(rect.min.to_vec2());
+            if *fill != Color32::TRANSPARENT {
+                painter.rect_filled(b, 0.0, *fill);
+            }
+            if t.is_some() && *t == hovered {
+                painter.rect_stroke(
+                    b,
+                    0.0,
+                    ui.visuals().widgets.hovered.fg_stroke,
+                    egui::StrokeKind::Inside,
+                );
+            }
+            painter.galley(b.min, gl.clone(), text_colour);
+        }
+    }
+    if let Some(t) = hovered {
+        // The hover's text is built only while it shows.
+        let text = &items[head + t].1;
+        let clipped = terms.clipped(s, i, t);
+        r.clone().on_hover_ui_at_pointer(|ui| {
+            ui.label(hover(terms, g, (i, t), text, clipped));
+        });
+    }
+    // A click without a pointer (a screen reader's) selects the row's first trained token.
+    let first = || items.iter().find_map(|it| it.0);
+    r.clicked()
+        .then(|| match r.interact_pointer_pos() {
+            Some(p) => at(p),
+            None => first(),
+        })
+        .flatten()
+        .map(|t| (i, t))
 }
 
 /// Every number of a token, for its hover.
@@ -431,12 +516,12 @@ fn steps_ui(ui: &mut egui::Ui, title: &str, steps: &[Step], other: Option<&Vec<S
             };
             ui.label(head);
             ui.label(RichText::new(&st.formula).monospace());
-            ui.label(
-                RichText::new(format!("  = {}", st.numbers))
-                    .monospace()
-                    .small()
-                    .weak(),
-            );
+            let weak = ui.visuals().weak_text_color();
+            let look = mono::Look {
+                small: true,
+                colour: Some(weak),
+            };
+            mono::label(ui, &format!("  = {}", st.numbers), look);
         }
     });
 }

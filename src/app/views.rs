@@ -4,6 +4,7 @@ use super::store::RunData;
 use super::worker::Command;
 use super::{GrpoApp, presets};
 use crate::config::{AdvantageMode, ConfigError, RunConfig};
+use crate::metrics::GroupRecord;
 use crate::objective::advantage;
 use crate::task::RewardFn;
 use egui::{Color32, RichText};
@@ -146,20 +147,11 @@ pub fn inspector_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     let sel = iteration_slider(app, ui);
     let (iteration, groups) = &app.run.groups[sel];
     let gi = app.inspector_group.min(groups.len() - 1);
-    let prompts = ui.horizontal_wrapped(|ui| {
-        ui.label("Prompt");
-        for (i, g) in groups.iter().enumerate() {
-            let label = format!(
-                "[{}]{}",
-                tokenizer().decode(&g.prompt),
-                if g.zero_std { " ∅" } else { "" }
-            );
-            if ui.selectable_label(i == gi, label).clicked() {
-                app.inspector_group = i;
-            }
-        }
-    });
-    app.tour.mark("prompts", prompts.response.rect);
+    let (prompts, clicked) = prompt_strip(ui, groups, gi);
+    if let Some(i) = clicked {
+        app.inspector_group = i;
+    }
+    app.tour.mark("prompts", prompts.rect);
     let g = &groups[gi];
     let config = app.running.clone().unwrap_or_default();
     let reward_fn = RewardFn::from_task(&config.task);
@@ -231,15 +223,15 @@ fn iteration_slider(app: &mut GrpoApp, ui: &mut egui::Ui) -> usize {
     let mut sel = app.inspector_iteration.unwrap_or(last).min(last);
     ui.horizontal(|ui| {
         ui.label("Iteration");
-        let iterations: Vec<usize> = app.run.groups.iter().map(|(i, _)| *i).collect();
+        let groups = &app.run.groups;
         if ui
             .add(
                 egui::Slider::new(&mut sel, 0..=last)
                     .text("logged iteration")
                     .custom_formatter(|v, _| {
-                        iterations
+                        groups
                             .get(v as usize)
-                            .map(|i| i.to_string())
+                            .map(|(i, _)| i.to_string())
                             .unwrap_or_default()
                     }),
             )
@@ -252,6 +244,102 @@ fn iteration_slider(app: &mut GrpoApp, ui: &mut egui::Ui) -> usize {
         }
     });
     sel
+}
+
+/// The iteration's prompts as one widget, each drawn from its tokens' own text layouts (which
+/// repeat across iterations, so a new iteration lays out no text): the selected one
+/// highlighted, `∅` after a group with no learning signal; the clicked prompt's index.
+fn prompt_strip(
+    ui: &mut egui::Ui,
+    groups: &[GroupRecord],
+    selected: usize,
+) -> (egui::Response, Option<usize>) {
+    // The prompts' tokens monospace; the label and ∅ (not in the monospace font) proportional.
+    let galley = |ui: &egui::Ui, text: &str, mono: bool| {
+        let style = if mono {
+            egui::TextStyle::Monospace
+        } else {
+            egui::TextStyle::Body
+        };
+        egui::WidgetText::from(RichText::new(text)).into_galley(
+            ui,
+            Some(egui::TextWrapMode::Extend),
+            f32::INFINITY,
+            style,
+        )
+    };
+    let label = galley(ui, "Prompt ", false);
+    let (pad, gap, width) = (3.0, 6.0, ui.available_width().max(1.0));
+    let h = label.size().y + 2.0 * pad;
+    // Each prompt's galleys: "[", its tokens, "]", "∅".
+    let prompts: Vec<Vec<_>> = groups
+        .iter()
+        .map(|g| {
+            let mut parts = vec![galley(ui, "[", true)];
+            for (k, &tok) in g.prompt.iter().enumerate() {
+                if k > 0 {
+                    parts.push(galley(ui, " ", true));
+                }
+                parts.push(galley(ui, &tokenizer().decode(&[tok]), true));
+            }
+            parts.push(galley(ui, "]", true));
+            if g.zero_std {
+                parts.push(galley(ui, " ∅", false));
+            }
+            parts
+        })
+        .collect();
+    let sizes: Vec<egui::Vec2> = prompts
+        .iter()
+        .map(|p| egui::vec2(p.iter().map(|g| g.size().x).sum::<f32>() + 2.0 * pad, h))
+        .collect();
+    let (rects, size) = super::mono::flow(&sizes, width, label.size().x, 2.0, |_| gap);
+    let boxes: Vec<_> = rects.into_iter().zip(prompts).collect();
+    let (rect, r) = ui.allocate_exact_size(egui::vec2(width, size.y), egui::Sense::click());
+    let prompt_text = |g: &GroupRecord| tokenizer().decode(&g.prompt);
+    r.widget_info(|| {
+        let all: Vec<String> = groups
+            .iter()
+            .map(|g| format!("[{}]", prompt_text(g)))
+            .collect();
+        egui::WidgetInfo::labeled(egui::Role::Label, true, format!("Prompt {}", all.join(" ")))
+    });
+    let at = |p: egui::Pos2| {
+        boxes
+            .iter()
+            .position(|(b, _)| b.translate(rect.min.to_vec2()).contains(p))
+    };
+    let hovered = r.hover_pos().and_then(at);
+    if ui.is_rect_visible(rect) {
+        let painter = ui.painter();
+        let v = ui.visuals();
+        let colour = v.text_color();
+        let ly = rect.min.y + pad;
+        painter.galley(egui::pos2(rect.min.x, ly), label, colour);
+        for (k, (b, parts)) in boxes.iter().enumerate() {
+            let b = b.translate(rect.min.to_vec2());
+            let mut colour = colour;
+            if k == selected {
+                painter.rect_filled(b, 3.0, v.selection.bg_fill);
+                colour = v.selection.stroke.color;
+            } else if hovered == Some(k) {
+                painter.rect_filled(b, 3.0, v.widgets.hovered.weak_bg_fill);
+            }
+            let mut px = b.min.x + pad;
+            for p in parts {
+                let w = p.size().x;
+                // Each part on the box's middle (the label's font is not the tokens').
+                let py = b.center().y - p.size().y / 2.0;
+                painter.galley(egui::pos2(px, py), p.clone(), colour);
+                px += w;
+            }
+        }
+    }
+    let clicked = r
+        .clicked()
+        .then(|| r.interact_pointer_pos().and_then(at))
+        .flatten();
+    (r, clicked)
 }
 
 /// The group's responses: tokens, reward and its parts, the advantage under every mode (the
