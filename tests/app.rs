@@ -520,16 +520,7 @@ fn the_token_view_and_formula_card_fit_and_explain_a_token() {
     let mut x = row.left() + 1.0;
     while x < row.right() {
         let pos = egui::pos2(x, row.center().y);
-        h.hover_at(pos);
-        for pressed in [true, false] {
-            h.event(egui::Event::PointerButton {
-                pos,
-                button: egui::PointerButton::Primary,
-                pressed,
-                modifiers: egui::Modifiers::default(),
-            });
-        }
-        h.run();
+        click_at(&mut h, pos);
         let sel = h.state().token_view.selected.unwrap();
         if sel != (0, 0) && seen.last() != Some(&sel) {
             seen.push(sel);
@@ -543,19 +534,24 @@ fn the_token_view_and_formula_card_fit_and_explain_a_token() {
     let mut x = strip.left();
     while h.state().inspector_group == 0 && x < strip.right() {
         let pos = egui::pos2(x, strip.top() + 8.0);
-        h.hover_at(pos);
-        for pressed in [true, false] {
-            h.event(egui::Event::PointerButton {
-                pos,
-                button: egui::PointerButton::Primary,
-                pressed,
-                modifiers: egui::Modifiers::default(),
-            });
-        }
-        h.run();
+        click_at(&mut h, pos);
         x += 4.0;
     }
     assert_eq!(h.state().inspector_group, 1, "the second prompt, first");
+}
+
+/// A mouse click at `pos` (the node's own `click` clicks its centre), then a frame.
+fn click_at(h: &mut Harness<'static, GrpoApp>, pos: egui::Pos2) {
+    h.hover_at(pos);
+    for pressed in [true, false] {
+        h.event(egui::Event::PointerButton {
+            pos,
+            button: egui::PointerButton::Primary,
+            pressed,
+            modifiers: egui::Modifiers::default(),
+        });
+    }
+    h.run();
 }
 
 /// The guided iteration (#28 §3): eight steps in GRPO-SPEC §2's order, each on its tab with its
