@@ -318,15 +318,14 @@ struct Part {
 }
 
 /// One position's tables `T_p [V, D]`, `M_p [D, V]`, their gradients `∂T_p`, `∂M_p` and its
-/// shares of the weights' (`∂encode_p`, `∂decode_p` as `[D, D]`, `∂E`), computed on the
-/// threads when the batch has parts.
+/// shares of the weights' (`∂decode_p` as `[D, D]`, `∂E`; `∂encode_p` goes straight into the
+/// gradient), computed on the threads when the batch has parts.
 #[derive(Debug, Clone, Default)]
 struct Position {
     t: Vec<f32>,
     m: Vec<f32>,
     dt: Vec<f32>,
     dm: Vec<f32>,
-    encode: Vec<f32>,
     decode: Vec<f32>,
     embedding: Vec<f32>,
 }
@@ -406,6 +405,9 @@ impl Rows<'_> {
     fn forward_body(&mut self, net: &Tables, inv_t: f32, read: Read) {
         let (n, d, v) = (net.n, net.d, net.v);
         let b = self.prompts.len() / n;
+        // Zeroed here, by each part on its thread (a memset of the whole batch's `enc` before
+        // the parts was ~1 % of a `scaled` step, on one thread).
+        self.enc.fill(0.0);
         for (i, row) in self.enc.chunks_exact_mut(d).enumerate() {
             for (p, &tok) in self.prompts[i * n..(i + 1) * n].iter().enumerate() {
                 let from = tok as usize * n * d + p * d;
@@ -704,7 +706,7 @@ impl FusedLecture {
             sized(&mut sc.logp, responses.len());
         }
         if !given {
-            zeroed(&mut sc.f.enc, b * self.d);
+            sized(&mut sc.f.enc, b * self.d);
             sized(&mut sc.f.logits, rows * v);
         }
         ranges
@@ -900,30 +902,33 @@ impl FusedLecture {
         let positions = &mut sc.positions;
         positions.resize_with(n, Position::default);
         let d_enc = &sc.d_enc;
-        self.cores.each(positions, |p, pos| {
+        // Each position writes its own block of ∂encode in place, its ∂decode block and ∂E
+        // share aside (`position_grads` overwrites each before adding: no memset first).
+        let mut jobs: Vec<(&mut Position, &mut [f32])> = positions
+            .iter_mut()
+            .zip(g.encode.chunks_exact_mut(d * d))
+            .collect();
+        self.cores.each(&mut jobs, |p, (pos, encode)| {
             let dm = zeroed(&mut pos.dm, d * v);
             product_into(dm, v, enc.t(), dl.at(p * v), (d, b, v), false);
             let dt = zeroed(&mut pos.dt, v * d);
             self.scatter_dt(p, prompts, d_enc, dt, d, 0);
             let views = (View::rows(&pos.dm, v), View::rows(&pos.dt, d));
-            let decode = (zeroed(&mut pos.decode, d * d), d);
-            let encode = zeroed(&mut pos.encode, d * d);
-            let emb = zeroed(&mut pos.embedding, v * d);
+            let decode = (sized(&mut pos.decode, d * d), d);
+            let emb = sized(&mut pos.embedding, v * d);
             self.position_grads(p, views, decode, encode, emb, false);
         });
-        for (p, pos) in positions.iter().enumerate() {
-            for (row, src) in g
-                .decode_t
-                .chunks_exact_mut(n * d)
-                .zip(pos.decode.chunks_exact(d))
-            {
-                row[p * d..(p + 1) * d].copy_from_slice(src);
+        // ∂decode by its rows on the threads (a row holds every position's block), ∂E as the
+        // positions' shares added in position order.
+        let positions = &sc.positions;
+        let mut rows: Vec<&mut [f32]> = g.decode_t.chunks_exact_mut(n * d).collect();
+        self.cores.each(&mut rows, |r, row| {
+            for (block, pos) in row.chunks_exact_mut(d).zip(positions) {
+                block.copy_from_slice(&pos.decode[r * d..(r + 1) * d]);
             }
-            g.encode[p * d * d..(p + 1) * d * d].copy_from_slice(&pos.encode);
-            for (o, &x) in g.embedding.iter_mut().zip(&pos.embedding) {
-                *o += x;
-            }
-        }
+        });
+        let shares: Vec<&[f32]> = positions.iter().map(|p| &p.embedding[..]).collect();
+        self.cores.sum_in_order(&shares, &mut g.embedding);
     }
 
     /// Adam's state as bytes: the step count, then m and v of each array (f32, little-endian).
