@@ -78,11 +78,16 @@ fn galley(ui: &egui::Ui, piece: &str, look: Look) -> Arc<Galley> {
     if look.small {
         rich = rich.size(TextStyle::Small.resolve(ui.style()).size);
     }
+    unwrapped(ui, rich, TextStyle::Monospace)
+}
+
+/// `rich` laid out on one line (`style` where it names none), through egui's galley cache.
+pub fn unwrapped(ui: &egui::Ui, rich: RichText, style: TextStyle) -> Arc<Galley> {
     egui::WidgetText::from(rich).into_galley(
         ui,
         Some(egui::TextWrapMode::Extend),
         f32::INFINITY,
-        TextStyle::Monospace,
+        style,
     )
 }
 

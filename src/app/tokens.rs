@@ -236,12 +236,7 @@ fn row_items(
     let galley = |ui: &egui::Ui, rich: RichText| {
         // The colour is painted behind the text rather than laid out with it: the text's
         // layout then repeats across tokens, groups and steps (egui's galley cache hits).
-        egui::WidgetText::from(rich).into_galley(
-            ui,
-            Some(egui::TextWrapMode::Extend),
-            f32::INFINITY,
-            egui::TextStyle::Monospace,
-        )
+        mono::unwrapped(ui, rich, egui::TextStyle::Monospace)
     };
     let head = mono::pieces(&row.head);
     let mut items: Vec<RowItem> = head

@@ -261,12 +261,7 @@ fn prompt_strip(
         } else {
             egui::TextStyle::Body
         };
-        egui::WidgetText::from(RichText::new(text)).into_galley(
-            ui,
-            Some(egui::TextWrapMode::Extend),
-            f32::INFINITY,
-            style,
-        )
+        super::mono::unwrapped(ui, RichText::new(text), style)
     };
     let label = galley(ui, "Prompt ", false);
     let (pad, gap, width) = (3.0, 6.0, ui.available_width().max(1.0));
@@ -296,11 +291,10 @@ fn prompt_strip(
     let (rects, size) = super::mono::flow(&sizes, width, label.size().x, 2.0, |_| gap);
     let boxes: Vec<_> = rects.into_iter().zip(prompts).collect();
     let (rect, r) = ui.allocate_exact_size(egui::vec2(width, size.y), egui::Sense::click());
-    let prompt_text = |g: &GroupRecord| tokenizer().decode(&g.prompt);
     r.widget_info(|| {
         let all: Vec<String> = groups
             .iter()
-            .map(|g| format!("[{}]", prompt_text(g)))
+            .map(|g| format!("[{}]", tokenizer().decode(&g.prompt)))
             .collect();
         egui::WidgetInfo::labeled(egui::Role::Label, true, format!("Prompt {}", all.join(" ")))
     });
