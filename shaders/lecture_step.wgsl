@@ -261,7 +261,11 @@ fn adam(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     // per workgroup).
     let i0 = flat_index(gid, nwg) * 4u;
     if (i0 >= lp.p_count) { return; }
-    let norm = sqrt(work[lp.sums_off + 6u]);
+    // A gradient whose squared norm is not finite (exponent bits all ones) changes nothing, as
+    // on the fused engines (the trainer then stops the run).
+    let sq = work[lp.sums_off + 6u];
+    if ((bitcast<u32>(sq) & 0x7f800000u) == 0x7f800000u) { return; }
+    let norm = sqrt(sq);
     var scale = 1.0;
     if (lp.max_norm > 0.0 && norm > lp.max_norm) { scale = lp.max_norm / norm; }
     for (var e = 0u; e < 4u; e++) {

@@ -3,12 +3,13 @@
 //   row_weights: one invocation per (prompt, position) row of logits [B, T, V] writes the
 //                unnormalised weights exp(l/T − max) of the kept tokens (0 for dropped ones);
 //   draw:        one invocation per (prompt, response, position) draws by inverse CDF with a
-//                counter-based uniform u = hash(seed, iteration, prompt, response, position).
+//                counter-based uniform u = hash(seed, iteration, prompt, response, position);
+//                `row0` is the first prompt's index where a rollout is cut into chunks (else 0).
 
 struct Params {
     b: u32, g: u32, t: u32, v: u32,
     inv_temperature: f32, top_k: u32, top_p: f32, iteration: u32,
-    seed_lo: u32, seed_hi: u32, _pad0: u32, _pad1: u32,
+    seed_lo: u32, seed_hi: u32, row0: u32, _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -62,7 +63,7 @@ fn draw(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let bi = idx / (p.t * p.g);
     var h = pcg_hash(p.seed_lo ^ pcg_hash(p.seed_hi));
     h = pcg_hash(h ^ p.iteration);
-    h = pcg_hash(h ^ bi);
+    h = pcg_hash(h ^ (p.row0 + bi));
     h = pcg_hash(h ^ gi);
     h = pcg_hash(h ^ ti);
     let u = f32(h >> 8u) * (1.0 / 16777216.0);

@@ -1242,6 +1242,22 @@ impl FusedTransformer {
         self.grad.clone()
     }
 
+    /// `∇θ (Σ_t c_t·log π_t + Σ_t e_t·H_t)` at `temperature` (flat) and, with `dentropy`, each
+    /// token's entropy (`[B·G·T]`, else 0): what the WGSL engine's backward is held to.
+    pub fn coefficient_gradient(
+        &mut self,
+        x: &StepInput,
+        dlogp: &[f32],
+        dentropy: Option<&[f32]>,
+        temperature: f32,
+    ) -> (Vec<f32>, Vec<f32>) {
+        self.coefficient_gradient_into(x, temperature, dlogp, dentropy);
+        let ranges = self.parts_of(x.prompts.len() / self.n.max(1), x.g, x.t);
+        let mut ent = vec![0.0f32; x.responses.len()];
+        gather(&self.parts, &ranges, x.g * x.t, |sc| &sc.ent, &mut ent);
+        (self.grad.clone(), ent)
+    }
+
     /// `∇θ (Σ_t c_t·log π_t + Σ_t e_t·H_t)` at `temperature` into `self.grad`: a forward and
     /// a backward from the coefficients, no objective.
     fn coefficient_gradient_into(

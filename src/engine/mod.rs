@@ -545,6 +545,10 @@ pub enum EngineKind {
     FusedTransformer,
     /// The lecture model's WGSL engine (forward, backward and Adam as dispatches).
     Wgsl,
+    /// The transformer's WGSL engine (KV-cache rollouts, backward and Adam as dispatches):
+    /// only where `run.engine = wgsl` asks for it (`auto` keeps the fused CPU engine until a
+    /// hardware GPU has been measured).
+    WgslTransformer,
 }
 
 /// The engine a config gets on a compute device: on a wgpu device the WGSL lecture engine
@@ -556,6 +560,12 @@ pub fn kind_for(config: &RunConfig, compute: &Compute) -> EngineKind {
         && wgsl_lecture::WgslLectureEngine::covers(config)
     {
         return EngineKind::Wgsl;
+    }
+    if compute.gpu.is_some()
+        && config.run.engine == EngineChoice::Wgsl
+        && wgsl_lecture::WgslTransformerEngine::uncovered(config).is_none()
+    {
+        return EngineKind::WgslTransformer;
     }
     // In a browser a WebGPU device serves only the WGSL engine (burn's wgpu backend is not in
     // the build): everything else trains on the CPU engines there.
@@ -582,7 +592,13 @@ pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + S
                 compute.label
             )));
         }
-        if let Some(why) = wgsl_lecture::WgslLectureEngine::uncovered(config) {
+        let uncovered = match config.model.kind {
+            crate::config::ModelKind::Transformer => {
+                wgsl_lecture::WgslTransformerEngine::uncovered(config)
+            }
+            _ => wgsl_lecture::WgslLectureEngine::uncovered(config),
+        };
+        if let Some(why) = uncovered {
             return Err(EngineError::WgslUnavailable(format!(
                 "does not cover this config: {why}"
             )));
@@ -592,6 +608,10 @@ pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + S
         EngineKind::Wgsl => {
             let gpu = compute.gpu.clone().expect("kind_for: a wgpu device");
             Box::new(wgsl_lecture::WgslLectureEngine::new(config, gpu)?)
+        }
+        EngineKind::WgslTransformer => {
+            let gpu = compute.gpu.clone().expect("kind_for: a wgpu device");
+            Box::new(wgsl_lecture::WgslTransformerEngine::new(config, gpu)?)
         }
         EngineKind::FusedLecture => Box::new(lecture_cpu::FusedLectureEngine::new(config)),
         EngineKind::FusedTransformer => {
@@ -688,6 +708,7 @@ pub fn select(choice: DeviceChoice, config: &RunConfig) -> Result<(Compute, Stri
         EngineKind::FusedTransformer => "fused CPU transformer step",
         EngineKind::Burn => "burn autodiff",
         EngineKind::Wgsl => "WGSL lecture engine",
+        EngineKind::WgslTransformer => "WGSL transformer engine",
     };
     Ok((
         compute.clone(),

@@ -73,12 +73,7 @@ impl KernelHarness {
         });
         let mut uni = Vec::new();
         for s in &rec.slots {
-            let mut bytes = match s {
-                StepParamsOrMm::Step(p) => p.bytes(),
-                StepParamsOrMm::Mm(m) => u32_bytes(&m.words()),
-            };
-            bytes.resize(SLOT as usize, 0);
-            uni.extend_from_slice(&bytes);
+            uni.extend_from_slice(&s.slot_bytes());
         }
         if !uni.is_empty() {
             ctx.queue.write_buffer(&uniform, 0, &uni);
@@ -90,44 +85,21 @@ impl KernelHarness {
             [&uniform, &model, &work, &ints],
         );
         let mut encoder = device.create_command_encoder(&Default::default());
-        {
-            let mut pass = encoder.begin_compute_pass(&Default::default());
-            for op in &rec.ops {
-                if let Op::Step {
-                    pipeline,
-                    slot,
-                    grid,
-                    ..
-                } = op
-                {
-                    pass.set_pipeline(pipeline);
-                    pass.set_bind_group(0, &group, &[*slot * SLOT as u32]);
-                    pass.dispatch_workgroups(grid.0, grid.1, grid.2);
-                }
-            }
-        }
+        submit::dispatch_all(&mut encoder, &group, &rec.ops);
         let lens = [buf.model.len(), buf.work.len(), buf.ints.len()];
-        let total: u64 = lens.iter().map(|l| (l * 4) as u64).sum();
-        let staging = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("harness.staging"),
-            size: total.max(4),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut offset = 0;
-        for (b, len) in [&model, &work, &ints].into_iter().zip(lens) {
-            if len > 0 {
-                encoder.copy_buffer_to_buffer(b, 0, &staging, offset, (len * 4) as u64);
-            }
-            offset += (len * 4) as u64;
-        }
+        let reads: Vec<_> = [&model, &work, &ints]
+            .into_iter()
+            .zip(lens)
+            .map(|(b, len)| (b, 0, len))
+            .collect();
+        let (staging, total, lens) = submit::stage(device, &mut encoder, &reads);
         ctx.queue.submit([encoder.finish()]);
         if let Some(error) = crate::gpu::context::scope_error(scope.pop()) {
             return Err(EngineError::Kernel(KernelError::Readback(
                 error.to_string(),
             )));
         }
-        let out = Staged::map(staging, total, lens.to_vec()).wait(ctx)?;
+        let out = Staged::map(staging, total, lens).wait(ctx)?;
         Ok(reference::Buffers {
             model: f32s(&out[0]),
             work: f32s(&out[1]),

@@ -25,11 +25,12 @@ impl WgslLectureEngine {
         self.ctx
             .queue
             .write_buffer(&plan.sample_params, 0, &u32_bytes(&words));
-        let (work, ints, sample_logits, sample_tokens) = (
+        let (work, ints, sample_logits, sample_tokens, sample_group) = (
             plan.work.clone(),
             plan.ints.clone(),
             plan.sample_logits.clone(),
             plan.sample_tokens.clone(),
+            plan.sample_group.clone(),
         );
         self.plan = Some(plan);
         let mut base = self.base_params(&l);
@@ -50,10 +51,12 @@ impl WgslLectureEngine {
         rec.ops.push(Op::Sample {
             pipeline: p.row_weights.clone(),
             grid: grid_1d(rows),
+            group: sample_group.clone(),
         });
         rec.ops.push(Op::Sample {
             pipeline: p.draw.clone(),
             grid: grid_1d(tokens),
+            group: sample_group,
         });
         rec.dispatches += 2;
         rec.ops.push(Op::Copy {

@@ -48,15 +48,19 @@ mod programs;
 pub mod reference;
 mod steps;
 mod submit;
+pub mod transformer;
+mod transformer_engine;
 
 pub use harness::{HarnessOp, KernelHarness};
 use programs::step_bind_group;
-use submit::grid_1d;
+use submit::{dispatch_all, grid_1d, stage};
+pub use transformer_engine::WgslTransformerEngine;
 
 const COMMON: &str = include_str!("../../../shaders/common.wgsl");
 const SAMPLE: &str = include_str!("../../../shaders/sample.wgsl");
 const MATMUL: &str = include_str!("../../../shaders/matmul.wgsl");
 const STEP: &str = include_str!("../../../shaders/lecture_step.wgsl");
+const TRANSFORMER: &str = include_str!("../../../shaders/transformer.wgsl");
 
 /// Dispatches in one optimizer step: forward (4), the per-row pass (log Z, per-token terms,
 /// dlogits), backward (7 products), two reductions (2 each), Adam.
@@ -181,19 +185,6 @@ pub struct StepParams {
     pub _f2: f32,
 }
 
-impl StepParams {
-    fn bytes(&self) -> Vec<u8> {
-        // SAFETY: `StepParams` is `repr(C)` of 4-byte fields only (no padding).
-        let raw = unsafe {
-            std::slice::from_raw_parts(
-                self as *const Self as *const u8,
-                std::mem::size_of::<Self>(),
-            )
-        };
-        raw.to_vec()
-    }
-}
-
 /// Where everything sits in the `work` buffer (element offsets) for one batch shape.
 #[derive(Debug, Clone, Copy, Default)]
 struct Layout {
@@ -278,10 +269,11 @@ enum Op {
         grid: (u32, u32, u32),
         label: &'static str,
     },
-    /// A dispatch on the sampling kernel's bind group.
+    /// A dispatch of sample.wgsl on its bind group.
     Sample {
         pipeline: wgpu::ComputePipeline,
         grid: (u32, u32, u32),
+        group: wgpu::BindGroup,
     },
     Copy {
         src: wgpu::Buffer,
@@ -349,6 +341,24 @@ const STEP_ENTRIES: [&str; 10] = [
     "reduce_final",
     "adam",
     "copy_ref",
+];
+
+/// The entry points of transformer.wgsl (their parameters are [`transformer::TfParams`]).
+const TRANSFORMER_ENTRIES: [&str; 14] = [
+    "embed",
+    "layer_norm",
+    "attention",
+    "bias_gelu",
+    "add_bias",
+    "score",
+    "dlogits",
+    "ln_backward",
+    "ln_params",
+    "col_sum",
+    "gelu_backward",
+    "attn_back_q",
+    "attn_back_kv",
+    "place",
 ];
 
 /// The matmul workgroup edge for an adapter: 8×8 invocations (a 32×32 tile, 4 KiB of
@@ -894,6 +904,30 @@ struct Rollout {
 enum StepParamsOrMm {
     Step(StepParams),
     Mm(MatmulParams),
+    /// A dispatch of transformer.wgsl.
+    Tf(transformer::TfParams),
+}
+
+impl StepParamsOrMm {
+    /// The slot's bytes, padded to [`SLOT`].
+    fn slot_bytes(&self) -> Vec<u8> {
+        let mut bytes = match self {
+            Self::Step(p) => pod_bytes(p),
+            Self::Mm(m) => u32_bytes(&m.words()),
+            Self::Tf(p) => pod_bytes(p),
+        };
+        bytes.resize(SLOT as usize, 0);
+        bytes
+    }
+}
+
+/// The bytes of a `repr(C)` struct of 4-byte fields (a kernel's parameters).
+fn pod_bytes<T: Copy>(p: &T) -> Vec<u8> {
+    // SAFETY: only called with `repr(C)` structs of u32 / f32 fields (no padding, no
+    // pointers): every byte is initialized.
+    let raw =
+        unsafe { std::slice::from_raw_parts(p as *const T as *const u8, std::mem::size_of::<T>()) };
+    raw.to_vec()
 }
 
 /// Records the dispatches of one submission, each with its uniform slot.

@@ -1,5 +1,5 @@
-//! The compiled pipelines (every entry point of `matmul.wgsl` and `lecture_step.wgsl`) and
-//! the step kernels' bind group.
+//! The compiled pipelines (every entry point of `matmul.wgsl`, `lecture_step.wgsl` and
+//! `transformer.wgsl`) and the step kernels' bind group.
 
 use super::*;
 
@@ -53,6 +53,7 @@ impl Programs {
         let matmul_module = module("matmul.wgsl", matmul_src);
         let step_module = module("lecture_step.wgsl", format!("{COMMON}\n{STEP}"));
         let sample_module = module("sample.wgsl", format!("{COMMON}\n{SAMPLE}"));
+        let transformer_module = module("transformer.wgsl", format!("{COMMON}\n{TRANSFORMER}"));
         let pipeline = |layout: &wgpu::PipelineLayout,
                         m: &wgpu::ShaderModule,
                         entry: &str,
@@ -79,16 +80,18 @@ impl Programs {
                 );
             }
         }
-        let step = STEP_ENTRIES
-            .iter()
-            .map(|e| (*e, pipeline(&main_layout, &step_module, e, &[])))
+        let lecture = STEP_ENTRIES.iter().map(|e| (e, &step_module));
+        let transformer = TRANSFORMER_ENTRIES.iter().map(|e| (e, &transformer_module));
+        let step = lecture
+            .chain(transformer)
+            .map(|(e, m)| (*e, pipeline(&main_layout, m, e, &[])))
             .collect();
         let sample_pl = pipeline_layout(&sample_layout);
         let row_weights = pipeline(&sample_pl, &sample_module, "row_weights", &[]);
         let draw = pipeline(&sample_pl, &sample_module, "draw", &[]);
         if let Some(error) = crate::gpu::context::scope_error(scope.pop()) {
             return Err(EngineError::Kernel(KernelError::Shader {
-                file: "matmul.wgsl / lecture_step.wgsl".into(),
+                file: "matmul.wgsl / lecture_step.wgsl / transformer.wgsl".into(),
                 error: error.to_string(),
             }));
         }

@@ -44,41 +44,28 @@ impl WgslLectureEngine {
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut uni = Vec::with_capacity(slots.len() * SLOT as usize);
         for s in slots {
-            let mut bytes = match s {
-                StepParamsOrMm::Step(p) => p.bytes(),
-                StepParamsOrMm::Mm(m) => u32_bytes(&m.words()),
-            };
-            bytes.resize(SLOT as usize, 0);
-            uni.extend_from_slice(&bytes);
+            uni.extend_from_slice(&s.slot_bytes());
         }
         if !uni.is_empty() {
             self.ctx.queue.write_buffer(&plan.uniform, 0, &uni);
         }
         if std::env::var_os("GRPO_WGSL_PROFILE").is_some() {
-            self.profile(&ops, slots);
+            profile(&self.ctx, &plan.group, &ops, slots);
         }
         let (mut buffers, mut encoder) = encode_ops(device, plan, ops);
-        let total: u64 = reads.iter().map(|r| (r.2 * 4) as u64).sum();
-        let staging = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("wgsl_lecture.staging"),
-            size: total.max(4).next_multiple_of(4),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut offset = 0u64;
-        for (which, at, len) in reads {
-            let src = match which {
-                Reads::Work => &plan.work,
-                Reads::Ints => &plan.ints,
-                Reads::Model => &self.model,
-                Reads::Buffer(b) => b,
-            };
-            let bytes = (*len * 4) as u64;
-            if bytes > 0 {
-                encoder.copy_buffer_to_buffer(src, (*at * 4) as u64, &staging, offset, bytes);
-            }
-            offset += bytes;
-        }
+        let reads: Vec<(&wgpu::Buffer, usize, usize)> = reads
+            .iter()
+            .map(|(which, at, len)| {
+                let src = match which {
+                    Reads::Work => &plan.work,
+                    Reads::Ints => &plan.ints,
+                    Reads::Model => &self.model,
+                    Reads::Buffer(b) => b,
+                };
+                (src, *at, *len)
+            })
+            .collect();
+        let (staging, total, lens) = stage(device, &mut encoder, &reads);
         buffers.push(encoder.finish());
         self.ctx.queue.submit(buffers);
         self.count_submission();
@@ -87,53 +74,133 @@ impl WgslLectureEngine {
                 "the device refused the submission: {error}"
             ))));
         }
-        Ok(Staged::map(
-            staging,
-            total,
-            reads.iter().map(|r| r.2).collect(),
-        ))
+        Ok(Staged::map(staging, total, lens))
     }
+}
 
-    /// Times each dispatch of `ops` (20 times in a row in one submission), printed to stderr
-    /// by label and shape: `GRPO_WGSL_PROFILE=1`. Diagnostics only: the repeated dispatches
-    /// change the run's results.
-    pub(super) fn profile(&self, ops: &[Op], slots: &[StepParamsOrMm]) {
-        let plan = self.plan.as_ref().expect("planned");
-        let device = &self.ctx.device;
-        let mut lines = Vec::new();
-        for op in ops {
-            let Op::Step {
-                pipeline,
-                slot,
-                grid,
-                label,
-            } = op
-            else {
-                continue;
-            };
-            let what = match &slots[*slot as usize] {
-                StepParamsOrMm::Mm(m) => {
-                    format!("{label} {}x{}x{} b{}", m.m, m.n, m.k, m.batch)
-                }
-                StepParamsOrMm::Step(_) => format!("{label} {grid:?}"),
-            };
-            const REPS: u32 = 20;
-            let t0 = std::time::Instant::now();
-            let mut encoder = device.create_command_encoder(&Default::default());
-            {
-                let mut pass = encoder.begin_compute_pass(&Default::default());
-                pass.set_pipeline(pipeline);
-                pass.set_bind_group(0, &plan.group, &[*slot * SLOT as u32]);
-                for _ in 0..REPS {
+/// Times each dispatch of `ops` (20 times in a row in one submission), printed to stderr
+/// by label and shape: `GRPO_WGSL_PROFILE=1`. Diagnostics only: the repeated dispatches
+/// change the run's results.
+pub(super) fn profile(
+    ctx: &GpuContext,
+    group: &wgpu::BindGroup,
+    ops: &[Op],
+    slots: &[StepParamsOrMm],
+) {
+    let device = &ctx.device;
+    let mut lines = Vec::new();
+    for op in ops {
+        let Op::Step {
+            pipeline,
+            slot,
+            grid,
+            label,
+        } = op
+        else {
+            continue;
+        };
+        let what = match &slots[*slot as usize] {
+            StepParamsOrMm::Mm(m) => {
+                format!("{label} {}x{}x{} b{}", m.m, m.n, m.k, m.batch)
+            }
+            StepParamsOrMm::Step(_) | StepParamsOrMm::Tf(_) => format!("{label} {grid:?}"),
+        };
+        const REPS: u32 = 20;
+        let t0 = std::time::Instant::now();
+        let mut encoder = device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, group, &[*slot * SLOT as u32]);
+            for _ in 0..REPS {
+                pass.dispatch_workgroups(grid.0, grid.1, grid.2);
+            }
+        }
+        ctx.queue.submit([encoder.finish()]);
+        let _ = device.poll(wgpu::PollType::wait_indefinitely());
+        let ms = t0.elapsed().as_secs_f64() * 1e3 / REPS as f64;
+        lines.push(format!("{ms:9.3} ms  {what}"));
+    }
+    eprintln!("[wgsl profile]\n{}", lines.join("\n"));
+}
+
+/// Copy `reads` (buffer, element offset, elements) into one new staging buffer at the end of
+/// `encoder`: the buffer, its bytes and each read's elements (for [`Staged::map`] once the
+/// encoder is submitted).
+pub(super) fn stage(
+    device: &wgpu::Device,
+    encoder: &mut wgpu::CommandEncoder,
+    reads: &[(&wgpu::Buffer, usize, usize)],
+) -> (wgpu::Buffer, u64, Vec<usize>) {
+    let total: u64 = reads.iter().map(|r| (r.2 * 4) as u64).sum();
+    let staging = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("wgsl.staging"),
+        size: total.max(4).next_multiple_of(4),
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut offset = 0u64;
+    for &(src, at, len) in reads {
+        let bytes = (len * 4) as u64;
+        if bytes > 0 {
+            encoder.copy_buffer_to_buffer(src, (at * 4) as u64, &staging, offset, bytes);
+        }
+        offset += bytes;
+    }
+    (staging, total, reads.iter().map(|r| r.2).collect())
+}
+
+/// `ops` in order into `encoder`: copies as copies, each run of dispatches in one compute pass
+/// (the step kernels on `group` at their uniform slots, sample.wgsl on its own group).
+/// Commands encoded elsewhere are not among them ([`encode_ops`] splits at those).
+pub(super) fn dispatch_all(
+    encoder: &mut wgpu::CommandEncoder,
+    group: &wgpu::BindGroup,
+    ops: &[Op],
+) {
+    let mut i = 0;
+    while i < ops.len() {
+        if let Op::Copy {
+            src,
+            src_off,
+            dst,
+            dst_off,
+            bytes,
+        } = &ops[i]
+        {
+            if *bytes > 0 {
+                encoder.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *bytes);
+            }
+            i += 1;
+            continue;
+        }
+        let mut pass = encoder.begin_compute_pass(&Default::default());
+        while let Some(op) = ops.get(i) {
+            match op {
+                Op::Step {
+                    pipeline,
+                    slot,
+                    grid,
+                    ..
+                } => {
+                    pass.set_pipeline(pipeline);
+                    pass.set_bind_group(0, group, &[*slot * SLOT as u32]);
                     pass.dispatch_workgroups(grid.0, grid.1, grid.2);
                 }
+                Op::Sample {
+                    pipeline,
+                    grid,
+                    group,
+                } => {
+                    pass.set_pipeline(pipeline);
+                    pass.set_bind_group(0, group, &[]);
+                    pass.dispatch_workgroups(grid.0, grid.1, grid.2);
+                }
+                Op::Copy { .. } => break,
+                Op::Commands(_) => unreachable!("encode_ops splits at commands"),
             }
-            self.ctx.queue.submit([encoder.finish()]);
-            let _ = device.poll(wgpu::PollType::wait_indefinitely());
-            let ms = t0.elapsed().as_secs_f64() * 1e3 / REPS as f64;
-            lines.push(format!("{ms:9.3} ms  {what}"));
+            i += 1;
         }
-        eprintln!("[wgsl profile]\n{}", lines.join("\n"));
     }
 }
 
@@ -318,8 +385,8 @@ impl Staged {
 }
 
 /// The command buffers of one submission, in order: the recorded ops, broken where commands
-/// encoded elsewhere come in, and one compute pass for each run of dispatches. Returns them
-/// with the encoder still open (the read-backs go last).
+/// encoded elsewhere come in. Returns them with the encoder still open (the read-backs go
+/// last).
 fn encode_ops(
     device: &wgpu::Device,
     plan: &Plan,
@@ -332,58 +399,16 @@ fn encode_ops(
     };
     let mut buffers = Vec::new();
     let mut encoder = new_encoder();
-    let mut ops = ops.into_iter().peekable();
-    while let Some(op) = ops.next() {
-        match op {
-            Op::Copy {
-                src,
-                src_off,
-                dst,
-                dst_off,
-                bytes,
-            } => {
-                if bytes > 0 {
-                    encoder.copy_buffer_to_buffer(&src, src_off, &dst, dst_off, bytes);
-                }
-            }
-            Op::Commands(commands) => {
-                buffers.push(std::mem::replace(&mut encoder, new_encoder()).finish());
-                buffers.push(commands);
-            }
-            first => {
-                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some("wgsl_lecture"),
-                    timestamp_writes: None,
-                });
-                // One pass for each run of dispatches.
-                let mut op = first;
-                loop {
-                    match op {
-                        Op::Step {
-                            pipeline,
-                            slot,
-                            grid,
-                            ..
-                        } => {
-                            pass.set_pipeline(&pipeline);
-                            pass.set_bind_group(0, &plan.group, &[slot * SLOT as u32]);
-                            pass.dispatch_workgroups(grid.0, grid.1, grid.2);
-                        }
-                        Op::Sample { pipeline, grid } => {
-                            pass.set_pipeline(&pipeline);
-                            pass.set_bind_group(0, &plan.sample_group, &[]);
-                            pass.dispatch_workgroups(grid.0, grid.1, grid.2);
-                        }
-                        // Not dispatches: `next_if` below never hands them here.
-                        Op::Copy { .. } | Op::Commands(_) => {}
-                    }
-                    match ops.next_if(|o| matches!(o, Op::Step { .. } | Op::Sample { .. })) {
-                        Some(next) => op = next,
-                        None => break,
-                    }
-                }
-            }
+    let mut run = Vec::new();
+    for op in ops {
+        if let Op::Commands(commands) = op {
+            dispatch_all(&mut encoder, &plan.group, &std::mem::take(&mut run));
+            buffers.push(std::mem::replace(&mut encoder, new_encoder()).finish());
+            buffers.push(commands);
+        } else {
+            run.push(op);
         }
     }
+    dispatch_all(&mut encoder, &plan.group, &run);
     (buffers, encoder)
 }

@@ -1,0 +1,385 @@
+// The transformer policy's teacher-forced pass and its backward on the device, between the
+// products of matmul.wgsl (model::transformer; the pieces of engine::fused_transformer's
+// forward_into / backward, which is the reference the tests hold this file to, as a whole
+// pass: log π, the entropy and every weight's gradient).
+//
+// Buffers as lecture_step.wgsl's: `model` (weights, the reference copy, Adam's moments),
+// `work` (activations, per-token values, gradients), `ints` (token ids), at the element
+// offsets of `Tp`. A batch is `rows` sequences of `s` positions (the prompt's n tokens, then
+// the response's first T − 1), row-major `[rows·s, ·]`; a kernel works on positions
+// `t0..t1` of every row (the whole pass: 0..s; a decoding step: one position, its keys and
+// values already in `qkv` — the KV cache is the pass's own activations). The logits at
+// position n − 1 + i predict response token i.
+//
+//   embed          [rows·W·D]   x = tok_emb[token] + pos_emb[position]          (W = t1 − t0)
+//   layer_norm     [rows·W]     y = x̂·g + b, keeping x̂ and 1/σ                   (ε = 1e-5)
+//   attention      [rows·H·W]   causal softmax(q·kᵀ·scale) over keys 0..=q, ctx = Σ p·v
+//   bias_gelu      [rows·W·F]   h += b₁, keeping Φ(h), act = h·Φ(h)
+//   add_bias       [rows·W·cols] x += b
+//   score          [rows·T]     log Z, log π of the response token and the entropy (masked)
+//   dlogits        [rows·s]     ∂L/∂logits from ∂L/∂log π and ∂L/∂H per token, 0 elsewhere
+//   ln_backward    [rows·s]     dx (+)= LayerNorm's backward
+//   ln_params      [D]          ∂g = Σ dy·x̂, ∂b = Σ dy over the rows, in row order
+//   col_sum        [cols]       out[c] = Σ_r src[r·stride + c], in row order
+//   gelu_backward  [rows·s·F]   dh ·= Φ(h) + h·φ(h)
+//   attn_back_q    [rows·H·s]   dS = P ⊙ (dP − Σ P·dP) into `z`, dq = scale·dS·K
+//   attn_back_kv   [rows·H·s]   dk = scale·dSᵀ·Q, dv = Pᵀ·dctx
+//   place          [rows]       a rollout's position i: each open row's drawn token (log π of
+//                               it for the sampled rows) into its response and its sequence;
+//                               a row that drew <eos> is closed and gets <eos> after
+// Every sum over rows runs in one invocation in a fixed order: the same bits on every run.
+
+struct Tp {
+    rows: u32, s: u32, t0: u32, t1: u32,
+    d: u32, h: u32, f: u32, v: u32,
+    n: u32, t: u32, cols: u32, stride: u32,
+    x: u32, y: u32, z: u32, xhat: u32,
+    rstd: u32, gain: u32, bias: u32, qkv: u32,
+    att: u32, ctx: u32, cdf: u32, act: u32,
+    logits: u32, logz: u32, logp: u32, ent: u32,
+    coef: u32, dcoef: u32, mask: u32, i_seq: u32,
+    i_resp: u32, tok: u32, pos: u32, flags: u32,
+    i: u32, sampled: u32, i_drawn: u32, i_state: u32,
+    inv_t: f32, scale: f32, _f0: f32, _f1: f32,
+}
+
+@group(0) @binding(0) var<uniform> tp: Tp;
+@group(0) @binding(1) var<storage, read_write> model: array<f32>;
+@group(0) @binding(2) var<storage, read_write> work: array<f32>;
+@group(0) @binding(3) var<storage, read_write> ints: array<u32>;
+
+const LN_EPS: f32 = 1e-5;
+
+// The flat row (r·s + position) of the q-th (row, position) pair of the range t0..t1.
+fn range_row(q: u32) -> u32 {
+    let w = tp.t1 - tp.t0;
+    return (q / w) * tp.s + tp.t0 + q % w;
+}
+
+fn range_count() -> u32 {
+    return tp.rows * (tp.t1 - tp.t0);
+}
+
+@compute @workgroup_size(64)
+fn embed(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= range_count() * tp.d) { return; }
+    let j = i % tp.d;
+    let row = range_row(i / tp.d);
+    let token = ints[tp.i_seq + row];
+    work[tp.x + row * tp.d + j] = model[tp.tok + token * tp.d + j] + model[tp.pos + (row % tp.s) * tp.d + j];
+}
+
+// y = LayerNorm(x)·g + b per row of D (x at `x`, y at `y`), x̂ at `xhat`, 1/σ at `rstd`.
+@compute @workgroup_size(64)
+fn layer_norm(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let q = flat_index(gid, nwg);
+    if (q >= range_count()) { return; }
+    let row = range_row(q);
+    let base = row * tp.d;
+    var total = 0.0;
+    for (var j = 0u; j < tp.d; j++) { total += work[tp.x + base + j]; }
+    let mean = total / f32(tp.d);
+    var var_sum = 0.0;
+    for (var j = 0u; j < tp.d; j++) {
+        let c = work[tp.x + base + j] - mean;
+        var_sum += c * c;
+    }
+    let r = 1.0 / sqrt(var_sum / f32(tp.d) + LN_EPS);
+    work[tp.rstd + row] = r;
+    for (var j = 0u; j < tp.d; j++) {
+        let h = (work[tp.x + base + j] - mean) * r;
+        work[tp.xhat + base + j] = h;
+        work[tp.y + base + j] = h * model[tp.gain + j] + model[tp.bias + j];
+    }
+}
+
+// One query's causal attention in one head over keys 0..=q of its row: the probabilities at
+// att[((r·H + head)·s + q)·s + j], the context into ctx's head columns.
+@compute @workgroup_size(64)
+fn attention(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    let w = tp.t1 - tp.t0;
+    if (i >= tp.rows * tp.h * w) { return; }
+    let q = tp.t0 + i % w;
+    let head = (i / w) % tp.h;
+    let r = i / (w * tp.h);
+    let dh = tp.d / tp.h;
+    let d3 = 3u * tp.d;
+    let qb = tp.qkv + (r * tp.s + q) * d3 + head * dh;
+    let ab = tp.att + ((r * tp.h + head) * tp.s + q) * tp.s;
+    var m = F32_LOWEST;
+    for (var j = 0u; j <= q; j++) {
+        let kb = tp.qkv + (r * tp.s + j) * d3 + tp.d + head * dh;
+        var qk = 0.0;
+        for (var e = 0u; e < dh; e++) { qk += work[qb + e] * work[kb + e]; }
+        let sc = qk * tp.scale;
+        work[ab + j] = sc;
+        m = max(m, sc);
+    }
+    var total = 0.0;
+    for (var j = 0u; j <= q; j++) {
+        let p = exp(work[ab + j] - m);
+        work[ab + j] = p;
+        total += p;
+    }
+    let inv = 1.0 / total;
+    for (var j = 0u; j <= q; j++) { work[ab + j] = work[ab + j] * inv; }
+    let cb = tp.ctx + (r * tp.s + q) * tp.d + head * dh;
+    for (var e = 0u; e < dh; e++) {
+        var acc = 0.0;
+        for (var j = 0u; j <= q; j++) {
+            acc += work[ab + j] * work[tp.qkv + (r * tp.s + j) * d3 + 2u * tp.d + head * dh + e];
+        }
+        work[cb + e] = acc;
+    }
+}
+
+// Φ(x) as engine::fused_transformer::normal_cdf: erfc(−x/√2)/2 with Numerical Recipes' erfc.
+fn normal_cdf(x: f32) -> f32 {
+    let z = abs(x) * 0.70710678;
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let poly = -1.2655122 + t * (1.0000237 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806
+        + t * (0.27886807 + t * (-1.135204 + t * (1.4885159 + t * (-0.82215223 + t * 0.17087277))))))));
+    let half_erfc = 0.5 * t * exp(-z * z + poly);
+    return select(half_erfc, 1.0 - half_erfc, x >= 0.0);
+}
+
+@compute @workgroup_size(64)
+fn bias_gelu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= range_count() * tp.f) { return; }
+    let c = i % tp.f;
+    let at = range_row(i / tp.f) * tp.f + c;
+    let h = work[tp.z + at] + model[tp.bias + c];
+    work[tp.z + at] = h;
+    let p = normal_cdf(h);
+    work[tp.cdf + at] = p;
+    work[tp.act + at] = h * p;
+}
+
+@compute @workgroup_size(64)
+fn add_bias(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= range_count() * tp.cols) { return; }
+    let c = i % tp.cols;
+    let at = tp.x + range_row(i / tp.cols) * tp.cols + c;
+    work[at] = work[at] + model[tp.bias + c];
+}
+
+// The row of logits that predicts response token k = r·T + i.
+fn predictor(k: u32) -> u32 {
+    return (k / tp.t) * tp.s + tp.n - 1u + k % tp.t;
+}
+
+// log Z of softmax(logits/T) over the row of logits at `base` (max-shifted).
+fn log_z(base: u32) -> f32 {
+    var m = F32_LOWEST;
+    for (var u = 0u; u < tp.v; u++) { m = max(m, work[base + u] * tp.inv_t); }
+    var total = 0.0;
+    for (var u = 0u; u < tp.v; u++) { total += exp(work[base + u] * tp.inv_t - m); }
+    return m + log(total);
+}
+
+// Per response token: log Z of softmax(logits/T), log π of the token and the entropy; 0 where
+// the mask is 0 (after a row's end), as the fused pass leaves them.
+@compute @workgroup_size(64)
+fn score(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let k = flat_index(gid, nwg);
+    if (k >= tp.rows * tp.t) { return; }
+    if (work[tp.mask + k] == 0.0) {
+        work[tp.logp + k] = 0.0;
+        work[tp.ent + k] = 0.0;
+        work[tp.logz + k] = 0.0;
+        return;
+    }
+    let base = tp.logits + predictor(k) * tp.v;
+    let lz = log_z(base);
+    var h = 0.0;
+    for (var u = 0u; u < tp.v; u++) {
+        let lp = work[base + u] * tp.inv_t - lz;
+        let p = exp(lp);
+        if (p > 0.0) { h -= p * lp; }
+    }
+    work[tp.logz + k] = lz;
+    work[tp.ent + k] = h;
+    work[tp.logp + k] = work[base + ints[tp.i_resp + k]] * tp.inv_t - lz;
+}
+
+// ∂L/∂logits per flat row (into `y`): for the row predicting a real token k,
+// (c_k·(1[u = token] − p_u) − e_k·p_u·(log p_u + H_k)) / T with c = ∂L/∂log π (`coef`) and
+// e = ∂L/∂H (`dcoef`, when flags bit 0); every other row 0.
+@compute @workgroup_size(64)
+fn dlogits(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = flat_index(gid, nwg);
+    if (row >= tp.rows * tp.s) { return; }
+    let out = tp.y + row * tp.v;
+    let p = row % tp.s;
+    let k = (row / tp.s) * tp.t + p + 1u - tp.n;
+    if (p + 1u < tp.n || p + 1u - tp.n >= tp.t || work[tp.mask + k] == 0.0) {
+        for (var u = 0u; u < tp.v; u++) { work[out + u] = 0.0; }
+        return;
+    }
+    let coef = work[tp.coef + k];
+    var cw = 0.0;
+    if ((tp.flags & 1u) != 0u) { cw = -work[tp.dcoef + k]; }
+    let lz = work[tp.logz + k];
+    let h = work[tp.ent + k];
+    let base = tp.logits + row * tp.v;
+    for (var u = 0u; u < tp.v; u++) {
+        let lpj = work[base + u] * tp.inv_t - lz;
+        let pj = exp(lpj);
+        work[out + u] = (-coef * pj + cw * pj * (lpj + h)) * tp.inv_t;
+    }
+    let at = out + ints[tp.i_resp + k];
+    work[at] = work[at] + coef * tp.inv_t;
+}
+
+// LayerNorm's backward per row: dy at `y`, x̂ at `xhat`, 1/σ at `rstd`, gain at `gain`;
+// dx at `x`, added to when flags bit 0, else overwritten.
+@compute @workgroup_size(64)
+fn ln_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = flat_index(gid, nwg);
+    if (row >= tp.rows * tp.s) { return; }
+    let base = row * tp.d;
+    var m1 = 0.0;
+    var m2 = 0.0;
+    for (var j = 0u; j < tp.d; j++) {
+        let dh = work[tp.y + base + j] * model[tp.gain + j];
+        m1 += dh;
+        m2 += dh * work[tp.xhat + base + j];
+    }
+    m1 /= f32(tp.d);
+    m2 /= f32(tp.d);
+    let r = work[tp.rstd + row];
+    let add = (tp.flags & 1u) != 0u;
+    for (var j = 0u; j < tp.d; j++) {
+        let hv = work[tp.xhat + base + j];
+        let dx = r * (work[tp.y + base + j] * model[tp.gain + j] - m1 - hv * m2);
+        let at = tp.x + base + j;
+        work[at] = select(dx, work[at] + dx, add);
+    }
+}
+
+// A LayerNorm's ∂g and ∂b (at `z` and `z + D`): per column, Σ over the rows of dy·x̂ and dy.
+@compute @workgroup_size(64)
+fn ln_params(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let j = flat_index(gid, nwg);
+    if (j >= tp.d) { return; }
+    var dg = 0.0;
+    var db = 0.0;
+    for (var row = 0u; row < tp.rows * tp.s; row++) {
+        let dy = work[tp.y + row * tp.d + j];
+        dg += dy * work[tp.xhat + row * tp.d + j];
+        db += dy;
+    }
+    work[tp.z + j] = dg;
+    work[tp.z + tp.d + j] = db;
+}
+
+// out[c] = Σ_{r < rows} src[r·stride + c] for c < cols (src at `y`, out at `z`).
+@compute @workgroup_size(64)
+fn col_sum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let c = flat_index(gid, nwg);
+    if (c >= tp.cols) { return; }
+    var acc = 0.0;
+    for (var r = 0u; r < tp.rows; r++) { acc += work[tp.y + r * tp.stride + c]; }
+    work[tp.z + c] = acc;
+}
+
+// dh ·= d gelu/dh = Φ(h) + h·φ(h) (h at `z`, Φ at `cdf`, dh at `y`).
+@compute @workgroup_size(64)
+fn gelu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= tp.rows * tp.s * tp.f) { return; }
+    let x = work[tp.z + i];
+    let g = work[tp.cdf + i] + x * 0.3989423 * exp(-0.5 * x * x);
+    work[tp.y + i] = work[tp.y + i] * g;
+}
+
+// Attention's backward, per (row, head, query q): dP_j = dctx_q·v_j, dS_j = P_j·(dP_j − Σ P·dP)
+// (into `z`, laid out as `att`), dq = scale·Σ_j dS_j·k_j into dqkv (at `y`).
+@compute @workgroup_size(64)
+fn attn_back_q(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= tp.rows * tp.h * tp.s) { return; }
+    let q = i % tp.s;
+    let head = (i / tp.s) % tp.h;
+    let r = i / (tp.s * tp.h);
+    let dh = tp.d / tp.h;
+    let d3 = 3u * tp.d;
+    let ab = ((r * tp.h + head) * tp.s + q) * tp.s;
+    let cb = tp.ctx + (r * tp.s + q) * tp.d + head * dh;
+    var sum = 0.0;
+    for (var j = 0u; j <= q; j++) {
+        let vb = tp.qkv + (r * tp.s + j) * d3 + 2u * tp.d + head * dh;
+        var dp = 0.0;
+        for (var e = 0u; e < dh; e++) { dp += work[cb + e] * work[vb + e]; }
+        work[tp.z + ab + j] = dp;
+        sum += work[tp.att + ab + j] * dp;
+    }
+    for (var j = 0u; j <= q; j++) {
+        work[tp.z + ab + j] = work[tp.att + ab + j] * (work[tp.z + ab + j] - sum);
+    }
+    let out = tp.y + (r * tp.s + q) * d3 + head * dh;
+    for (var e = 0u; e < dh; e++) {
+        var acc = 0.0;
+        for (var j = 0u; j <= q; j++) {
+            acc += work[tp.z + ab + j] * work[tp.qkv + (r * tp.s + j) * d3 + tp.d + head * dh + e];
+        }
+        work[out + e] = acc * tp.scale;
+    }
+}
+
+// Per (row, head, key j): dk_j = scale·Σ_{q ≥ j} dS_qj·q_q, dv_j = Σ_{q ≥ j} P_qj·dctx_q.
+@compute @workgroup_size(64)
+fn attn_back_kv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= tp.rows * tp.h * tp.s) { return; }
+    let j = i % tp.s;
+    let head = (i / tp.s) % tp.h;
+    let r = i / (tp.s * tp.h);
+    let dh = tp.d / tp.h;
+    let d3 = 3u * tp.d;
+    let out = tp.y + (r * tp.s + j) * d3 + head * dh;
+    for (var e = 0u; e < dh; e++) {
+        var dk = 0.0;
+        var dv = 0.0;
+        for (var q = j; q < tp.s; q++) {
+            let a = ((r * tp.h + head) * tp.s + q) * tp.s + j;
+            dk += work[tp.z + a] * work[tp.qkv + (r * tp.s + q) * d3 + head * dh + e];
+            dv += work[tp.att + a] * work[tp.ctx + (r * tp.s + q) * tp.d + head * dh + e];
+        }
+        work[out + tp.d + e] = dk * tp.scale;
+        work[out + 2u * tp.d + e] = dv;
+    }
+}
+
+// A rollout's position i (`i`): rows `0..sampled` were drawn by sample.wgsl, the rest by
+// argmax, into ints[i_drawn + r]; ints[i_state + r] is 1 once row r drew <eos> (= V − 1) and
+// ints[i_state + rows + r] its tokens so far. Each open row's token goes to its response and, when
+// a later position reads it, its sequence; log π of a sampled row's token at 1/inv_t from the
+// position's logits (`logits`, `[rows, V]`) to `logp` (`[rows, t]`); a closed row gets <eos>
+// and log π 0.
+@compute @workgroup_size(64)
+fn place(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = flat_index(gid, nwg);
+    if (r >= tp.rows) { return; }
+    let eos = tp.v - 1u;
+    let closed_at = tp.i_state + r;
+    let len_at = tp.i_state + tp.rows + r;
+    var tok = eos;
+    var l = 0.0;
+    if (ints[closed_at] == 0u) {
+        tok = ints[tp.i_drawn + r];
+        if (r < tp.sampled) {
+            let base = tp.logits + r * tp.v;
+            l = work[base + tok] * tp.inv_t - log_z(base);
+        }
+        ints[len_at] = ints[len_at] + 1u;
+        if (tok == eos) { ints[closed_at] = 1u; }
+    }
+    ints[tp.i_resp + r * tp.t + tp.i] = tok;
+    work[tp.logp + r * tp.t + tp.i] = l;
+    if (tp.n + tp.i < tp.s) { ints[tp.i_seq + r * tp.s + tp.n + tp.i] = tok; }
+}

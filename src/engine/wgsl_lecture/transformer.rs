@@ -1,0 +1,1438 @@
+//! The transformer policy on the device (`model.kind = "transformer"`): the weights, the
+//! reference copy and Adam's moments in one device buffer for the whole run, as the flat
+//! layout of [`crate::engine::fused_transformer::Layout`]; the teacher-forced pass
+//! (`shaders/transformer.wgsl` between the products of `matmul.wgsl`) and its softmax statistics;
+//! the backward from per-token coefficients `∂L/∂log π_t`, `∂L/∂H_t` (the objective's one text,
+//! `objective::loss::evaluate`, computes them on the host from the read-back log π, as for the
+//! fused engine); the grad-norm clip and Adam (lecture_step.wgsl's `reduce_*` and `adam`).
+//!
+//! A batch is `R = B·G` rows of `S = n + T − 1` positions, every position computed (the padding
+//! after a row's end too: causal attention keeps it from every real token, and its
+//! coefficients are 0, so it adds nothing to any gradient). The prompt is computed once per
+//! row (the fused engine computes it once per prompt: the same values in another order).
+//!
+//! Held to the fused CPU engine (`tests/wgsl_transformer.rs`): log π, entropies, every weight's
+//! gradient and the weights after Adam, on random shapes.
+
+use super::*;
+use crate::engine::fused_transformer::{Generation, Hyper, Layout as Weights, Pick};
+use crate::model::TransformerShape;
+
+/// `Tp` of transformer.wgsl: shapes, then element offsets (`model` for weights, `work` for the
+/// rest, `ints` for token ids), then the temperature's inverse and the attention's scale.
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(C)]
+pub struct TfParams {
+    pub rows: u32,
+    pub s: u32,
+    pub t0: u32,
+    pub t1: u32,
+    pub d: u32,
+    pub h: u32,
+    pub f: u32,
+    pub v: u32,
+    pub n: u32,
+    pub t: u32,
+    pub cols: u32,
+    pub stride: u32,
+    pub x: u32,
+    pub y: u32,
+    pub z: u32,
+    pub xhat: u32,
+    pub rstd: u32,
+    pub gain: u32,
+    pub bias: u32,
+    pub qkv: u32,
+    pub att: u32,
+    pub ctx: u32,
+    pub cdf: u32,
+    pub act: u32,
+    pub logits: u32,
+    pub logz: u32,
+    pub logp: u32,
+    pub ent: u32,
+    pub coef: u32,
+    pub dcoef: u32,
+    pub mask: u32,
+    pub i_seq: u32,
+    pub i_resp: u32,
+    pub tok: u32,
+    pub pos: u32,
+    pub flags: u32,
+    pub i: u32,
+    pub sampled: u32,
+    pub i_drawn: u32,
+    pub i_state: u32,
+    pub inv_t: f32,
+    pub scale: f32,
+    pub _f0: f32,
+    pub _f1: f32,
+}
+
+/// One block's activations in `work` (element offsets).
+#[derive(Debug, Clone, Copy, Default)]
+struct BlockAt {
+    xhat1: usize,
+    rstd1: usize,
+    a1: usize,
+    qkv: usize,
+    att: usize,
+    ctx: usize,
+    xhat2: usize,
+    rstd2: usize,
+    a2: usize,
+    hpre: usize,
+    cdf: usize,
+    hact: usize,
+}
+
+/// Where everything sits in `work` and `ints` for `rows` rows of `T` response tokens.
+#[derive(Debug, Clone, Default)]
+struct TfLayout {
+    rows: usize,
+    t: usize,
+    s: usize,
+    x: usize,
+    blocks: Vec<BlockAt>,
+    xhatf: usize,
+    rstdf: usize,
+    af: usize,
+    logits: usize,
+    logz: usize,
+    logp: usize,
+    ent: usize,
+    mask: usize,
+    coef: usize,
+    dcoef: usize,
+    dl: usize,
+    dx: usize,
+    da: usize,
+    dctx: usize,
+    dqkv: usize,
+    ds: usize,
+    dh: usize,
+    grad: usize,
+    part: usize,
+    sums: usize,
+    /// A rollout position's logits `[rows, V]`, and its log π `[rows·T]`.
+    step_logits: usize,
+    roll_logp: usize,
+    len: usize,
+    i_seq: usize,
+    i_resp: usize,
+    /// A rollout's drawn tokens `[rows]`, then each row's closed flag and length `[2·rows]`.
+    i_drawn: usize,
+    i_state: usize,
+    ints: usize,
+}
+
+impl TfLayout {
+    /// The regions of a batch; `params = 0` (a rollout's plan) leaves out the backward's.
+    fn new(shape: &TransformerShape, n: usize, rows: usize, t: usize, params: usize) -> Self {
+        let (d, f, v, hh) = (shape.d_model, shape.d_ff, shape.vocab, shape.heads);
+        let s = n + t - 1;
+        let nr = rows * s;
+        let mut at = 0usize;
+        // Every region from a multiple of 4 elements (the vector paths of matmul.wgsl).
+        let mut take = |len: usize| {
+            let here = at;
+            at = (at + len.max(1)).next_multiple_of(4);
+            here
+        };
+        let x = take(nr * d);
+        let blocks = (0..shape.layers)
+            .map(|_| BlockAt {
+                xhat1: take(nr * d),
+                rstd1: take(nr),
+                a1: take(nr * d),
+                qkv: take(nr * 3 * d),
+                att: take(rows * hh * s * s),
+                ctx: take(nr * d),
+                xhat2: take(nr * d),
+                rstd2: take(nr),
+                a2: take(nr * d),
+                hpre: take(nr * f),
+                cdf: take(nr * f),
+                hact: take(nr * f),
+            })
+            .collect();
+        let tokens = rows * t;
+        // The backward's regions only with a gradient to hold.
+        let nb = if params > 0 { nr } else { 0 };
+        let mut l = TfLayout {
+            rows,
+            t,
+            s,
+            x,
+            blocks,
+            xhatf: take(nr * d),
+            rstdf: take(nr),
+            af: take(nr * d),
+            logits: take(nr * v),
+            logz: take(tokens),
+            logp: take(tokens),
+            ent: take(tokens),
+            mask: take(tokens),
+            coef: take(tokens),
+            dcoef: take(tokens),
+            dl: take(nb * v),
+            dx: take(nb * d),
+            da: take(nb * d),
+            dctx: take(nb * d),
+            dqkv: take(nb * 3 * d),
+            ds: take(if params > 0 { rows } else { 0 } * hh * s * s),
+            dh: take(nb * f),
+            grad: take(params),
+            part: take(params.div_ceil(CHUNK)),
+            sums: take(8),
+            step_logits: take(rows * v),
+            roll_logp: take(tokens),
+            ..Default::default()
+        };
+        l.len = at;
+        l.i_seq = 0;
+        l.i_resp = nr;
+        l.i_drawn = nr + tokens;
+        l.i_state = l.i_drawn + rows;
+        l.ints = l.i_state + 2 * rows;
+        l
+    }
+}
+
+/// The buffers of one batch shape.
+struct TfPlan {
+    at: TfLayout,
+    work: wgpu::Buffer,
+    ints: wgpu::Buffer,
+    uniform: wgpu::Buffer,
+    slots: u64,
+    group: wgpu::BindGroup,
+    /// A rollout's sampler (sample.wgsl's buffers and one bind group per position).
+    sampler: Option<Sampler>,
+}
+
+/// sample.wgsl's buffers for a rollout of `rows` sampled rows: the position's logits, their
+/// weights, the drawn tokens, and per position its parameters and bind group.
+struct Sampler {
+    rows: usize,
+    logits: wgpu::Buffer,
+    tokens: wgpu::Buffer,
+    params: Vec<wgpu::Buffer>,
+    groups: Vec<wgpu::BindGroup>,
+}
+
+/// One chunk of a rollout ([`WgslTransformer::generate`]).
+struct Chunk {
+    /// Every row's tokens: the sampled rows, then the greedy ones.
+    rows: Vec<Vec<u32>>,
+    closed: Vec<bool>,
+    /// The sampled rows' log π, `[sampled·max_len]`.
+    logp: Vec<f32>,
+}
+
+/// Which plan: the teacher-forced passes' (steps, log π) or the rollouts'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Pass = 0,
+    Rollout = 1,
+}
+
+/// The transformer's weights, reference, Adam state and activations on the device.
+pub struct WgslTransformer {
+    ctx: Arc<GpuContext>,
+    programs: Programs,
+    pub shape: TransformerShape,
+    weights: Weights,
+    /// The prompt's length.
+    n: usize,
+    /// Elements of one copy of the weights.
+    params: usize,
+    /// `[policy | reference | Adam m | Adam v | cold start's m | v]`, each `params` long.
+    model: wgpu::Buffer,
+    /// A bind group of `model` alone (one uniform slot, no batch): the reference's refresh.
+    aux: (wgpu::Buffer, wgpu::BindGroup),
+    plans: [Option<TfPlan>; 2],
+    /// The plan the last upload chose.
+    cur: Slot,
+    hyper: Hyper,
+    /// Adam's step count.
+    time: i32,
+    /// Whether the passes' `work` holds the policy's forward of the uploaded batch at `inv_t`
+    /// (what the backward reads).
+    policy_pass: Option<f32>,
+    /// Submissions so far, and the dispatches of the last one.
+    pub submissions: usize,
+    pub last_dispatches: usize,
+}
+
+/// `C = A·B` over flat views: `(offset, row stride, column stride)` of A and B, `(offset,
+/// row stride)` of C.
+fn mm(
+    (m, n, k): (usize, usize, usize),
+    a: (usize, usize, usize),
+    b: (usize, usize, usize),
+    c: (usize, usize),
+    accumulate: bool,
+) -> MatmulParams {
+    let u = |x: usize| x as u32;
+    MatmulParams {
+        m: u(m),
+        n: u(n),
+        k: u(k),
+        batch: 1,
+        a: [u(a.0), u(a.1), u(a.2), 0],
+        b: [u(b.0), u(b.1), u(b.2), 0],
+        c: [u(c.0), u(c.1), 0],
+        accumulate,
+        reduce: false,
+    }
+}
+
+/// `Y[r, p] (+)= X[r, p]·W` at the positions `t0..t1` of `rows` rows of `s` positions: X rows of
+/// `k` at `x`, Y rows of `n` at `y`, W (in `model`) the view `w`. One flat product for the whole
+/// pass, rows strided by `s` for one position, else one product per row.
+fn range_mm(
+    (rows, s, t0, t1): (usize, usize, usize, usize),
+    (x, k): (usize, usize),
+    w: (usize, usize, usize),
+    (y, n): (usize, usize),
+    accumulate: bool,
+) -> MatmulParams {
+    if t0 == 0 && t1 == s {
+        return mm((rows * s, n, k), (x, k, 1), w, (y, n), accumulate);
+    }
+    if t1 == t0 + 1 {
+        return mm(
+            (rows, n, k),
+            (x + t0 * k, s * k, 1),
+            w,
+            (y + t0 * n, s * n),
+            accumulate,
+        );
+    }
+    let u = |v: usize| v as u32;
+    let mut p = mm(
+        (t1 - t0, n, k),
+        (x + t0 * k, k, 1),
+        w,
+        (y + t0 * n, n),
+        accumulate,
+    );
+    p.batch = u(rows);
+    p.a[3] = u(s * k);
+    p.c[2] = u(s * n);
+    p
+}
+
+const MODEL: u32 = 0;
+const WORK: u32 = 1;
+const ONE_HOT: u32 = 2;
+
+impl WgslTransformer {
+    /// The transformer of `shape` (prompts of `n` tokens) with weights `w` (the fused layout)
+    /// as policy and reference, Adam's moments at 0.
+    pub fn new(
+        ctx: Arc<GpuContext>,
+        shape: TransformerShape,
+        n: usize,
+        w: &[f32],
+        hyper: Hyper,
+    ) -> Result<Self, EngineError> {
+        let weights = Weights::of(&shape);
+        if w.len() != weights.total {
+            return Err(kerr(
+                "weights",
+                format!("{} values for a model of {}", w.len(), weights.total),
+            ));
+        }
+        if shape.heads == 0 || shape.d_model % shape.heads != 0 {
+            return Err(kerr("model.heads", "must divide model.d_model"));
+        }
+        let programs = Programs::new(&ctx, MatmulKernel::for_adapter(ctx.summary.is_software()))?;
+        let params = weights.total;
+        let model = WgslLectureEngine::storage(&ctx, "wgsl_transformer.model", 6 * params)?;
+        let zeros = vec![0.0f32; 4 * params];
+        ctx.queue
+            .write_buffer(&model, 0, &f32_bytes(&[w, w, &zeros].concat()));
+        let aux_uniform = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgsl_transformer.aux"),
+            size: SLOT,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let work = WgslLectureEngine::storage(&ctx, "wgsl_transformer.aux_work", 4)?;
+        let ints = WgslLectureEngine::storage(&ctx, "wgsl_transformer.aux_ints", 4)?;
+        let aux_group = step_bind_group(
+            &ctx.device,
+            &programs.layout,
+            "wgsl_transformer.aux",
+            [&aux_uniform, &model, &work, &ints],
+        );
+        Ok(Self {
+            aux: (aux_uniform, aux_group),
+            ctx,
+            programs,
+            shape,
+            weights,
+            n,
+            params,
+            model,
+            plans: [None, None],
+            cur: Slot::Pass,
+            hyper,
+            time: 0,
+            policy_pass: None,
+            submissions: 0,
+            last_dispatches: 0,
+        })
+    }
+
+    fn plan_ref(&self) -> &TfPlan {
+        self.plans[self.cur as usize].as_ref().expect("planned")
+    }
+
+    /// The `slot` plan for `rows` rows of `t` response tokens (rebuilt when the shape changes),
+    /// made current.
+    fn plan(&mut self, slot: Slot, rows: usize, t: usize) -> Result<(), EngineError> {
+        self.cur = slot;
+        if let Some(p) = &self.plans[slot as usize]
+            && p.at.rows == rows
+            && p.at.t == t
+        {
+            return Ok(());
+        }
+        if slot == Slot::Pass {
+            self.policy_pass = None;
+        }
+        if rows == 0 || t == 0 {
+            return Err(kerr("batch", "no rows or no response tokens"));
+        }
+        if self.n + t - 1 > self.shape.context {
+            return Err(kerr(
+                "batch",
+                format!(
+                    "{} prompt and {t} response tokens exceed the model's context of {}",
+                    self.n, self.shape.context
+                ),
+            ));
+        }
+        let params = if slot == Slot::Pass { self.params } else { 0 };
+        let at = TfLayout::new(&self.shape, self.n, rows, t, params);
+        if at.len >= u32::MAX as usize / 2 {
+            return Err(kerr("batch", "too large for 32-bit offsets"));
+        }
+        let ctx = self.ctx.clone();
+        let work =
+            WgslLectureEngine::storage(&ctx, "wgsl_transformer.work", at.len).map_err(|e| {
+                kerr(
+                    "batch",
+                    format!("{rows} rows of up to {t} response tokens at once: {e}"),
+                )
+            })?;
+        let ints = WgslLectureEngine::storage(&ctx, "wgsl_transformer.ints", at.ints)?;
+        // A rollout: per position a block's 9 dispatches per layer and 10 more.
+        let per_position = 9 * self.shape.layers + 12;
+        let slots = (per_position * (t + 1) + 24 * self.shape.layers + 32) as u64;
+        let uniform = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgsl_transformer.uniform"),
+            size: slots * SLOT,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let group = step_bind_group(
+            &ctx.device,
+            &self.programs.layout,
+            "wgsl_transformer",
+            [&uniform, &self.model, &work, &ints],
+        );
+        self.plans[slot as usize] = Some(TfPlan {
+            at,
+            work,
+            ints,
+            uniform,
+            slots,
+            group,
+            sampler: None,
+        });
+        Ok(())
+    }
+
+    /// The sequences `[rows·s]` of a batch whose row `r` answers prompt `prompt_of(r)`: the
+    /// prompt, then the response's first `t − 1` tokens (`responses [rows·t]`, or <eos> where
+    /// there are none yet).
+    fn sequences(
+        &self,
+        prompts: &[u32],
+        responses: Option<&[u32]>,
+        (rows, t): (usize, usize),
+        prompt_of: impl Fn(usize) -> usize,
+    ) -> Vec<u32> {
+        let n = self.n;
+        let eos = (self.shape.vocab - 1) as u32;
+        let mut ints = Vec::with_capacity(rows * (n + t - 1));
+        for r in 0..rows {
+            ints.extend_from_slice(&prompts[prompt_of(r) * n..][..n]);
+            match responses {
+                Some(resp) => ints.extend_from_slice(&resp[r * t..][..t - 1]),
+                None => ints.extend(std::iter::repeat_n(eos, t - 1)),
+            }
+        }
+        ints
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<(), EngineError> {
+        let v = self.shape.vocab;
+        match tokens.iter().find(|&&x| x as usize >= v) {
+            Some(x) => Err(kerr(
+                "batch",
+                format!("token {x} is outside the vocabulary (0..{v})"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Upload a batch to the passes' plan: `prompts [B·n]`, `responses [R·T]` (`R = B·g`), row
+    /// `r` holding `lens[r]` real tokens.
+    fn upload(
+        &mut self,
+        prompts: &[u32],
+        responses: &[u32],
+        lens: &[usize],
+        g: usize,
+        t: usize,
+    ) -> Result<(), EngineError> {
+        let n = self.n;
+        let rows = responses.len() / t.max(1);
+        if g == 0
+            || t == 0
+            || prompts.len() != rows / g * n
+            || responses.len() != rows * t
+            || lens.len() != rows
+            || rows % g != 0
+        {
+            return Err(kerr(
+                "batch",
+                format!(
+                    "{} prompt tokens, {} response tokens and {} lengths do not make prompts of {n} with {g} responses of {t}",
+                    prompts.len(),
+                    responses.len(),
+                    lens.len()
+                ),
+            ));
+        }
+        self.check_tokens(prompts)?;
+        self.check_tokens(responses)?;
+        self.plan(Slot::Pass, rows, t)?;
+        let mut ints = self.sequences(prompts, Some(responses), (rows, t), |r| r / g);
+        ints.extend_from_slice(responses);
+        let mask: Vec<f32> = lens
+            .iter()
+            .flat_map(|&l| (0..t).map(move |i| if i < l { 1.0 } else { 0.0 }))
+            .collect();
+        let plan = self.plan_ref();
+        let q = &self.ctx.queue;
+        q.write_buffer(&plan.ints, 0, &u32_bytes(&ints));
+        q.write_buffer(&plan.work, (plan.at.mask * 4) as u64, &f32_bytes(&mask));
+        self.policy_pass = None;
+        Ok(())
+    }
+
+    /// The parameters every dispatch starts from.
+    fn base(&self, inv_t: f32) -> TfParams {
+        let at = &self.plan_ref().at;
+        let s = &self.shape;
+        let u = |x: usize| x as u32;
+        TfParams {
+            rows: u(at.rows),
+            s: u(at.s),
+            t0: 0,
+            t1: u(at.s),
+            d: u(s.d_model),
+            h: u(s.heads),
+            f: u(s.d_ff),
+            v: u(s.vocab),
+            n: u(self.n),
+            t: u(at.t),
+            logits: u(at.logits),
+            logz: u(at.logz),
+            logp: u(at.logp),
+            ent: u(at.ent),
+            coef: u(at.coef),
+            dcoef: u(at.dcoef),
+            mask: u(at.mask),
+            i_seq: u(at.i_seq),
+            i_resp: u(at.i_resp),
+            i_drawn: u(at.i_drawn),
+            i_state: u(at.i_state),
+            inv_t,
+            scale: 1.0 / ((s.d_model / s.heads) as f32).sqrt(),
+            ..Default::default()
+        }
+    }
+
+    /// LayerNorm of the residual stream at the positions of `base` into `y` (x̂ and 1/σ kept),
+    /// with the gain at `model[gain..]` and the bias after it.
+    fn record_ln(
+        &self,
+        rec: &mut Recorder,
+        base: TfParams,
+        (y, xhat, rstd): (usize, usize, usize),
+        gain: usize,
+    ) {
+        let u = |x: usize| x as u32;
+        let d = self.shape.d_model;
+        let params = TfParams {
+            x: u(self.plan_ref().at.x),
+            y: u(y),
+            xhat: u(xhat),
+            rstd: u(rstd),
+            gain: u(gain),
+            bias: u(gain + d),
+            ..base
+        };
+        rec.tf(
+            &self.programs,
+            "layer_norm",
+            params,
+            (base.rows * (base.t1 - base.t0)) as usize,
+        );
+    }
+
+    /// Positions `t0..t1` of every row through the embedding and the blocks, with the weights
+    /// at `model[w0..]`; the keys and values of earlier positions come from `qkv` (the cache).
+    fn record_blocks(&self, rec: &mut Recorder, w0: usize, (t0, t1): (usize, usize)) {
+        let at = &self.plan_ref().at;
+        let s = &self.shape;
+        let (d, f, hh) = (s.d_model, s.d_ff, s.heads);
+        let span = (at.rows, at.s, t0, t1);
+        let count = at.rows * (t1 - t0);
+        let p = &self.programs;
+        let u = |x: usize| x as u32;
+        let w = |o: usize| u(w0 + o);
+        let base = TfParams {
+            t0: u(t0),
+            t1: u(t1),
+            ..self.base(1.0)
+        };
+        let wl = &self.weights;
+        let embed = TfParams {
+            x: u(at.x),
+            tok: w(wl.tok_emb),
+            pos: w(wl.pos_emb),
+            ..base
+        };
+        rec.tf(p, "embed", embed, count * d);
+        for (bl, ba) in wl.blocks.iter().zip(&at.blocks) {
+            self.record_ln(rec, base, (ba.a1, ba.xhat1, ba.rstd1), w0 + bl.ln1_g);
+            let ww = (w0 + bl.wqkv, 3 * d, 1);
+            rec.matmul(
+                p,
+                (WORK, MODEL),
+                range_mm(span, (ba.a1, d), ww, (ba.qkv, 3 * d), false),
+            );
+            let att = TfParams {
+                qkv: u(ba.qkv),
+                att: u(ba.att),
+                ctx: u(ba.ctx),
+                ..base
+            };
+            rec.tf(p, "attention", att, count * hh);
+            let ww = (w0 + bl.wo, d, 1);
+            rec.matmul(
+                p,
+                (WORK, MODEL),
+                range_mm(span, (ba.ctx, d), ww, (at.x, d), true),
+            );
+            self.record_ln(rec, base, (ba.a2, ba.xhat2, ba.rstd2), w0 + bl.ln2_g);
+            let ww = (w0 + bl.w1, f, 1);
+            rec.matmul(
+                p,
+                (WORK, MODEL),
+                range_mm(span, (ba.a2, d), ww, (ba.hpre, f), false),
+            );
+            let gelu = TfParams {
+                z: u(ba.hpre),
+                cdf: u(ba.cdf),
+                act: u(ba.hact),
+                bias: w(bl.b1),
+                ..base
+            };
+            rec.tf(p, "bias_gelu", gelu, count * f);
+            let ww = (w0 + bl.w2, d, 1);
+            rec.matmul(
+                p,
+                (WORK, MODEL),
+                range_mm(span, (ba.hact, f), ww, (at.x, d), true),
+            );
+            let bias = TfParams {
+                x: u(at.x),
+                cols: u(d),
+                bias: w(bl.b2),
+                ..base
+            };
+            rec.tf(p, "add_bias", bias, count * d);
+        }
+    }
+
+    /// The teacher-forced pass of the weights at `model[w0..]` over every position, then each
+    /// response token's log Z, log π and entropy at `1/inv_t`.
+    fn record_forward(&self, rec: &mut Recorder, w0: usize, inv_t: f32) {
+        let at = &self.plan_ref().at;
+        let (d, v) = (self.shape.d_model, self.shape.vocab);
+        let nr = at.rows * at.s;
+        self.record_blocks(rec, w0, (0, at.s));
+        let base = self.base(inv_t);
+        self.record_ln(
+            rec,
+            base,
+            (at.af, at.xhatf, at.rstdf),
+            w0 + self.weights.lnf_g,
+        );
+        let (a, ww) = ((at.af, d, 1), (w0 + self.weights.head, v, 1));
+        rec.matmul(
+            &self.programs,
+            (WORK, MODEL),
+            mm((nr, v, d), a, ww, (at.logits, v), false),
+        );
+        rec.tf(&self.programs, "score", base, at.rows * at.t);
+    }
+
+    /// The backward of the policy's last pass from the coefficients in `coef` / `dcoef`: every
+    /// weight's gradient into `grad` (the flat layout).
+    fn record_backward(&self, rec: &mut Recorder, inv_t: f32, entropy: bool) {
+        let at = &self.plan_ref().at;
+        let s = &self.shape;
+        let (d, f, v, hh) = (s.d_model, s.d_ff, s.vocab, s.heads);
+        let nr = at.rows * at.s;
+        let p = &self.programs;
+        let base = self.base(inv_t);
+        let u = |x: usize| x as u32;
+        let g = |o: usize| at.grad + o;
+        let wl = &self.weights;
+        let dl = TfParams {
+            y: u(at.dl),
+            flags: entropy as u32,
+            ..base
+        };
+        rec.tf(p, "dlogits", dl, nr);
+        let (a, b) = ((at.af, 1, d), (at.dl, v, 1));
+        rec.matmul(
+            p,
+            (WORK, WORK),
+            mm((d, v, nr), a, b, (g(wl.head), v), false),
+        );
+        let (a, b) = ((at.dl, v, 1), (wl.head, 1, v));
+        rec.matmul(p, (WORK, MODEL), mm((nr, d, v), a, b, (at.da, d), false));
+        // LayerNorm's backward from `da` into `dx` (added unless it is the first), its ∂g, ∂b.
+        let ln = |rec: &mut Recorder, xhat: usize, rstd: usize, gain: usize, add: bool| {
+            let back = TfParams {
+                y: u(at.da),
+                x: u(at.dx),
+                xhat: u(xhat),
+                rstd: u(rstd),
+                gain: u(gain),
+                flags: add as u32,
+                ..base
+            };
+            rec.tf(p, "ln_backward", back, nr);
+            rec.tf(
+                p,
+                "ln_params",
+                TfParams {
+                    z: u(g(gain)),
+                    ..back
+                },
+                d,
+            );
+        };
+        let col_sum = |rec: &mut Recorder, src: usize, rows: usize, stride: usize, cols, to| {
+            let params = TfParams {
+                y: u(src),
+                rows: u(rows),
+                stride: u(stride),
+                cols: u(cols),
+                z: u(to),
+                ..base
+            };
+            rec.tf(p, "col_sum", params, cols);
+        };
+        ln(rec, at.xhatf, at.rstdf, wl.lnf_g, false);
+        for (bl, ba) in wl.blocks.iter().zip(&at.blocks).rev() {
+            // x += GELU(a₂·W₁ + b₁)·W₂ + b₂
+            col_sum(rec, at.dx, nr, d, d, g(bl.b2));
+            let (a, b) = ((ba.hact, 1, f), (at.dx, d, 1));
+            rec.matmul(p, (WORK, WORK), mm((f, d, nr), a, b, (g(bl.w2), d), false));
+            let (a, b) = ((at.dx, d, 1), (bl.w2, 1, d));
+            rec.matmul(p, (WORK, MODEL), mm((nr, f, d), a, b, (at.dh, f), false));
+            let gelu = TfParams {
+                y: u(at.dh),
+                z: u(ba.hpre),
+                cdf: u(ba.cdf),
+                ..base
+            };
+            rec.tf(p, "gelu_backward", gelu, nr * f);
+            col_sum(rec, at.dh, nr, f, f, g(bl.b1));
+            let (a, b) = ((ba.a2, 1, d), (at.dh, f, 1));
+            rec.matmul(p, (WORK, WORK), mm((d, f, nr), a, b, (g(bl.w1), f), false));
+            let (a, b) = ((at.dh, f, 1), (bl.w1, 1, f));
+            rec.matmul(p, (WORK, MODEL), mm((nr, d, f), a, b, (at.da, d), false));
+            ln(rec, ba.xhat2, ba.rstd2, bl.ln2_g, true);
+            // x += attention(LN₁(x))·W_o
+            let (a, b) = ((ba.ctx, 1, d), (at.dx, d, 1));
+            rec.matmul(p, (WORK, WORK), mm((d, d, nr), a, b, (g(bl.wo), d), false));
+            let (a, b) = ((at.dx, d, 1), (bl.wo, 1, d));
+            rec.matmul(p, (WORK, MODEL), mm((nr, d, d), a, b, (at.dctx, d), false));
+            let back = TfParams {
+                ctx: u(at.dctx),
+                att: u(ba.att),
+                qkv: u(ba.qkv),
+                z: u(at.ds),
+                y: u(at.dqkv),
+                ..base
+            };
+            rec.tf(p, "attn_back_q", back, at.rows * hh * at.s);
+            rec.tf(p, "attn_back_kv", back, at.rows * hh * at.s);
+            let (a, b) = ((ba.a1, 1, d), (at.dqkv, 3 * d, 1));
+            rec.matmul(
+                p,
+                (WORK, WORK),
+                mm((d, 3 * d, nr), a, b, (g(bl.wqkv), 3 * d), false),
+            );
+            let (a, b) = ((at.dqkv, 3 * d, 1), (bl.wqkv, 1, 3 * d));
+            rec.matmul(
+                p,
+                (WORK, MODEL),
+                mm((nr, d, 3 * d), a, b, (at.da, d), false),
+            );
+            ln(rec, ba.xhat1, ba.rstd1, bl.ln1_g, true);
+        }
+        // x = tok_emb[token] + pos_emb[position]: ∂tok_emb = onehot(tokens)ᵀ·dx, ∂pos_emb[p] =
+        // Σ_r dx[r, p]; the positions past S get 0.
+        let (a, b) = ((at.i_seq, 0, 1), (at.dx, d, 1));
+        rec.matmul(
+            p,
+            (ONE_HOT, WORK),
+            mm((v, d, nr), a, b, (g(wl.tok_emb), d), false),
+        );
+        col_sum(rec, at.dx, at.rows, at.s * d, at.s * d, g(wl.pos_emb));
+        let rest = (s.context - at.s) * d;
+        if rest > 0 {
+            col_sum(rec, at.dx, 0, 0, rest, g(wl.pos_emb + at.s * d));
+        }
+    }
+
+    /// Run `rec` as one submission on the current plan and read back `(buffer, element offset,
+    /// elements)` of each read.
+    fn run(
+        &mut self,
+        rec: Recorder,
+        reads: &[(Reads, usize, usize)],
+    ) -> Result<Vec<Vec<u8>>, EngineError> {
+        let plan = self.plan_ref();
+        if rec.slots.len() as u64 > plan.slots {
+            return Err(kerr(
+                "submission",
+                "too many dispatches for the uniform buffer",
+            ));
+        }
+        let device = &self.ctx.device;
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let uni: Vec<u8> = rec.slots.iter().flat_map(|s| s.slot_bytes()).collect();
+        if !uni.is_empty() {
+            self.ctx.queue.write_buffer(&plan.uniform, 0, &uni);
+        }
+        if std::env::var_os("GRPO_WGSL_PROFILE").is_some() {
+            submit::profile(&self.ctx, &plan.group, &rec.ops, &rec.slots);
+        }
+        let mut encoder = device.create_command_encoder(&Default::default());
+        let reads: Vec<_> = reads
+            .iter()
+            .map(|(which, at, len)| {
+                let buffer = match which {
+                    Reads::Ints => &plan.ints,
+                    Reads::Model => &self.model,
+                    Reads::Buffer(b) => b,
+                    Reads::Work => &plan.work,
+                };
+                (buffer, *at, *len)
+            })
+            .collect();
+        dispatch_all(&mut encoder, &plan.group, &rec.ops);
+        let (staging, total, lens) = stage(device, &mut encoder, &reads);
+        self.ctx.queue.submit([encoder.finish()]);
+        self.submissions += 1;
+        self.last_dispatches = rec.dispatches;
+        if let Some(error) = crate::gpu::context::scope_error(scope.pop()) {
+            return Err(EngineError::Kernel(KernelError::Readback(format!(
+                "the device refused the submission: {error}"
+            ))));
+        }
+        Staged::map(staging, total, lens).wait(&self.ctx)
+    }
+
+    /// `log π` and the entropy at `temperature` of every response token (`[R·T]`; 0 after a
+    /// row's end) under the policy or the reference: `prompts [B·n]`, `responses [B·g·T]`,
+    /// row `r` holding `lens[r]` real tokens.
+    #[allow(clippy::too_many_arguments)]
+    pub fn scores(
+        &mut self,
+        which: Which,
+        prompts: &[u32],
+        responses: &[u32],
+        lens: &[usize],
+        g: usize,
+        t: usize,
+        temperature: f32,
+    ) -> Result<(Vec<f32>, Vec<f32>), EngineError> {
+        if !(temperature.is_finite() && temperature > 0.0) {
+            return Err(kerr("temperature", format!("{temperature}: must be > 0")));
+        }
+        self.upload(prompts, responses, lens, g, t)?;
+        let inv_t = 1.0 / temperature;
+        let w0 = match which {
+            Which::Policy => 0,
+            Which::Reference => self.params,
+        };
+        let mut rec = Recorder::default();
+        self.record_forward(&mut rec, w0, inv_t);
+        let at = &self.plan_ref().at;
+        let tokens = at.rows * at.t;
+        let reads = [
+            (Reads::Work, at.logp, tokens),
+            (Reads::Work, at.ent, tokens),
+        ];
+        let out = self.run(rec, &reads)?;
+        self.policy_pass = (which == Which::Policy).then_some(inv_t);
+        Ok((f32s(&out[0]), f32s(&out[1])))
+    }
+
+    /// Upload the coefficients `∂L/∂log π_t` (and `∂L/∂H_t`) of the policy's last pass
+    /// ([`Self::scores`] of `Which::Policy`).
+    fn upload_coefs(
+        &mut self,
+        dlogp: &[f32],
+        dentropy: Option<&[f32]>,
+    ) -> Result<f32, EngineError> {
+        let Some(inv_t) = self.policy_pass else {
+            return Err(kerr(
+                "backward",
+                "needs the policy's pass of the batch (scores of the policy) first",
+            ));
+        };
+        self.cur = Slot::Pass;
+        let at = &self.plan_ref().at;
+        let tokens = at.rows * at.t;
+        if dlogp.len() != tokens || dentropy.is_some_and(|e| e.len() != tokens) {
+            return Err(kerr(
+                "backward",
+                format!("the coefficients must hold {tokens} values per token"),
+            ));
+        }
+        let (q, work) = (&self.ctx.queue, &self.plan_ref().work);
+        q.write_buffer(work, (at.coef * 4) as u64, &f32_bytes(dlogp));
+        if let Some(e) = dentropy {
+            q.write_buffer(work, (at.dcoef * 4) as u64, &f32_bytes(e));
+        }
+        Ok(inv_t)
+    }
+
+    /// `∇θ Σ_t (c_t·log π_t + e_t·H_t)` of the policy's last pass: every weight's gradient
+    /// (the flat layout), read back.
+    pub fn gradient(
+        &mut self,
+        dlogp: &[f32],
+        dentropy: Option<&[f32]>,
+    ) -> Result<Vec<f32>, EngineError> {
+        let inv_t = self.upload_coefs(dlogp, dentropy)?;
+        let mut rec = Recorder::default();
+        self.record_backward(&mut rec, inv_t, dentropy.is_some());
+        let grad = self.plan_ref().at.grad;
+        let out = self.run(rec, &[(Reads::Work, grad, self.params)])?;
+        Ok(f32s(&out[0]))
+    }
+
+    /// One optimizer step from the coefficients of the policy's last pass: the backward, the
+    /// gradient's norm, the clip to `max_grad_norm` (0: none) and Adam at `lr`, in one
+    /// submission. Returns the gradient's norm (before the clip). The update is skipped when
+    /// the norm is not finite (as on the fused engine).
+    pub fn step(
+        &mut self,
+        dlogp: &[f32],
+        dentropy: Option<&[f32]>,
+        lr: f64,
+        max_grad_norm: f32,
+    ) -> Result<f32, EngineError> {
+        let inv_t = self.upload_coefs(dlogp, dentropy)?;
+        let at = self.plan_ref().at.clone();
+        let mut rec = Recorder::default();
+        self.record_backward(&mut rec, inv_t, dentropy.is_some());
+        let p = self.params;
+        let adam = StepParams {
+            lr: lr as f32,
+            max_norm: max_grad_norm,
+            ..self.adam_params(&at, self.time + 1)
+        };
+        rec.reduce(&self.programs, adam, at.grad, p, 1, 6, true);
+        rec.step(&self.programs, "adam", adam, p.div_ceil(4));
+        let out = self.run(rec, &[(Reads::Work, at.sums + 6, 1)])?;
+        let norm = f32s(&out[0])[0].sqrt();
+        self.policy_pass = None;
+        // `adam` leaves the weights and the moments where the norm is not finite.
+        if norm.is_finite() {
+            self.time += 1;
+        }
+        Ok(norm)
+    }
+
+    /// Adam's parameters at step `time` (lecture_step.wgsl's `reduce_*` and `adam` on the
+    /// gradient of `at`): the policy's weights and the run's moments; no clip, `lr` 0.
+    fn adam_params(&self, at: &TfLayout, time: i32) -> StepParams {
+        let (bc2, factor) = crate::objective::adam::corrections(&self.hyper, time);
+        let p = self.params as u32;
+        StepParams {
+            grad_off: at.grad as u32,
+            part_off: at.part as u32,
+            sums_off: at.sums as u32,
+            chunk: CHUNK as u32,
+            p_count: p,
+            w_off: 0,
+            am_off: 2 * p,
+            av_off: 3 * p,
+            b1: self.hyper.beta1,
+            b2: self.hyper.beta2,
+            eps: self.hyper.eps,
+            bc2,
+            factor,
+            ..Default::default()
+        }
+    }
+
+    /// `parts` copies of the weights from `model[0..]` (policy, reference, Adam's m and v),
+    /// read back.
+    pub fn read_model(&self, parts: usize) -> Result<Vec<f32>, EngineError> {
+        let device = &self.ctx.device;
+        let mut encoder = device.create_command_encoder(&Default::default());
+        let reads = [(&self.model, 0, parts * self.params)];
+        let (staging, total, lens) = stage(device, &mut encoder, &reads);
+        self.ctx.queue.submit([encoder.finish()]);
+        let out = Staged::map(staging, total, lens).wait(&self.ctx)?;
+        Ok(f32s(&out[0]))
+    }
+
+    /// The policy's weights (the flat layout), read back.
+    pub fn weights(&self) -> Result<Vec<f32>, EngineError> {
+        self.read_model(1)
+    }
+
+    /// Elements of one copy of the weights.
+    pub fn params(&self) -> usize {
+        self.params
+    }
+
+    /// Adam's step count.
+    pub fn adam_time(&self) -> i32 {
+        self.time
+    }
+
+    /// Replace the policy, the reference and Adam's state (`m`, `v` and the step count).
+    pub fn load(
+        &mut self,
+        policy: &[f32],
+        reference: &[f32],
+        (time, m, v): (i32, &[f32], &[f32]),
+    ) -> Result<(), EngineError> {
+        let p = self.params;
+        if [policy.len(), reference.len(), m.len(), v.len()] != [p; 4] {
+            return Err(kerr("snapshot", format!("expected {p} values per part")));
+        }
+        let all = [policy, reference, m, v].concat();
+        self.ctx
+            .queue
+            .write_buffer(&self.model, 0, &f32_bytes(&all));
+        self.time = time;
+        self.policy_pass = None;
+        Ok(())
+    }
+
+    /// The reference becomes a copy of the policy (a dispatch: a buffer cannot be copied onto
+    /// itself).
+    pub fn refresh_reference(&mut self) -> Result<(), EngineError> {
+        let copy = StepParams {
+            p_count: self.params as u32,
+            w_off: 0,
+            ref_off: self.params as u32,
+            ..Default::default()
+        };
+        let mut rec = Recorder::default();
+        rec.step(&self.programs, "copy_ref", copy, self.params);
+        let (uniform, group) = &self.aux;
+        let device = &self.ctx.device;
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let bytes: Vec<u8> = rec.slots.iter().flat_map(|s| s.slot_bytes()).collect();
+        self.ctx.queue.write_buffer(uniform, 0, &bytes);
+        let mut encoder = device.create_command_encoder(&Default::default());
+        dispatch_all(&mut encoder, group, &rec.ops);
+        self.ctx.queue.submit([encoder.finish()]);
+        self.submissions += 1;
+        match crate::gpu::context::scope_error(scope.pop()) {
+            Some(error) => Err(EngineError::Kernel(KernelError::Readback(
+                error.to_string(),
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The supervised cold start, as [`FusedTransformer::supervised`]: per batch `(prompts
+    /// [B·n], targets [B·T], T)` the mean cross-entropy of every position (padding included), a
+    /// fresh Adam (its own moments, `model[4P..6P]`) at `lr`, no clip; a submission per batch
+    /// (the forward, the backward and Adam). Returns the last batch's loss.
+    pub fn supervised(
+        &mut self,
+        batches: &[(&[u32], &[u32], usize)],
+        lr: f64,
+    ) -> Result<f32, EngineError> {
+        let p = self.params;
+        let zeros = vec![0.0f32; 2 * p];
+        self.ctx
+            .queue
+            .write_buffer(&self.model, (16 * p) as u64, &f32_bytes(&zeros));
+        let mut last = 0.0f32;
+        for (k, &(prompts, targets, t)) in batches.iter().enumerate() {
+            let rows = targets.len() / t.max(1);
+            self.upload(prompts, targets, &vec![t; rows], 1, t)?;
+            let tokens = rows * t;
+            let at = self.plan_ref().at.clone();
+            let coef = vec![-1.0 / tokens as f32; tokens];
+            let q = &self.ctx.queue;
+            q.write_buffer(
+                &self.plan_ref().work,
+                (at.coef * 4) as u64,
+                &f32_bytes(&coef),
+            );
+            let mut rec = Recorder::default();
+            self.record_forward(&mut rec, 0, 1.0);
+            self.record_backward(&mut rec, 1.0, false);
+            let adam = StepParams {
+                am_off: 4 * p as u32,
+                av_off: 5 * p as u32,
+                max_norm: 0.0,
+                lr: lr as f32,
+                ..self.adam_params(&at, k as i32 + 1)
+            };
+            rec.reduce(&self.programs, adam, at.grad, p, 1, 6, true);
+            rec.step(&self.programs, "adam", adam, p.div_ceil(4));
+            let reads: &[(Reads, usize, usize)] = if k + 1 == batches.len() {
+                &[(Reads::Work, at.logp, tokens)]
+            } else {
+                &[]
+            };
+            let out = self.run(rec, reads)?;
+            if let Some(logp) = out.first() {
+                let total: f64 = f32s(logp).iter().map(|&l| l as f64).sum();
+                last = (-total / tokens as f64) as f32;
+            }
+        }
+        self.policy_pass = None;
+        Ok(last)
+    }
+
+    /// The final LayerNorm and the head at position `p` of every row into `step_logits`
+    /// (`[rows, V]`).
+    fn record_head_at(&self, rec: &mut Recorder, p: usize) {
+        let at = &self.plan_ref().at;
+        let (d, v) = (self.shape.d_model, self.shape.vocab);
+        let u = |x: usize| x as u32;
+        let base = TfParams {
+            t0: u(p),
+            t1: u(p + 1),
+            ..self.base(1.0)
+        };
+        self.record_ln(rec, base, (at.af, at.xhatf, at.rstdf), self.weights.lnf_g);
+        let (a, w) = ((at.af + p * d, at.s * d, 1), (self.weights.head, v, 1));
+        let product = mm((at.rows, v, d), a, w, (at.step_logits, v), false);
+        rec.matmul(&self.programs, (WORK, MODEL), product);
+    }
+
+    /// sample.wgsl's buffers on the rollout plan for `rows` sampled rows and `t` positions.
+    fn sampler(&mut self, rows: usize, t: usize) -> Result<(), EngineError> {
+        let v = self.shape.vocab;
+        let ctx = self.ctx.clone();
+        let layout = &self.programs.sample_layout;
+        let plan = self.plans[Slot::Rollout as usize]
+            .as_mut()
+            .expect("planned");
+        if plan
+            .sampler
+            .as_ref()
+            .is_some_and(|s| s.rows == rows && s.params.len() == t)
+        {
+            return Ok(());
+        }
+        let storage = |name, elems| WgslLectureEngine::storage(&ctx, name, elems);
+        let logits = storage("wgsl_transformer.sample_logits", rows * v)?;
+        let weights = storage("wgsl_transformer.sample_weights", rows * v)?;
+        let tokens = storage("wgsl_transformer.sample_tokens", rows)?;
+        let params: Vec<wgpu::Buffer> = (0..t)
+            .map(|_| {
+                ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("wgsl_transformer.sample_params"),
+                    size: 64,
+                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            })
+            .collect();
+        let groups = params
+            .iter()
+            .map(|p| {
+                fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
+                    wgpu::BindGroupEntry {
+                        binding,
+                        resource: buffer.as_entire_binding(),
+                    }
+                }
+                ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("sample.wgsl"),
+                    layout,
+                    entries: &[
+                        entry(0, p),
+                        entry(1, &logits),
+                        entry(2, &weights),
+                        entry(3, &tokens),
+                    ],
+                })
+            })
+            .collect();
+        plan.sampler = Some(Sampler {
+            rows,
+            logits,
+            tokens,
+            params,
+            groups,
+        });
+        Ok(())
+    }
+
+    /// Generate `g` responses to each prompt (`prompts [B·n]`) and, with `with_greedy`, one
+    /// greedy answer per prompt in the same pass, on the device in one submission: the prompts
+    /// prefilled, then per position the last one's keys and values into the cache (`qkv`),
+    /// the head, sample.wgsl's draws under the position's stream (as
+    /// [`crate::engine::draw_position`]: the same tokens as the CPU engines where the logits
+    /// agree to the last bit — else a token whose cumulative weight sits within rounding of
+    /// the uniform draw may differ), argmax for the greedy rows, and `place`; every position up
+    /// to `max_len` (a closed row's later positions are computed and ignored). log π of each
+    /// sampled row's tokens at `temperature`, as [`FusedTransformer::generate`].
+    pub fn generate(
+        &mut self,
+        prompts: &[u32],
+        g: usize,
+        max_len: usize,
+        pick: &Pick,
+        temperature: f32,
+        with_greedy: bool,
+    ) -> Result<Generation, EngineError> {
+        let n = self.n;
+        if n == 0 || prompts.is_empty() || prompts.len() % n != 0 || g == 0 || max_len == 0 {
+            return Err(kerr(
+                "rollout",
+                format!(
+                    "{} prompt tokens, {g} responses of up to {max_len} tokens: prompts of {n} tokens, at least one response of one token are needed",
+                    prompts.len()
+                ),
+            ));
+        }
+        if !(temperature.is_finite() && temperature > 0.0) {
+            return Err(kerr("temperature", format!("{temperature}: must be > 0")));
+        }
+        self.check_tokens(prompts)?;
+        let draw = match pick {
+            Pick::Sample(d) if d.sampler.any() => {
+                return Err(EngineError::Unsupported(
+                    "the WGSL transformer's rollout draws from the f32 logits (no bf16 sampler, no recorded sampler log π or support)".into(),
+                ));
+            }
+            Pick::Sample(d) => Some(*d),
+            Pick::Greedy => None,
+        };
+        let b = prompts.len() / n;
+        let per_chunk = self.prompts_per_rollout(b, g, max_len, with_greedy);
+        let sampled = b * g;
+        let (mut rows, mut closed, mut logp_all) = (Vec::new(), Vec::new(), Vec::new());
+        let mut greedy = Vec::new();
+        for start in (0..b).step_by(per_chunk) {
+            let end = (start + per_chunk).min(b);
+            let chunk = &prompts[start * n..end * n];
+            let mut c =
+                self.rollout_chunk(chunk, g, max_len, draw, temperature, with_greedy, start * g)?;
+            greedy.extend(c.rows.split_off((end - start) * g));
+            rows.append(&mut c.rows);
+            closed.append(&mut c.closed);
+            logp_all.append(&mut c.logp);
+        }
+        let width = rows.iter().map(|x| x.len()).max().unwrap_or(1).max(1);
+        let logp = (0..sampled)
+            .flat_map(|r| logp_all[r * max_len..][..width].iter().copied())
+            .collect();
+        Ok(Generation {
+            rows,
+            closed,
+            logp,
+            greedy: with_greedy.then_some(greedy),
+            sampler_logp: None,
+            support: None,
+        })
+    }
+
+    /// The most prompts of a rollout whose activations fit one storage buffer.
+    fn prompts_per_rollout(&self, b: usize, g: usize, max_len: usize, with_greedy: bool) -> usize {
+        let limits = self.ctx.device.limits();
+        let limit = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size)
+            / 4;
+        let rows = |p: usize| p * g + if with_greedy { p } else { 0 };
+        let fits =
+            |p: usize| (TfLayout::new(&self.shape, self.n, rows(p), max_len, 0).len as u64) < limit;
+        let mut p = b.max(1);
+        while p > 1 && !fits(p) {
+            p = p.div_ceil(2);
+        }
+        p
+    }
+
+    /// The rollout of one chunk of prompts in one submission (see [`Self::generate`]); its
+    /// sampled rows are the rollout's rows `row0..`. Every row's tokens (the sampled rows, then
+    /// the greedy ones), the sampled rows' closed flags and log π `[sampled·max_len]`.
+    #[allow(clippy::too_many_arguments)]
+    fn rollout_chunk(
+        &mut self,
+        prompts: &[u32],
+        g: usize,
+        max_len: usize,
+        draw: Option<crate::engine::Draw>,
+        temperature: f32,
+        with_greedy: bool,
+        row0: usize,
+    ) -> Result<Chunk, EngineError> {
+        let (n, v) = (self.n, self.shape.vocab);
+        let eos = (v - 1) as u32;
+        let b = prompts.len() / n;
+        let sampled = b * g;
+        let rows = sampled + if with_greedy { b } else { 0 };
+        let drawn = if draw.is_some() { sampled } else { 0 };
+        self.plan(Slot::Rollout, rows, max_len)?;
+        if drawn > 0 {
+            self.sampler(drawn, max_len)?;
+        }
+        let prompt_of = |r: usize| if r < sampled { r / g } else { r - sampled };
+        let mut ints = self.sequences(prompts, None, (rows, max_len), prompt_of);
+        ints.extend(std::iter::repeat_n(eos, rows * max_len));
+        ints.extend(std::iter::repeat_n(0, 3 * rows));
+        let plan = self.plan_ref();
+        let at = plan.at.clone();
+        self.ctx
+            .queue
+            .write_buffer(&plan.ints, 0, &u32_bytes(&ints));
+        if let (Some(d), Some(s)) = (draw, &plan.sampler) {
+            for (i, params) in s.params.iter().enumerate() {
+                let sp = d.params;
+                let words = [
+                    drawn as u32,
+                    1,
+                    1,
+                    v as u32,
+                    (1.0 / sp.temperature).to_bits(),
+                    sp.top_k as u32,
+                    sp.top_p.to_bits(),
+                    d.position_stream(i),
+                    d.seed as u32,
+                    (d.seed >> 32) as u32,
+                    row0 as u32,
+                    0,
+                ];
+                self.ctx.queue.write_buffer(params, 0, &u32_bytes(&words));
+            }
+        }
+        let mut rec = Recorder::default();
+        self.record_blocks(&mut rec, 0, (0, n));
+        let u = |x: usize| x as u32;
+        let place = TfParams {
+            sampled: u(sampled),
+            logits: u(at.step_logits),
+            logp: u(at.roll_logp),
+            ..self.base(1.0 / temperature)
+        };
+        for i in 0..max_len {
+            if i > 0 {
+                self.record_blocks(&mut rec, 0, (n + i - 1, n + i));
+            }
+            self.record_head_at(&mut rec, n - 1 + i);
+            let plan = self.plan_ref();
+            if let Some(s) = plan.sampler.as_ref().filter(|_| drawn > 0) {
+                rec.ops.push(Op::Copy {
+                    src: plan.work.clone(),
+                    src_off: (at.step_logits * 4) as u64,
+                    dst: s.logits.clone(),
+                    dst_off: 0,
+                    bytes: (drawn * v * 4) as u64,
+                });
+                for pipeline in [&self.programs.row_weights, &self.programs.draw] {
+                    rec.ops.push(Op::Sample {
+                        pipeline: pipeline.clone(),
+                        grid: grid_1d(drawn),
+                        group: s.groups[i].clone(),
+                    });
+                }
+                rec.ops.push(Op::Copy {
+                    src: s.tokens.clone(),
+                    src_off: 0,
+                    dst: plan.ints.clone(),
+                    dst_off: (at.i_drawn * 4) as u64,
+                    bytes: (drawn * 4) as u64,
+                });
+            }
+            if rows > drawn {
+                let argmax = StepParams {
+                    rows: u(rows - drawn),
+                    v: u(v),
+                    logits_off: u(at.step_logits + drawn * v),
+                    i_greedy: u(at.i_drawn + drawn),
+                    ..Default::default()
+                };
+                rec.step(&self.programs, "argmax", argmax, rows - drawn);
+            }
+            rec.tf(&self.programs, "place", TfParams { i: u(i), ..place }, rows);
+        }
+        let tokens = rows * max_len;
+        let reads = [
+            (Reads::Ints, at.i_resp, tokens),
+            (Reads::Ints, at.i_state, 2 * rows),
+            (Reads::Work, at.roll_logp, tokens),
+        ];
+        let out = self.run(rec, &reads)?;
+        let (resp, state, logp_all) = (u32s(&out[0]), u32s(&out[1]), f32s(&out[2]));
+        let rows_out: Vec<Vec<u32>> = (0..rows)
+            .map(|r| resp[r * max_len..][..(state[rows + r] as usize).min(max_len)].to_vec())
+            .collect();
+        Ok(Chunk {
+            rows: rows_out,
+            closed: state[..sampled].iter().map(|&c| c == 1).collect(),
+            logp: logp_all[..sampled * max_len].to_vec(),
+        })
+    }
+}
+
+impl Recorder {
+    /// A dispatch of transformer.wgsl's `entry` over `count` invocations.
+    fn tf(&mut self, p: &Programs, entry: &'static str, params: TfParams, count: usize) {
+        let slot = self.slots.len() as u32;
+        self.slots.push(StepParamsOrMm::Tf(params));
+        self.ops.push(Op::Step {
+            pipeline: p.step[entry].clone(),
+            slot,
+            grid: grid_1d(count),
+            label: entry,
+        });
+        self.dispatches += 1;
+    }
+}
