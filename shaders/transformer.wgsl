@@ -6,10 +6,11 @@
 // Buffers as lecture_step.wgsl's: `model` (weights, the reference copy, Adam's moments),
 // `work` (activations, per-token values, gradients), `ints` (token ids), at the element
 // offsets of `Tp`. A batch is `rows` sequences of `s` positions (the prompt's n tokens, then
-// the response's first T − 1), row-major `[rows·s, ·]`; a kernel works on positions
-// `t0..t1` of every row (the whole pass: 0..s; a decoding step: one position, its keys and
-// values already in `qkv` — the KV cache is the pass's own activations). The logits at
-// position n − 1 + i predict response token i.
+// the response's first T − 1), position-major: the activations of position p of row r at
+// flat row p·rows + r of `[s·rows, ·]`, so the positions `t0..t1` of every row — the whole
+// pass (0..s), a prefill (0..n), a decoding step (one position, its keys and values already
+// in `qkv`: the KV cache is the pass's own activations) — are one block of rows and one
+// matrix product. The logits at position n − 1 + i predict response token i.
 //
 //   embed          [rows·W·D]   x = tok_emb[token] + pos_emb[position]          (W = t1 − t0)
 //   layer_norm     [rows·W]     y = x̂·g + b, keeping x̂ and 1/σ                   (ε = 1e-5)
@@ -21,6 +22,7 @@
 //   ln_backward    [rows·s]     dx (+)= LayerNorm's backward
 //   ln_params      [D]          ∂g = Σ dy·x̂, ∂b = Σ dy over the rows, in row order
 //   col_sum        [cols]       out[c] = Σ_r src[r·stride + c], in row order
+//   pos_grad       [s·D]        ∂pos_emb[p] = Σ_r dx[p·rows + r], in row order
 //   gelu_backward  [rows·s·F]   dh ·= Φ(h) + h·φ(h)
 //   attn_back_q    [rows·H·s]   dS = P ⊙ (dP − Σ P·dP) into `z`, dq = scale·dS·K
 //   attn_back_kv   [rows·H·s]   dk = scale·dSᵀ·Q, dv = Pᵀ·dctx
@@ -50,10 +52,14 @@ struct Tp {
 
 const LN_EPS: f32 = 1e-5;
 
-// The flat row (r·s + position) of the q-th (row, position) pair of the range t0..t1.
+// The flat row of the q-th (position, row) pair of the range t0..t1.
 fn range_row(q: u32) -> u32 {
-    let w = tp.t1 - tp.t0;
-    return (q / w) * tp.s + tp.t0 + q % w;
+    return tp.t0 * tp.rows + q;
+}
+
+// The flat row of position p of row r.
+fn flat(p: u32, r: u32) -> u32 {
+    return p * tp.rows + r;
 }
 
 fn range_count() -> u32 {
@@ -67,7 +73,7 @@ fn embed(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     let j = i % tp.d;
     let row = range_row(i / tp.d);
     let token = ints[tp.i_seq + row];
-    work[tp.x + row * tp.d + j] = model[tp.tok + token * tp.d + j] + model[tp.pos + (row % tp.s) * tp.d + j];
+    work[tp.x + row * tp.d + j] = model[tp.tok + token * tp.d + j] + model[tp.pos + (row / tp.rows) * tp.d + j];
 }
 
 // y = LayerNorm(x)·g + b per row of D (x at `x`, y at `y`), x̂ at `xhat`, 1/σ at `rstd`.
@@ -101,16 +107,16 @@ fn attention(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     let i = flat_index(gid, nwg);
     let w = tp.t1 - tp.t0;
     if (i >= tp.rows * tp.h * w) { return; }
-    let q = tp.t0 + i % w;
-    let head = (i / w) % tp.h;
-    let r = i / (w * tp.h);
+    let r = i % tp.rows;
+    let head = (i / tp.rows) % tp.h;
+    let q = tp.t0 + i / (tp.rows * tp.h);
     let dh = tp.d / tp.h;
     let d3 = 3u * tp.d;
-    let qb = tp.qkv + (r * tp.s + q) * d3 + head * dh;
+    let qb = tp.qkv + flat(q, r) * d3 + head * dh;
     let ab = tp.att + ((r * tp.h + head) * tp.s + q) * tp.s;
     var m = F32_LOWEST;
     for (var j = 0u; j <= q; j++) {
-        let kb = tp.qkv + (r * tp.s + j) * d3 + tp.d + head * dh;
+        let kb = tp.qkv + flat(j, r) * d3 + tp.d + head * dh;
         var qk = 0.0;
         for (var e = 0u; e < dh; e++) { qk += work[qb + e] * work[kb + e]; }
         let sc = qk * tp.scale;
@@ -125,11 +131,11 @@ fn attention(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     }
     let inv = 1.0 / total;
     for (var j = 0u; j <= q; j++) { work[ab + j] = work[ab + j] * inv; }
-    let cb = tp.ctx + (r * tp.s + q) * tp.d + head * dh;
+    let cb = tp.ctx + flat(q, r) * tp.d + head * dh;
     for (var e = 0u; e < dh; e++) {
         var acc = 0.0;
         for (var j = 0u; j <= q; j++) {
-            acc += work[ab + j] * work[tp.qkv + (r * tp.s + j) * d3 + 2u * tp.d + head * dh + e];
+            acc += work[ab + j] * work[tp.qkv + flat(j, r) * d3 + 2u * tp.d + head * dh + e];
         }
         work[cb + e] = acc;
     }
@@ -169,7 +175,7 @@ fn add_bias(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 
 // The row of logits that predicts response token k = r·T + i.
 fn predictor(k: u32) -> u32 {
-    return (k / tp.t) * tp.s + tp.n - 1u + k % tp.t;
+    return flat(tp.n - 1u + k % tp.t, k / tp.t);
 }
 
 // log Z of softmax(logits/T) over the row of logits at `base` (max-shifted).
@@ -214,8 +220,8 @@ fn dlogits(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     let row = flat_index(gid, nwg);
     if (row >= tp.rows * tp.s) { return; }
     let out = tp.y + row * tp.v;
-    let p = row % tp.s;
-    let k = (row / tp.s) * tp.t + p + 1u - tp.n;
+    let p = row / tp.rows;
+    let k = (row % tp.rows) * tp.t + p + 1u - tp.n;
     if (p + 1u < tp.n || p + 1u - tp.n >= tp.t || work[tp.mask + k] == 0.0) {
         for (var u = 0u; u < tp.v; u++) { work[out + u] = 0.0; }
         return;
@@ -287,6 +293,18 @@ fn col_sum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     work[tp.z + c] = acc;
 }
 
+// ∂pos_emb[p][j] = Σ_r dx[p·rows + r][j] (dx at `y`, out at `z`).
+@compute @workgroup_size(64)
+fn pos_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= tp.s * tp.d) { return; }
+    let p = i / tp.d;
+    let j = i % tp.d;
+    var acc = 0.0;
+    for (var r = 0u; r < tp.rows; r++) { acc += work[tp.y + flat(p, r) * tp.d + j]; }
+    work[tp.z + i] = acc;
+}
+
 // dh ·= d gelu/dh = Φ(h) + h·φ(h) (h at `z`, Φ at `cdf`, dh at `y`).
 @compute @workgroup_size(64)
 fn gelu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -303,16 +321,16 @@ fn gelu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
 fn attn_back_q(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(gid, nwg);
     if (i >= tp.rows * tp.h * tp.s) { return; }
-    let q = i % tp.s;
-    let head = (i / tp.s) % tp.h;
-    let r = i / (tp.s * tp.h);
+    let r = i % tp.rows;
+    let head = (i / tp.rows) % tp.h;
+    let q = i / (tp.rows * tp.h);
     let dh = tp.d / tp.h;
     let d3 = 3u * tp.d;
     let ab = ((r * tp.h + head) * tp.s + q) * tp.s;
-    let cb = tp.ctx + (r * tp.s + q) * tp.d + head * dh;
+    let cb = tp.ctx + flat(q, r) * tp.d + head * dh;
     var sum = 0.0;
     for (var j = 0u; j <= q; j++) {
-        let vb = tp.qkv + (r * tp.s + j) * d3 + 2u * tp.d + head * dh;
+        let vb = tp.qkv + flat(j, r) * d3 + 2u * tp.d + head * dh;
         var dp = 0.0;
         for (var e = 0u; e < dh; e++) { dp += work[cb + e] * work[vb + e]; }
         work[tp.z + ab + j] = dp;
@@ -321,11 +339,11 @@ fn attn_back_q(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     for (var j = 0u; j <= q; j++) {
         work[tp.z + ab + j] = work[tp.att + ab + j] * (work[tp.z + ab + j] - sum);
     }
-    let out = tp.y + (r * tp.s + q) * d3 + head * dh;
+    let out = tp.y + flat(q, r) * d3 + head * dh;
     for (var e = 0u; e < dh; e++) {
         var acc = 0.0;
         for (var j = 0u; j <= q; j++) {
-            acc += work[tp.z + ab + j] * work[tp.qkv + (r * tp.s + j) * d3 + tp.d + head * dh + e];
+            acc += work[tp.z + ab + j] * work[tp.qkv + flat(j, r) * d3 + tp.d + head * dh + e];
         }
         work[out + e] = acc * tp.scale;
     }
@@ -336,19 +354,19 @@ fn attn_back_q(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
 fn attn_back_kv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(gid, nwg);
     if (i >= tp.rows * tp.h * tp.s) { return; }
-    let j = i % tp.s;
-    let head = (i / tp.s) % tp.h;
-    let r = i / (tp.s * tp.h);
+    let r = i % tp.rows;
+    let head = (i / tp.rows) % tp.h;
+    let j = i / (tp.rows * tp.h);
     let dh = tp.d / tp.h;
     let d3 = 3u * tp.d;
-    let out = tp.y + (r * tp.s + j) * d3 + head * dh;
+    let out = tp.y + flat(j, r) * d3 + head * dh;
     for (var e = 0u; e < dh; e++) {
         var dk = 0.0;
         var dv = 0.0;
         for (var q = j; q < tp.s; q++) {
             let a = ((r * tp.h + head) * tp.s + q) * tp.s + j;
-            dk += work[tp.z + a] * work[tp.qkv + (r * tp.s + q) * d3 + head * dh + e];
-            dv += work[tp.att + a] * work[tp.ctx + (r * tp.s + q) * tp.d + head * dh + e];
+            dk += work[tp.z + a] * work[tp.qkv + flat(q, r) * d3 + head * dh + e];
+            dv += work[tp.att + a] * work[tp.ctx + flat(q, r) * tp.d + head * dh + e];
         }
         work[out + tp.d + e] = dk * tp.scale;
         work[out + 2u * tp.d + e] = dv;
@@ -381,5 +399,5 @@ fn place(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     }
     ints[tp.i_resp + r * tp.t + tp.i] = tok;
     work[tp.logp + r * tp.t + tp.i] = l;
-    if (tp.n + tp.i < tp.s) { ints[tp.i_seq + r * tp.s + tp.n + tp.i] = tok; }
+    if (tp.n + tp.i < tp.s) { ints[tp.i_seq + flat(tp.n + tp.i, r)] = tok; }
 }

@@ -344,7 +344,7 @@ const STEP_ENTRIES: [&str; 10] = [
 ];
 
 /// The entry points of transformer.wgsl (their parameters are [`transformer::TfParams`]).
-const TRANSFORMER_ENTRIES: [&str; 14] = [
+const TRANSFORMER_ENTRIES: [&str; 15] = [
     "embed",
     "layer_norm",
     "attention",
@@ -355,6 +355,7 @@ const TRANSFORMER_ENTRIES: [&str; 14] = [
     "ln_backward",
     "ln_params",
     "col_sum",
+    "pos_grad",
     "gelu_backward",
     "attn_back_q",
     "attn_back_kv",

@@ -6,10 +6,13 @@
 //! `objective::loss::evaluate`, computes them on the host from the read-back log π, as for the
 //! fused engine); the grad-norm clip and Adam (lecture_step.wgsl's `reduce_*` and `adam`).
 //!
-//! A batch is `R = B·G` rows of `S = n + T − 1` positions, every position computed (the padding
-//! after a row's end too: causal attention keeps it from every real token, and its
-//! coefficients are 0, so it adds nothing to any gradient). The prompt is computed once per
-//! row (the fused engine computes it once per prompt: the same values in another order).
+//! A batch is `R = B·G` rows of `S = n + T − 1` positions, position-major (position `p` of row
+//! `r` at flat row `p·R + r`: a range of positions of every row is one block of rows, so the
+//! whole pass, a prefill and a decoding step are each one product per weight), every position
+//! computed (the padding after a row's end too: causal attention keeps it from every real
+//! token, and its coefficients are 0, so it adds nothing to any gradient). The prompt is
+//! computed once per row (the fused engine computes it once per prompt: the same values in
+//! another order).
 //!
 //! Held to the fused CPU engine (`tests/wgsl_transformer.rs`): log π, entropies, every weight's
 //! gradient and the weights after Adam, on random shapes.
@@ -288,40 +291,23 @@ fn mm(
     }
 }
 
-/// `Y[r, p] (+)= X[r, p]·W` at the positions `t0..t1` of `rows` rows of `s` positions: X rows of
-/// `k` at `x`, Y rows of `n` at `y`, W (in `model`) the view `w`. One flat product for the whole
-/// pass, rows strided by `s` for one position, else one product per row.
+/// `Y[p, r] (+)= X[p, r]·W` at the positions `t0..t1` of `rows` rows (position-major: one
+/// block of rows): X rows of `k` at `x`, Y rows of `n` at `y`, W (in `model`) the view `w`.
 fn range_mm(
-    (rows, s, t0, t1): (usize, usize, usize, usize),
+    (rows, t0, t1): (usize, usize, usize),
     (x, k): (usize, usize),
     w: (usize, usize, usize),
     (y, n): (usize, usize),
     accumulate: bool,
 ) -> MatmulParams {
-    if t0 == 0 && t1 == s {
-        return mm((rows * s, n, k), (x, k, 1), w, (y, n), accumulate);
-    }
-    if t1 == t0 + 1 {
-        return mm(
-            (rows, n, k),
-            (x + t0 * k, s * k, 1),
-            w,
-            (y + t0 * n, s * n),
-            accumulate,
-        );
-    }
-    let u = |v: usize| v as u32;
-    let mut p = mm(
-        (t1 - t0, n, k),
-        (x + t0 * k, k, 1),
+    let a = (x + t0 * rows * k, k, 1);
+    mm(
+        ((t1 - t0) * rows, n, k),
+        a,
         w,
-        (y + t0 * n, n),
+        (y + t0 * rows * n, n),
         accumulate,
-    );
-    p.batch = u(rows);
-    p.a[3] = u(s * k);
-    p.c[2] = u(s * n);
-    p
+    )
 }
 
 const MODEL: u32 = 0;
@@ -457,9 +443,9 @@ impl WgslTransformer {
         Ok(())
     }
 
-    /// The sequences `[rows·s]` of a batch whose row `r` answers prompt `prompt_of(r)`: the
-    /// prompt, then the response's first `t − 1` tokens (`responses [rows·t]`, or <eos> where
-    /// there are none yet).
+    /// The sequences of a batch whose row `r` answers prompt `prompt_of(r)`, position-major
+    /// (`[s, rows]`): the prompt, then the response's first `t − 1` tokens (`responses
+    /// [rows·t]`, or <eos> where there are none yet).
     fn sequences(
         &self,
         prompts: &[u32],
@@ -470,12 +456,12 @@ impl WgslTransformer {
         let n = self.n;
         let eos = (self.shape.vocab - 1) as u32;
         let mut ints = Vec::with_capacity(rows * (n + t - 1));
-        for r in 0..rows {
-            ints.extend_from_slice(&prompts[prompt_of(r) * n..][..n]);
-            match responses {
-                Some(resp) => ints.extend_from_slice(&resp[r * t..][..t - 1]),
-                None => ints.extend(std::iter::repeat_n(eos, t - 1)),
-            }
+        for p in 0..n + t - 1 {
+            ints.extend((0..rows).map(|r| match responses {
+                _ if p < n => prompts[prompt_of(r) * n + p],
+                Some(resp) => resp[r * t + p - n],
+                None => eos,
+            }));
         }
         ints
     }
@@ -604,7 +590,7 @@ impl WgslTransformer {
         let at = &self.plan_ref().at;
         let s = &self.shape;
         let (d, f, hh) = (s.d_model, s.d_ff, s.heads);
-        let span = (at.rows, at.s, t0, t1);
+        let span = (at.rows, t0, t1);
         let count = at.rows * (t1 - t0);
         let p = &self.programs;
         let u = |x: usize| x as u32;
@@ -807,14 +793,19 @@ impl WgslTransformer {
             ln(rec, ba.xhat1, ba.rstd1, bl.ln1_g, true);
         }
         // x = tok_emb[token] + pos_emb[position]: ∂tok_emb = onehot(tokens)ᵀ·dx, ∂pos_emb[p] =
-        // Σ_r dx[r, p]; the positions past S get 0.
+        // Σ_r dx[p, r]; the positions past S get 0.
         let (a, b) = ((at.i_seq, 0, 1), (at.dx, d, 1));
         rec.matmul(
             p,
             (ONE_HOT, WORK),
             mm((v, d, nr), a, b, (g(wl.tok_emb), d), false),
         );
-        col_sum(rec, at.dx, at.rows, at.s * d, at.s * d, g(wl.pos_emb));
+        let pos = TfParams {
+            y: u(at.dx),
+            z: u(g(wl.pos_emb)),
+            ..base
+        };
+        rec.tf(p, "pos_grad", pos, at.s * d);
         let rest = (s.context - at.s) * d;
         if rest > 0 {
             col_sum(rec, at.dx, 0, 0, rest, g(wl.pos_emb + at.s * d));
@@ -1148,7 +1139,7 @@ impl WgslTransformer {
             ..self.base(1.0)
         };
         self.record_ln(rec, base, (at.af, at.xhatf, at.rstdf), self.weights.lnf_g);
-        let (a, w) = ((at.af + p * d, at.s * d, 1), (self.weights.head, v, 1));
+        let (a, w) = ((at.af + p * at.rows * d, d, 1), (self.weights.head, v, 1));
         let product = mm((at.rows, v, d), a, w, (at.step_logits, v), false);
         rec.matmul(&self.programs, (WORK, MODEL), product);
     }
