@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One command, on any machine with a GPU: the WGSL engine against burn's wgpu path and the
-# fused CPU step, on lecture17 and scaled, then the B·G / n / D scaling sweep on the GPU and
+# One command, on any machine with a GPU: the WGSL engines against burn's wgpu path and the
+# fused CPU steps, on lecture17, scaled and transformer-sort, then the B·G / n / D scaling sweep on the GPU and
 # on the CPU, and the fused CPU engines' threads curve (1 … every core). Prints one table (and
 # writes the sweeps under bench-gpu-out/).
 #
@@ -22,12 +22,8 @@ row() { # preset device extra-args...
   $BIN bench --preset "$preset" --device "$device" --iterations "$ITER" --json "$@" 2>/dev/null | tail -1
 }
 printf '%-10s %-44s %12s %12s %10s %12s %12s %14s\n' preset engine ms/step burn_ms/step speedup dispatches subs/iter first_step_ms
-for preset in lecture17 scaled; do
-  for dev in "$DEVICE" cpu; do
-    extra=()
-    [ "$dev" != cpu ] && extra=(--vs-burn)
-    row "$preset" "$dev" "${extra[@]}" > "$OUT/$preset-$dev.json"
-    python3 - "$OUT/$preset-$dev.json" "$preset" <<'PY'
+show() { # json-file preset
+  python3 - "$1" "$2" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 f = lambda k, fmt: (fmt % r[k]) if r.get(k) is not None else "-"
@@ -37,8 +33,24 @@ print("%-10s %-44s %12s %12s %10s %12s %12s %14s" % (
     f("dispatches_per_step", "%d"), f("submissions_per_iteration", "%.1f"),
     f("first_step_ms", "%.1f")))
 PY
+}
+for preset in lecture17 scaled; do
+  for dev in "$DEVICE" cpu; do
+    extra=()
+    [ "$dev" != cpu ] && extra=(--vs-burn)
+    row "$preset" "$dev" "${extra[@]}" > "$OUT/$preset-$dev.json"
+    show "$OUT/$preset-$dev.json" "$preset"
   done
 done
+# The transformer: its WGSL engine (run.engine = wgsl) against burn's path on the same device,
+# and the fused CPU engine on one thread (no dynamic sampling: every iteration the same work).
+T_ITER="${T_ITER:-3}"
+ITER="$T_ITER" row transformer-sort "$DEVICE" --set run.engine=wgsl \
+  --set algorithm.dynamic_sampling=false --vs-burn > "$OUT/transformer-sort-$DEVICE.json"
+show "$OUT/transformer-sort-$DEVICE.json" transformer
+ITER="$T_ITER" row transformer-sort cpu --threads 1 \
+  --set algorithm.dynamic_sampling=false > "$OUT/transformer-sort-cpu.json"
+show "$OUT/transformer-sort-cpu.json" transformer
 if [ "$SWEEP" = 1 ]; then
   for dev in "$DEVICE" cpu; do
     echo "scaling sweep on $dev (around scaled; B·G up to 65 536, D up to 256):"

@@ -5,27 +5,32 @@
 //
 // Buffers as lecture_step.wgsl's: `model` (weights, the reference copy, Adam's moments),
 // `work` (activations, per-token values, gradients), `ints` (token ids), at the element
-// offsets of `Tp`. A batch is `rows` sequences of `s` positions (the prompt's n tokens, then
-// the response's first T − 1), position-major: the activations of position p of row r at
-// flat row p·rows + r of `[s·rows, ·]`, so the positions `t0..t1` of every row — the whole
-// pass (0..s), a prefill (0..n), a decoding step (one position, its keys and values already
-// in `qkv`: the KV cache is the pass's own activations) — are one block of rows and one
-// matrix product. The logits at position n − 1 + i predict response token i.
+// offsets of `Tp`. A batch is `rows` sequences of `s` positions — the prompt's n tokens, then
+// the response's first T − 1 — answering `b` prompts: rows 0..sampled answer prompt r / g,
+// the rest (a rollout's greedy rows) prompt r − sampled. Position-major, the prompt's
+// positions once per prompt: flat row p·b + prompt for p < n, then n·b + (p − n)·rows + r. The
+// positions t0..t1 of every row — the whole pass (0..s), a prefill (0..n), a decoding step
+// (one position; earlier keys and values already in `qkv`: the KV cache is the pass's own
+// activations) — are one block of rows and one matrix product. The logits at position
+// n − 1 + i predict response token i (at n − 1: every response of the prompt's first token).
 //
-//   embed          [rows·W·D]   x = tok_emb[token] + pos_emb[position]          (W = t1 − t0)
-//   layer_norm     [rows·W]     y = x̂·g + b, keeping x̂ and 1/σ                   (ε = 1e-5)
-//   attention      [rows·H·W]   causal softmax(q·kᵀ·scale) over keys 0..=q, ctx = Σ p·v
-//   bias_gelu      [rows·W·F]   h += b₁, keeping Φ(h), act = h·Φ(h)
-//   add_bias       [rows·W·cols] x += b
+//   embed          [W·D]        x = tok_emb[token] + pos_emb[position]      (W rows in range)
+//   layer_norm     [W]          y = x̂·g + b, keeping x̂ and 1/σ                   (ε = 1e-5)
+//   attention      [W·H]        causal softmax(q·kᵀ·scale) over keys 0..=q, ctx = Σ p·v
+//   bias_gelu      [W·F]        h += b₁, keeping Φ(h), act = h·Φ(h)
+//   add_bias       [W·cols]     x += b
 //   score          [rows·T]     log Z, log π of the response token and the entropy (masked)
-//   dlogits        [rows·s]     ∂L/∂logits from ∂L/∂log π and ∂L/∂H per token, 0 elsewhere
-//   ln_backward    [rows·s]     dx (+)= LayerNorm's backward
+//   dlogits        [N]          ∂L/∂logits from ∂L/∂log π and ∂L/∂H of the tokens a row
+//                               predicts (a prompt's last position: its responses' first)
+//   ln_backward    [N]          dx (+)= LayerNorm's backward                (N rows in all)
 //   ln_params      [D]          ∂g = Σ dy·x̂, ∂b = Σ dy over the rows, in row order
 //   col_sum        [cols]       out[c] = Σ_r src[r·stride + c], in row order
-//   pos_grad       [s·D]        ∂pos_emb[p] = Σ_r dx[p·rows + r], in row order
-//   gelu_backward  [rows·s·F]   dh ·= Φ(h) + h·φ(h)
-//   attn_back_q    [rows·H·s]   dS = P ⊙ (dP − Σ P·dP) into `z`, dq = scale·dS·K
-//   attn_back_kv   [rows·H·s]   dk = scale·dSᵀ·Q, dv = Pᵀ·dctx
+//   pos_grad       [s·D]        ∂pos_emb[p] = Σ over position p's rows, in row order
+//   gelu_backward  [N·F]        dh ·= Φ(h) + h·φ(h)
+//   attn_back_q    [N·H]        dS = P ⊙ (dP − Σ P·dP) into `z`, dq = scale·dS·K
+//   attn_back_kv   [N·H]        dk = scale·dSᵀ·Q, dv = Pᵀ·dctx over every query of the key
+//                               (a prompt's key: its prompt's and all its responses' queries)
+//   expand         [rows·V]     a prompt's logits to each of its rows (a rollout's first token)
 //   place          [rows]       a rollout's position i: each open row's drawn token (log π of
 //                               it for the sampled rows) into its response and its sequence;
 //                               a row that drew <eos> is closed and gets <eos> after
@@ -42,7 +47,7 @@ struct Tp {
     coef: u32, dcoef: u32, mask: u32, i_seq: u32,
     i_resp: u32, tok: u32, pos: u32, flags: u32,
     i: u32, sampled: u32, i_drawn: u32, i_state: u32,
-    inv_t: f32, scale: f32, _f0: f32, _f1: f32,
+    inv_t: f32, scale: f32, g: u32, b: u32,
 }
 
 @group(0) @binding(0) var<uniform> tp: Tp;
@@ -52,18 +57,48 @@ struct Tp {
 
 const LN_EPS: f32 = 1e-5;
 
-// The flat row of the q-th (position, row) pair of the range t0..t1.
-fn range_row(q: u32) -> u32 {
-    return tp.t0 * tp.rows + q;
+// The prompt row r answers.
+fn prompt_of(r: u32) -> u32 {
+    if (r < tp.sampled) { return r / tp.g; }
+    return r - tp.sampled;
+}
+
+// The first flat row of position p (p ≤ s).
+fn start(p: u32) -> u32 {
+    if (p < tp.n) { return p * tp.b; }
+    return tp.n * tp.b + (p - tp.n) * tp.rows;
 }
 
 // The flat row of position p of row r.
 fn flat(p: u32, r: u32) -> u32 {
-    return p * tp.rows + r;
+    if (p < tp.n) { return p * tp.b + prompt_of(r); }
+    return tp.n * tp.b + (p - tp.n) * tp.rows + r;
+}
+
+// The position of a flat row.
+fn position(row: u32) -> u32 {
+    if (row < tp.n * tp.b) { return row / tp.b; }
+    return tp.n + (row - tp.n * tp.b) / tp.rows;
+}
+
+// The flat row of key position j for the query at flat row `row` (j ≤ its position).
+fn key_row(j: u32, row: u32) -> u32 {
+    if (row < tp.n * tp.b) { return j * tp.b + row % tp.b; }
+    return flat(j, (row - tp.n * tp.b) % tp.rows);
+}
+
+// The flat row of the q-th row of the range t0..t1, and the range's rows.
+fn range_row(q: u32) -> u32 {
+    return start(tp.t0) + q;
 }
 
 fn range_count() -> u32 {
-    return tp.rows * (tp.t1 - tp.t0);
+    return start(tp.t1) - start(tp.t0);
+}
+
+// Every flat row of a whole pass.
+fn total_rows() -> u32 {
+    return start(tp.s);
 }
 
 @compute @workgroup_size(64)
@@ -73,7 +108,7 @@ fn embed(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     let j = i % tp.d;
     let row = range_row(i / tp.d);
     let token = ints[tp.i_seq + row];
-    work[tp.x + row * tp.d + j] = model[tp.tok + token * tp.d + j] + model[tp.pos + (row / tp.rows) * tp.d + j];
+    work[tp.x + row * tp.d + j] = model[tp.tok + token * tp.d + j] + model[tp.pos + position(row) * tp.d + j];
 }
 
 // y = LayerNorm(x)·g + b per row of D (x at `x`, y at `y`), x̂ at `xhat`, 1/σ at `rstd`.
@@ -105,18 +140,17 @@ fn layer_norm(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
 @compute @workgroup_size(64)
 fn attention(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(gid, nwg);
-    let w = tp.t1 - tp.t0;
-    if (i >= tp.rows * tp.h * w) { return; }
-    let r = i % tp.rows;
-    let head = (i / tp.rows) % tp.h;
-    let q = tp.t0 + i / (tp.rows * tp.h);
+    if (i >= range_count() * tp.h) { return; }
+    let head = i % tp.h;
+    let row = range_row(i / tp.h);
+    let q = position(row);
     let dh = tp.d / tp.h;
     let d3 = 3u * tp.d;
-    let qb = tp.qkv + flat(q, r) * d3 + head * dh;
-    let ab = tp.att + ((r * tp.h + head) * tp.s + q) * tp.s;
+    let qb = tp.qkv + row * d3 + head * dh;
+    let ab = tp.att + (row * tp.h + head) * tp.s;
     var m = F32_LOWEST;
     for (var j = 0u; j <= q; j++) {
-        let kb = tp.qkv + flat(j, r) * d3 + tp.d + head * dh;
+        let kb = tp.qkv + key_row(j, row) * d3 + tp.d + head * dh;
         var qk = 0.0;
         for (var e = 0u; e < dh; e++) { qk += work[qb + e] * work[kb + e]; }
         let sc = qk * tp.scale;
@@ -131,11 +165,11 @@ fn attention(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     }
     let inv = 1.0 / total;
     for (var j = 0u; j <= q; j++) { work[ab + j] = work[ab + j] * inv; }
-    let cb = tp.ctx + flat(q, r) * tp.d + head * dh;
+    let cb = tp.ctx + row * tp.d + head * dh;
     for (var e = 0u; e < dh; e++) {
         var acc = 0.0;
         for (var j = 0u; j <= q; j++) {
-            acc += work[ab + j] * work[tp.qkv + flat(j, r) * d3 + 2u * tp.d + head * dh + e];
+            acc += work[ab + j] * work[tp.qkv + key_row(j, row) * d3 + 2u * tp.d + head * dh + e];
         }
         work[cb + e] = acc;
     }
@@ -212,33 +246,58 @@ fn score(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     work[tp.logp + k] = work[base + ints[tp.i_resp + k]] * tp.inv_t - lz;
 }
 
-// ∂L/∂logits per flat row (into `y`): for the row predicting a real token k,
-// (c_k·(1[u = token] − p_u) − e_k·p_u·(log p_u + H_k)) / T with c = ∂L/∂log π (`coef`) and
-// e = ∂L/∂H (`dcoef`, when flags bit 0); every other row 0.
+// ∂L/∂logits per flat row (into `y`) from the tokens it predicts — at a response position
+// p ≥ n its row's token i = p + 1 − n, at a prompt's last position the first token of each of
+// its g responses, none elsewhere — with c = ∂L/∂log π (`coef`) and e = ∂L/∂H (`dcoef`, when
+// flags bit 0) of the real ones (mask 1): (Σ c·1[u = token] − (Σ c)·p_u − (Σ e)·p_u·(log p_u + H)) / T.
 @compute @workgroup_size(64)
 fn dlogits(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let row = flat_index(gid, nwg);
-    if (row >= tp.rows * tp.s) { return; }
+    if (row >= total_rows()) { return; }
     let out = tp.y + row * tp.v;
-    let p = row / tp.rows;
-    let k = (row % tp.rows) * tp.t + p + 1u - tp.n;
-    if (p + 1u < tp.n || p + 1u - tp.n >= tp.t || work[tp.mask + k] == 0.0) {
+    let p = position(row);
+    // The tokens: k0, k0 + step, … (count of them).
+    var k0 = 0u;
+    var count = 0u;
+    var step = 0u;
+    if (p >= tp.n) {
+        k0 = ((row - tp.n * tp.b) % tp.rows) * tp.t + p + 1u - tp.n;
+        count = 1u;
+    } else if (p + 1u == tp.n) {
+        k0 = (row % tp.b) * tp.g * tp.t;
+        count = tp.g;
+        step = tp.t;
+    }
+    var csum = 0.0;
+    var esum = 0.0;
+    var first = 0xffffffffu;
+    for (var c = 0u; c < count; c++) {
+        let k = k0 + c * step;
+        if (work[tp.mask + k] != 0.0) {
+            if (first == 0xffffffffu) { first = k; }
+            csum += work[tp.coef + k];
+            if ((tp.flags & 1u) != 0u) { esum += work[tp.dcoef + k]; }
+        }
+    }
+    if (first == 0xffffffffu) {
         for (var u = 0u; u < tp.v; u++) { work[out + u] = 0.0; }
         return;
     }
-    let coef = work[tp.coef + k];
-    var cw = 0.0;
-    if ((tp.flags & 1u) != 0u) { cw = -work[tp.dcoef + k]; }
-    let lz = work[tp.logz + k];
-    let h = work[tp.ent + k];
+    let lz = work[tp.logz + first];
+    let h = work[tp.ent + first];
     let base = tp.logits + row * tp.v;
     for (var u = 0u; u < tp.v; u++) {
         let lpj = work[base + u] * tp.inv_t - lz;
         let pj = exp(lpj);
-        work[out + u] = (-coef * pj + cw * pj * (lpj + h)) * tp.inv_t;
+        work[out + u] = (-csum * pj - esum * pj * (lpj + h)) * tp.inv_t;
     }
-    let at = out + ints[tp.i_resp + k];
-    work[at] = work[at] + coef * tp.inv_t;
+    for (var c = 0u; c < count; c++) {
+        let k = k0 + c * step;
+        if (work[tp.mask + k] != 0.0) {
+            let at = out + ints[tp.i_resp + k];
+            work[at] = work[at] + work[tp.coef + k] * tp.inv_t;
+        }
+    }
 }
 
 // LayerNorm's backward per row: dy at `y`, x̂ at `xhat`, 1/σ at `rstd`, gain at `gain`;
@@ -246,7 +305,7 @@ fn dlogits(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
 @compute @workgroup_size(64)
 fn ln_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let row = flat_index(gid, nwg);
-    if (row >= tp.rows * tp.s) { return; }
+    if (row >= total_rows()) { return; }
     let base = row * tp.d;
     var m1 = 0.0;
     var m2 = 0.0;
@@ -274,7 +333,7 @@ fn ln_params(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     if (j >= tp.d) { return; }
     var dg = 0.0;
     var db = 0.0;
-    for (var row = 0u; row < tp.rows * tp.s; row++) {
+    for (var row = 0u; row < total_rows(); row++) {
         let dy = work[tp.y + row * tp.d + j];
         dg += dy * work[tp.xhat + row * tp.d + j];
         db += dy;
@@ -293,7 +352,7 @@ fn col_sum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     work[tp.z + c] = acc;
 }
 
-// ∂pos_emb[p][j] = Σ_r dx[p·rows + r][j] (dx at `y`, out at `z`).
+// ∂pos_emb[p][j] = Σ over position p's rows of dx[row][j] (dx at `y`, out at `z`).
 @compute @workgroup_size(64)
 fn pos_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(gid, nwg);
@@ -301,7 +360,7 @@ fn pos_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let p = i / tp.d;
     let j = i % tp.d;
     var acc = 0.0;
-    for (var r = 0u; r < tp.rows; r++) { acc += work[tp.y + flat(p, r) * tp.d + j]; }
+    for (var row = start(p); row < start(p + 1u); row++) { acc += work[tp.y + row * tp.d + j]; }
     work[tp.z + i] = acc;
 }
 
@@ -309,28 +368,28 @@ fn pos_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 @compute @workgroup_size(64)
 fn gelu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(gid, nwg);
-    if (i >= tp.rows * tp.s * tp.f) { return; }
+    if (i >= total_rows() * tp.f) { return; }
     let x = work[tp.z + i];
     let g = work[tp.cdf + i] + x * 0.3989423 * exp(-0.5 * x * x);
     work[tp.y + i] = work[tp.y + i] * g;
 }
 
-// Attention's backward, per (row, head, query q): dP_j = dctx_q·v_j, dS_j = P_j·(dP_j − Σ P·dP)
-// (into `z`, laid out as `att`), dq = scale·Σ_j dS_j·k_j into dqkv (at `y`).
+// Attention's backward, per (query row, head): dP_j = dctx·v_j, dS_j = P_j·(dP_j − Σ P·dP)
+// (into `z`, laid out as `att`), dq = scale·Σ_j dS_j·k_j into dqkv (at `y`); dctx at `ctx`.
 @compute @workgroup_size(64)
 fn attn_back_q(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(gid, nwg);
-    if (i >= tp.rows * tp.h * tp.s) { return; }
-    let r = i % tp.rows;
-    let head = (i / tp.rows) % tp.h;
-    let q = i / (tp.rows * tp.h);
+    if (i >= total_rows() * tp.h) { return; }
+    let head = i % tp.h;
+    let row = i / tp.h;
+    let q = position(row);
     let dh = tp.d / tp.h;
     let d3 = 3u * tp.d;
-    let ab = ((r * tp.h + head) * tp.s + q) * tp.s;
-    let cb = tp.ctx + flat(q, r) * tp.d + head * dh;
+    let ab = (row * tp.h + head) * tp.s;
+    let cb = tp.ctx + row * tp.d + head * dh;
     var sum = 0.0;
     for (var j = 0u; j <= q; j++) {
-        let vb = tp.qkv + flat(j, r) * d3 + 2u * tp.d + head * dh;
+        let vb = tp.qkv + key_row(j, row) * d3 + 2u * tp.d + head * dh;
         var dp = 0.0;
         for (var e = 0u; e < dh; e++) { dp += work[cb + e] * work[vb + e]; }
         work[tp.z + ab + j] = dp;
@@ -339,38 +398,61 @@ fn attn_back_q(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     for (var j = 0u; j <= q; j++) {
         work[tp.z + ab + j] = work[tp.att + ab + j] * (work[tp.z + ab + j] - sum);
     }
-    let out = tp.y + flat(q, r) * d3 + head * dh;
+    let out = tp.y + row * d3 + head * dh;
     for (var e = 0u; e < dh; e++) {
         var acc = 0.0;
         for (var j = 0u; j <= q; j++) {
-            acc += work[tp.z + ab + j] * work[tp.qkv + flat(j, r) * d3 + tp.d + head * dh + e];
+            acc += work[tp.z + ab + j] * work[tp.qkv + key_row(j, row) * d3 + tp.d + head * dh + e];
         }
         work[out + e] = acc * tp.scale;
     }
 }
 
-// Per (row, head, key j): dk_j = scale·Σ_{q ≥ j} dS_qj·q_q, dv_j = Σ_{q ≥ j} P_qj·dctx_q.
+// dk += scale·dS_qj·q_q and dv += P_qj·dctx_q of one query row (key position j).
+fn kv_terms(qrow: u32, j: u32, head: u32, e: u32) -> vec2<f32> {
+    let a = (qrow * tp.h + head) * tp.s + j;
+    let dh = tp.d / tp.h;
+    let dk = work[tp.z + a] * work[tp.qkv + qrow * 3u * tp.d + head * dh + e];
+    let dv = work[tp.att + a] * work[tp.ctx + qrow * tp.d + head * dh + e];
+    return vec2<f32>(dk, dv);
+}
+
+// Per (key row, head): dk = scale·Σ dS_qj·q_q, dv = Σ P_qj·dctx_q over the queries that read
+// the key — its own row's later positions; for a prompt's key, the prompt's later positions
+// and then every position of each of its g responses, in that order.
 @compute @workgroup_size(64)
 fn attn_back_kv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(gid, nwg);
-    if (i >= tp.rows * tp.h * tp.s) { return; }
-    let r = i % tp.rows;
-    let head = (i / tp.rows) % tp.h;
-    let j = i / (tp.rows * tp.h);
+    if (i >= total_rows() * tp.h) { return; }
+    let head = i % tp.h;
+    let row = i / tp.h;
+    let j = position(row);
     let dh = tp.d / tp.h;
-    let d3 = 3u * tp.d;
-    let out = tp.y + flat(j, r) * d3 + head * dh;
+    let out = tp.y + row * 3u * tp.d + head * dh;
+    let prompt = row < tp.n * tp.b;
     for (var e = 0u; e < dh; e++) {
-        var dk = 0.0;
-        var dv = 0.0;
-        for (var q = j; q < tp.s; q++) {
-            let a = ((r * tp.h + head) * tp.s + q) * tp.s + j;
-            dk += work[tp.z + a] * work[tp.qkv + flat(q, r) * d3 + head * dh + e];
-            dv += work[tp.att + a] * work[tp.ctx + flat(q, r) * tp.d + head * dh + e];
+        var acc = vec2<f32>(0.0);
+        if (prompt) {
+            let pb = row % tp.b;
+            for (var q = j; q < tp.n; q++) { acc += kv_terms(q * tp.b + pb, j, head, e); }
+            for (var r = pb * tp.g; r < (pb + 1u) * tp.g; r++) {
+                for (var q = tp.n; q < tp.s; q++) { acc += kv_terms(flat(q, r), j, head, e); }
+            }
+        } else {
+            let r = (row - tp.n * tp.b) % tp.rows;
+            for (var q = j; q < tp.s; q++) { acc += kv_terms(flat(q, r), j, head, e); }
         }
-        work[out + tp.d + e] = dk * tp.scale;
-        work[out + 2u * tp.d + e] = dv;
+        work[out + tp.d + e] = acc.x * tp.scale;
+        work[out + 2u * tp.d + e] = acc.y;
     }
+}
+
+// A rollout's first token: each row's logits `[rows, V]` (at `y`) from its prompt's (at `z`).
+@compute @workgroup_size(64)
+fn expand(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= tp.rows * tp.v) { return; }
+    work[tp.y + i] = work[tp.z + prompt_of(i / tp.v) * tp.v + i % tp.v];
 }
 
 // A rollout's position i (`i`): rows `0..sampled` were drawn by sample.wgsl, the rest by

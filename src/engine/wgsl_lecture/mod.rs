@@ -344,7 +344,7 @@ const STEP_ENTRIES: [&str; 10] = [
 ];
 
 /// The entry points of transformer.wgsl (their parameters are [`transformer::TfParams`]).
-const TRANSFORMER_ENTRIES: [&str; 15] = [
+const TRANSFORMER_ENTRIES: [&str; 16] = [
     "embed",
     "layer_norm",
     "attention",
@@ -359,6 +359,7 @@ const TRANSFORMER_ENTRIES: [&str; 15] = [
     "gelu_backward",
     "attn_back_q",
     "attn_back_kv",
+    "expand",
     "place",
 ];
 

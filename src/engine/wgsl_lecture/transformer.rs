@@ -68,8 +68,8 @@ pub struct TfParams {
     pub i_state: u32,
     pub inv_t: f32,
     pub scale: f32,
-    pub _f0: f32,
-    pub _f1: f32,
+    pub g: u32,
+    pub b: u32,
 }
 
 /// One block's activations in `work` (element offsets).
@@ -89,12 +89,17 @@ struct BlockAt {
     hact: usize,
 }
 
-/// Where everything sits in `work` and `ints` for `rows` rows of `T` response tokens.
+/// Where everything sits in `work` and `ints` for `rows` rows of `T` response tokens answering
+/// `b` prompts (`g` rows each, then the greedy rows: `sampled = b·g`).
 #[derive(Debug, Clone, Default)]
 struct TfLayout {
     rows: usize,
     t: usize,
     s: usize,
+    b: usize,
+    g: usize,
+    /// Flat rows in all: the prompts' positions once per prompt, then the responses'.
+    nr: usize,
     x: usize,
     blocks: Vec<BlockAt>,
     xhatf: usize,
@@ -117,8 +122,10 @@ struct TfLayout {
     grad: usize,
     part: usize,
     sums: usize,
-    /// A rollout position's logits `[rows, V]`, and its log π `[rows·T]`.
+    /// A rollout position's logits `[rows, V]` (at its first position, first the prompts'
+    /// `[b, V]`), and its log π `[rows·T]`.
     step_logits: usize,
+    prompt_logits: usize,
     roll_logp: usize,
     len: usize,
     i_seq: usize,
@@ -130,11 +137,36 @@ struct TfLayout {
 }
 
 impl TfLayout {
+    /// The first flat row of position `p` (`p ≤ s`).
+    fn start(&self, p: usize) -> usize {
+        if p < self.n() {
+            p * self.b
+        } else {
+            self.n() * self.b + (p - self.n()) * self.rows
+        }
+    }
+
+    /// The prompt's length.
+    fn n(&self) -> usize {
+        self.s + 1 - self.t
+    }
+
+    /// The flat rows of positions `t0..t1`: the first, and how many.
+    fn span(&self, (t0, t1): (usize, usize)) -> (usize, usize) {
+        (self.start(t0), self.start(t1) - self.start(t0))
+    }
+
     /// The regions of a batch; `params = 0` (a rollout's plan) leaves out the backward's.
-    fn new(shape: &TransformerShape, n: usize, rows: usize, t: usize, params: usize) -> Self {
+    fn new(
+        shape: &TransformerShape,
+        n: usize,
+        (rows, b, g): (usize, usize, usize),
+        t: usize,
+        params: usize,
+    ) -> Self {
         let (d, f, v, hh) = (shape.d_model, shape.d_ff, shape.vocab, shape.heads);
         let s = n + t - 1;
-        let nr = rows * s;
+        let nr = n * b + (s - n) * rows;
         let mut at = 0usize;
         // Every region from a multiple of 4 elements (the vector paths of matmul.wgsl).
         let mut take = |len: usize| {
@@ -149,7 +181,7 @@ impl TfLayout {
                 rstd1: take(nr),
                 a1: take(nr * d),
                 qkv: take(nr * 3 * d),
-                att: take(rows * hh * s * s),
+                att: take(nr * hh * s),
                 ctx: take(nr * d),
                 xhat2: take(nr * d),
                 rstd2: take(nr),
@@ -166,6 +198,9 @@ impl TfLayout {
             rows,
             t,
             s,
+            b,
+            g,
+            nr,
             x,
             blocks,
             xhatf: take(nr * d),
@@ -183,12 +218,13 @@ impl TfLayout {
             da: take(nb * d),
             dctx: take(nb * d),
             dqkv: take(nb * 3 * d),
-            ds: take(if params > 0 { rows } else { 0 } * hh * s * s),
+            ds: take(nb * hh * s),
             dh: take(nb * f),
             grad: take(params),
             part: take(params.div_ceil(CHUNK)),
             sums: take(8),
             step_logits: take(rows * v),
+            prompt_logits: take(b * v),
             roll_logp: take(tokens),
             ..Default::default()
         };
@@ -291,21 +327,20 @@ fn mm(
     }
 }
 
-/// `Y[p, r] (+)= X[p, r]·W` at the positions `t0..t1` of `rows` rows (position-major: one
-/// block of rows): X rows of `k` at `x`, Y rows of `n` at `y`, W (in `model`) the view `w`.
+/// `Y (+)= X·W` over the flat rows `first..first + count` (a span of positions: one block of
+/// rows): X rows of `k` at `x`, Y rows of `n` at `y`, W (in `model`) the view `w`.
 fn range_mm(
-    (rows, t0, t1): (usize, usize, usize),
+    (first, count): (usize, usize),
     (x, k): (usize, usize),
     w: (usize, usize, usize),
     (y, n): (usize, usize),
     accumulate: bool,
 ) -> MatmulParams {
-    let a = (x + t0 * rows * k, k, 1);
     mm(
-        ((t1 - t0) * rows, n, k),
-        a,
+        (count, n, k),
+        (x + first * k, k, 1),
         w,
-        (y + t0 * rows * n, n),
+        (y + first * n, n),
         accumulate,
     )
 }
@@ -379,11 +414,15 @@ impl WgslTransformer {
 
     /// The `slot` plan for `rows` rows of `t` response tokens (rebuilt when the shape changes),
     /// made current.
-    fn plan(&mut self, slot: Slot, rows: usize, t: usize) -> Result<(), EngineError> {
+    fn plan(
+        &mut self,
+        slot: Slot,
+        (rows, b, g): (usize, usize, usize),
+        t: usize,
+    ) -> Result<(), EngineError> {
         self.cur = slot;
         if let Some(p) = &self.plans[slot as usize]
-            && p.at.rows == rows
-            && p.at.t == t
+            && (p.at.rows, p.at.b, p.at.g, p.at.t) == (rows, b, g, t)
         {
             return Ok(());
         }
@@ -403,7 +442,7 @@ impl WgslTransformer {
             ));
         }
         let params = if slot == Slot::Pass { self.params } else { 0 };
-        let at = TfLayout::new(&self.shape, self.n, rows, t, params);
+        let at = TfLayout::new(&self.shape, self.n, (rows, b, g), t, params);
         if at.len >= u32::MAX as usize / 2 {
             return Err(kerr("batch", "too large for 32-bit offsets"));
         }
@@ -443,22 +482,24 @@ impl WgslTransformer {
         Ok(())
     }
 
-    /// The sequences of a batch whose row `r` answers prompt `prompt_of(r)`, position-major
-    /// (`[s, rows]`): the prompt, then the response's first `t − 1` tokens (`responses
-    /// [rows·t]`, or <eos> where there are none yet).
+    /// The input tokens of a batch in the flat order (each prompt's positions once, then the
+    /// responses' position by position): `prompts [b·n]`, then the responses' first `t − 1`
+    /// tokens (`responses [rows·t]`, or <eos> where there are none yet).
     fn sequences(
         &self,
         prompts: &[u32],
         responses: Option<&[u32]>,
         (rows, t): (usize, usize),
-        prompt_of: impl Fn(usize) -> usize,
     ) -> Vec<u32> {
         let n = self.n;
+        let b = prompts.len() / n;
         let eos = (self.shape.vocab - 1) as u32;
-        let mut ints = Vec::with_capacity(rows * (n + t - 1));
-        for p in 0..n + t - 1 {
+        let mut ints = Vec::with_capacity(b * n + rows * (t - 1));
+        for p in 0..n {
+            ints.extend((0..b).map(|pb| prompts[pb * n + p]));
+        }
+        for p in n..n + t - 1 {
             ints.extend((0..rows).map(|r| match responses {
-                _ if p < n => prompts[prompt_of(r) * n + p],
                 Some(resp) => resp[r * t + p - n],
                 None => eos,
             }));
@@ -508,8 +549,8 @@ impl WgslTransformer {
         }
         self.check_tokens(prompts)?;
         self.check_tokens(responses)?;
-        self.plan(Slot::Pass, rows, t)?;
-        let mut ints = self.sequences(prompts, Some(responses), (rows, t), |r| r / g);
+        self.plan(Slot::Pass, (rows, rows / g, g), t)?;
+        let mut ints = self.sequences(prompts, Some(responses), (rows, t));
         ints.extend_from_slice(responses);
         let mask: Vec<f32> = lens
             .iter()
@@ -550,6 +591,9 @@ impl WgslTransformer {
             i_resp: u(at.i_resp),
             i_drawn: u(at.i_drawn),
             i_state: u(at.i_state),
+            sampled: u(at.b * at.g),
+            g: u(at.g),
+            b: u(at.b),
             inv_t,
             scale: 1.0 / ((s.d_model / s.heads) as f32).sqrt(),
             ..Default::default()
@@ -576,12 +620,9 @@ impl WgslTransformer {
             bias: u(gain + d),
             ..base
         };
-        rec.tf(
-            &self.programs,
-            "layer_norm",
-            params,
-            (base.rows * (base.t1 - base.t0)) as usize,
-        );
+        let at = &self.plan_ref().at;
+        let count = at.span((base.t0 as usize, base.t1 as usize)).1;
+        rec.tf(&self.programs, "layer_norm", params, count);
     }
 
     /// Positions `t0..t1` of every row through the embedding and the blocks, with the weights
@@ -590,8 +631,8 @@ impl WgslTransformer {
         let at = &self.plan_ref().at;
         let s = &self.shape;
         let (d, f, hh) = (s.d_model, s.d_ff, s.heads);
-        let span = (at.rows, t0, t1);
-        let count = at.rows * (t1 - t0);
+        let span = at.span((t0, t1));
+        let count = span.1;
         let p = &self.programs;
         let u = |x: usize| x as u32;
         let w = |o: usize| u(w0 + o);
@@ -665,7 +706,7 @@ impl WgslTransformer {
     fn record_forward(&self, rec: &mut Recorder, w0: usize, inv_t: f32) {
         let at = &self.plan_ref().at;
         let (d, v) = (self.shape.d_model, self.shape.vocab);
-        let nr = at.rows * at.s;
+        let nr = at.nr;
         self.record_blocks(rec, w0, (0, at.s));
         let base = self.base(inv_t);
         self.record_ln(
@@ -689,7 +730,7 @@ impl WgslTransformer {
         let at = &self.plan_ref().at;
         let s = &self.shape;
         let (d, f, v, hh) = (s.d_model, s.d_ff, s.vocab, s.heads);
-        let nr = at.rows * at.s;
+        let nr = at.nr;
         let p = &self.programs;
         let base = self.base(inv_t);
         let u = |x: usize| x as u32;
@@ -776,8 +817,8 @@ impl WgslTransformer {
                 y: u(at.dqkv),
                 ..base
             };
-            rec.tf(p, "attn_back_q", back, at.rows * hh * at.s);
-            rec.tf(p, "attn_back_kv", back, at.rows * hh * at.s);
+            rec.tf(p, "attn_back_q", back, nr * hh);
+            rec.tf(p, "attn_back_kv", back, nr * hh);
             let (a, b) = ((ba.a1, 1, d), (at.dqkv, 3 * d, 1));
             rec.matmul(
                 p,
@@ -1139,9 +1180,24 @@ impl WgslTransformer {
             ..self.base(1.0)
         };
         self.record_ln(rec, base, (at.af, at.xhatf, at.rstdf), self.weights.lnf_g);
-        let (a, w) = ((at.af + p * at.rows * d, d, 1), (self.weights.head, v, 1));
-        let product = mm((at.rows, v, d), a, w, (at.step_logits, v), false);
+        // A prompt's last position holds one row per prompt: its logits go to each of its rows.
+        let (first, count) = at.span((p, p + 1));
+        let to = if p < self.n {
+            at.prompt_logits
+        } else {
+            at.step_logits
+        };
+        let (a, w) = ((at.af + first * d, d, 1), (self.weights.head, v, 1));
+        let product = mm((count, v, d), a, w, (to, v), false);
         rec.matmul(&self.programs, (WORK, MODEL), product);
+        if p < self.n {
+            let expand = TfParams {
+                y: u(at.step_logits),
+                z: u(at.prompt_logits),
+                ..base
+            };
+            rec.tf(&self.programs, "expand", expand, at.rows * v);
+        }
     }
 
     /// sample.wgsl's buffers on the rollout plan for `rows` sampled rows and `t` positions.
@@ -1282,8 +1338,9 @@ impl WgslTransformer {
             .min(limits.max_buffer_size)
             / 4;
         let rows = |p: usize| p * g + if with_greedy { p } else { 0 };
-        let fits =
-            |p: usize| (TfLayout::new(&self.shape, self.n, rows(p), max_len, 0).len as u64) < limit;
+        let fits = |p: usize| {
+            (TfLayout::new(&self.shape, self.n, (rows(p), p, g), max_len, 0).len as u64) < limit
+        };
         let mut p = b.max(1);
         while p > 1 && !fits(p) {
             p = p.div_ceil(2);
@@ -1311,12 +1368,11 @@ impl WgslTransformer {
         let sampled = b * g;
         let rows = sampled + if with_greedy { b } else { 0 };
         let drawn = if draw.is_some() { sampled } else { 0 };
-        self.plan(Slot::Rollout, rows, max_len)?;
+        self.plan(Slot::Rollout, (rows, b, g), max_len)?;
         if drawn > 0 {
             self.sampler(drawn, max_len)?;
         }
-        let prompt_of = |r: usize| if r < sampled { r / g } else { r - sampled };
-        let mut ints = self.sequences(prompts, None, (rows, max_len), prompt_of);
+        let mut ints = self.sequences(prompts, None, (rows, max_len));
         ints.extend(std::iter::repeat_n(eos, rows * max_len));
         ints.extend(std::iter::repeat_n(0, 3 * rows));
         let plan = self.plan_ref();
