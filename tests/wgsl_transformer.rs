@@ -437,30 +437,3 @@ fn engine_equals_the_fused_engine_with_the_2025_objectives() {
         compare(loss, 2);
     }
 }
-
-#[test]
-#[ignore]
-fn probe_full_transformer_sort() {
-    for steps in [
-        "sft.steps=1",
-        "sft.steps=10",
-        "sft.steps=30",
-        "sft.steps=100",
-    ] {
-        let r = std::panic::catch_unwind(|| {
-            compare(
-                &[
-                    steps,
-                    "sft.examples=512",
-                    "sft.batch_size=64",
-                    "model.d_model=64",
-                    "model.heads=4",
-                    "algorithm.prompts_per_iteration=32",
-                    "algorithm.num_generations=8",
-                ],
-                1,
-            )
-        });
-        eprintln!("{steps}: {}", if r.is_ok() { "equal" } else { "differs" });
-    }
-}

@@ -80,12 +80,10 @@ impl Programs {
                 );
             }
         }
-        let lecture = STEP_ENTRIES.iter().map(|e| (e, &step_module));
-        let transformer = TRANSFORMER_ENTRIES.iter().map(|e| (e, &transformer_module));
-        let step = lecture
-            .chain(transformer)
-            .map(|(e, m)| (*e, pipeline(&main_layout, m, e, &[])))
-            .collect();
+        let entries = (STEP_ENTRIES.map(|e| (e, &step_module)).into_iter())
+            .chain(TRANSFORMER_ENTRIES.map(|e| (e, &transformer_module)));
+        let step = entries.map(|(e, m)| (e, pipeline(&main_layout, m, e, &[])));
+        let step = step.collect();
         let sample_pl = pipeline_layout(&sample_layout);
         let row_weights = pipeline(&sample_pl, &sample_module, "row_weights", &[]);
         let draw = pipeline(&sample_pl, &sample_module, "draw", &[]);

@@ -21,6 +21,9 @@ use super::*;
 use crate::engine::fused_transformer::{Generation, Hyper, Layout as Weights, Pick};
 use crate::model::TransformerShape;
 
+mod rollout;
+use rollout::Sampler;
+
 /// `Tp` of transformer.wgsl: shapes, then element offsets (`model` for weights, `work` for the
 /// rest, `ints` for token ids), then the temperature's inverse and the attention's scale.
 #[derive(Debug, Clone, Copy, Default)]
@@ -248,25 +251,6 @@ struct TfPlan {
     group: wgpu::BindGroup,
     /// A rollout's sampler (sample.wgsl's buffers and one bind group per position).
     sampler: Option<Sampler>,
-}
-
-/// sample.wgsl's buffers for a rollout of `rows` sampled rows: the position's logits, their
-/// weights, the drawn tokens, and per position its parameters and bind group.
-struct Sampler {
-    rows: usize,
-    logits: wgpu::Buffer,
-    tokens: wgpu::Buffer,
-    params: Vec<wgpu::Buffer>,
-    groups: Vec<wgpu::BindGroup>,
-}
-
-/// One chunk of a rollout ([`WgslTransformer::generate`]).
-struct Chunk {
-    /// Every row's tokens: the sampled rows, then the greedy ones.
-    rows: Vec<Vec<u32>>,
-    closed: Vec<bool>,
-    /// The sampled rows' log π, `[sampled·max_len]`.
-    logp: Vec<f32>,
 }
 
 /// Which plan: the teacher-forced passes' (steps, log π) or the rollouts'.
@@ -742,55 +726,12 @@ impl WgslTransformer {
             ..base
         };
         rec.tf(p, "dlogits", dl, nr);
-        let (a, b) = ((at.af, 1, d), (at.dl, v, 1));
-        rec.matmul(
-            p,
-            (WORK, WORK),
-            mm((d, v, nr), a, b, (g(wl.head), v), false),
-        );
-        let (a, b) = ((at.dl, v, 1), (wl.head, 1, v));
-        rec.matmul(p, (WORK, MODEL), mm((nr, d, v), a, b, (at.da, d), false));
-        // LayerNorm's backward from `da` into `dx` (added unless it is the first), its ∂g, ∂b.
-        let ln = |rec: &mut Recorder, xhat: usize, rstd: usize, gain: usize, add: bool| {
-            let back = TfParams {
-                y: u(at.da),
-                x: u(at.dx),
-                xhat: u(xhat),
-                rstd: u(rstd),
-                gain: u(gain),
-                flags: add as u32,
-                ..base
-            };
-            rec.tf(p, "ln_backward", back, nr);
-            rec.tf(
-                p,
-                "ln_params",
-                TfParams {
-                    z: u(g(gain)),
-                    ..back
-                },
-                d,
-            );
-        };
-        let col_sum = |rec: &mut Recorder, src: usize, rows: usize, stride: usize, cols, to| {
-            let params = TfParams {
-                y: u(src),
-                rows: u(rows),
-                stride: u(stride),
-                cols: u(cols),
-                z: u(to),
-                ..base
-            };
-            rec.tf(p, "col_sum", params, cols);
-        };
-        ln(rec, at.xhatf, at.rstdf, wl.lnf_g, false);
+        self.record_linear_back(rec, (at.af, d), (at.dl, v), wl.head, at.da);
+        self.record_ln_back(rec, base, (at.xhatf, at.rstdf), wl.lnf_g, false);
         for (bl, ba) in wl.blocks.iter().zip(&at.blocks).rev() {
             // x += GELU(a₂·W₁ + b₁)·W₂ + b₂
-            col_sum(rec, at.dx, nr, d, d, g(bl.b2));
-            let (a, b) = ((ba.hact, 1, f), (at.dx, d, 1));
-            rec.matmul(p, (WORK, WORK), mm((f, d, nr), a, b, (g(bl.w2), d), false));
-            let (a, b) = ((at.dx, d, 1), (bl.w2, 1, d));
-            rec.matmul(p, (WORK, MODEL), mm((nr, f, d), a, b, (at.dh, f), false));
+            self.record_col_sum(rec, base, (at.dx, nr, d), d, g(bl.b2));
+            self.record_linear_back(rec, (ba.hact, f), (at.dx, d), bl.w2, at.dh);
             let gelu = TfParams {
                 y: u(at.dh),
                 z: u(ba.hpre),
@@ -798,17 +739,11 @@ impl WgslTransformer {
                 ..base
             };
             rec.tf(p, "gelu_backward", gelu, nr * f);
-            col_sum(rec, at.dh, nr, f, f, g(bl.b1));
-            let (a, b) = ((ba.a2, 1, d), (at.dh, f, 1));
-            rec.matmul(p, (WORK, WORK), mm((d, f, nr), a, b, (g(bl.w1), f), false));
-            let (a, b) = ((at.dh, f, 1), (bl.w1, 1, f));
-            rec.matmul(p, (WORK, MODEL), mm((nr, d, f), a, b, (at.da, d), false));
-            ln(rec, ba.xhat2, ba.rstd2, bl.ln2_g, true);
+            self.record_col_sum(rec, base, (at.dh, nr, f), f, g(bl.b1));
+            self.record_linear_back(rec, (ba.a2, d), (at.dh, f), bl.w1, at.da);
+            self.record_ln_back(rec, base, (ba.xhat2, ba.rstd2), bl.ln2_g, true);
             // x += attention(LN₁(x))·W_o
-            let (a, b) = ((ba.ctx, 1, d), (at.dx, d, 1));
-            rec.matmul(p, (WORK, WORK), mm((d, d, nr), a, b, (g(bl.wo), d), false));
-            let (a, b) = ((at.dx, d, 1), (bl.wo, 1, d));
-            rec.matmul(p, (WORK, MODEL), mm((nr, d, d), a, b, (at.dctx, d), false));
+            self.record_linear_back(rec, (ba.ctx, d), (at.dx, d), bl.wo, at.dctx);
             let back = TfParams {
                 ctx: u(at.dctx),
                 att: u(ba.att),
@@ -819,28 +754,14 @@ impl WgslTransformer {
             };
             rec.tf(p, "attn_back_q", back, nr * hh);
             rec.tf(p, "attn_back_kv", back, nr * hh);
-            let (a, b) = ((ba.a1, 1, d), (at.dqkv, 3 * d, 1));
-            rec.matmul(
-                p,
-                (WORK, WORK),
-                mm((d, 3 * d, nr), a, b, (g(bl.wqkv), 3 * d), false),
-            );
-            let (a, b) = ((at.dqkv, 3 * d, 1), (bl.wqkv, 1, 3 * d));
-            rec.matmul(
-                p,
-                (WORK, MODEL),
-                mm((nr, d, 3 * d), a, b, (at.da, d), false),
-            );
-            ln(rec, ba.xhat1, ba.rstd1, bl.ln1_g, true);
+            self.record_linear_back(rec, (ba.a1, d), (at.dqkv, 3 * d), bl.wqkv, at.da);
+            self.record_ln_back(rec, base, (ba.xhat1, ba.rstd1), bl.ln1_g, true);
         }
         // x = tok_emb[token] + pos_emb[position]: ∂tok_emb = onehot(tokens)ᵀ·dx, ∂pos_emb[p] =
-        // Σ_r dx[p, r]; the positions past S get 0.
+        // Σ over position p's rows of dx; the positions past S get 0.
         let (a, b) = ((at.i_seq, 0, 1), (at.dx, d, 1));
-        rec.matmul(
-            p,
-            (ONE_HOT, WORK),
-            mm((v, d, nr), a, b, (g(wl.tok_emb), d), false),
-        );
+        let one_hot = mm((v, d, nr), a, b, (g(wl.tok_emb), d), false);
+        rec.matmul(p, (ONE_HOT, WORK), one_hot);
         let pos = TfParams {
             y: u(at.dx),
             z: u(g(wl.pos_emb)),
@@ -849,8 +770,79 @@ impl WgslTransformer {
         rec.tf(p, "pos_grad", pos, at.s * d);
         let rest = (s.context - at.s) * d;
         if rest > 0 {
-            col_sum(rec, at.dx, 0, 0, rest, g(wl.pos_emb + at.s * d));
+            self.record_col_sum(rec, base, (at.dx, 0, 0), rest, g(wl.pos_emb + at.s * d));
         }
+    }
+
+    /// The backward of `Y = X·W` over the pass's rows (`X [N, k]` at `x`, `dY [N, m]` at `dy`,
+    /// `W [k, m]` at `model[w..]`): `∂W = Xᵀ·dY` into the gradient, `dX = dY·Wᵀ` into `dx`.
+    fn record_linear_back(
+        &self,
+        rec: &mut Recorder,
+        (x, k): (usize, usize),
+        (dy, m): (usize, usize),
+        w: usize,
+        dx: usize,
+    ) {
+        let at = &self.plan_ref().at;
+        let (nr, p) = (at.nr, &self.programs);
+        let dw = mm((k, m, nr), (x, 1, k), (dy, m, 1), (at.grad + w, m), false);
+        rec.matmul(p, (WORK, WORK), dw);
+        rec.matmul(
+            p,
+            (WORK, MODEL),
+            mm((nr, k, m), (dy, m, 1), (w, 1, m), (dx, k), false),
+        );
+    }
+
+    /// LayerNorm's backward from `da` into `dx` (added unless it is the first), its ∂g and ∂b
+    /// into the gradient (the gain at `model[gain..]`, the bias after it).
+    fn record_ln_back(
+        &self,
+        rec: &mut Recorder,
+        base: TfParams,
+        (xhat, rstd): (usize, usize),
+        gain: usize,
+        add: bool,
+    ) {
+        let at = &self.plan_ref().at;
+        let u = |x: usize| x as u32;
+        let back = TfParams {
+            y: u(at.da),
+            x: u(at.dx),
+            xhat: u(xhat),
+            rstd: u(rstd),
+            gain: u(gain),
+            flags: add as u32,
+            ..base
+        };
+        rec.tf(&self.programs, "ln_backward", back, at.nr);
+        let params = TfParams {
+            z: u(at.grad + gain),
+            ..back
+        };
+        rec.tf(&self.programs, "ln_params", params, self.shape.d_model);
+    }
+
+    /// `out[c] = Σ_{r < rows} src[r·stride + c]` for `c < cols` (`(src, rows, stride)`).
+    fn record_col_sum(
+        &self,
+        rec: &mut Recorder,
+        base: TfParams,
+        (src, rows, stride): (usize, usize, usize),
+        cols: usize,
+        to: usize,
+    ) {
+        let u = |x: usize| x as u32;
+        let params = TfParams {
+            y: u(src),
+            rows: u(rows),
+            stride: u(stride),
+            cols: u(cols),
+            z: u(to),
+            ..base
+        };
+        rec.tf(&self.programs, "col_sum", params, cols);
     }
 
     /// Run `rec` as one submission on the current plan and read back `(buffer, element offset,
@@ -1166,306 +1158,6 @@ impl WgslTransformer {
         }
         self.policy_pass = None;
         Ok(last)
-    }
-
-    /// The final LayerNorm and the head at position `p` of every row into `step_logits`
-    /// (`[rows, V]`).
-    fn record_head_at(&self, rec: &mut Recorder, p: usize) {
-        let at = &self.plan_ref().at;
-        let (d, v) = (self.shape.d_model, self.shape.vocab);
-        let u = |x: usize| x as u32;
-        let base = TfParams {
-            t0: u(p),
-            t1: u(p + 1),
-            ..self.base(1.0)
-        };
-        self.record_ln(rec, base, (at.af, at.xhatf, at.rstdf), self.weights.lnf_g);
-        // A prompt's last position holds one row per prompt: its logits go to each of its rows.
-        let (first, count) = at.span((p, p + 1));
-        let to = if p < self.n {
-            at.prompt_logits
-        } else {
-            at.step_logits
-        };
-        let (a, w) = ((at.af + first * d, d, 1), (self.weights.head, v, 1));
-        let product = mm((count, v, d), a, w, (to, v), false);
-        rec.matmul(&self.programs, (WORK, MODEL), product);
-        if p < self.n {
-            let expand = TfParams {
-                y: u(at.step_logits),
-                z: u(at.prompt_logits),
-                ..base
-            };
-            rec.tf(&self.programs, "expand", expand, at.rows * v);
-        }
-    }
-
-    /// sample.wgsl's buffers on the rollout plan for `rows` sampled rows and `t` positions.
-    fn sampler(&mut self, rows: usize, t: usize) -> Result<(), EngineError> {
-        let v = self.shape.vocab;
-        let ctx = self.ctx.clone();
-        let layout = &self.programs.sample_layout;
-        let plan = self.plans[Slot::Rollout as usize]
-            .as_mut()
-            .expect("planned");
-        if plan
-            .sampler
-            .as_ref()
-            .is_some_and(|s| s.rows == rows && s.params.len() == t)
-        {
-            return Ok(());
-        }
-        let storage = |name, elems| WgslLectureEngine::storage(&ctx, name, elems);
-        let logits = storage("wgsl_transformer.sample_logits", rows * v)?;
-        let weights = storage("wgsl_transformer.sample_weights", rows * v)?;
-        let tokens = storage("wgsl_transformer.sample_tokens", rows)?;
-        let params: Vec<wgpu::Buffer> = (0..t)
-            .map(|_| {
-                ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("wgsl_transformer.sample_params"),
-                    size: 64,
-                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                })
-            })
-            .collect();
-        let groups = params
-            .iter()
-            .map(|p| {
-                fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
-                    wgpu::BindGroupEntry {
-                        binding,
-                        resource: buffer.as_entire_binding(),
-                    }
-                }
-                ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some("sample.wgsl"),
-                    layout,
-                    entries: &[
-                        entry(0, p),
-                        entry(1, &logits),
-                        entry(2, &weights),
-                        entry(3, &tokens),
-                    ],
-                })
-            })
-            .collect();
-        plan.sampler = Some(Sampler {
-            rows,
-            logits,
-            tokens,
-            params,
-            groups,
-        });
-        Ok(())
-    }
-
-    /// Generate `g` responses to each prompt (`prompts [B·n]`) and, with `with_greedy`, one
-    /// greedy answer per prompt in the same pass, on the device in one submission: the prompts
-    /// prefilled, then per position the last one's keys and values into the cache (`qkv`),
-    /// the head, sample.wgsl's draws under the position's stream (as
-    /// [`crate::engine::draw_position`]: the same tokens as the CPU engines where the logits
-    /// agree to the last bit — else a token whose cumulative weight sits within rounding of
-    /// the uniform draw may differ), argmax for the greedy rows, and `place`; every position up
-    /// to `max_len` (a closed row's later positions are computed and ignored). log π of each
-    /// sampled row's tokens at `temperature`, as [`FusedTransformer::generate`].
-    pub fn generate(
-        &mut self,
-        prompts: &[u32],
-        g: usize,
-        max_len: usize,
-        pick: &Pick,
-        temperature: f32,
-        with_greedy: bool,
-    ) -> Result<Generation, EngineError> {
-        let n = self.n;
-        if n == 0 || prompts.is_empty() || prompts.len() % n != 0 || g == 0 || max_len == 0 {
-            return Err(kerr(
-                "rollout",
-                format!(
-                    "{} prompt tokens, {g} responses of up to {max_len} tokens: prompts of {n} tokens, at least one response of one token are needed",
-                    prompts.len()
-                ),
-            ));
-        }
-        if !(temperature.is_finite() && temperature > 0.0) {
-            return Err(kerr("temperature", format!("{temperature}: must be > 0")));
-        }
-        self.check_tokens(prompts)?;
-        let draw = match pick {
-            Pick::Sample(d) if d.sampler.any() => {
-                return Err(EngineError::Unsupported(
-                    "the WGSL transformer's rollout draws from the f32 logits (no bf16 sampler, no recorded sampler log π or support)".into(),
-                ));
-            }
-            Pick::Sample(d) => Some(*d),
-            Pick::Greedy => None,
-        };
-        let b = prompts.len() / n;
-        let per_chunk = self.prompts_per_rollout(b, g, max_len, with_greedy);
-        let sampled = b * g;
-        let (mut rows, mut closed, mut logp_all) = (Vec::new(), Vec::new(), Vec::new());
-        let mut greedy = Vec::new();
-        for start in (0..b).step_by(per_chunk) {
-            let end = (start + per_chunk).min(b);
-            let chunk = &prompts[start * n..end * n];
-            let mut c =
-                self.rollout_chunk(chunk, g, max_len, draw, temperature, with_greedy, start * g)?;
-            greedy.extend(c.rows.split_off((end - start) * g));
-            rows.append(&mut c.rows);
-            closed.append(&mut c.closed);
-            logp_all.append(&mut c.logp);
-        }
-        let width = rows.iter().map(|x| x.len()).max().unwrap_or(1).max(1);
-        let logp = (0..sampled)
-            .flat_map(|r| logp_all[r * max_len..][..width].iter().copied())
-            .collect();
-        Ok(Generation {
-            rows,
-            closed,
-            logp,
-            greedy: with_greedy.then_some(greedy),
-            sampler_logp: None,
-            support: None,
-        })
-    }
-
-    /// The most prompts of a rollout whose activations fit one storage buffer.
-    fn prompts_per_rollout(&self, b: usize, g: usize, max_len: usize, with_greedy: bool) -> usize {
-        let limits = self.ctx.device.limits();
-        let limit = limits
-            .max_storage_buffer_binding_size
-            .min(limits.max_buffer_size)
-            / 4;
-        let rows = |p: usize| p * g + if with_greedy { p } else { 0 };
-        let fits = |p: usize| {
-            (TfLayout::new(&self.shape, self.n, (rows(p), p, g), max_len, 0).len as u64) < limit
-        };
-        let mut p = b.max(1);
-        while p > 1 && !fits(p) {
-            p = p.div_ceil(2);
-        }
-        p
-    }
-
-    /// The rollout of one chunk of prompts in one submission (see [`Self::generate`]); its
-    /// sampled rows are the rollout's rows `row0..`. Every row's tokens (the sampled rows, then
-    /// the greedy ones), the sampled rows' closed flags and log π `[sampled·max_len]`.
-    #[allow(clippy::too_many_arguments)]
-    fn rollout_chunk(
-        &mut self,
-        prompts: &[u32],
-        g: usize,
-        max_len: usize,
-        draw: Option<crate::engine::Draw>,
-        temperature: f32,
-        with_greedy: bool,
-        row0: usize,
-    ) -> Result<Chunk, EngineError> {
-        let (n, v) = (self.n, self.shape.vocab);
-        let eos = (v - 1) as u32;
-        let b = prompts.len() / n;
-        let sampled = b * g;
-        let rows = sampled + if with_greedy { b } else { 0 };
-        let drawn = if draw.is_some() { sampled } else { 0 };
-        self.plan(Slot::Rollout, (rows, b, g), max_len)?;
-        if drawn > 0 {
-            self.sampler(drawn, max_len)?;
-        }
-        let mut ints = self.sequences(prompts, None, (rows, max_len));
-        ints.extend(std::iter::repeat_n(eos, rows * max_len));
-        ints.extend(std::iter::repeat_n(0, 3 * rows));
-        let plan = self.plan_ref();
-        let at = plan.at.clone();
-        self.ctx
-            .queue
-            .write_buffer(&plan.ints, 0, &u32_bytes(&ints));
-        if let (Some(d), Some(s)) = (draw, &plan.sampler) {
-            for (i, params) in s.params.iter().enumerate() {
-                let sp = d.params;
-                let words = [
-                    drawn as u32,
-                    1,
-                    1,
-                    v as u32,
-                    (1.0 / sp.temperature).to_bits(),
-                    sp.top_k as u32,
-                    sp.top_p.to_bits(),
-                    d.position_stream(i),
-                    d.seed as u32,
-                    (d.seed >> 32) as u32,
-                    row0 as u32,
-                    0,
-                ];
-                self.ctx.queue.write_buffer(params, 0, &u32_bytes(&words));
-            }
-        }
-        let mut rec = Recorder::default();
-        self.record_blocks(&mut rec, 0, (0, n));
-        let u = |x: usize| x as u32;
-        let place = TfParams {
-            sampled: u(sampled),
-            logits: u(at.step_logits),
-            logp: u(at.roll_logp),
-            ..self.base(1.0 / temperature)
-        };
-        for i in 0..max_len {
-            if i > 0 {
-                self.record_blocks(&mut rec, 0, (n + i - 1, n + i));
-            }
-            self.record_head_at(&mut rec, n - 1 + i);
-            let plan = self.plan_ref();
-            if let Some(s) = plan.sampler.as_ref().filter(|_| drawn > 0) {
-                rec.ops.push(Op::Copy {
-                    src: plan.work.clone(),
-                    src_off: (at.step_logits * 4) as u64,
-                    dst: s.logits.clone(),
-                    dst_off: 0,
-                    bytes: (drawn * v * 4) as u64,
-                });
-                for pipeline in [&self.programs.row_weights, &self.programs.draw] {
-                    rec.ops.push(Op::Sample {
-                        pipeline: pipeline.clone(),
-                        grid: grid_1d(drawn),
-                        group: s.groups[i].clone(),
-                    });
-                }
-                rec.ops.push(Op::Copy {
-                    src: s.tokens.clone(),
-                    src_off: 0,
-                    dst: plan.ints.clone(),
-                    dst_off: (at.i_drawn * 4) as u64,
-                    bytes: (drawn * 4) as u64,
-                });
-            }
-            if rows > drawn {
-                let argmax = StepParams {
-                    rows: u(rows - drawn),
-                    v: u(v),
-                    logits_off: u(at.step_logits + drawn * v),
-                    i_greedy: u(at.i_drawn + drawn),
-                    ..Default::default()
-                };
-                rec.step(&self.programs, "argmax", argmax, rows - drawn);
-            }
-            rec.tf(&self.programs, "place", TfParams { i: u(i), ..place }, rows);
-        }
-        let tokens = rows * max_len;
-        let reads = [
-            (Reads::Ints, at.i_resp, tokens),
-            (Reads::Ints, at.i_state, 2 * rows),
-            (Reads::Work, at.roll_logp, tokens),
-        ];
-        let out = self.run(rec, &reads)?;
-        let (resp, state, logp_all) = (u32s(&out[0]), u32s(&out[1]), f32s(&out[2]));
-        let rows_out: Vec<Vec<u32>> = (0..rows)
-            .map(|r| resp[r * max_len..][..(state[rows + r] as usize).min(max_len)].to_vec())
-            .collect();
-        Ok(Chunk {
-            rows: rows_out,
-            closed: state[..sampled].iter().map(|&c| c == 1).collect(),
-            logp: logp_all[..sampled * max_len].to_vec(),
-        })
     }
 }
 
