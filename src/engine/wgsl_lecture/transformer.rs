@@ -350,7 +350,7 @@ impl WgslTransformer {
                 format!("{} values for a model of {}", w.len(), weights.total),
             ));
         }
-        if shape.heads == 0 || shape.d_model % shape.heads != 0 {
+        if shape.heads == 0 || !shape.d_model.is_multiple_of(shape.heads) {
             return Err(kerr("model.heads", "must divide model.d_model"));
         }
         let programs = Programs::new(&ctx, MatmulKernel::for_adapter(ctx.summary.is_software()))?;
@@ -519,7 +519,7 @@ impl WgslTransformer {
             || prompts.len() != rows / g * n
             || responses.len() != rows * t
             || lens.len() != rows
-            || rows % g != 0
+            || !rows.is_multiple_of(g)
         {
             return Err(kerr(
                 "batch",

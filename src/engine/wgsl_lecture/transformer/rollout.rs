@@ -134,7 +134,12 @@ impl WgslTransformer {
         with_greedy: bool,
     ) -> Result<Generation, EngineError> {
         let n = self.n;
-        if n == 0 || prompts.is_empty() || prompts.len() % n != 0 || g == 0 || max_len == 0 {
+        if n == 0
+            || prompts.is_empty()
+            || !prompts.len().is_multiple_of(n)
+            || g == 0
+            || max_len == 0
+        {
             return Err(kerr(
                 "rollout",
                 format!(
