@@ -272,3 +272,85 @@ fn matmul_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     store_row(i0 + 6u, j, z, acc6);
     store_row(i0 + 7u, j, z, acc7);
 }
+
+// `matmul_window`: C (+)= A·B with B read through a uniform window of the model buffer (its
+// dynamic offset, 256-byte aligned, is where the window starts; `b_off` counts from there) —
+// for CPU adapters, where a storage load is a loop over the SIMD lanes and a uniform load at an
+// address common to every invocation is one scalar load (lavapipe: ~3.5× matmul_rows on the
+// transformer's products). A from `work`. Each invocation owns one row of C (rows
+// 64·wid.y + lid.x) and the 32 columns 32·wid.x .. + 32 (B's entries are then the same for
+// every invocation of the workgroup). The caller cuts a product whose B spans more than the
+// window into several (k ranges accumulated, or column ranges). VEC_K (a pipeline constant):
+// A runs along k from multiples of 4 and k is a multiple of 4, so A comes four k at a time.
+// Out-of-range columns read valid window entries and are not stored; a k beyond the end (K not
+// a multiple of 4) multiplies B's last row by 0.
+@group(0) @binding(4) var<uniform> window: array<vec4<f32>, 4096>;
+
+override VEC_K: bool = false;
+const WIN_COLS: u32 = 32u;
+const WIN_ROWS: u32 = 64u;
+
+fn win(i: u32) -> f32 {
+    return window[i >> 2u][i & 3u];
+}
+
+// B's row `bk` (window index of its column j0) at the four columns j0 + 4q .. + 3.
+fn win4(bk: u32, q: u32) -> vec4<f32> {
+    let s = mm.b_cs;
+    let at = bk + 4u * q * s;
+    return vec4<f32>(win(at), win(at + s), win(at + 2u * s), win(at + 3u * s));
+}
+
+fn work_at(i: u32) -> f32 {
+    return work[i >> 2u][i & 3u];
+}
+
+@compute @workgroup_size(WIN_ROWS)
+fn matmul_window(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let gi = wid.y * WIN_ROWS + lid.x;
+    let ar = mm.a_off + min(gi, mm.m - 1u) * mm.a_rs;
+    let j0 = wid.x * WIN_COLS;
+    let b0 = mm.b_off + j0 * mm.b_cs;
+    let kl = mm.k - 1u;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    var acc4 = vec4<f32>(0.0);
+    var acc5 = vec4<f32>(0.0);
+    var acc6 = vec4<f32>(0.0);
+    var acc7 = vec4<f32>(0.0);
+    for (var k = 0u; k < mm.k; k += 4u) {
+        var av: vec4<f32>;
+        if (VEC_K) {
+            av = work[(ar + k) >> 2u];
+        } else {
+            av = vec4<f32>(
+                work_at(ar + k * mm.a_cs),
+                select(0.0, work_at(ar + min(k + 1u, kl) * mm.a_cs), k + 1u <= kl),
+                select(0.0, work_at(ar + min(k + 2u, kl) * mm.a_cs), k + 2u <= kl),
+                select(0.0, work_at(ar + min(k + 3u, kl) * mm.a_cs), k + 3u <= kl),
+            );
+        }
+        for (var t = 0u; t < 4u; t++) {
+            let x = vec4<f32>(av[t]);
+            let bk = b0 + min(k + t, kl) * mm.b_rs;
+            acc0 = fma(x, win4(bk, 0u), acc0);
+            acc1 = fma(x, win4(bk, 1u), acc1);
+            acc2 = fma(x, win4(bk, 2u), acc2);
+            acc3 = fma(x, win4(bk, 3u), acc3);
+            acc4 = fma(x, win4(bk, 4u), acc4);
+            acc5 = fma(x, win4(bk, 5u), acc5);
+            acc6 = fma(x, win4(bk, 6u), acc6);
+            acc7 = fma(x, win4(bk, 7u), acc7);
+        }
+    }
+    store_row(gi, j0, 0u, acc0);
+    store_row(gi, j0 + 4u, 0u, acc1);
+    store_row(gi, j0 + 8u, 0u, acc2);
+    store_row(gi, j0 + 12u, 0u, acc3);
+    store_row(gi, j0 + 16u, 0u, acc4);
+    store_row(gi, j0 + 20u, 0u, acc5);
+    store_row(gi, j0 + 24u, 0u, acc6);
+    store_row(gi, j0 + 28u, 0u, acc7);
+}

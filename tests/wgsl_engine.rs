@@ -31,7 +31,8 @@ const SUM_TOL: f32 = 2e-5;
 
 /// The kernels with `kernel` for the products (the step kernels are the same in both).
 fn harness_with(kernel: MatmulKernel) -> Option<&'static KernelHarness> {
-    static H: [OnceLock<Option<KernelHarness>>; 2] = [OnceLock::new(), OnceLock::new()];
+    static H: [OnceLock<Option<KernelHarness>>; 3] =
+        [OnceLock::new(), OnceLock::new(), OnceLock::new()];
     H[kernel as usize]
         .get_or_init(|| {
             let compute = wgpu_compute()?;
@@ -185,12 +186,61 @@ fn view(rng: &mut SplitMix64, rows: usize, cols: usize) -> ([u32; 4], usize) {
 
 #[test]
 fn matmul_matches_reference() {
-    for kernel in [MatmulKernel::Tiled, MatmulKernel::Rows] {
+    // Window: the products of `work` by `model` (batch 1, no reduce) through matmul_window,
+    // the rest through matmul_rows.
+    for kernel in [
+        MatmulKernel::Tiled,
+        MatmulKernel::Rows,
+        MatmulKernel::Window,
+    ] {
         let Some(h) = harness_with(kernel) else {
             return;
         };
         matmul_cases(h, kernel);
     }
+}
+
+/// matmul_window on weights larger than its 64 KiB window: B cut into ranges of k (B row-major,
+/// partial products accumulated) or of columns (B transposed), odd and aligned shapes, with and
+/// without accumulation, A along k (vector path) or across.
+#[test]
+fn matmul_window_cuts_large_weights() {
+    let Some(h) = harness_with(MatmulKernel::Window) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(5);
+    let mut cases = Vec::new();
+    for &(m, n, k) in &[(70, 300, 90), (33, 201, 131), (5, 64, 512), (64, 1100, 16)] {
+        for b_transposed in [false, true] {
+            for accumulate in [false, true] {
+                let a_along_k = rng.below(2) == 0;
+                let (a_rs, a_cs) = if a_along_k { (k, 1) } else { (1, m) };
+                let (b_rs, b_cs) = if b_transposed { (1, k) } else { (n, 1) };
+                let mut buf = Buffers::default();
+                // B after a few values, so its window starts unaligned.
+                let pad = pick(&mut rng, &[0, 1, 7, 64]);
+                buf.model = normals(&mut rng, pad + k * n, 1.0);
+                buf.work = normals(&mut rng, m * k + m * n, 1.0);
+                let mm = MatmulParams {
+                    m: m as u32,
+                    n: n as u32,
+                    k: k as u32,
+                    batch: 1,
+                    a: [0, a_rs as u32, a_cs as u32, 0],
+                    b: [pad as u32, b_rs as u32, b_cs as u32, 0],
+                    c: [(m * k) as u32, n as u32, 0],
+                    accumulate,
+                    reduce: false,
+                };
+                cases.push(Case {
+                    buf,
+                    op: HarnessOp::Matmul(mm, (1, 0)),
+                });
+            }
+        }
+    }
+    let total = check_on(h, "matmul_window cut", cases, true);
+    eprintln!("matmul_window cut: {total} values compared");
 }
 
 /// 1000 random products on `h`'s matmul kernel against the reference.

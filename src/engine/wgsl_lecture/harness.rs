@@ -41,13 +41,24 @@ impl KernelHarness {
     ) -> Result<reference::Buffers, EngineError> {
         let ctx = &self.ctx;
         let device = &ctx.device;
-        let model = WgslLectureEngine::storage(ctx, "harness.model", buf.model.len())?;
+        // A window's worth past the end for `matmul_window`.
+        let model =
+            WgslLectureEngine::storage(ctx, "harness.model", buf.model.len() + WINDOW_ELEMS)?;
         let work = WgslLectureEngine::storage(ctx, "harness.work", buf.work.len())?;
         let ints = WgslLectureEngine::storage(ctx, "harness.ints", buf.ints.len())?;
         ctx.queue.write_buffer(&model, 0, &f32_bytes(&buf.model));
         ctx.queue.write_buffer(&work, 0, &f32_bytes(&buf.work));
         ctx.queue.write_buffer(&ints, 0, &u32_bytes(&buf.ints));
-        let mut rec = Recorder::default();
+        let uniform = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("harness.uniform"),
+            size: (ops.len() * 8 + 8) as u64 * SLOT,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut rec = Recorder {
+            window: window_bind_group(device, &self.programs, [&uniform, &work, &model]),
+            ..Default::default()
+        };
         for op in ops {
             match *op {
                 HarnessOp::Matmul(mm, src) => rec.matmul(&self.programs, src, mm),
@@ -64,13 +75,9 @@ impl KernelHarness {
             }
         }
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let slots = rec.slots.len().max(1) as u64;
-        let uniform = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("harness.uniform"),
-            size: slots * SLOT,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        if rec.slots.len() > ops.len() * 8 + 8 {
+            return Err(kerr("harness", "more dispatches than uniform slots"));
+        }
         let mut uni = Vec::new();
         for s in &rec.slots {
             uni.extend_from_slice(&s.slot_bytes());

@@ -52,7 +52,7 @@ pub mod transformer;
 mod transformer_engine;
 
 pub use harness::{HarnessOp, KernelHarness};
-use programs::step_bind_group;
+use programs::{step_bind_group, window_bind_group};
 use submit::{dispatch_all, grid_1d, stage};
 pub use transformer_engine::WgslTransformerEngine;
 
@@ -282,6 +282,15 @@ enum Op {
         dst_off: u64,
         bytes: u64,
     },
+    /// A dispatch of `matmul_window` on its bind group: the uniform slot `slot` and the
+    /// model-buffer window from byte `window`.
+    Window {
+        pipeline: wgpu::ComputePipeline,
+        slot: u32,
+        window: u32,
+        grid: (u32, u32, u32),
+        group: wgpu::BindGroup,
+    },
     /// Commands encoded elsewhere (the verifier and the advantage kernels of `gpu::kernels`),
     /// between the recorded ones, in the same submission.
     Commands(wgpu::CommandBuffer),
@@ -299,6 +308,15 @@ struct Programs {
     /// The matmul tile edge (workgroup edge × 4) of [`MatmulKernel::Tiled`].
     tile: u32,
     kernel: MatmulKernel,
+    /// [`MatmulKernel::Window`]'s pipelines (`VEC_K` off, on) and their bind group layout.
+    window: Option<WindowPrograms>,
+}
+
+struct WindowPrograms {
+    layout: wgpu::BindGroupLayout,
+    pipelines: [wgpu::ComputePipeline; 2],
+    /// The alignment of a window's start, in elements.
+    align: usize,
 }
 
 /// Which matrix-product kernel of matmul.wgsl the engine runs.
@@ -309,7 +327,14 @@ pub enum MatmulKernel {
     /// `matmul_rows`: register blocks of [`MATMUL_ROWS`] × 4 outputs per invocation, no
     /// workgroup memory (CPU adapters such as lavapipe: 4× the tiled kernel there, measured).
     Rows,
+    /// `matmul_rows`, and `matmul_window` for the products of activations (A in `work`) by
+    /// weights (B in `model`) — B read through a uniform window of the model buffer. CPU
+    /// adapters, for the transformer: ~3.5× `matmul_rows` on its products (lavapipe).
+    Window,
 }
+
+/// Elements of `matmul_window`'s uniform window (64 KiB: WebGPU's default binding limit).
+const WINDOW_ELEMS: usize = 16_384;
 
 /// Rows of C per invocation of `matmul_rows` (`ROWS` in matmul.wgsl).
 pub const MATMUL_ROWS: u32 = 8;
@@ -325,7 +350,7 @@ impl MatmulKernel {
     fn entry(self) -> &'static str {
         match self {
             Self::Tiled => "matmul",
-            Self::Rows => "matmul_rows",
+            Self::Rows | Self::Window => "matmul_rows",
         }
     }
 }
@@ -569,6 +594,7 @@ impl WgslLectureEngine {
             label: Some(name),
             size: bytes.next_multiple_of(256),
             usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::UNIFORM
                 | wgpu::BufferUsages::COPY_DST
                 | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
@@ -938,6 +964,9 @@ struct Recorder {
     slots: Vec<StepParamsOrMm>,
     ops: Vec<Op>,
     dispatches: usize,
+    /// `matmul_window`'s bind group (uniform slots, work, the model's window) where the
+    /// products take it ([`MatmulKernel::Window`]).
+    window: Option<wgpu::BindGroup>,
 }
 
 /// A submission's read-backs on their way to the host: a staging buffer being mapped.

@@ -84,6 +84,28 @@ impl Programs {
             .chain(TRANSFORMER_ENTRIES.map(|e| (e, &transformer_module)));
         let step = entries.map(|(e, m)| (e, pipeline(&main_layout, m, e, &[])));
         let step = step.collect();
+        let window = (kernel == MatmulKernel::Window
+            && limits.max_uniform_buffer_binding_size >= (WINDOW_ELEMS * 4) as u64)
+            .then(|| {
+                let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                    label: Some("matmul_window"),
+                    entries: &[
+                        layout_entry(0, Uniform, true),
+                        layout_entry(2, rw, false),
+                        layout_entry(4, Uniform, true),
+                    ],
+                });
+                let pl = pipeline_layout(&layout);
+                let vec_k = |on: bool| {
+                    let consts = [("VEC_K", if on { 1.0 } else { 0.0 })];
+                    pipeline(&pl, &matmul_module, "matmul_window", &consts)
+                };
+                WindowPrograms {
+                    pipelines: [vec_k(false), vec_k(true)],
+                    layout,
+                    align: (limits.min_uniform_buffer_offset_alignment as usize / 4).max(1),
+                }
+            });
         let sample_pl = pipeline_layout(&sample_layout);
         let row_weights = pipeline(&sample_pl, &sample_module, "row_weights", &[]);
         let draw = pipeline(&sample_pl, &sample_module, "draw", &[]);
@@ -102,8 +124,45 @@ impl Programs {
             draw,
             tile: wg * 4,
             kernel,
+            window,
         })
     }
+}
+
+/// `matmul_window`'s bind group ([`MatmulKernel::Window`]; `None` for the other kernels): the
+/// uniform slots, the work buffer and a window of `model` (which holds [`WINDOW_ELEMS`]
+/// elements past any window's start).
+pub(super) fn window_bind_group(
+    device: &wgpu::Device,
+    programs: &Programs,
+    [uniform, work, model]: [&wgpu::Buffer; 3],
+) -> Option<wgpu::BindGroup> {
+    let w = programs.window.as_ref()?;
+    let slice = |buffer, size| {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer,
+            offset: 0,
+            size: wgpu::BufferSize::new(size),
+        })
+    };
+    Some(device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some("matmul_window"),
+        layout: &w.layout,
+        entries: &[
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: slice(uniform, SLOT),
+            },
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: work.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 4,
+                resource: slice(model, (WINDOW_ELEMS * 4) as u64),
+            },
+        ],
+    }))
 }
 
 pub(super) fn layout_entry(

@@ -90,14 +90,35 @@ pub(super) fn profile(
     let device = &ctx.device;
     let mut lines = Vec::new();
     for op in ops {
-        let Op::Step {
-            pipeline,
-            slot,
-            grid,
-            label,
-        } = op
-        else {
-            continue;
+        let (pipeline, slot, grid, label, group, offsets) = match op {
+            Op::Step {
+                pipeline,
+                slot,
+                grid,
+                label,
+            } => (
+                pipeline,
+                slot,
+                grid,
+                *label,
+                group,
+                vec![*slot * SLOT as u32],
+            ),
+            Op::Window {
+                pipeline,
+                slot,
+                window,
+                grid,
+                group,
+            } => (
+                pipeline,
+                slot,
+                grid,
+                "matmul_window",
+                group,
+                vec![*slot * SLOT as u32, *window],
+            ),
+            _ => continue,
         };
         let what = match &slots[*slot as usize] {
             StepParamsOrMm::Mm(m) => {
@@ -111,7 +132,7 @@ pub(super) fn profile(
         {
             let mut pass = encoder.begin_compute_pass(&Default::default());
             pass.set_pipeline(pipeline);
-            pass.set_bind_group(0, group, &[*slot * SLOT as u32]);
+            pass.set_bind_group(0, group, &offsets);
             for _ in 0..REPS {
                 pass.dispatch_workgroups(grid.0, grid.1, grid.2);
             }
@@ -196,12 +217,77 @@ pub(super) fn dispatch_all(
                     pass.set_bind_group(0, group, &[]);
                     pass.dispatch_workgroups(grid.0, grid.1, grid.2);
                 }
+                Op::Window {
+                    pipeline,
+                    slot,
+                    window,
+                    grid,
+                    group,
+                } => {
+                    pass.set_pipeline(pipeline);
+                    pass.set_bind_group(0, group, &[*slot * SLOT as u32, *window]);
+                    pass.dispatch_workgroups(grid.0, grid.1, grid.2);
+                }
                 Op::Copy { .. } => break,
                 Op::Commands(_) => unreachable!("encode_ops splits at commands"),
             }
             i += 1;
         }
     }
+}
+
+/// `mm` (B in the model buffer) as `matmul_window` products, each with the byte offset of its
+/// window (a multiple of `align` elements; the part's `b_off` counts from it): one product
+/// where B's entries span at most a window, else B cut into ranges of k (accumulated into C in
+/// order) or of columns, whichever strides apart less far. `None` where one row or column of
+/// B alone exceeds a window.
+fn window_parts(mm: MatmulParams, align: usize) -> Option<Vec<(MatmulParams, u32)>> {
+    let u = |x: usize| x as u32;
+    let [b_off, rs, cs, _] = mm.b.map(|x| x as usize);
+    let (k, n) = (mm.k as usize, mm.n as usize);
+    if k == 0 || n == 0 {
+        return None;
+    }
+    let room = WINDOW_ELEMS - (align - 1);
+    let span = |k: usize, n: usize| (k - 1) * rs + (n - 1) * cs + 1;
+    // The most rows (columns) of B in a window, rounded down to the kernel's steps.
+    let most = |one: usize, stride: usize, step: usize| {
+        let c = if one > room {
+            0
+        } else {
+            (room - one) / stride.max(1) + 1
+        };
+        if c >= step { c / step * step } else { c }
+    };
+    let (along_k, chunk) = if b_off % align + span(k, n) <= WINDOW_ELEMS {
+        (true, k)
+    } else if rs >= cs {
+        (true, most(span(1, n), rs, 4))
+    } else {
+        (false, most(span(k, 1), cs, 32))
+    };
+    if chunk == 0 {
+        return None;
+    }
+    let total = if along_k { k } else { n };
+    let parts = (0..total).step_by(chunk).map(|at| {
+        let len = chunk.min(total - at);
+        let mut part = mm;
+        if along_k {
+            part.k = u(len);
+            part.a[0] += u(at) * mm.a[2];
+            part.b[0] = u(b_off + at * rs);
+            part.accumulate = mm.accumulate || at > 0;
+        } else {
+            part.n = u(len);
+            part.b[0] = u(b_off + at * cs);
+            part.c[0] += u(at);
+        }
+        let base = part.b[0] as usize / align * align;
+        part.b[0] -= u(base);
+        (part, u(base * 4))
+    });
+    Some(parts.collect())
 }
 
 /// Workgroups for `count` invocations of 64, over x and y past 65 535 per dimension.
@@ -241,6 +327,12 @@ impl Recorder {
     }
 
     pub(super) fn matmul(&mut self, p: &Programs, src: (u32, u32), mm: MatmulParams) {
+        if src == (1, 0)
+            && let Some(group) = self.window.clone()
+            && self.windowed(p, &group, mm)
+        {
+            return;
+        }
         let tile = p.tile;
         let batch = if mm.reduce { 1 } else { mm.batch.max(1) };
         let grid = match p.kernel {
@@ -249,7 +341,7 @@ impl Recorder {
                 mm.m.div_ceil(tile).max(1),
                 batch,
             ),
-            MatmulKernel::Rows => {
+            MatmulKernel::Rows | MatmulKernel::Window => {
                 let groups = (mm.m.div_ceil(MATMUL_ROWS) as usize * mm.n.div_ceil(4) as usize)
                     .div_ceil(MATMUL_ROWS_WG)
                     .max(1);
@@ -266,6 +358,39 @@ impl Recorder {
             label: "matmul",
         });
         self.dispatches += 1;
+    }
+
+    /// `mm` through `matmul_window`, B read through windows of the buffer that `group` binds
+    /// (A in `work`); false (nothing recorded) where the kernel or the product does not allow it.
+    pub(super) fn windowed(
+        &mut self,
+        p: &Programs,
+        group: &wgpu::BindGroup,
+        mm: MatmulParams,
+    ) -> bool {
+        let Some(w) = &p.window else {
+            return false;
+        };
+        if mm.reduce || mm.batch > 1 {
+            return false;
+        }
+        let Some(parts) = window_parts(mm, w.align) else {
+            return false;
+        };
+        for (part, window) in parts {
+            let slot = self.slots.len() as u32;
+            self.slots.push(StepParamsOrMm::Mm(part));
+            let vec_k = part.a[2] == 1 && (part.a[0] | part.a[1] | part.k).is_multiple_of(4);
+            self.ops.push(Op::Window {
+                pipeline: w.pipelines[vec_k as usize].clone(),
+                slot,
+                window,
+                grid: (part.n.div_ceil(32).max(1), part.m.div_ceil(64).max(1), 1),
+                group: group.clone(),
+            });
+            self.dispatches += 1;
+        }
+        true
     }
 
     /// A two-level sum of `channels` channels of `count` elements from `src` into

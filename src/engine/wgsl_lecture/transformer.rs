@@ -249,6 +249,10 @@ struct TfPlan {
     uniform: wgpu::Buffer,
     slots: u64,
     group: wgpu::BindGroup,
+    /// `matmul_window`'s bind groups ([`MatmulKernel::Window`]): over the model buffer, and
+    /// over `scratch` (a copy of a weight gradient's `dY`, for `∂W = Xᵀ·dY` by the same kernel).
+    window: Option<wgpu::BindGroup>,
+    scratch: Option<(wgpu::Buffer, wgpu::BindGroup)>,
     /// A rollout's sampler (sample.wgsl's buffers and one bind group per position).
     sampler: Option<Sampler>,
 }
@@ -353,9 +357,16 @@ impl WgslTransformer {
         if shape.heads == 0 || !shape.d_model.is_multiple_of(shape.heads) {
             return Err(kerr("model.heads", "must divide model.d_model"));
         }
-        let programs = Programs::new(&ctx, MatmulKernel::for_adapter(ctx.summary.is_software()))?;
+        // On a CPU adapter the products by weights read them through uniform windows.
+        let kernel = match MatmulKernel::for_adapter(ctx.summary.is_software()) {
+            MatmulKernel::Rows => MatmulKernel::Window,
+            other => other,
+        };
+        let programs = Programs::new(&ctx, kernel)?;
         let params = weights.total;
-        let model = WgslLectureEngine::storage(&ctx, "wgsl_transformer.model", 6 * params)?;
+        // A window's worth past the end, so a window may start at any weight.
+        let model =
+            WgslLectureEngine::storage(&ctx, "wgsl_transformer.model", 6 * params + WINDOW_ELEMS)?;
         let zeros = vec![0.0f32; 4 * params];
         ctx.queue
             .write_buffer(&model, 0, &f32_bytes(&[w, w, &zeros].concat()));
@@ -441,19 +452,25 @@ impl WgslTransformer {
         let ints = WgslLectureEngine::storage(&ctx, "wgsl_transformer.ints", at.ints)?;
         // A rollout: per position a block's 9 dispatches per layer and 10 more.
         let per_position = 9 * self.shape.layers + 12;
-        let slots = (per_position * (t + 1) + 24 * self.shape.layers + 32) as u64;
-        let uniform = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("wgsl_transformer.uniform"),
-            size: slots * SLOT,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let group = step_bind_group(
-            &ctx.device,
-            &self.programs.layout,
-            "wgsl_transformer",
-            [&uniform, &self.model, &work, &ints],
-        );
+        let mut slots = (per_position * (t + 1) + 24 * self.shape.layers + 32) as u64;
+        let s = &self.shape;
+        let widest = s.vocab.max(s.d_ff).max(3 * s.d_model);
+        let scratch = match &self.programs.window {
+            Some(_) => {
+                // The weight gradients' windows: at most nr·widest / (half a window) + 1 each
+                // (`run` grows the uniform buffer if a submission ever needs more).
+                let parts = (at.nr * widest).div_ceil(WINDOW_ELEMS / 2) + 1;
+                slots += ((4 * s.layers + 1) * parts) as u64;
+                let len = at.nr * widest + WINDOW_ELEMS;
+                Some(WgslLectureEngine::storage(
+                    &ctx,
+                    "wgsl_transformer.scratch",
+                    len,
+                )?)
+            }
+            None => None,
+        };
+        let (uniform, group, window, scratch) = self.bind(slots, &work, &ints, scratch);
         self.plans[slot as usize] = Some(TfPlan {
             at,
             work,
@@ -461,9 +478,55 @@ impl WgslTransformer {
             uniform,
             slots,
             group,
+            window,
+            scratch,
             sampler: None,
         });
         Ok(())
+    }
+
+    /// A uniform buffer of `slots` dispatch slots and the bind groups over it, `work`, `ints`
+    /// (and `scratch`).
+    #[allow(clippy::type_complexity)]
+    fn bind(
+        &self,
+        slots: u64,
+        work: &wgpu::Buffer,
+        ints: &wgpu::Buffer,
+        scratch: Option<wgpu::Buffer>,
+    ) -> (
+        wgpu::Buffer,
+        wgpu::BindGroup,
+        Option<wgpu::BindGroup>,
+        Option<(wgpu::Buffer, wgpu::BindGroup)>,
+    ) {
+        let device = &self.ctx.device;
+        let uniform = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgsl_transformer.uniform"),
+            size: slots * SLOT,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let group = step_bind_group(
+            device,
+            &self.programs.layout,
+            "wgsl_transformer",
+            [&uniform, &self.model, work, ints],
+        );
+        let window = window_bind_group(device, &self.programs, [&uniform, work, &self.model]);
+        let scratch = scratch.and_then(|b| {
+            let g = window_bind_group(device, &self.programs, [&uniform, work, &b])?;
+            Some((b, g))
+        });
+        (uniform, group, window, scratch)
+    }
+
+    /// A recorder for the current plan.
+    fn recorder(&self) -> Recorder {
+        Recorder {
+            window: self.plan_ref().window.clone(),
+            ..Default::default()
+        }
     }
 
     /// The input tokens of a batch in the flat order (each prompt's positions once, then the
@@ -787,7 +850,30 @@ impl WgslTransformer {
         let at = &self.plan_ref().at;
         let (nr, p) = (at.nr, &self.programs);
         let dw = mm((k, m, nr), (x, 1, k), (dy, m, 1), (at.grad + w, m), false);
-        rec.matmul(p, (WORK, WORK), dw);
+        // Through matmul_window: dY copied where the kernel reads B, in windows.
+        let plan = self.plan_ref();
+        let scratched = plan.scratch.as_ref().is_some_and(|(scratch, group)| {
+            let b = MatmulParams {
+                b: [0, m as u32, 1, 0],
+                ..dw
+            };
+            let ops = rec.ops.len();
+            rec.ops.push(Op::Copy {
+                src: plan.work.clone(),
+                src_off: (dy * 4) as u64,
+                dst: scratch.clone(),
+                dst_off: 0,
+                bytes: (nr * m * 4) as u64,
+            });
+            let done = rec.windowed(p, group, b);
+            if !done {
+                rec.ops.truncate(ops);
+            }
+            done
+        });
+        if !scratched {
+            rec.matmul(p, (WORK, WORK), dw);
+        }
         rec.matmul(
             p,
             (WORK, MODEL),
@@ -849,16 +935,33 @@ impl WgslTransformer {
     /// elements)` of each read.
     fn run(
         &mut self,
-        rec: Recorder,
+        mut rec: Recorder,
         reads: &[(Reads, usize, usize)],
     ) -> Result<Vec<Vec<u8>>, EngineError> {
-        let plan = self.plan_ref();
-        if rec.slots.len() as u64 > plan.slots {
-            return Err(kerr(
-                "submission",
-                "too many dispatches for the uniform buffer",
-            ));
+        let needed = rec.slots.len() as u64;
+        if needed > self.plan_ref().slots {
+            // More dispatches than planned (products cut into windows): a larger uniform
+            // buffer, the bind groups over it, and the recorded window ops moved onto them.
+            let plan = self.plan_ref();
+            let scratch = plan.scratch.as_ref().map(|s| s.0.clone());
+            let (uniform, group, window, scratch) =
+                self.bind(needed, &plan.work, &plan.ints, scratch);
+            let plan = self.plans[self.cur as usize].as_mut().expect("planned");
+            let old = [plan.window.take(), plan.scratch.take().map(|s| s.1)];
+            let new = [window.clone(), scratch.as_ref().map(|s| s.1.clone())];
+            for op in &mut rec.ops {
+                if let Op::Window { group, .. } = op
+                    && let Some(i) = old.iter().position(|o| o.as_ref() == Some(group))
+                    && let Some(g) = &new[i]
+                {
+                    *group = g.clone();
+                }
+            }
+            (plan.uniform, plan.group, plan.window, plan.scratch) =
+                (uniform, group, window, scratch);
+            plan.slots = needed;
         }
+        let plan = self.plan_ref();
         let device = &self.ctx.device;
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let uni: Vec<u8> = rec.slots.iter().flat_map(|s| s.slot_bytes()).collect();
@@ -917,7 +1020,7 @@ impl WgslTransformer {
             Which::Policy => 0,
             Which::Reference => self.params,
         };
-        let mut rec = Recorder::default();
+        let mut rec = self.recorder();
         self.record_forward(&mut rec, w0, inv_t);
         let at = &self.plan_ref().at;
         let tokens = at.rows * at.t;
@@ -968,7 +1071,7 @@ impl WgslTransformer {
         dentropy: Option<&[f32]>,
     ) -> Result<Vec<f32>, EngineError> {
         let inv_t = self.upload_coefs(dlogp, dentropy)?;
-        let mut rec = Recorder::default();
+        let mut rec = self.recorder();
         self.record_backward(&mut rec, inv_t, dentropy.is_some());
         let grad = self.plan_ref().at.grad;
         let out = self.run(rec, &[(Reads::Work, grad, self.params)])?;
@@ -988,7 +1091,7 @@ impl WgslTransformer {
     ) -> Result<f32, EngineError> {
         let inv_t = self.upload_coefs(dlogp, dentropy)?;
         let at = self.plan_ref().at.clone();
-        let mut rec = Recorder::default();
+        let mut rec = self.recorder();
         self.record_backward(&mut rec, inv_t, dentropy.is_some());
         let p = self.params;
         let adam = StepParams {
@@ -1133,7 +1236,7 @@ impl WgslTransformer {
                 (at.coef * 4) as u64,
                 &f32_bytes(&coef),
             );
-            let mut rec = Recorder::default();
+            let mut rec = self.recorder();
             self.record_forward(&mut rec, 0, 1.0);
             self.record_backward(&mut rec, 1.0, false);
             let adam = StepParams {

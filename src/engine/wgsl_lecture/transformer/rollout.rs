@@ -303,7 +303,7 @@ impl WgslTransformer {
                 self.ctx.queue.write_buffer(params, 0, &u32_bytes(&words));
             }
         }
-        let mut rec = Recorder::default();
+        let mut rec = self.recorder();
         self.record_blocks(&mut rec, 0, (0, n));
         let u = |x: usize| x as u32;
         let place = TfParams {
