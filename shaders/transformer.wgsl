@@ -175,6 +175,97 @@ fn attention(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     }
 }
 
+// layer_norm where D is a multiple of 4: four elements per load through `work4`, the sums in
+// the same order (so the same values).
+@compute @workgroup_size(64)
+fn layer_norm4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let q = flat_index(gid, nwg);
+    if (q >= range_count()) { return; }
+    let row = range_row(q);
+    let dq = tp.d / 4u;
+    let xb = tp.x / 4u + row * dq;
+    var total = 0.0;
+    for (var j = 0u; j < dq; j++) {
+        let v = work4[xb + j];
+        total += v.x;
+        total += v.y;
+        total += v.z;
+        total += v.w;
+    }
+    let mean = total / f32(tp.d);
+    var var_sum = 0.0;
+    for (var j = 0u; j < dq; j++) {
+        let c = work4[xb + j] - vec4<f32>(mean);
+        var_sum += c.x * c.x;
+        var_sum += c.y * c.y;
+        var_sum += c.z * c.z;
+        var_sum += c.w * c.w;
+    }
+    let r = 1.0 / sqrt(var_sum / f32(tp.d) + LN_EPS);
+    w4set(tp.rstd + row, r);
+    for (var j = 0u; j < dq; j++) {
+        let h = (work4[xb + j] - vec4<f32>(mean)) * r;
+        work4[tp.xhat / 4u + row * dq + j] = h;
+        let e = 4u * j;
+        let g = vec4<f32>(model[tp.gain + e], model[tp.gain + e + 1u], model[tp.gain + e + 2u], model[tp.gain + e + 3u]);
+        let b = vec4<f32>(model[tp.bias + e], model[tp.bias + e + 1u], model[tp.bias + e + 2u], model[tp.bias + e + 3u]);
+        work4[tp.y / 4u + row * dq + j] = h * g + b;
+    }
+}
+
+// `attention` where the head size, D and so every row's q, k, v and ctx start at multiples of
+// 4: the same values through `work4` (the work buffer as vec4s, this entry's only view of it —
+// on lavapipe a storage load costs a loop over the SIMD lanes per load, so four elements at
+// once cost about one), q·k as four partial sums then added (x + y + z + w), the context
+// Σ p·v four columns at a time.
+@group(0) @binding(2) var<storage, read_write> work4: array<vec4<f32>>;
+
+fn w4get(i: u32) -> f32 {
+    return work4[i >> 2u][i & 3u];
+}
+
+fn w4set(i: u32, v: f32) {
+    work4[i >> 2u][i & 3u] = v;
+}
+
+@compute @workgroup_size(64)
+fn attention4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= range_count() * tp.h) { return; }
+    let head = i % tp.h;
+    let row = range_row(i / tp.h);
+    let q = position(row);
+    let dq = tp.d / tp.h / 4u;
+    let d3 = 3u * tp.d;
+    let qb = (tp.qkv + row * d3) / 4u + head * dq;
+    let ab = tp.att + (row * tp.h + head) * tp.s;
+    var m = F32_LOWEST;
+    for (var j = 0u; j <= q; j++) {
+        let kb = (tp.qkv + key_row(j, row) * d3 + tp.d) / 4u + head * dq;
+        var qk = vec4<f32>(0.0);
+        for (var e = 0u; e < dq; e++) { qk += work4[qb + e] * work4[kb + e]; }
+        let sc = (qk.x + qk.y + qk.z + qk.w) * tp.scale;
+        w4set(ab + j, sc);
+        m = max(m, sc);
+    }
+    var total = 0.0;
+    for (var j = 0u; j <= q; j++) {
+        let p = exp(w4get(ab + j) - m);
+        w4set(ab + j, p);
+        total += p;
+    }
+    let inv = 1.0 / total;
+    for (var j = 0u; j <= q; j++) { w4set(ab + j, w4get(ab + j) * inv); }
+    let cb = (tp.ctx + row * tp.d) / 4u + head * dq;
+    for (var e = 0u; e < dq; e++) {
+        var acc = vec4<f32>(0.0);
+        for (var j = 0u; j <= q; j++) {
+            acc += w4get(ab + j) * work4[(tp.qkv + key_row(j, row) * d3 + 2u * tp.d) / 4u + head * dq + e];
+        }
+        work4[cb + e] = acc;
+    }
+}
+
 // Φ(x) as engine::fused_transformer::normal_cdf: erfc(−x/√2)/2 with Numerical Recipes' erfc.
 fn normal_cdf(x: f32) -> f32 {
     let z = abs(x) * 0.70710678;
@@ -374,6 +465,32 @@ fn gelu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
     work[tp.y + i] = work[tp.y + i] * g;
 }
 
+// bias_gelu and gelu_backward four columns at a time where F is a multiple of 4 (the same
+// arithmetic per element, through `work4`).
+@compute @workgroup_size(64)
+fn bias_gelu4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    let fq = tp.f / 4u;
+    if (i >= range_count() * fq) { return; }
+    let c = 4u * (i % fq);
+    let at = (range_row(i / fq) * tp.f + c) / 4u;
+    let bias = vec4<f32>(model[tp.bias + c], model[tp.bias + c + 1u], model[tp.bias + c + 2u], model[tp.bias + c + 3u]);
+    let h = work4[tp.z / 4u + at] + bias;
+    work4[tp.z / 4u + at] = h;
+    let p = vec4<f32>(normal_cdf(h.x), normal_cdf(h.y), normal_cdf(h.z), normal_cdf(h.w));
+    work4[tp.cdf / 4u + at] = p;
+    work4[tp.act / 4u + at] = h * p;
+}
+
+@compute @workgroup_size(64)
+fn gelu_backward4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= total_rows() * tp.f / 4u) { return; }
+    let x = work4[tp.z / 4u + i];
+    let g = work4[tp.cdf / 4u + i] + x * 0.3989423 * exp(-0.5 * x * x);
+    work4[tp.y / 4u + i] = work4[tp.y / 4u + i] * g;
+}
+
 // Attention's backward, per (query row, head): dP_j = dctx·v_j, dS_j = P_j·(dP_j − Σ P·dP)
 // (into `z`, laid out as `att`), dq = scale·Σ_j dS_j·k_j into dqkv (at `y`); dctx at `ctx`.
 @compute @workgroup_size(64)
@@ -444,6 +561,77 @@ fn attn_back_kv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
         }
         work[out + tp.d + e] = acc.x * tp.scale;
         work[out + 2u * tp.d + e] = acc.y;
+    }
+}
+
+// attn_back_q and attn_back_kv through `work4` where `attention4` runs (the same sums; dP's
+// dot product as four partial sums, then added; the rest four columns at a time in the same
+// order per column).
+@compute @workgroup_size(64)
+fn attn_back_q4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= total_rows() * tp.h) { return; }
+    let head = i % tp.h;
+    let row = i / tp.h;
+    let q = position(row);
+    let dq = tp.d / tp.h / 4u;
+    let d3 = 3u * tp.d;
+    let ab = (row * tp.h + head) * tp.s;
+    let cb = (tp.ctx + row * tp.d) / 4u + head * dq;
+    var sum = 0.0;
+    for (var j = 0u; j <= q; j++) {
+        let vb = (tp.qkv + key_row(j, row) * d3 + 2u * tp.d) / 4u + head * dq;
+        var dp4 = vec4<f32>(0.0);
+        for (var e = 0u; e < dq; e++) { dp4 += work4[cb + e] * work4[vb + e]; }
+        let dp = dp4.x + dp4.y + dp4.z + dp4.w;
+        w4set(tp.z + ab + j, dp);
+        sum += w4get(tp.att + ab + j) * dp;
+    }
+    for (var j = 0u; j <= q; j++) {
+        w4set(tp.z + ab + j, w4get(tp.att + ab + j) * (w4get(tp.z + ab + j) - sum));
+    }
+    let out = (tp.y + row * d3) / 4u + head * dq;
+    for (var e = 0u; e < dq; e++) {
+        var acc = vec4<f32>(0.0);
+        for (var j = 0u; j <= q; j++) {
+            acc += w4get(tp.z + ab + j) * work4[(tp.qkv + key_row(j, row) * d3 + tp.d) / 4u + head * dq + e];
+        }
+        work4[out + e] = acc * tp.scale;
+    }
+}
+
+// kv_terms for four columns: (dk, dv) of columns 4e .. 4e + 3 of the head.
+fn kv_terms4(qrow: u32, j: u32, head: u32, e: u32, acc: ptr<function, array<vec4<f32>, 2>>) {
+    let a = (qrow * tp.h + head) * tp.s + j;
+    let dq = tp.d / tp.h / 4u;
+    (*acc)[0] += w4get(tp.z + a) * work4[(tp.qkv + qrow * 3u * tp.d) / 4u + head * dq + e];
+    (*acc)[1] += w4get(tp.att + a) * work4[(tp.ctx + qrow * tp.d) / 4u + head * dq + e];
+}
+
+@compute @workgroup_size(64)
+fn attn_back_kv4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= total_rows() * tp.h) { return; }
+    let head = i % tp.h;
+    let row = i / tp.h;
+    let j = position(row);
+    let dq = tp.d / tp.h / 4u;
+    let out = (tp.y + row * 3u * tp.d) / 4u + head * dq;
+    let prompt = row < tp.n * tp.b;
+    for (var e = 0u; e < dq; e++) {
+        var acc = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
+        if (prompt) {
+            let pb = row % tp.b;
+            for (var q = j; q < tp.n; q++) { kv_terms4(q * tp.b + pb, j, head, e, &acc); }
+            for (var r = pb * tp.g; r < (pb + 1u) * tp.g; r++) {
+                for (var q = tp.n; q < tp.s; q++) { kv_terms4(flat(q, r), j, head, e, &acc); }
+            }
+        } else {
+            let r = (row - tp.n * tp.b) % tp.rows;
+            for (var q = j; q < tp.s; q++) { kv_terms4(flat(q, r), j, head, e, &acc); }
+        }
+        work4[out + tp.d / 4u + e] = acc[0] * tp.scale;
+        work4[out + tp.d / 2u + e] = acc[1];
     }
 }
 

@@ -369,10 +369,11 @@ const STEP_ENTRIES: [&str; 10] = [
 ];
 
 /// The entry points of transformer.wgsl (their parameters are [`transformer::TfParams`]).
-const TRANSFORMER_ENTRIES: [&str; 16] = [
+const TRANSFORMER_ENTRIES: [&str; 22] = [
     "embed",
     "layer_norm",
     "attention",
+    "attention4",
     "bias_gelu",
     "add_bias",
     "score",
@@ -384,6 +385,11 @@ const TRANSFORMER_ENTRIES: [&str; 16] = [
     "gelu_backward",
     "attn_back_q",
     "attn_back_kv",
+    "attn_back_q4",
+    "attn_back_kv4",
+    "bias_gelu4",
+    "gelu_backward4",
+    "layer_norm4",
     "expand",
     "place",
 ];

@@ -90,37 +90,13 @@ pub(super) fn profile(
     let device = &ctx.device;
     let mut lines = Vec::new();
     for op in ops {
-        let (pipeline, slot, grid, label, group, offsets) = match op {
-            Op::Step {
-                pipeline,
-                slot,
-                grid,
-                label,
-            } => (
-                pipeline,
-                slot,
-                grid,
-                *label,
-                group,
-                vec![*slot * SLOT as u32],
-            ),
-            Op::Window {
-                pipeline,
-                slot,
-                window,
-                grid,
-                group,
-            } => (
-                pipeline,
-                slot,
-                grid,
-                "matmul_window",
-                group,
-                vec![*slot * SLOT as u32, *window],
-            ),
-            _ => continue,
+        let Some(d) = op.dispatch(group) else {
+            continue;
         };
-        let what = match &slots[*slot as usize] {
+        let (Some(slot), pipeline, grid, label) = (d.slot, d.pipeline, d.grid, d.label) else {
+            continue;
+        };
+        let what = match &slots[slot as usize] {
             StepParamsOrMm::Mm(m) => {
                 format!("{label} {}x{}x{} b{}", m.m, m.n, m.k, m.batch)
             }
@@ -132,7 +108,7 @@ pub(super) fn profile(
         {
             let mut pass = encoder.begin_compute_pass(&Default::default());
             pass.set_pipeline(pipeline);
-            pass.set_bind_group(0, group, &offsets);
+            pass.set_bind_group(0, d.group, d.offsets());
             for _ in 0..REPS {
                 pass.dispatch_workgroups(grid.0, grid.1, grid.2);
             }
@@ -198,41 +174,89 @@ pub(super) fn dispatch_all(
         let mut pass = encoder.begin_compute_pass(&Default::default());
         while let Some(op) = ops.get(i) {
             match op {
-                Op::Step {
-                    pipeline,
-                    slot,
-                    grid,
-                    ..
-                } => {
-                    pass.set_pipeline(pipeline);
-                    pass.set_bind_group(0, group, &[*slot * SLOT as u32]);
-                    pass.dispatch_workgroups(grid.0, grid.1, grid.2);
-                }
-                Op::Sample {
-                    pipeline,
-                    grid,
-                    group,
-                } => {
-                    pass.set_pipeline(pipeline);
-                    pass.set_bind_group(0, group, &[]);
-                    pass.dispatch_workgroups(grid.0, grid.1, grid.2);
-                }
-                Op::Window {
-                    pipeline,
-                    slot,
-                    window,
-                    grid,
-                    group,
-                } => {
-                    pass.set_pipeline(pipeline);
-                    pass.set_bind_group(0, group, &[*slot * SLOT as u32, *window]);
-                    pass.dispatch_workgroups(grid.0, grid.1, grid.2);
-                }
                 Op::Copy { .. } => break,
                 Op::Commands(_) => unreachable!("encode_ops splits at commands"),
+                _ => {
+                    let d = op.dispatch(group).expect("a dispatch");
+                    pass.set_pipeline(d.pipeline);
+                    pass.set_bind_group(0, d.group, d.offsets());
+                    pass.dispatch_workgroups(d.grid.0, d.grid.1, d.grid.2);
+                }
             }
             i += 1;
         }
+    }
+}
+
+/// What a dispatch op binds and runs.
+pub(super) struct Dispatch<'a> {
+    pipeline: &'a wgpu::ComputePipeline,
+    group: &'a wgpu::BindGroup,
+    offsets: [u32; 2],
+    /// How many of `offsets` the bind group takes.
+    dynamic: usize,
+    grid: (u32, u32, u32),
+    /// The uniform slot (none for sample.wgsl's dispatches) and a label for the profile.
+    slot: Option<u32>,
+    label: &'static str,
+}
+
+impl Dispatch<'_> {
+    fn offsets(&self) -> &[u32] {
+        &self.offsets[..self.dynamic]
+    }
+}
+
+impl Op {
+    /// The dispatch `self` records (the step kernels on `group`); `None` for copies and
+    /// encoded commands.
+    pub(super) fn dispatch<'a>(&'a self, group: &'a wgpu::BindGroup) -> Option<Dispatch<'a>> {
+        let slot_offset = |slot: u32| slot * SLOT as u32;
+        Some(match self {
+            Op::Step {
+                pipeline,
+                slot,
+                grid,
+                label,
+            } => Dispatch {
+                pipeline,
+                group,
+                offsets: [slot_offset(*slot), 0],
+                dynamic: 1,
+                grid: *grid,
+                slot: Some(*slot),
+                label,
+            },
+            Op::Window {
+                pipeline,
+                slot,
+                window,
+                grid,
+                group,
+            } => Dispatch {
+                pipeline,
+                group,
+                offsets: [slot_offset(*slot), *window],
+                dynamic: 2,
+                grid: *grid,
+                slot: Some(*slot),
+                label: "matmul_window",
+            },
+            Op::Sample {
+                pipeline,
+                grid,
+                group,
+            } => Dispatch {
+                pipeline,
+                group,
+                offsets: [0, 0],
+                dynamic: 0,
+                grid: *grid,
+                slot: None,
+                label: "sample",
+            },
+            Op::Copy { .. } | Op::Commands(_) => return None,
+        })
     }
 }
 

@@ -521,6 +521,21 @@ impl WgslTransformer {
         (uniform, group, window, scratch)
     }
 
+    /// The attention kernel `entry`, or its vec4 form (`entry` + "4") where the head size and
+    /// D are multiples of 4 (every offset of the layout is).
+    fn attention(&self, entry: &'static str) -> &'static str {
+        let (d, hh) = (self.shape.d_model, self.shape.heads);
+        if !(d.is_multiple_of(4) && (d / hh).is_multiple_of(4)) {
+            return entry;
+        }
+        match entry {
+            "attention" => "attention4",
+            "attn_back_q" => "attn_back_q4",
+            "attn_back_kv" => "attn_back_kv4",
+            other => other,
+        }
+    }
+
     /// A recorder for the current plan.
     fn recorder(&self) -> Recorder {
         Recorder {
@@ -669,7 +684,12 @@ impl WgslTransformer {
         };
         let at = &self.plan_ref().at;
         let count = at.span((base.t0 as usize, base.t1 as usize)).1;
-        rec.tf(&self.programs, "layer_norm", params, count);
+        let entry = if d.is_multiple_of(4) {
+            "layer_norm4"
+        } else {
+            "layer_norm"
+        };
+        rec.tf(&self.programs, entry, params, count);
     }
 
     /// Positions `t0..t1` of every row through the embedding and the blocks, with the weights
@@ -710,7 +730,7 @@ impl WgslTransformer {
                 ctx: u(ba.ctx),
                 ..base
             };
-            rec.tf(p, "attention", att, count * hh);
+            rec.tf(p, self.attention("attention"), att, count * hh);
             let ww = (w0 + bl.wo, d, 1);
             rec.matmul(
                 p,
@@ -731,7 +751,11 @@ impl WgslTransformer {
                 bias: w(bl.b1),
                 ..base
             };
-            rec.tf(p, "bias_gelu", gelu, count * f);
+            if f.is_multiple_of(4) {
+                rec.tf(p, "bias_gelu4", gelu, count * f / 4);
+            } else {
+                rec.tf(p, "bias_gelu", gelu, count * f);
+            }
             let ww = (w0 + bl.w2, d, 1);
             rec.matmul(
                 p,
@@ -801,7 +825,11 @@ impl WgslTransformer {
                 cdf: u(ba.cdf),
                 ..base
             };
-            rec.tf(p, "gelu_backward", gelu, nr * f);
+            if f.is_multiple_of(4) {
+                rec.tf(p, "gelu_backward4", gelu, nr * f / 4);
+            } else {
+                rec.tf(p, "gelu_backward", gelu, nr * f);
+            }
             self.record_col_sum(rec, base, (at.dh, nr, f), f, g(bl.b1));
             self.record_linear_back(rec, (ba.a2, d), (at.dh, f), bl.w1, at.da);
             self.record_ln_back(rec, base, (ba.xhat2, ba.rstd2), bl.ln2_g, true);
@@ -815,8 +843,8 @@ impl WgslTransformer {
                 y: u(at.dqkv),
                 ..base
             };
-            rec.tf(p, "attn_back_q", back, nr * hh);
-            rec.tf(p, "attn_back_kv", back, nr * hh);
+            rec.tf(p, self.attention("attn_back_q"), back, nr * hh);
+            rec.tf(p, self.attention("attn_back_kv"), back, nr * hh);
             self.record_linear_back(rec, (ba.a1, d), (at.dqkv, 3 * d), bl.wqkv, at.da);
             self.record_ln_back(rec, base, (ba.xhat1, ba.rstd1), bl.ln1_g, true);
         }
