@@ -275,9 +275,10 @@ fn matmul_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
 
 // `matmul_window`: C (+)= A·B with B read through a uniform window of the model buffer (its
 // dynamic offset, 256-byte aligned, is where the window starts; `b_off` counts from there) —
-// for CPU adapters, where a storage load is a loop over the SIMD lanes and a uniform load at an
-// address common to every invocation is one scalar load (lavapipe: ~3.5× matmul_rows on the
-// transformer's products). A from `work`. Each invocation owns one row of C (rows
+// for CPU adapters, where a storage load is a loop over the SIMD lanes and a uniform load is a
+// branch-free gather (lavapipe: ~3.5× matmul_rows on the transformer's products; a scalar load
+// and a broadcast only where the offset is provably uniform, which a loop's is not — hence
+// matmul_subgroup.wgsl, 2–3× this where subgroups allow). A from `work`. Each invocation owns one row of C (rows
 // 64·wid.y + lid.x) and the 32 columns 32·wid.x .. + 32 (B's entries are then the same for
 // every invocation of the workgroup). The caller cuts a product whose B spans more than the
 // window into several (k ranges accumulated, or column ranges). VEC_K (a pipeline constant):
@@ -305,6 +306,19 @@ fn work_at(i: u32) -> f32 {
     return work[i >> 2u][i & 3u];
 }
 
+// A's entries k .. k + 3 of the row that starts at `ar` (zero past the end).
+fn a_quad(ar: u32, k: u32, kl: u32) -> vec4<f32> {
+    if (VEC_K) {
+        return work[(ar + k) >> 2u];
+    }
+    return vec4<f32>(
+        work_at(ar + k * mm.a_cs),
+        select(0.0, work_at(ar + min(k + 1u, kl) * mm.a_cs), k + 1u <= kl),
+        select(0.0, work_at(ar + min(k + 2u, kl) * mm.a_cs), k + 2u <= kl),
+        select(0.0, work_at(ar + min(k + 3u, kl) * mm.a_cs), k + 3u <= kl),
+    );
+}
+
 @compute @workgroup_size(WIN_ROWS)
 fn matmul_window(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let gi = wid.y * WIN_ROWS + lid.x;
@@ -321,17 +335,7 @@ fn matmul_window(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     var acc6 = vec4<f32>(0.0);
     var acc7 = vec4<f32>(0.0);
     for (var k = 0u; k < mm.k; k += 4u) {
-        var av: vec4<f32>;
-        if (VEC_K) {
-            av = work[(ar + k) >> 2u];
-        } else {
-            av = vec4<f32>(
-                work_at(ar + k * mm.a_cs),
-                select(0.0, work_at(ar + min(k + 1u, kl) * mm.a_cs), k + 1u <= kl),
-                select(0.0, work_at(ar + min(k + 2u, kl) * mm.a_cs), k + 2u <= kl),
-                select(0.0, work_at(ar + min(k + 3u, kl) * mm.a_cs), k + 3u <= kl),
-            );
-        }
+        let av = a_quad(ar, k, kl);
         for (var t = 0u; t < 4u; t++) {
             let x = vec4<f32>(av[t]);
             let bk = b0 + min(k + t, kl) * mm.b_rs;

@@ -207,9 +207,7 @@ fn layer_norm4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
         let h = (work4[xb + j] - vec4<f32>(mean)) * r;
         work4[tp.xhat / 4u + row * dq + j] = h;
         let e = 4u * j;
-        let g = vec4<f32>(model[tp.gain + e], model[tp.gain + e + 1u], model[tp.gain + e + 2u], model[tp.gain + e + 3u]);
-        let b = vec4<f32>(model[tp.bias + e], model[tp.bias + e + 1u], model[tp.bias + e + 2u], model[tp.bias + e + 3u]);
-        work4[tp.y / 4u + row * dq + j] = h * g + b;
+        work4[tp.y / 4u + row * dq + j] = h * m4quad(tp.gain + e) + m4quad(tp.bias + e);
     }
 }
 
@@ -222,6 +220,22 @@ fn layer_norm4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
 
 fn w4get(i: u32) -> f32 {
     return work4[i >> 2u][i & 3u];
+}
+
+// The model buffer as vec4s, for the entries that read a weight four at a time (their only view
+// of it): a quad from element `i`, one load where `i` is a multiple of 4 (a uniform branch).
+@group(0) @binding(1) var<storage, read_write> model4: array<vec4<f32>>;
+
+fn m4quad(i: u32) -> vec4<f32> {
+    if ((i & 3u) == 0u) {
+        return model4[i >> 2u];
+    }
+    let j = i + 1u;
+    let k = i + 2u;
+    let l = i + 3u;
+    return vec4<f32>(
+        model4[i >> 2u][i & 3u], model4[j >> 2u][j & 3u], model4[k >> 2u][k & 3u], model4[l >> 2u][l & 3u],
+    );
 }
 
 fn w4set(i: u32, v: f32) {
@@ -239,6 +253,10 @@ fn attention4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     let d3 = 3u * tp.d;
     let qb = (tp.qkv + row * d3) / 4u + head * dq;
     let ab = tp.att + (row * tp.h + head) * tp.s;
+    if (dq <= 4u) {
+        attention_small(row, head, q, dq, qb, ab);
+        return;
+    }
     var m = F32_LOWEST;
     for (var j = 0u; j <= q; j++) {
         let kb = (tp.qkv + key_row(j, row) * d3 + tp.d) / 4u + head * dq;
@@ -264,6 +282,52 @@ fn attention4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
         }
         work4[cb + e] = acc;
     }
+}
+
+// attention4 for heads of at most 16 (dq ≤ 4 quads): q and the context held in registers, the
+// scores written once, read twice (the softmax's sum, then P), each v read once — 12 storage
+// accesses per key instead of 21 or more. The same arithmetic in the same order: q·k over the
+// quads in order, exp(s − m) recomputed (the same f32) and multiplied by 1/Σ, each context
+// quad summed over the keys in order.
+fn attention_small(row: u32, head: u32, q: u32, dq: u32, qb: u32, ab: u32) {
+    let d3 = 3u * tp.d;
+    let zero = vec4<f32>(0.0);
+    let q0 = work4[qb];
+    let q1 = select(zero, work4[qb + min(1u, dq - 1u)], dq > 1u);
+    let q2 = select(zero, work4[qb + min(2u, dq - 1u)], dq > 2u);
+    let q3 = select(zero, work4[qb + min(3u, dq - 1u)], dq > 3u);
+    var m = F32_LOWEST;
+    for (var j = 0u; j <= q; j++) {
+        let kb = (tp.qkv + key_row(j, row) * d3 + tp.d) / 4u + head * dq;
+        var qk = q0 * work4[kb];
+        if (dq > 1u) { qk += q1 * work4[kb + 1u]; }
+        if (dq > 2u) { qk += q2 * work4[kb + 2u]; }
+        if (dq > 3u) { qk += q3 * work4[kb + 3u]; }
+        let sc = (qk.x + qk.y + qk.z + qk.w) * tp.scale;
+        w4set(ab + j, sc);
+        m = max(m, sc);
+    }
+    var total = 0.0;
+    for (var j = 0u; j <= q; j++) { total += exp(w4get(ab + j) - m); }
+    let inv = 1.0 / total;
+    var c0 = zero;
+    var c1 = zero;
+    var c2 = zero;
+    var c3 = zero;
+    for (var j = 0u; j <= q; j++) {
+        let p = exp(w4get(ab + j) - m) * inv;
+        w4set(ab + j, p);
+        let vb = (tp.qkv + key_row(j, row) * d3 + 2u * tp.d) / 4u + head * dq;
+        c0 += p * work4[vb];
+        if (dq > 1u) { c1 += p * work4[vb + 1u]; }
+        if (dq > 2u) { c2 += p * work4[vb + 2u]; }
+        if (dq > 3u) { c3 += p * work4[vb + 3u]; }
+    }
+    let cb = (tp.ctx + row * tp.d) / 4u + head * dq;
+    work4[cb] = c0;
+    if (dq > 1u) { work4[cb + 1u] = c1; }
+    if (dq > 2u) { work4[cb + 2u] = c2; }
+    if (dq > 3u) { work4[cb + 3u] = c3; }
 }
 
 // Φ(x) as engine::fused_transformer::normal_cdf: erfc(−x/√2)/2 with Numerical Recipes' erfc.
@@ -474,8 +538,7 @@ fn bias_gelu4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     if (i >= range_count() * fq) { return; }
     let c = 4u * (i % fq);
     let at = (range_row(i / fq) * tp.f + c) / 4u;
-    let bias = vec4<f32>(model[tp.bias + c], model[tp.bias + c + 1u], model[tp.bias + c + 2u], model[tp.bias + c + 3u]);
-    let h = work4[tp.z / 4u + at] + bias;
+    let h = work4[tp.z / 4u + at] + m4quad(tp.bias + c);
     work4[tp.z / 4u + at] = h;
     let p = vec4<f32>(normal_cdf(h.x), normal_cdf(h.y), normal_cdf(h.z), normal_cdf(h.w));
     work4[tp.cdf / 4u + at] = p;
@@ -578,6 +641,10 @@ fn attn_back_q4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     let d3 = 3u * tp.d;
     let ab = (row * tp.h + head) * tp.s;
     let cb = (tp.ctx + row * tp.d) / 4u + head * dq;
+    if (dq <= 4u) {
+        attn_back_q_small(row, head, q, dq, ab, cb);
+        return;
+    }
     var sum = 0.0;
     for (var j = 0u; j <= q; j++) {
         let vb = (tp.qkv + key_row(j, row) * d3 + 2u * tp.d) / 4u + head * dq;
@@ -608,6 +675,97 @@ fn kv_terms4(qrow: u32, j: u32, head: u32, e: u32, acc: ptr<function, array<vec4
     (*acc)[1] += w4get(tp.att + a) * work4[(tp.ctx + qrow * tp.d) / 4u + head * dq + e];
 }
 
+// attn_back_q4 for heads of at most 16: dctx and dq in named registers (llvmpipe keeps an
+// array or a struct in memory), dS_j stored once and used at once for dq — the same values,
+// summed over the keys in the same order per quad.
+fn attn_back_q_small(row: u32, head: u32, q: u32, dq: u32, ab: u32, cb: u32) {
+    let d3 = 3u * tp.d;
+    let zero = vec4<f32>(0.0);
+    let x0 = work4[cb];
+    let x1 = select(zero, work4[cb + min(1u, dq - 1u)], dq > 1u);
+    let x2 = select(zero, work4[cb + min(2u, dq - 1u)], dq > 2u);
+    let x3 = select(zero, work4[cb + min(3u, dq - 1u)], dq > 3u);
+    var sum = 0.0;
+    for (var j = 0u; j <= q; j++) {
+        let vb = (tp.qkv + key_row(j, row) * d3 + 2u * tp.d) / 4u + head * dq;
+        var dp4 = x0 * work4[vb];
+        if (dq > 1u) { dp4 += x1 * work4[vb + 1u]; }
+        if (dq > 2u) { dp4 += x2 * work4[vb + 2u]; }
+        if (dq > 3u) { dp4 += x3 * work4[vb + 3u]; }
+        let dp = dp4.x + dp4.y + dp4.z + dp4.w;
+        w4set(tp.z + ab + j, dp);
+        sum += w4get(tp.att + ab + j) * dp;
+    }
+    var a0 = zero;
+    var a1 = zero;
+    var a2 = zero;
+    var a3 = zero;
+    for (var j = 0u; j <= q; j++) {
+        let ds = w4get(tp.att + ab + j) * (w4get(tp.z + ab + j) - sum);
+        w4set(tp.z + ab + j, ds);
+        let kb = (tp.qkv + key_row(j, row) * d3 + tp.d) / 4u + head * dq;
+        a0 += ds * work4[kb];
+        if (dq > 1u) { a1 += ds * work4[kb + 1u]; }
+        if (dq > 2u) { a2 += ds * work4[kb + 2u]; }
+        if (dq > 3u) { a3 += ds * work4[kb + 3u]; }
+    }
+    let out = (tp.y + row * d3) / 4u + head * dq;
+    work4[out] = a0 * tp.scale;
+    if (dq > 1u) { work4[out + 1u] = a1 * tp.scale; }
+    if (dq > 2u) { work4[out + 2u] = a2 * tp.scale; }
+    if (dq > 3u) { work4[out + 3u] = a3 * tp.scale; }
+}
+
+// attn_back_kv4 for heads of at most 16: dk and dv of every quad at once in named registers, dS
+// and P read once per query; the queries that see key row `row` (position j) in kv_terms4's
+// order — a prompt row's own prompt positions, then each of its group's responses — as one
+// loop over their count.
+fn attn_back_kv_small(row: u32, head: u32, j: u32, dq: u32, out: u32) {
+    let zero = vec4<f32>(0.0);
+    var k0 = zero;
+    var k1 = zero;
+    var k2 = zero;
+    var k3 = zero;
+    var v0 = zero;
+    var v1 = zero;
+    var v2 = zero;
+    var v3 = zero;
+    let prompt = row < tp.n * tp.b;
+    let pb = row % tp.b;
+    let own = select(tp.s - j, tp.n - j, prompt);
+    let answer = tp.s - tp.n;
+    let count = own + select(0u, tp.g * answer, prompt);
+    let r = (row - min(row, tp.n * tp.b)) % tp.rows;
+    for (var t = 0u; t < count; t++) {
+        var qrow: u32;
+        if (!prompt) {
+            qrow = flat(j + t, r);
+        } else if (t < own) {
+            qrow = (j + t) * tp.b + pb;
+        } else {
+            let u = t - own;
+            qrow = flat(tp.n + u % answer, pb * tp.g + u / answer);
+        }
+        let a = (qrow * tp.h + head) * tp.s + j;
+        let dsv = w4get(tp.z + a);
+        let p = w4get(tp.att + a);
+        let qb = (tp.qkv + qrow * 3u * tp.d) / 4u + head * dq;
+        let cb = (tp.ctx + qrow * tp.d) / 4u + head * dq;
+        k0 += dsv * work4[qb];
+        v0 += p * work4[cb];
+        if (dq > 1u) { k1 += dsv * work4[qb + 1u]; v1 += p * work4[cb + 1u]; }
+        if (dq > 2u) { k2 += dsv * work4[qb + 2u]; v2 += p * work4[cb + 2u]; }
+        if (dq > 3u) { k3 += dsv * work4[qb + 3u]; v3 += p * work4[cb + 3u]; }
+    }
+    let kb = out + tp.d / 4u;
+    let vb = out + tp.d / 2u;
+    work4[kb] = k0 * tp.scale;
+    work4[vb] = v0;
+    if (dq > 1u) { work4[kb + 1u] = k1 * tp.scale; work4[vb + 1u] = v1; }
+    if (dq > 2u) { work4[kb + 2u] = k2 * tp.scale; work4[vb + 2u] = v2; }
+    if (dq > 3u) { work4[kb + 3u] = k3 * tp.scale; work4[vb + 3u] = v3; }
+}
+
 @compute @workgroup_size(64)
 fn attn_back_kv4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(gid, nwg);
@@ -617,6 +775,10 @@ fn attn_back_kv4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
     let j = position(row);
     let dq = tp.d / tp.h / 4u;
     let out = (tp.y + row * 3u * tp.d) / 4u + head * dq;
+    if (dq <= 4u) {
+        attn_back_kv_small(row, head, j, dq, out);
+        return;
+    }
     let prompt = row < tp.n * tp.b;
     for (var e = 0u; e < dq; e++) {
         var acc = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));

@@ -855,6 +855,10 @@ fn devices_cmd(json: bool) -> Result<()> {
             a.max_compute_workgroups_per_dimension,
             a.max_storage_buffers_per_shader_stage
         );
+        match a.subgroup_sizes {
+            Some((lo, hi)) => println!("    subgroups of {lo}..{hi} invocations"),
+            None => println!("    no subgroup operations"),
+        }
     }
     println!("cpu — burn's pure-Rust CPU backend (--device cpu), always available");
     let hw = adapters

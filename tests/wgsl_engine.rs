@@ -31,12 +31,15 @@ const SUM_TOL: f32 = 2e-5;
 
 /// The kernels with `kernel` for the products (the step kernels are the same in both).
 fn harness_with(kernel: MatmulKernel) -> Option<&'static KernelHarness> {
-    static H: [OnceLock<Option<KernelHarness>>; 3] =
-        [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    static H: [OnceLock<Option<KernelHarness>>; 4] = [const { OnceLock::new() }; 4];
     H[kernel as usize]
         .get_or_init(|| {
             let compute = wgpu_compute()?;
             let ctx = compute.gpu.expect("wgpu context");
+            if kernel == MatmulKernel::WindowSubgroup && !MatmulKernel::subgroups_allow(&ctx) {
+                eprintln!("skipped: the adapter has no subgroups of 8 or more invocations");
+                return None;
+            }
             Some(KernelHarness::new(ctx, kernel).expect("kernels compile"))
         })
         .as_ref()
@@ -119,7 +122,8 @@ fn check(what: &str, cases: Vec<Case>, sums: bool) -> usize {
     check_on(h, what, cases, sums)
 }
 
-fn check_on(h: &KernelHarness, what: &str, cases: Vec<Case>, sums: bool) -> usize {
+/// `cases` packed into one set of buffers, each case's op relocated to its place.
+fn pack(cases: Vec<Case>) -> (Buffers, Vec<HarnessOp>) {
     let mut packed = Buffers::default();
     let mut ops = Vec::new();
     for c in cases {
@@ -141,6 +145,11 @@ fn check_on(h: &KernelHarness, what: &str, cases: Vec<Case>, sums: bool) -> usiz
         packed.ints.extend(&c.buf.ints);
         ops.push(relocate(c.op, m, w, i));
     }
+    (packed, ops)
+}
+
+fn check_on(h: &KernelHarness, what: &str, cases: Vec<Case>, sums: bool) -> usize {
+    let (packed, ops) = pack(cases);
     let gpu = h.run(&packed, &ops).expect("kernels run");
     let mut want = packed.clone();
     let mut bound = packed.clone();
@@ -192,11 +201,11 @@ fn matmul_matches_reference() {
         MatmulKernel::Tiled,
         MatmulKernel::Rows,
         MatmulKernel::Window,
+        MatmulKernel::WindowSubgroup,
     ] {
-        let Some(h) = harness_with(kernel) else {
-            return;
-        };
-        matmul_cases(h, kernel);
+        if let Some(h) = harness_with(kernel) {
+            matmul_cases(h, kernel);
+        }
     }
 }
 
@@ -205,9 +214,35 @@ fn matmul_matches_reference() {
 /// without accumulation, A along k (vector path) or across.
 #[test]
 fn matmul_window_cuts_large_weights() {
-    let Some(h) = harness_with(MatmulKernel::Window) else {
+    for kernel in [MatmulKernel::Window, MatmulKernel::WindowSubgroup] {
+        if let Some(h) = harness_with(kernel) {
+            let total = check_on(h, "matmul_window cut", window_cut_cases(), true);
+            eprintln!("{kernel:?} cut: {total} values compared");
+        }
+    }
+}
+
+/// matmul_window_subgroup gives matmul_window's results bit for bit (the same products in
+/// the same order; only who loads B differs), on the cut cases and the random products.
+#[test]
+fn matmul_window_subgroup_is_bit_identical() {
+    let (Some(plain), Some(sg)) = (
+        harness_with(MatmulKernel::Window),
+        harness_with(MatmulKernel::WindowSubgroup),
+    ) else {
         return;
     };
+    let (packed, ops) = pack(window_cut_cases());
+    let a = plain.run(&packed, &ops).expect("kernels run");
+    let b = sg.run(&packed, &ops).expect("kernels run");
+    assert_eq!(a.work.len(), b.work.len());
+    for (i, (x, y)) in a.work.iter().zip(&b.work).enumerate() {
+        assert_eq!(x.to_bits(), y.to_bits(), "work[{i}]: {x} vs {y}");
+    }
+}
+
+/// Products whose weights exceed one window, odd and aligned shapes.
+fn window_cut_cases() -> Vec<Case> {
     let mut rng = SplitMix64::new(5);
     let mut cases = Vec::new();
     for &(m, n, k) in &[(70, 300, 90), (33, 201, 131), (5, 64, 512), (64, 1100, 16)] {
@@ -239,8 +274,7 @@ fn matmul_window_cuts_large_weights() {
             }
         }
     }
-    let total = check_on(h, "matmul_window cut", cases, true);
-    eprintln!("matmul_window cut: {total} values compared");
+    cases
 }
 
 /// 1000 random products on `h`'s matmul kernel against the reference.

@@ -127,6 +127,9 @@ fn cases() -> Vec<Case> {
         Case::new(2, (7, 12, 3, 2, 13), (1, 2, 3, 1)),
         Case::new(3, (5, 4, 1, 2, 7), (3, 1, 1, 4)),
         Case::new(4, (11, 36, 4, 2, 37), (2, 5, 3, 3)),
+        // Heads of 12 and 24: attention4 in registers (≤ 16) and through memory (> 16).
+        Case::new(5, (9, 24, 2, 1, 16), (3, 2, 3, 4)),
+        Case::new(6, (9, 48, 2, 1, 20), (3, 2, 2, 4)),
     ]
 }
 

@@ -49,6 +49,9 @@ pub struct AdapterSummary {
     pub max_compute_invocations_per_workgroup: u32,
     pub max_compute_workgroups_per_dimension: u32,
     pub max_storage_buffers_per_shader_stage: u32,
+    /// The subgroup sizes (min, max) where the adapter has wgpu's `SUBGROUP` feature (the
+    /// broadcast product of `shaders/matmul_subgroup.wgsl` needs at least 8).
+    pub subgroup_sizes: Option<(u32, u32)>,
 }
 
 impl AdapterSummary {
@@ -74,6 +77,10 @@ impl AdapterSummary {
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
             max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
             max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
+            subgroup_sizes: adapter
+                .features()
+                .contains(wgpu::Features::SUBGROUP)
+                .then_some((info.subgroup_min_size, info.subgroup_max_size)),
         }
     }
 

@@ -59,6 +59,7 @@ pub use transformer_engine::WgslTransformerEngine;
 const COMMON: &str = include_str!("../../../shaders/common.wgsl");
 const SAMPLE: &str = include_str!("../../../shaders/sample.wgsl");
 const MATMUL: &str = include_str!("../../../shaders/matmul.wgsl");
+const MATMUL_SUBGROUP: &str = include_str!("../../../shaders/matmul_subgroup.wgsl");
 const STEP: &str = include_str!("../../../shaders/lecture_step.wgsl");
 const TRANSFORMER: &str = include_str!("../../../shaders/transformer.wgsl");
 
@@ -314,7 +315,10 @@ struct Programs {
 
 struct WindowPrograms {
     layout: wgpu::BindGroupLayout,
-    pipelines: [wgpu::ComputePipeline; 2],
+    /// Per `VEC_K` (0, 1) × 3 + `VEC_B` (0, 1, 2): see `submit::window_modes`.
+    pipelines: Vec<wgpu::ComputePipeline>,
+    /// Columns of C per workgroup (`WIN_COLS` 32, `SG_COLS` 64 of matmul_subgroup.wgsl).
+    cols: u32,
     /// The alignment of a window's start, in elements.
     align: usize,
 }
@@ -331,6 +335,10 @@ pub enum MatmulKernel {
     /// weights (B in `model`) — B read through a uniform window of the model buffer. CPU
     /// adapters, for the transformer: ~3.5× `matmul_rows` on its products (lavapipe).
     Window,
+    /// [`MatmulKernel::Window`] through `matmul_window_subgroup` (shaders/matmul_subgroup.wgsl):
+    /// each lane loads one quad of B's row and broadcasts it to the subgroup. CPU adapters with
+    /// subgroups of 8 or more invocations (lavapipe on AVX2); bit-identical to `Window`.
+    WindowSubgroup,
 }
 
 /// Elements of `matmul_window`'s uniform window (64 KiB: WebGPU's default binding limit).
@@ -350,8 +358,29 @@ impl MatmulKernel {
     fn entry(self) -> &'static str {
         match self {
             Self::Tiled => "matmul",
-            Self::Rows | Self::Window => "matmul_rows",
+            Self::Rows | Self::Window | Self::WindowSubgroup => "matmul_rows",
         }
+    }
+
+    /// The kernel for the transformer's products on `ctx`: the products by weights through
+    /// uniform windows on a CPU adapter, with subgroup broadcasts where its subgroups allow
+    /// (`GRPO_WGSL_SUBGROUPS=0` keeps them off, to compare).
+    pub fn for_transformer(ctx: &GpuContext) -> Self {
+        match Self::for_adapter(ctx.summary.is_software()) {
+            Self::Rows if Self::subgroups_allow(ctx) => Self::WindowSubgroup,
+            Self::Rows => Self::Window,
+            other => other,
+        }
+    }
+
+    /// Whether `ctx` runs `matmul_window_subgroup`: subgroups of at least 8 invocations (a
+    /// native adapter; WebGPU's WGSL would need `enable subgroups;`, which naga does not parse
+    /// yet), unless `GRPO_WGSL_SUBGROUPS=0`.
+    pub fn subgroups_allow(ctx: &GpuContext) -> bool {
+        let off = std::env::var("GRPO_WGSL_SUBGROUPS").is_ok_and(|v| v == "0");
+        !cfg!(target_arch = "wasm32")
+            && !off
+            && ctx.summary.subgroup_sizes.is_some_and(|(lo, _)| lo >= 8)
     }
 }
 

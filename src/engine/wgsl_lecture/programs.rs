@@ -50,7 +50,7 @@ impl Programs {
             })
         };
         let matmul_src = MATMUL.replace("const WG: u32 = 8u;", &format!("const WG: u32 = {wg}u;"));
-        let matmul_module = module("matmul.wgsl", matmul_src);
+        let matmul_module = module("matmul.wgsl", matmul_src.clone());
         let step_module = module("lecture_step.wgsl", format!("{COMMON}\n{STEP}"));
         let sample_module = module("sample.wgsl", format!("{COMMON}\n{SAMPLE}"));
         let transformer_module = module("transformer.wgsl", format!("{COMMON}\n{TRANSFORMER}"));
@@ -84,7 +84,24 @@ impl Programs {
             .chain(TRANSFORMER_ENTRIES.map(|e| (e, &transformer_module)));
         let step = entries.map(|(e, m)| (e, pipeline(&main_layout, m, e, &[])));
         let step = step.collect();
-        let window = (kernel == MatmulKernel::Window
+        let subgroup = kernel == MatmulKernel::WindowSubgroup;
+        if subgroup && !MatmulKernel::subgroups_allow(ctx) {
+            return Err(kerr(
+                "adapter",
+                "matmul_window_subgroup needs subgroups of at least 8 invocations",
+            ));
+        }
+        let window_module = subgroup.then(|| {
+            module(
+                "matmul.wgsl + matmul_subgroup.wgsl",
+                format!("{matmul_src}\n{MATMUL_SUBGROUP}"),
+            )
+        });
+        let (window_module, window_entry) = match &window_module {
+            Some(m) => (m, "matmul_window_subgroup"),
+            None => (&matmul_module, "matmul_window"),
+        };
+        let window = (matches!(kernel, MatmulKernel::Window | MatmulKernel::WindowSubgroup)
             && limits.max_uniform_buffer_binding_size >= (WINDOW_ELEMS * 4) as u64)
             .then(|| {
                 let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
@@ -96,12 +113,22 @@ impl Programs {
                     ],
                 });
                 let pl = pipeline_layout(&layout);
-                let vec_k = |on: bool| {
-                    let consts = [("VEC_K", if on { 1.0 } else { 0.0 })];
-                    pipeline(&pl, &matmul_module, "matmul_window", &consts)
-                };
+                // Per (VEC_K, VEC_B); matmul_window reads B entry by entry whatever VEC_B.
+                let pipelines = (0..6)
+                    .map(|i| {
+                        let vec_k = ("VEC_K", (i / 3) as f64);
+                        let vec_b = ("VEC_B", (i % 3) as f64);
+                        let consts = if subgroup {
+                            &[vec_k, vec_b][..]
+                        } else {
+                            &[vec_k]
+                        };
+                        pipeline(&pl, window_module, window_entry, consts)
+                    })
+                    .collect();
                 WindowPrograms {
-                    pipelines: [vec_k(false), vec_k(true)],
+                    pipelines,
+                    cols: if subgroup { 64 } else { 32 },
                     layout,
                     align: (limits.min_uniform_buffer_offset_alignment as usize / 4).max(1),
                 }

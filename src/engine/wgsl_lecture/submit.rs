@@ -260,6 +260,23 @@ impl Op {
     }
 }
 
+/// The window pipeline for `part`: `VEC_K` (A along k from multiples of 4) × 3 + `VEC_B`
+/// (matmul_subgroup.wgsl: 1 B row-major from multiples of 4, 2 B along k from multiples of 4,
+/// 0 any other strides).
+fn window_modes(part: &MatmulParams) -> usize {
+    let [a_off, a_rs, a_cs, _] = part.a;
+    let [b_off, b_rs, b_cs, _] = part.b;
+    let vec_k = a_cs == 1 && (a_off | a_rs | part.k).is_multiple_of(4);
+    let vec_b = if b_cs == 1 && (b_off | b_rs).is_multiple_of(4) {
+        1
+    } else if b_rs == 1 && (b_off | b_cs | part.k).is_multiple_of(4) {
+        2
+    } else {
+        0
+    };
+    vec_k as usize * 3 + vec_b
+}
+
 /// `mm` (B in the model buffer) as `matmul_window` products, each with the byte offset of its
 /// window (a multiple of `align` elements; the part's `b_off` counts from it): one product
 /// where B's entries span at most a window, else B cut into ranges of k (accumulated into C in
@@ -365,7 +382,7 @@ impl Recorder {
                 mm.m.div_ceil(tile).max(1),
                 batch,
             ),
-            MatmulKernel::Rows | MatmulKernel::Window => {
+            MatmulKernel::Rows | MatmulKernel::Window | MatmulKernel::WindowSubgroup => {
                 let groups = (mm.m.div_ceil(MATMUL_ROWS) as usize * mm.n.div_ceil(4) as usize)
                     .div_ceil(MATMUL_ROWS_WG)
                     .max(1);
@@ -404,12 +421,15 @@ impl Recorder {
         for (part, window) in parts {
             let slot = self.slots.len() as u32;
             self.slots.push(StepParamsOrMm::Mm(part));
-            let vec_k = part.a[2] == 1 && (part.a[0] | part.a[1] | part.k).is_multiple_of(4);
             self.ops.push(Op::Window {
-                pipeline: w.pipelines[vec_k as usize].clone(),
+                pipeline: w.pipelines[window_modes(&part)].clone(),
                 slot,
                 window,
-                grid: (part.n.div_ceil(32).max(1), part.m.div_ceil(64).max(1), 1),
+                grid: (
+                    part.n.div_ceil(w.cols).max(1),
+                    part.m.div_ceil(64).max(1),
+                    1,
+                ),
                 group: group.clone(),
             });
             self.dispatches += 1;

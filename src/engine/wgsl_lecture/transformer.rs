@@ -358,11 +358,7 @@ impl WgslTransformer {
             return Err(kerr("model.heads", "must divide model.d_model"));
         }
         // On a CPU adapter the products by weights read them through uniform windows.
-        let kernel = match MatmulKernel::for_adapter(ctx.summary.is_software()) {
-            MatmulKernel::Rows => MatmulKernel::Window,
-            other => other,
-        };
-        let programs = Programs::new(&ctx, kernel)?;
+        let programs = Programs::new(&ctx, MatmulKernel::for_transformer(&ctx))?;
         let params = weights.total;
         // A window's worth past the end, so a window may start at any weight.
         let model =

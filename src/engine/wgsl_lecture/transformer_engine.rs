@@ -56,7 +56,10 @@ impl WgslTransformerEngine {
             beta2: o.beta2 as f32,
             eps: o.eps as f32,
         };
-        let name = ctx.summary.name.clone();
+        let name = match MatmulKernel::for_transformer(&ctx) {
+            MatmulKernel::WindowSubgroup => format!("{} (subgroup products)", ctx.summary.name),
+            _ => ctx.summary.name.clone(),
+        };
         Ok(Self {
             dev: WgslTransformer::new(ctx, shape, c.task.n, &w, hyper)?,
             name,

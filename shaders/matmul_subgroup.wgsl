@@ -1,0 +1,195 @@
+// `matmul_window` with B's loads spread over a subgroup (appended to matmul.wgsl where the
+// adapter has subgroups of at least 8 invocations; naga 30 takes the subgroup built-ins without
+// an `enable subgroups;` line, which it does not parse yet).
+// Reference: engine::wgsl_lecture::reference::matmul, as matmul_window.
+//
+// Why: llvmpipe runs a subgroup as one SIMD vector (8 invocations on AVX2) and loads a value
+// whose address it cannot prove uniform lane by lane — matmul_window's B entries are the same
+// for every invocation, yet each of its 32 loads per k costs 8 scalar loads. Here lane ℓ of the
+// subgroup loads only column quads ℓ and ℓ + 8 of B's row and `subgroupBroadcast` hands quad q
+// to every lane (an extract and a splat). An invocation owns 64 columns (SG_COLS), twice
+// matmul_window's, so A — read lane by lane, llvmpipe's dearest access — is read half as often;
+// and C's quads are stored as vectors where C's rows start at multiples of 4. The products,
+// their order and the clamped indices are matmul_window's: the results are bit-identical to it.
+// Measured side by side on lavapipe at transformer-sort's products (1952 × 256 × 64 and the
+// like): 2.2–3× matmul_window.
+// Lanes past the eighth (subgroups of 16 or more) load quads 7 and 15 again and use nothing of
+// theirs.
+//
+// VEC_B (a pipeline constant) says how a lane reads its 4×4 block of B (rows k .. k + 3, its
+// column quad) from the window: 0 entry by entry (any strides); 1 B row-major with rows from
+// multiples of 4 (b_cs = 1; b_off, b_rs multiples of 4): one vec4 per row; 2 B along k
+// (b_rs = 1; b_off, b_cs, k multiples of 4 — the transposed weights of the backward pass): one
+// vec4 per column, transposed in registers. The same values in every mode.
+
+override VEC_B: u32 = 0u;
+
+const SG_COLS: u32 = 64u;
+
+// B's rows k .. k + 3 at column quad `quad` (from the first column `b0` points at), in the
+// VEC_B mode's reads.
+fn b_block(b0: u32, k: u32, kl: u32, quad: u32) -> mat4x4<f32> {
+    if (VEC_B == 1u) {
+        let at = (b0 >> 2u) + quad;
+        let rs = mm.b_rs >> 2u;
+        return mat4x4<f32>(
+            window[at + k * rs],
+            window[at + min(k + 1u, kl) * rs],
+            window[at + min(k + 2u, kl) * rs],
+            window[at + min(k + 3u, kl) * rs],
+        );
+    }
+    if (VEC_B == 2u) {
+        let at = (b0 + 4u * quad * mm.b_cs + k) >> 2u;
+        let cs = mm.b_cs >> 2u;
+        return transpose(mat4x4<f32>(
+            window[at],
+            window[at + cs],
+            window[at + 2u * cs],
+            window[at + 3u * cs],
+        ));
+    }
+    return mat4x4<f32>(
+        win4(b0 + k * mm.b_rs, quad),
+        win4(b0 + min(k + 1u, kl) * mm.b_rs, quad),
+        win4(b0 + min(k + 2u, kl) * mm.b_rs, quad),
+        win4(b0 + min(k + 3u, kl) * mm.b_rs, quad),
+    );
+}
+
+// One quad of C's row gi from column gj: a whole vec4 where C's rows start at multiples of 4
+// and the quad is in range, else element by element (store_row).
+fn store_quad(gi: u32, gj: u32, acc: vec4<f32>) {
+    if (((mm.c_off | mm.c_rs) & 3u) == 0u && gi < mm.m && gj + 3u < mm.n) {
+        let at = (mm.c_off + gi * mm.c_rs + gj) >> 2u;
+        if ((mm.flags & 1u) != 0u) {
+            work[at] = work[at] + acc;
+        } else {
+            work[at] = acc;
+        }
+    } else {
+        store_row(gi, gj, 0u, acc);
+    }
+}
+
+@compute @workgroup_size(WIN_ROWS)
+fn matmul_window_subgroup(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let gi = wid.y * WIN_ROWS + lid.x;
+    let ar = mm.a_off + min(gi, mm.m - 1u) * mm.a_rs;
+    let j0 = wid.x * SG_COLS;
+    let b0 = mm.b_off + j0 * mm.b_cs;
+    let b1 = b0 + 32u * mm.b_cs;
+    let kl = mm.k - 1u;
+    let quad = min(lane, 7u);
+    // Sixteen named accumulators and the four k of a step written out: llvmpipe keeps an array,
+    // or a struct passed by value or pointer, in memory (2.5× slower here, measured).
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    var acc4 = vec4<f32>(0.0);
+    var acc5 = vec4<f32>(0.0);
+    var acc6 = vec4<f32>(0.0);
+    var acc7 = vec4<f32>(0.0);
+    var acc8 = vec4<f32>(0.0);
+    var acc9 = vec4<f32>(0.0);
+    var acc10 = vec4<f32>(0.0);
+    var acc11 = vec4<f32>(0.0);
+    var acc12 = vec4<f32>(0.0);
+    var acc13 = vec4<f32>(0.0);
+    var acc14 = vec4<f32>(0.0);
+    var acc15 = vec4<f32>(0.0);
+    for (var k = 0u; k < mm.k; k += 4u) {
+        let av = a_quad(ar, k, kl);
+        let r = b_block(b0, k, kl, quad);
+        let s = b_block(b1, k, kl, quad);
+        let x0 = vec4<f32>(av.x);
+        acc0 = fma(x0, subgroupBroadcast(r[0], 0u), acc0);
+        acc1 = fma(x0, subgroupBroadcast(r[0], 1u), acc1);
+        acc2 = fma(x0, subgroupBroadcast(r[0], 2u), acc2);
+        acc3 = fma(x0, subgroupBroadcast(r[0], 3u), acc3);
+        acc4 = fma(x0, subgroupBroadcast(r[0], 4u), acc4);
+        acc5 = fma(x0, subgroupBroadcast(r[0], 5u), acc5);
+        acc6 = fma(x0, subgroupBroadcast(r[0], 6u), acc6);
+        acc7 = fma(x0, subgroupBroadcast(r[0], 7u), acc7);
+        acc8 = fma(x0, subgroupBroadcast(s[0], 0u), acc8);
+        acc9 = fma(x0, subgroupBroadcast(s[0], 1u), acc9);
+        acc10 = fma(x0, subgroupBroadcast(s[0], 2u), acc10);
+        acc11 = fma(x0, subgroupBroadcast(s[0], 3u), acc11);
+        acc12 = fma(x0, subgroupBroadcast(s[0], 4u), acc12);
+        acc13 = fma(x0, subgroupBroadcast(s[0], 5u), acc13);
+        acc14 = fma(x0, subgroupBroadcast(s[0], 6u), acc14);
+        acc15 = fma(x0, subgroupBroadcast(s[0], 7u), acc15);
+        let x1 = vec4<f32>(av.y);
+        acc0 = fma(x1, subgroupBroadcast(r[1], 0u), acc0);
+        acc1 = fma(x1, subgroupBroadcast(r[1], 1u), acc1);
+        acc2 = fma(x1, subgroupBroadcast(r[1], 2u), acc2);
+        acc3 = fma(x1, subgroupBroadcast(r[1], 3u), acc3);
+        acc4 = fma(x1, subgroupBroadcast(r[1], 4u), acc4);
+        acc5 = fma(x1, subgroupBroadcast(r[1], 5u), acc5);
+        acc6 = fma(x1, subgroupBroadcast(r[1], 6u), acc6);
+        acc7 = fma(x1, subgroupBroadcast(r[1], 7u), acc7);
+        acc8 = fma(x1, subgroupBroadcast(s[1], 0u), acc8);
+        acc9 = fma(x1, subgroupBroadcast(s[1], 1u), acc9);
+        acc10 = fma(x1, subgroupBroadcast(s[1], 2u), acc10);
+        acc11 = fma(x1, subgroupBroadcast(s[1], 3u), acc11);
+        acc12 = fma(x1, subgroupBroadcast(s[1], 4u), acc12);
+        acc13 = fma(x1, subgroupBroadcast(s[1], 5u), acc13);
+        acc14 = fma(x1, subgroupBroadcast(s[1], 6u), acc14);
+        acc15 = fma(x1, subgroupBroadcast(s[1], 7u), acc15);
+        let x2 = vec4<f32>(av.z);
+        acc0 = fma(x2, subgroupBroadcast(r[2], 0u), acc0);
+        acc1 = fma(x2, subgroupBroadcast(r[2], 1u), acc1);
+        acc2 = fma(x2, subgroupBroadcast(r[2], 2u), acc2);
+        acc3 = fma(x2, subgroupBroadcast(r[2], 3u), acc3);
+        acc4 = fma(x2, subgroupBroadcast(r[2], 4u), acc4);
+        acc5 = fma(x2, subgroupBroadcast(r[2], 5u), acc5);
+        acc6 = fma(x2, subgroupBroadcast(r[2], 6u), acc6);
+        acc7 = fma(x2, subgroupBroadcast(r[2], 7u), acc7);
+        acc8 = fma(x2, subgroupBroadcast(s[2], 0u), acc8);
+        acc9 = fma(x2, subgroupBroadcast(s[2], 1u), acc9);
+        acc10 = fma(x2, subgroupBroadcast(s[2], 2u), acc10);
+        acc11 = fma(x2, subgroupBroadcast(s[2], 3u), acc11);
+        acc12 = fma(x2, subgroupBroadcast(s[2], 4u), acc12);
+        acc13 = fma(x2, subgroupBroadcast(s[2], 5u), acc13);
+        acc14 = fma(x2, subgroupBroadcast(s[2], 6u), acc14);
+        acc15 = fma(x2, subgroupBroadcast(s[2], 7u), acc15);
+        let x3 = vec4<f32>(av.w);
+        acc0 = fma(x3, subgroupBroadcast(r[3], 0u), acc0);
+        acc1 = fma(x3, subgroupBroadcast(r[3], 1u), acc1);
+        acc2 = fma(x3, subgroupBroadcast(r[3], 2u), acc2);
+        acc3 = fma(x3, subgroupBroadcast(r[3], 3u), acc3);
+        acc4 = fma(x3, subgroupBroadcast(r[3], 4u), acc4);
+        acc5 = fma(x3, subgroupBroadcast(r[3], 5u), acc5);
+        acc6 = fma(x3, subgroupBroadcast(r[3], 6u), acc6);
+        acc7 = fma(x3, subgroupBroadcast(r[3], 7u), acc7);
+        acc8 = fma(x3, subgroupBroadcast(s[3], 0u), acc8);
+        acc9 = fma(x3, subgroupBroadcast(s[3], 1u), acc9);
+        acc10 = fma(x3, subgroupBroadcast(s[3], 2u), acc10);
+        acc11 = fma(x3, subgroupBroadcast(s[3], 3u), acc11);
+        acc12 = fma(x3, subgroupBroadcast(s[3], 4u), acc12);
+        acc13 = fma(x3, subgroupBroadcast(s[3], 5u), acc13);
+        acc14 = fma(x3, subgroupBroadcast(s[3], 6u), acc14);
+        acc15 = fma(x3, subgroupBroadcast(s[3], 7u), acc15);
+    }
+    store_quad(gi, j0, acc0);
+    store_quad(gi, j0 + 4u, acc1);
+    store_quad(gi, j0 + 8u, acc2);
+    store_quad(gi, j0 + 12u, acc3);
+    store_quad(gi, j0 + 16u, acc4);
+    store_quad(gi, j0 + 20u, acc5);
+    store_quad(gi, j0 + 24u, acc6);
+    store_quad(gi, j0 + 28u, acc7);
+    store_quad(gi, j0 + 32u, acc8);
+    store_quad(gi, j0 + 36u, acc9);
+    store_quad(gi, j0 + 40u, acc10);
+    store_quad(gi, j0 + 44u, acc11);
+    store_quad(gi, j0 + 48u, acc12);
+    store_quad(gi, j0 + 52u, acc13);
+    store_quad(gi, j0 + 56u, acc14);
+    store_quad(gi, j0 + 60u, acc15);
+}
