@@ -289,13 +289,18 @@ fn attention4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
 // accesses per key instead of 21 or more. The same arithmetic in the same order: q·k over the
 // quads in order, exp(s − m) recomputed (the same f32) and multiplied by 1/Σ, each context
 // quad summed over the keys in order.
+// Quad `i` of the dq quads from `at`, zero past them (a head of at most 16 in named registers).
+fn quad_or_zero(at: u32, i: u32, dq: u32) -> vec4<f32> {
+    return select(vec4<f32>(0.0), work4[at + min(i, dq - 1u)], dq > i);
+}
+
 fn attention_small(row: u32, head: u32, q: u32, dq: u32, qb: u32, ab: u32) {
     let d3 = 3u * tp.d;
     let zero = vec4<f32>(0.0);
     let q0 = work4[qb];
-    let q1 = select(zero, work4[qb + min(1u, dq - 1u)], dq > 1u);
-    let q2 = select(zero, work4[qb + min(2u, dq - 1u)], dq > 2u);
-    let q3 = select(zero, work4[qb + min(3u, dq - 1u)], dq > 3u);
+    let q1 = quad_or_zero(qb, 1u, dq);
+    let q2 = quad_or_zero(qb, 2u, dq);
+    let q3 = quad_or_zero(qb, 3u, dq);
     var m = F32_LOWEST;
     for (var j = 0u; j <= q; j++) {
         let kb = (tp.qkv + key_row(j, row) * d3 + tp.d) / 4u + head * dq;
@@ -682,9 +687,9 @@ fn attn_back_q_small(row: u32, head: u32, q: u32, dq: u32, ab: u32, cb: u32) {
     let d3 = 3u * tp.d;
     let zero = vec4<f32>(0.0);
     let x0 = work4[cb];
-    let x1 = select(zero, work4[cb + min(1u, dq - 1u)], dq > 1u);
-    let x2 = select(zero, work4[cb + min(2u, dq - 1u)], dq > 2u);
-    let x3 = select(zero, work4[cb + min(3u, dq - 1u)], dq > 3u);
+    let x1 = quad_or_zero(cb, 1u, dq);
+    let x2 = quad_or_zero(cb, 2u, dq);
+    let x3 = quad_or_zero(cb, 3u, dq);
     var sum = 0.0;
     for (var j = 0u; j <= q; j++) {
         let vb = (tp.qkv + key_row(j, row) * d3 + 2u * tp.d) / 4u + head * dq;

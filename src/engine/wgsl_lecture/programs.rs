@@ -113,19 +113,21 @@ impl Programs {
                     ],
                 });
                 let pl = pipeline_layout(&layout);
-                // Per (VEC_K, VEC_B); matmul_window reads B entry by entry whatever VEC_B.
-                let pipelines = (0..6)
-                    .map(|i| {
-                        let vec_k = ("VEC_K", (i / 3) as f64);
-                        let vec_b = ("VEC_B", (i % 3) as f64);
-                        let consts = if subgroup {
-                            &[vec_k, vec_b][..]
-                        } else {
-                            &[vec_k]
-                        };
-                        pipeline(&pl, window_module, window_entry, consts)
-                    })
-                    .collect();
+                // Per (VEC_K, VEC_B); matmul_window reads B entry by entry whatever VEC_B, so
+                // it is compiled once per VEC_K and stands in all three VEC_B places.
+                let pipelines = if subgroup {
+                    (0..6)
+                        .map(|i| {
+                            let consts = [("VEC_K", (i / 3) as f64), ("VEC_B", (i % 3) as f64)];
+                            pipeline(&pl, window_module, window_entry, &consts)
+                        })
+                        .collect()
+                } else {
+                    let plain: Vec<_> = (0..2)
+                        .map(|k| pipeline(&pl, window_module, window_entry, &[("VEC_K", k as f64)]))
+                        .collect();
+                    (0..6).map(|i| plain[i / 3].clone()).collect()
+                };
                 WindowPrograms {
                     pipelines,
                     cols: if subgroup { 64 } else { 32 },
