@@ -312,6 +312,111 @@ fn a_link_plays_lecture17_in_the_tab_as_the_cli_does() {
     }
 }
 
+/// What a run on WebGPU in the tab reported, or `None` where this Chromium offers no WebGPU
+/// adapter at all (said on stderr).
+struct TabRun {
+    statuses: Vec<String>,
+    /// (seconds since the page was asked for, status line)
+    timed: Vec<(f64, String)>,
+    /// Each iteration's first record's reward.
+    rewards: BTreeMap<usize, f32>,
+}
+
+/// Play `config` (with `run.engine = wgsl`) in headless Chromium with WebGPU on, until its
+/// status says it finished, an error reached the console, or `limit` passed; `query` is added
+/// to the page's query (`&tab=runs`). The window is drawn with WebGL2 (`render=gl`): headless
+/// Chromium's GPU process dies presenting a WebGPU canvas; the training still runs on WebGPU.
+/// Its adapter is Chromium's own SwiftShader (Vulkan on the CPU, its Subzero JIT), not the
+/// system's lavapipe; the developer features put its name in the status line.
+fn play_on_webgpu(
+    browser: &str,
+    config: &grpo_lab::config::RunConfig,
+    dir: &Path,
+    (limit, query): (Duration, &str),
+) -> Option<TabRun> {
+    let server = serve();
+    let url = format!(
+        "http://127.0.0.1:{}/index.html?report&render=gl{}#{}",
+        server.port,
+        query,
+        hash_of(config)
+    );
+    let _chrome = Killed(open_with(
+        browser,
+        &url,
+        &dir.join("profile"),
+        &[
+            "--enable-unsafe-webgpu",
+            "--enable-features=Vulkan",
+            "--use-vulkan=native",
+            "--enable-webgpu-developer-features",
+        ],
+    ));
+    let deadline = Instant::now() + limit;
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let r = server.reports.lock().unwrap();
+        let done =
+            r.status.last().is_some_and(|(_, s)| s.contains("finished")) || !r.errors.is_empty();
+        if done || Instant::now() > deadline {
+            break;
+        }
+    }
+    let r = server.reports.lock().unwrap();
+    // A browser without WebGPU at all (no adapter of any kind) cannot run these tests.
+    if r.errors.iter().any(|e| e.contains("adapters seen: none")) {
+        eprintln!(
+            "skipped: this Chromium offers no WebGPU adapter ({:?})",
+            r.errors
+        );
+        return None;
+    }
+    assert!(r.errors.is_empty(), "console errors: {:?}", r.errors);
+    let statuses: Vec<String> = r.status.iter().map(|(_, s)| s.clone()).collect();
+    assert!(
+        statuses.last().is_some_and(|s| s.contains("finished")),
+        "did not finish in {limit:?}: {:?}",
+        statuses.last()
+    );
+    let rewards = r
+        .records
+        .iter()
+        .map(|v| {
+            (
+                v["iteration"].as_u64().unwrap() as usize,
+                v["reward_mean"].as_f64().unwrap() as f32,
+            )
+        })
+        .collect();
+    Some(TabRun {
+        statuses,
+        timed: r.status.clone(),
+        rewards,
+    })
+}
+
+/// Each iteration's reward of `config` trained by the CLI on lavapipe (`--device software`),
+/// or `None` where no software adapter is there.
+fn cli_rewards(config: &grpo_lab::config::RunConfig, dir: &Path) -> Option<BTreeMap<usize, f32>> {
+    let cli_dir = dir.join("cli");
+    std::fs::write(dir.join("config.toml"), config.to_toml()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
+        .args(["train", "--quiet", "--device", "software", "--config"])
+        .arg(dir.join("config.toml"))
+        .arg("--out")
+        .arg(&cli_dir)
+        .output()
+        .unwrap();
+    out.status.success().then(|| {
+        grpo_lab::train::read_metrics(&cli_dir.join("metrics.jsonl"))
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.step_in_iteration == 0)
+            .map(|r| (r.iteration, r.reward_mean))
+            .collect()
+    })
+}
+
 /// With `run.engine = wgsl` the lecture model trains on the WGSL engine over WebGPU in the tab
 /// (one submission per iteration, read back asynchronously between frames): the status line
 /// names the engine, the iterations advance to the end, the reward rises, no console error;
@@ -326,64 +431,17 @@ fn the_wgsl_engine_trains_on_webgpu_in_the_tab() {
     let mut config = grpo_lab::config::RunConfig::preset("lecture17").unwrap();
     config.run.iterations = 60;
     config.run.engine = grpo_lab::config::EngineChoice::Wgsl;
-    let server = serve();
-    // The window in WebGL2 (`render=gl`): headless Chromium's GPU process dies presenting a
-    // WebGPU canvas; the training still runs on WebGPU.
-    let url = format!(
-        "http://127.0.0.1:{}/index.html?report&render=gl#{}",
-        server.port,
-        hash_of(&config)
-    );
-    let _chrome = Killed(open_with(
-        browser,
-        &url,
-        &dir.join("profile"),
-        &[
-            "--enable-unsafe-webgpu",
-            "--enable-features=Vulkan",
-            "--use-vulkan=native",
-        ],
-    ));
-    let deadline = Instant::now() + Duration::from_secs(150);
-    loop {
-        std::thread::sleep(Duration::from_millis(250));
-        let r = server.reports.lock().unwrap();
-        let done =
-            r.status.last().is_some_and(|(_, s)| s.contains("finished")) || !r.errors.is_empty();
-        if done || Instant::now() > deadline {
-            break;
-        }
-    }
-    let r = server.reports.lock().unwrap();
-    let statuses: Vec<&String> = r.status.iter().map(|(_, s)| s).collect();
-    // A browser without WebGPU at all (no adapter of any kind) cannot run this test.
-    if r.errors.iter().any(|e| e.contains("adapters seen: none")) {
-        eprintln!(
-            "skipped: this Chromium offers no WebGPU adapter ({:?})",
-            r.errors
-        );
+    let Some(run) = play_on_webgpu(browser, &config, &dir, (Duration::from_secs(150), "")) else {
         return;
-    }
-    assert!(r.errors.is_empty(), "console errors: {:?}", r.errors);
+    };
     assert!(
-        statuses.iter().any(|s| s.contains("WGSL lecture engine")),
-        "not on the WGSL engine: {statuses:?}"
+        run.statuses
+            .iter()
+            .any(|s| s.contains("WGSL lecture engine")),
+        "not on the WGSL engine: {:?}",
+        run.statuses
     );
-    assert!(
-        statuses.last().is_some_and(|s| s.contains("finished")),
-        "did not finish in 150 s: {:?}",
-        statuses.last()
-    );
-    let tab: BTreeMap<usize, f32> = r
-        .records
-        .iter()
-        .map(|v| {
-            (
-                v["iteration"].as_u64().unwrap() as usize,
-                v["reward_mean"].as_f64().unwrap() as f32,
-            )
-        })
-        .collect();
+    let tab = run.rewards;
     assert_eq!(tab.len(), 60, "{tab:?}");
     let mean = |its: std::ops::Range<usize>| -> f32 {
         its.clone().map(|i| tab[&i]).sum::<f32>() / its.len() as f32
@@ -393,23 +451,7 @@ fn the_wgsl_engine_trains_on_webgpu_in_the_tab() {
         "the reward did not rise: {tab:?}"
     );
     // The same run on the CLI (lavapipe): the opening iterations agree.
-    let cli_dir = dir.join("cli");
-    std::fs::write(dir.join("config.toml"), config.to_toml()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
-        .args(["train", "--quiet", "--device", "software", "--config"])
-        .arg(dir.join("config.toml"))
-        .arg("--out")
-        .arg(&cli_dir)
-        .output()
-        .unwrap();
-    if out.status.success() {
-        let cli: BTreeMap<usize, f32> =
-            grpo_lab::train::read_metrics(&cli_dir.join("metrics.jsonl"))
-                .unwrap()
-                .into_iter()
-                .filter(|r| r.step_in_iteration == 0)
-                .map(|r| (r.iteration, r.reward_mean))
-                .collect();
+    if let Some(cli) = cli_rewards(&config, &dir) {
         for it in 0..3 {
             assert_eq!(tab.get(&it), cli.get(&it), "iteration {it}: tab vs CLI");
         }
@@ -418,8 +460,68 @@ fn the_wgsl_engine_trains_on_webgpu_in_the_tab() {
         "lecture17 on WebGPU in headless Chromium: reward {:.3} → {:.3}; {:?}",
         mean(0..10),
         mean(50..60),
-        statuses.last()
+        run.statuses.last()
     );
+}
+
+/// With `run.engine = wgsl` the transformer trains on its WGSL engine over WebGPU in the tab
+/// (transformer-sort, shrunk: its cold start, rollouts with the KV cache, dynamic sampling's
+/// redraws, the steps — each call's read-back collected on a later frame): the status line
+/// names the engine, the run finishes, no console error, and the rewards are those of the
+/// same run on the CLI's WGSL engine on lavapipe.
+#[test]
+fn the_wgsl_transformer_trains_on_webgpu_in_the_tab() {
+    let Some(browser) = prerequisites() else {
+        return;
+    };
+    let dir = common::temp_dir("web-wgsl-transformer");
+    let overrides: Vec<String> = [
+        "algorithm.prompts_per_iteration=8",
+        "sft.steps=20",
+        "sft.examples=128",
+        "sft.batch_size=32",
+        "run.eval_every=0",
+        "run.checkpoint_every=0",
+        "run.engine=wgsl",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut config = grpo_lab::config::RunConfig::preset("transformer-sort")
+        .unwrap()
+        .with_overrides(&overrides)
+        .unwrap();
+    config.run.iterations = 3;
+    let started = Instant::now();
+    // The runs tab: its frames draw less than the plots' (the software-drawn window and
+    // SwiftShader share the two cores), and each device call's answer waits for a frame.
+    let limit = (Duration::from_secs(240), "&tab=runs");
+    let Some(run) = play_on_webgpu(browser, &config, &dir, limit) else {
+        return;
+    };
+    let in_tab = started.elapsed();
+    for (t, s) in &run.timed {
+        eprintln!("{t:7.2} s  {s}");
+    }
+    assert!(
+        run.statuses
+            .iter()
+            .any(|s| s.contains("WGSL transformer engine")),
+        "not on the WGSL transformer engine: {:?}",
+        run.statuses
+    );
+    let tab = run.rewards;
+    assert_eq!(tab.len(), 3, "{tab:?}");
+    let cli = cli_rewards(&config, &dir);
+    eprintln!(
+        "transformer-sort (shrunk) on WebGPU in headless Chromium, {in_tab:.1?}: rewards {tab:?}, CLI {cli:?}; {:?}",
+        run.statuses.last()
+    );
+    if let Some(cli) = cli {
+        for it in 0..3 {
+            assert_eq!(tab.get(&it), cli.get(&it), "iteration {it}: tab vs CLI");
+        }
+    }
 }
 
 /// The transformer trains in the tab too (burn's CPU backend compiled to wasm, or the fused

@@ -134,6 +134,17 @@ fn cases() -> Vec<Case> {
 }
 
 /// Largest `|a − b| / (1 + |b|)`.
+/// A device call's answer: it waits for the device (`WgslTransformer::blocking`), so its
+/// future is done at the first poll.
+fn now<F: std::future::Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(out) => out,
+        std::task::Poll::Pending => panic!("a blocking device call answered Pending"),
+    }
+}
+
 fn worst(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
@@ -148,17 +159,16 @@ fn log_probs_and_entropies_equal_the_fused_engine() {
         let Some(mut dev) = c.device() else { return };
         let mut fused = c.fused();
         for temperature in [1.0f32, 0.7] {
-            let (logp, ent) = dev
-                .scores(
-                    Which::Policy,
-                    &c.prompts,
-                    &c.responses,
-                    &c.lens,
-                    c.g,
-                    c.t,
-                    temperature,
-                )
-                .unwrap();
+            let (logp, ent) = now(dev.scores(
+                Which::Policy,
+                &c.prompts,
+                &c.responses,
+                &c.lens,
+                c.g,
+                c.t,
+                temperature,
+            ))
+            .unwrap();
             let want = fused.token_logp_ragged(
                 None,
                 &c.prompts,
@@ -184,17 +194,16 @@ fn log_probs_and_entropies_equal_the_fused_engine() {
             }
         }
         // The reference copy starts as the policy.
-        let (rlogp, _) = dev
-            .scores(
-                Which::Reference,
-                &c.prompts,
-                &c.responses,
-                &c.lens,
-                c.g,
-                c.t,
-                1.0,
-            )
-            .unwrap();
+        let (rlogp, _) = now(dev.scores(
+            Which::Reference,
+            &c.prompts,
+            &c.responses,
+            &c.lens,
+            c.g,
+            c.t,
+            1.0,
+        ))
+        .unwrap();
         let want =
             fused.token_logp_ragged(None, &c.prompts, &c.responses, &c.lens, c.g, c.t, 1.0, None);
         assert!(worst(&rlogp, &want) < 2e-5, "case {i}: the reference");
@@ -210,7 +219,7 @@ fn gradients_equal_the_fused_engine() {
         for (temperature, entropy) in [(1.0f32, false), (0.8, true)] {
             let dlogp = c.coefs(10 + i as u64, 0.3);
             let dent = entropy.then(|| c.coefs(20 + i as u64, 0.2));
-            dev.scores(
+            now(dev.scores(
                 Which::Policy,
                 &c.prompts,
                 &c.responses,
@@ -218,9 +227,9 @@ fn gradients_equal_the_fused_engine() {
                 c.g,
                 c.t,
                 temperature,
-            )
+            ))
             .unwrap();
-            let grad = dev.gradient(&dlogp, dent.as_deref()).unwrap();
+            let grad = now(dev.gradient(&dlogp, dent.as_deref())).unwrap();
             let (want, _) =
                 fused.coefficient_gradient(&c.input(&zeros), &dlogp, dent.as_deref(), temperature);
             let scale = want.iter().fold(0.0f32, |m, g| m.max(g.abs()));
@@ -247,7 +256,7 @@ fn adam_steps_equal_the_fused_engine() {
         let (lr, max_norm) = (3e-3, 0.5f32);
         for step in 0..3u64 {
             let dlogp = c.coefs(100 * step + i as u64, 0.3);
-            dev.scores(
+            now(dev.scores(
                 Which::Policy,
                 &c.prompts,
                 &c.responses,
@@ -255,9 +264,9 @@ fn adam_steps_equal_the_fused_engine() {
                 c.g,
                 c.t,
                 1.0,
-            )
+            ))
             .unwrap();
-            let norm = dev.step(&dlogp, None, lr, max_norm).unwrap();
+            let norm = now(dev.step(&dlogp, None, lr, max_norm)).unwrap();
             let (grad, _) = fused.coefficient_gradient(&c.input(&zeros), &dlogp, None, 1.0);
             let want = grad.iter().map(|g| g * g).sum::<f32>().sqrt();
             assert!(
@@ -309,9 +318,8 @@ fn rollouts_equal_the_fused_engine() {
             (Pick::Greedy, 1.0, false),
         ];
         for (k, (pick, temperature, with_greedy)) in picks.iter().enumerate() {
-            let got = dev
-                .generate(&c.prompts, c.g, c.t, pick, *temperature, *with_greedy)
-                .unwrap();
+            let got =
+                now(dev.generate(&c.prompts, c.g, c.t, pick, *temperature, *with_greedy)).unwrap();
             let want = fused.generate(&c.prompts, c.g, c.t, pick, *temperature, *with_greedy);
             assert_eq!(got.greedy, want.greedy, "case {i} pick {k}: greedy answers");
             tokens += want.rows.iter().map(|r| r.len()).sum::<usize>();
@@ -439,4 +447,91 @@ fn engine_equals_the_fused_engine_with_the_2025_objectives() {
     ] {
         compare(loss, 2);
     }
+}
+
+/// In a browser nothing may wait for the device: the engine answers `Pending` until a call's
+/// read-back has arrived, the trainer asks the same step again, and the calls of the
+/// iteration it had made already are answered from what the engine kept. Driven that way
+/// (natively, `answer_between_calls`), a run with the cold start, dynamic sampling's redraws,
+/// held-out greedy accuracy and pass@k writes the same records and the same weights, bit for
+/// bit, as the run whose calls wait.
+#[test]
+fn the_engine_answers_between_calls_as_it_does_waiting() {
+    use grpo_lab::config::RunConfig;
+    use grpo_lab::engine::wgsl_lecture::WgslTransformerEngine;
+    use grpo_lab::grpo::Trainer;
+    let Some(wgpu) = wgpu_compute() else { return };
+    let overrides: Vec<String> = [
+        "algorithm.prompts_per_iteration=4",
+        "algorithm.num_generations=4",
+        "model.d_model=16",
+        "model.heads=2",
+        "sft.steps=3",
+        "sft.examples=32",
+        "sft.batch_size=16",
+        "task.heldout_size=6",
+        "run.eval_every=2",
+        "run.pass_k=2",
+        "run.checkpoint_every=0",
+        "run.engine=wgsl",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut c = RunConfig::preset("transformer-sort")
+        .unwrap()
+        .with_overrides(&overrides)
+        .unwrap();
+    c.run.iterations = 3;
+    assert!(c.algorithm.dynamic_sampling);
+    let without_timing = |r: &grpo_lab::metrics::StepRecord| {
+        let mut v = serde_json::to_value(r).unwrap();
+        let o = v.as_object_mut().unwrap();
+        o.remove("step_time_secs");
+        o.remove("tokens_per_second");
+        v
+    };
+    let mut waiting = Trainer::new(c.clone(), wgpu.clone()).unwrap();
+    let mut want = Vec::new();
+    while !waiting.is_done() {
+        want.push(without_timing(&waiting.step().unwrap()));
+    }
+    let ctx = wgpu.gpu.clone().expect("a wgpu device");
+    let mut engine = WgslTransformerEngine::new(&c, ctx).unwrap();
+    engine.answer_between_calls();
+    let mut t = Trainer::with_engine(c, Box::new(engine)).unwrap();
+    let (mut got, mut pending) = (Vec::new(), 0usize);
+    let started = std::time::Instant::now();
+    while !t.is_done() {
+        // A call asked again that starts over instead of collecting would never end.
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "{} steps in 60 s, {pending} answers of Pending",
+            got.len()
+        );
+        match t.step() {
+            Ok(r) => got.push(without_timing(&r)),
+            Err(e) if e.is_pending() => {
+                pending += 1;
+                std::thread::yield_now();
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(pending > 0, "no call answered Pending");
+    assert_eq!(got.len(), want.len());
+    for (a, b) in got.iter().zip(&want) {
+        assert_eq!(a, b, "a record differs");
+    }
+    let (wa, wb) = (t.engine().flat_weights(), waiting.engine().flat_weights());
+    assert!(!wa.is_empty());
+    assert!(
+        wa.iter().zip(&wb).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "the weights differ"
+    );
+    eprintln!(
+        "{} steps; {pending} answers of Pending; {:?}",
+        got.len(),
+        t.engine().device_counts()
+    );
 }

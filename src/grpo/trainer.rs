@@ -155,6 +155,11 @@ pub struct Trainer {
     /// This iteration's held-out evaluation while its whole-iteration submission is still on
     /// the device (a browser asks again on the next frame): `(iteration, accuracy, pass@k)`.
     pub(super) pre_eval: Option<(usize, Option<f32>, Option<super::record::PassAtK>)>,
+    /// The cold start's last loss once its steps ran, while its held-out evaluation may still
+    /// be on the device (a browser asks again, and the steps must not run twice).
+    sft_loss: Option<f32>,
+    /// The cold start's batches while its steps are on the device (a browser).
+    sft_batches: Option<Vec<Batch>>,
     pub(super) last_reward_mean: f32,
     /// Responses sampled so far (dynamic sampling's redraws included).
     pub(super) rollouts: usize,
@@ -202,6 +207,8 @@ impl Trainer {
             frozen: None,
             pending: Default::default(),
             pre_eval: None,
+            sft_loss: None,
+            sft_batches: None,
             last_reward_mean: f32::NAN,
             rollouts: 0,
             critic: None,
@@ -387,6 +394,51 @@ impl Trainer {
             return Ok(());
         }
         let s = self.config.sft.clone();
+        let last_loss = match self.sft_loss {
+            Some(loss) => loss,
+            None => {
+                let loss = self.supervised_steps(&s)?;
+                self.sft_loss = Some(loss);
+                loss
+            }
+        };
+        self.engine.refresh_reference();
+        self.sft_heldout_accuracy = self.heldout_accuracy()?;
+        self.sft_done = true;
+        log::info!(
+            "cold start: {} supervised steps, final loss {last_loss:.4}, held-out accuracy {:?}",
+            s.steps,
+            self.sft_heldout_accuracy
+        );
+        Ok(())
+    }
+
+    /// The cold start's supervised steps on the engine; their last loss (finite).
+    fn supervised_steps(&mut self, s: &crate::config::SftConfig) -> Result<f32, TrainError> {
+        let batches = match self.sft_batches.take() {
+            Some(b) => b,
+            None => self.sft_batches(s)?,
+        };
+        let last_loss = match self.engine.supervised(&batches, s.lr) {
+            Err(EngineError::Pending) => {
+                self.sft_batches = Some(batches);
+                return Err(EngineError::Pending.into());
+            }
+            other => other?,
+        };
+        if !last_loss.is_finite() {
+            return Err(TrainError::NonFinite {
+                step: 0,
+                iteration: 0,
+                value: last_loss,
+            });
+        }
+        Ok(last_loss)
+    }
+
+    /// The cold start's batches: `sft.steps` batches of (prompt, sorted or the teacher's
+    /// answer) pairs.
+    fn sft_batches(&self, s: &crate::config::SftConfig) -> Result<Vec<Batch>, TrainError> {
         let mut order: Vec<usize> = (0..self.prompts.train.len()).collect();
         SplitMix64::for_stream(self.config.run.seed, "sft").shuffle(&mut order);
         order.truncate(s.examples.max(1));
@@ -424,23 +476,7 @@ impl Trainer {
                 Batch::padded(prompts, n, &targets, 1, eos)
             })
             .collect();
-        let last_loss = self.engine.supervised(&batches, s.lr)?;
-        if !last_loss.is_finite() {
-            return Err(TrainError::NonFinite {
-                step: 0,
-                iteration: 0,
-                value: last_loss,
-            });
-        }
-        self.engine.refresh_reference();
-        self.sft_heldout_accuracy = self.heldout_accuracy()?;
-        self.sft_done = true;
-        log::info!(
-            "cold start: {} supervised steps, final loss {last_loss:.4}, held-out accuracy {:?}",
-            s.steps,
-            self.sft_heldout_accuracy
-        );
-        Ok(())
+        Ok(batches)
     }
 
     /// `sft.teacher`: train the teacher preset (this run's seed, the CPU engines) to its end,

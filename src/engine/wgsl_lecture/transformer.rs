@@ -290,6 +290,45 @@ pub struct WgslTransformer {
     /// Submissions so far, and the dispatches of the last one.
     pub submissions: usize,
     pub last_dispatches: usize,
+    /// Whether a read-back waits for the device (natively, by default) or its future answers
+    /// `Pending` until the read-back has arrived (a browser; [`Arrival`]).
+    pub blocking: bool,
+}
+
+/// A submission's read-backs as a future: with `blocking`, the first poll waits for the
+/// device ([`Staged::wait`]); without, a poll that finds the read-back still on its way
+/// answers `Pending` (no waker is woken: the engine polls again on a later call).
+struct Arrival {
+    staged: Option<Staged>,
+    ctx: Arc<GpuContext>,
+    blocking: bool,
+}
+
+impl std::future::Future for Arrival {
+    type Output = Result<Vec<Vec<u8>>, EngineError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let Some(staged) = self.staged.take() else {
+            return std::task::Poll::Ready(Err(kerr("read-back", "polled after it arrived")));
+        };
+        if self.blocking {
+            return std::task::Poll::Ready(staged.wait(&self.ctx));
+        }
+        if !staged.is_ready() {
+            // Natively the mapping's callback runs inside a poll of the device; a browser runs
+            // it between frames.
+            let _ = self.ctx.device.poll(wgpu::PollType::Poll);
+        }
+        if staged.is_ready() {
+            std::task::Poll::Ready(staged.read())
+        } else {
+            self.staged = Some(staged);
+            std::task::Poll::Pending
+        }
+    }
 }
 
 /// `C = A·B` over flat views: `(offset, row stride, column stride)` of A and B, `(offset,
@@ -396,6 +435,7 @@ impl WgslTransformer {
             policy_pass: None,
             submissions: 0,
             last_dispatches: 0,
+            blocking: true,
         })
     }
 
@@ -956,8 +996,8 @@ impl WgslTransformer {
     }
 
     /// Run `rec` as one submission on the current plan and read back `(buffer, element offset,
-    /// elements)` of each read.
-    fn run(
+    /// elements)` of each read (see [`Arrival`]).
+    async fn run(
         &mut self,
         mut rec: Recorder,
         reads: &[(Reads, usize, usize)],
@@ -1018,14 +1058,19 @@ impl WgslTransformer {
                 "the device refused the submission: {error}"
             ))));
         }
-        Staged::map(staging, total, lens).wait(&self.ctx)
+        Arrival {
+            staged: Some(Staged::map(staging, total, lens)),
+            ctx: self.ctx.clone(),
+            blocking: self.blocking,
+        }
+        .await
     }
 
     /// `log π` and the entropy at `temperature` of every response token (`[R·T]`; 0 after a
     /// row's end) under the policy or the reference: `prompts [B·n]`, `responses [B·g·T]`,
     /// row `r` holding `lens[r]` real tokens.
     #[allow(clippy::too_many_arguments)]
-    pub fn scores(
+    pub async fn scores(
         &mut self,
         which: Which,
         prompts: &[u32],
@@ -1052,7 +1097,7 @@ impl WgslTransformer {
             (Reads::Work, at.logp, tokens),
             (Reads::Work, at.ent, tokens),
         ];
-        let out = self.run(rec, &reads)?;
+        let out = self.run(rec, &reads).await?;
         self.policy_pass = (which == Which::Policy).then_some(inv_t);
         Ok((f32s(&out[0]), f32s(&out[1])))
     }
@@ -1089,7 +1134,7 @@ impl WgslTransformer {
 
     /// `∇θ Σ_t (c_t·log π_t + e_t·H_t)` of the policy's last pass: every weight's gradient
     /// (the flat layout), read back.
-    pub fn gradient(
+    pub async fn gradient(
         &mut self,
         dlogp: &[f32],
         dentropy: Option<&[f32]>,
@@ -1098,7 +1143,7 @@ impl WgslTransformer {
         let mut rec = self.recorder();
         self.record_backward(&mut rec, inv_t, dentropy.is_some());
         let grad = self.plan_ref().at.grad;
-        let out = self.run(rec, &[(Reads::Work, grad, self.params)])?;
+        let out = self.run(rec, &[(Reads::Work, grad, self.params)]).await?;
         Ok(f32s(&out[0]))
     }
 
@@ -1106,7 +1151,7 @@ impl WgslTransformer {
     /// gradient's norm, the clip to `max_grad_norm` (0: none) and Adam at `lr`, in one
     /// submission. Returns the gradient's norm (before the clip). The update is skipped when
     /// the norm is not finite (as on the fused engine).
-    pub fn step(
+    pub async fn step(
         &mut self,
         dlogp: &[f32],
         dentropy: Option<&[f32]>,
@@ -1125,7 +1170,7 @@ impl WgslTransformer {
         };
         rec.reduce(&self.programs, adam, at.grad, p, 1, 6, true);
         rec.step(&self.programs, "adam", adam, p.div_ceil(4));
-        let out = self.run(rec, &[(Reads::Work, at.sums + 6, 1)])?;
+        let out = self.run(rec, &[(Reads::Work, at.sums + 6, 1)]).await?;
         let norm = f32s(&out[0])[0].sqrt();
         self.policy_pass = None;
         // `adam` leaves the weights and the moments where the norm is not finite.
@@ -1161,6 +1206,12 @@ impl WgslTransformer {
     /// `parts` copies of the weights from `model[0..]` (policy, reference, Adam's m and v),
     /// read back.
     pub fn read_model(&self, parts: usize) -> Result<Vec<f32>, EngineError> {
+        if cfg!(target_arch = "wasm32") {
+            return Err(kerr(
+                "read-back",
+                "reading the weights back waits for the device, which a page cannot do",
+            ));
+        }
         let device = &self.ctx.device;
         let mut encoder = device.create_command_encoder(&Default::default());
         let reads = [(&self.model, 0, parts * self.params)];
@@ -1237,7 +1288,7 @@ impl WgslTransformer {
     /// [B·n], targets [B·T], T)` the mean cross-entropy of every position (padding included), a
     /// fresh Adam (its own moments, `model[4P..6P]`) at `lr`, no clip; a submission per batch
     /// (the forward, the backward and Adam). Returns the last batch's loss.
-    pub fn supervised(
+    pub async fn supervised(
         &mut self,
         batches: &[(&[u32], &[u32], usize)],
         lr: f64,
@@ -1277,7 +1328,7 @@ impl WgslTransformer {
             } else {
                 &[]
             };
-            let out = self.run(rec, reads)?;
+            let out = self.run(rec, reads).await?;
             if let Some(logp) = out.first() {
                 let total: f64 = f32s(logp).iter().map(|&l| l as f64).sum();
                 last = (-total / tokens as f64) as f32;

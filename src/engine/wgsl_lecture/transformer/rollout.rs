@@ -124,7 +124,7 @@ impl WgslTransformer {
     /// the uniform draw may differ), argmax for the greedy rows, and `place`; every position up
     /// to `max_len` (a closed row's later positions are computed and ignored). log π of each
     /// sampled row's tokens at `temperature`, as [`FusedTransformer::generate`].
-    pub fn generate(
+    pub async fn generate(
         &mut self,
         prompts: &[u32],
         g: usize,
@@ -169,8 +169,9 @@ impl WgslTransformer {
         for start in (0..b).step_by(per_chunk) {
             let end = (start + per_chunk).min(b);
             let chunk = &prompts[start * n..end * n];
-            let mut c =
-                self.rollout_chunk(chunk, g, max_len, draw, temperature, with_greedy, start * g)?;
+            let mut c = self
+                .rollout_chunk(chunk, g, max_len, draw, temperature, with_greedy, start * g)
+                .await?;
             greedy.extend(c.rows.split_off((end - start) * g));
             rows.append(&mut c.rows);
             closed.append(&mut c.closed);
@@ -255,7 +256,7 @@ impl WgslTransformer {
     /// sampled rows are the rollout's rows `row0..`. Every row's tokens (the sampled rows, then
     /// the greedy ones), the sampled rows' closed flags and log π `[sampled·max_len]`.
     #[allow(clippy::too_many_arguments)]
-    fn rollout_chunk(
+    async fn rollout_chunk(
         &mut self,
         prompts: &[u32],
         g: usize,
@@ -326,7 +327,7 @@ impl WgslTransformer {
             (Reads::Ints, at.i_state, 2 * rows),
             (Reads::Work, at.roll_logp, tokens),
         ];
-        let out = self.run(rec, &reads)?;
+        let out = self.run(rec, &reads).await?;
         let (resp, state, logp_all) = (u32s(&out[0]), u32s(&out[1]), f32s(&out[2]));
         let rows_out: Vec<Vec<u32>> = (0..rows)
             .map(|r| resp[r * max_len..][..(state[rows + r] as usize).min(max_len)].to_vec())
