@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command, on any machine with a GPU: the WGSL engines against burn's wgpu path and the
-# fused CPU steps, on lecture17, scaled and transformer-sort, then the B·G / n / D scaling sweep on the GPU and
-# on the CPU, and the fused CPU engines' threads curve (1 … every core). Prints one table (and
+# fused CPU steps, on lecture17, scaled and transformer-sort; then the transformer's sweep (D,
+# layers, B·G, max_len: WGSL, burn, fused) and the B·G / n / D scaling sweep on the GPU and on
+# the CPU; and the fused CPU engines' threads curve (1 … every core). Prints one table (and
 # writes the sweeps under bench-gpu-out/).
 #
 #   bench/gpu.sh                 # a hardware GPU (--device gpu)
@@ -52,6 +53,11 @@ ITER="$T_ITER" row transformer-sort cpu --threads 1 \
   --set algorithm.dynamic_sampling=false > "$OUT/transformer-sort-cpu.json"
 show "$OUT/transformer-sort-cpu.json" transformer
 if [ "$SWEEP" = 1 ]; then
+  # The transformer's sweep on the device: the WGSL engine and burn's path there, the fused
+  # engine on the CPU (D, layers, B·G, max_len; one timed iteration a point).
+  echo "transformer scaling sweep on $DEVICE (WGSL engine, burn's path; the fused engine on the CPU):"
+  $BIN bench --preset transformer-sort --device "$DEVICE" --iterations 1 \
+    --scaling "$OUT/scaling-transformer-$DEVICE" 2>/dev/null
   for dev in "$DEVICE" cpu; do
     echo "scaling sweep on $dev (around scaled; B·G up to 65 536, D up to 256):"
     $BIN bench --preset scaled --device "$dev" --iterations 2 --scaling "$OUT/scaling-$dev" 2>/dev/null

@@ -9,7 +9,9 @@
 //     row stride c_rs from c_off + z·c_bs;
 //   or, with flag bit 1 ("reduce"), C (+)= Σ_z A[z] · B[z]: one contraction over (z, k),
 //     so a sum over positions lands in one output without races.
-// Flag bit 0: accumulate into C instead of overwriting it.
+// Flag bit 0: accumulate into C instead of overwriting it. Flag bit 2 (batch 1 only): C's
+// column stride is c_bs, not 1 (C stored transposed: a weight's gradient computed as
+// ∂Wᵀ = dYᵀ·X lands as ∂W).
 // A and B are read from `model` (weights) or `work` (activations) as the pipeline
 // constants A_SRC / B_SRC say (0 model, 1 work); C is always in `work`. A_SRC = 2 is a
 // one-hot A built from token ids: A[z](i, k) = 1 if ints[a_off + z·a_bs + k·a_cs] == i
@@ -135,9 +137,12 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
 
 fn store_row(gi: u32, gj: u32, z: u32, acc: vec4<f32>) {
     if (gi >= mm.m) { return; }
+    let by_columns = (mm.flags & 4u) != 0u;
+    let c_cs = select(1u, mm.c_bs, by_columns);
+    let c_bs = select(mm.c_bs, 0u, by_columns);
     for (var c = 0u; c < 4u; c++) {
         if (gj + c < mm.n) {
-            let at = mm.c_off + z * mm.c_bs + gi * mm.c_rs + gj + c;
+            let at = mm.c_off + z * c_bs + gi * mm.c_rs + (gj + c) * c_cs;
             if ((mm.flags & 1u) != 0u) {
                 work[at >> 2u][at & 3u] = work[at >> 2u][at & 3u] + acc[c];
             } else {

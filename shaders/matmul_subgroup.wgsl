@@ -57,10 +57,10 @@ fn b_block(b0: u32, k: u32, kl: u32, quad: u32) -> mat4x4<f32> {
     );
 }
 
-// One quad of C's row gi from column gj: a whole vec4 where C's rows start at multiples of 4
-// and the quad is in range, else element by element (store_row).
+// One quad of C's row gi from column gj: a whole vec4 where C's rows start at multiples of 4,
+// its columns are contiguous and the quad is in range, else element by element (store_row).
 fn store_quad(gi: u32, gj: u32, acc: vec4<f32>) {
-    if (((mm.c_off | mm.c_rs) & 3u) == 0u && gi < mm.m && gj + 3u < mm.n) {
+    if (((mm.c_off | mm.c_rs) & 3u) == 0u && (mm.flags & 4u) == 0u && gi < mm.m && gj + 3u < mm.n) {
         let at = (mm.c_off + gi * mm.c_rs + gj) >> 2u;
         if ((mm.flags & 1u) != 0u) {
             work[at] = work[at] + acc;

@@ -271,8 +271,9 @@ fn transformer_axes() -> [Axis; 4] {
 }
 
 /// The transformer's scaling sweep: D, layers, B·G and `max_len` one at a time around the
-/// preset, on the fused engine and on burn's autodiff path (`run.fused_step=off`, fewer
-/// points: it is 6× slower), without the cold start or dynamic sampling (a step's cost, not a
+/// preset, on the fused engine (on the CPU) and on burn's autodiff path (`run.fused_step=off`,
+/// fewer points: it is 6× slower) — and, on a wgpu device, the WGSL engine (burn's points) —
+/// without the cold start or dynamic sampling (a step's cost, not a
 /// recipe's), so responses have init's lengths (`<eos>` drawn with ≈ 1/V chance per token).
 fn bench_scaling_transformer(
     base: &RunConfig,
@@ -296,7 +297,17 @@ fn bench_scaling_transformer(
         compute.label,
         options.iterations
     );
-    for (engine, fused_step) in [("fused", "auto"), ("burn", "off")] {
+    // The fused engine on the CPU; burn's path on the run's device; with a wgpu device, the
+    // WGSL transformer engine on it too (burn's points: a step is seconds on lavapipe).
+    let cpu = Compute::cpu();
+    let mut engines = vec![
+        ("fused", "run.fused_step=auto", &cpu, "fused engine"),
+        ("burn", "run.fused_step=off", compute, "burn's path, dashed"),
+    ];
+    if compute.gpu.is_some() {
+        engines.push(("wgsl", "run.engine=wgsl", compute, "WGSL engine"));
+    }
+    for (engine, set, on, legend) in engines {
         for axis in &axes {
             let values = if engine == "fused" {
                 axis.fused
@@ -306,9 +317,9 @@ fn bench_scaling_transformer(
             let mut pts: Vec<(f64, f64)> = Vec::new();
             for &v in values {
                 let mut sets = (axis.sets)(v, &base);
-                sets.push(format!("run.fused_step={fused_step}"));
+                sets.push(set.to_string());
                 let config = base.with_overrides(&sets).map_err(user)?;
-                let (wall, cpu) = time_config_cpu(config, compute, options.iterations)?;
+                let (wall, cpu) = time_config_cpu(config, on, options.iterations)?;
                 // On-CPU time where known: the sweep runs minutes on a shared machine.
                 let ms = cpu.unwrap_or(wall);
                 let size = (axis.size)(v, &base);
@@ -326,23 +337,12 @@ fn bench_scaling_transformer(
                 ));
                 pts.push(((size as f64).log10(), ms.log10()));
             }
-            let mut line = crate::report::Series::line(
-                format!(
-                    "{} ({})",
-                    axis.name,
-                    if engine == "fused" {
-                        "fused engine"
-                    } else {
-                        "burn's path, dashed"
-                    }
-                ),
-                pts,
-            );
+            let mut line = crate::report::Series::line(format!("{} ({legend})", axis.name), pts);
             line.dashed = engine == "burn";
             series.push(line);
         }
     }
-    let (line, rows) = threads_sweep(&base, compute, options)?;
+    let (line, rows) = threads_sweep(&base, &cpu, options)?;
     series.push(line);
     for (threads, wall, slope) in rows {
         table.push_str(&format!(

@@ -256,6 +256,8 @@ fn window_cut_cases() -> Vec<Case> {
                 let pad = pick(&mut rng, &[0, 1, 7, 64]);
                 buf.model = normals(&mut rng, pad + k * n, 1.0);
                 buf.work = normals(&mut rng, m * k + m * n, 1.0);
+                // Half the cases store C transposed (a weight's gradient as ∂Wᵀ = dYᵀ·X).
+                let (c_rs, c_cs) = if rng.below(2) == 0 { (n, 0) } else { (1, m) };
                 let mm = MatmulParams {
                     m: m as u32,
                     n: n as u32,
@@ -263,9 +265,10 @@ fn window_cut_cases() -> Vec<Case> {
                     batch: 1,
                     a: [0, a_rs as u32, a_cs as u32, 0],
                     b: [pad as u32, b_rs as u32, b_cs as u32, 0],
-                    c: [(m * k) as u32, n as u32, 0],
+                    c: [(m * k) as u32, c_rs as u32, 0],
                     accumulate,
                     reduce: false,
+                    c_cs: c_cs as u32,
                 };
                 cases.push(Case {
                     buf,
@@ -300,9 +303,14 @@ fn matmul_cases(h: &KernelHarness, kernel: MatmulKernel) {
             let (a, alen) = view(&mut rng, m, k);
             let (b, blen) = view(&mut rng, k, n);
             let pad = pick(&mut rng, &[0, 0, 3]);
-            let c_rs = n + pad;
             let outputs = if reduce { 1 } else { batch };
-            let clen = outputs * m * c_rs;
+            // A quarter of the single products store C transposed (columns `m + pad` apart).
+            let by_columns = outputs == 1 && batch == 1 && rng.below(4) == 0;
+            let (c_rs, c_cs, clen) = if by_columns {
+                (1, m + pad, n * (m + pad))
+            } else {
+                (n + pad, 0, outputs * m * (n + pad))
+            };
             let mut buf = Buffers::default();
             let mut place = |src: u32, len: usize, rng: &mut SplitMix64| -> u32 {
                 let v = normals(rng, len, 1.0);
@@ -344,6 +352,7 @@ fn matmul_cases(h: &KernelHarness, kernel: MatmulKernel) {
                 c: [c_off, c_rs as u32, (m * c_rs) as u32],
                 accumulate,
                 reduce,
+                c_cs: c_cs as u32,
             };
             cases.push(Case {
                 buf,

@@ -103,12 +103,20 @@ pub struct MatmulParams {
     pub accumulate: bool,
     /// `C (+)= Σ_z A[z]·B[z]` instead of one C per z.
     pub reduce: bool,
+    /// C's column stride where `batch` is 1 (0 or 1: contiguous). Larger: C stored
+    /// transposed (flag bit 2; `c[2]` is not read).
+    pub c_cs: u32,
 }
 
 impl MatmulParams {
     fn words(&self) -> [u32; 16] {
-        let flags = self.accumulate as u32 | (self.reduce as u32) << 1;
-        let (a, b, c) = (self.a, self.b, self.c);
+        let by_columns = self.c_cs > 1;
+        debug_assert!(!by_columns || (self.batch <= 1 && !self.reduce));
+        let flags = self.accumulate as u32 | (self.reduce as u32) << 1 | (by_columns as u32) << 2;
+        let (a, b, mut c) = (self.a, self.b, self.c);
+        if by_columns {
+            c[2] = self.c_cs;
+        }
         [
             self.m, self.n, self.k, self.batch, a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3],
             c[0], c[1], c[2], flags,

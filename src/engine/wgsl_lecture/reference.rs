@@ -54,7 +54,11 @@ pub fn matmul(buf: &mut Buffers, mm: &MatmulParams, src: (u32, u32)) {
                         acc = a.mul_add(b, acc);
                     }
                 }
-                let at = co + z * cbs + i * crs + j;
+                let at = if mm.c_cs > 1 {
+                    co + i * crs + j * mm.c_cs as usize
+                } else {
+                    co + z * cbs + i * crs + j
+                };
                 buf.work[at] = if mm.accumulate {
                     buf.work[at] + acc
                 } else {

@@ -299,6 +299,7 @@ impl WgslLectureEngine {
                 c: [u(l.grad), u(d), 0],
                 accumulate: true,
                 reduce: true,
+                c_cs: 0,
             },
         );
     }

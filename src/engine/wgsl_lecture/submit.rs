@@ -322,7 +322,7 @@ fn window_parts(mm: MatmulParams, align: usize) -> Option<Vec<(MatmulParams, u32
         } else {
             part.n = u(len);
             part.b[0] = u(b_off + at * cs);
-            part.c[0] += u(at);
+            part.c[0] += u(at) * mm.c_cs.max(1);
         }
         let base = part.b[0] as usize / align * align;
         part.b[0] -= u(base);

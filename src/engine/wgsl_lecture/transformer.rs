@@ -351,6 +351,7 @@ fn mm(
         c: [u(c.0), u(c.1), 0],
         accumulate,
         reduce: false,
+        c_cs: 0,
     }
 }
 
@@ -914,20 +915,31 @@ impl WgslTransformer {
         let at = &self.plan_ref().at;
         let (nr, p) = (at.nr, &self.programs);
         let dw = mm((k, m, nr), (x, 1, k), (dy, m, 1), (at.grad + w, m), false);
-        // Through matmul_window: dY copied where the kernel reads B, in windows.
+        // Through matmul_window: the narrower of dY and X copied where the kernel reads B, in
+        // windows of its rows (the wider one's rows would make more, smaller windows): ∂W =
+        // Xᵀ·dY, or ∂Wᵀ = dYᵀ·X with C stored transposed.
+        let (windowed, (from, cols)) = if m > k {
+            let dwt = MatmulParams {
+                c_cs: m as u32,
+                ..mm((m, k, nr), (dy, 1, m), (x, k, 1), (at.grad + w, 1), false)
+            };
+            (dwt, (x, k))
+        } else {
+            (dw, (dy, m))
+        };
         let plan = self.plan_ref();
         let scratched = plan.scratch.as_ref().is_some_and(|(scratch, group)| {
             let b = MatmulParams {
-                b: [0, m as u32, 1, 0],
-                ..dw
+                b: [0, cols as u32, 1, 0],
+                ..windowed
             };
             let ops = rec.ops.len();
             rec.ops.push(Op::Copy {
                 src: plan.work.clone(),
-                src_off: (dy * 4) as u64,
+                src_off: (from * 4) as u64,
                 dst: scratch.clone(),
                 dst_off: 0,
-                bytes: (nr * m * 4) as u64,
+                bytes: (nr * cols * 4) as u64,
             });
             let done = rec.windowed(p, group, b);
             if !done {
