@@ -84,6 +84,25 @@ fn key_of(kind: u8, words: &[&[u32]], rest: impl std::fmt::Debug) -> u64 {
     h.finish()
 }
 
+/// log π and the entropy of a batch's response tokens ([`WgslTransformer::scores`]).
+async fn scores_of(
+    dev: &mut WgslTransformer,
+    which: Which,
+    b: &Batch,
+    temperature: f32,
+) -> Result<(Vec<f32>, Vec<f32>), EngineError> {
+    dev.scores(
+        which,
+        &b.prompts,
+        &b.responses,
+        &b.lengths,
+        b.g,
+        b.t,
+        temperature,
+    )
+    .await
+}
+
 fn f32_words(x: &[f32]) -> Vec<u32> {
     x.iter().map(|v| v.to_bits()).collect()
 }
@@ -341,18 +360,7 @@ impl Engine for WgslTransformerEngine {
         let batch = batch.clone();
         let answer = self.call(key, false, |dev| {
             busy!(dev, async {
-                let b = &batch;
-                let (logp, _) = dev
-                    .scores(
-                        which,
-                        &b.prompts,
-                        &b.responses,
-                        &b.lengths,
-                        b.g,
-                        b.t,
-                        temperature,
-                    )
-                    .await?;
+                let (logp, _) = scores_of(&mut dev, which, &batch, temperature).await?;
                 Ok(Answer::Logp(logp))
             })
         })?;
@@ -391,17 +399,8 @@ impl Engine for WgslTransformerEngine {
         let answer = self.call(key, true, |dev| {
             busy!(dev, async {
                 let b = &batch;
-                let (mut logp, mut entropy) = dev
-                    .scores(
-                        Which::Policy,
-                        &b.prompts,
-                        &b.responses,
-                        &b.lengths,
-                        b.g,
-                        b.t,
-                        temperature,
-                    )
-                    .await?;
+                let (mut logp, mut entropy) =
+                    scores_of(&mut dev, Which::Policy, b, temperature).await?;
                 let inputs = TokenInputs {
                     logp: &logp,
                     old_logp: &old,
