@@ -104,14 +104,14 @@ pub struct MatmulParams {
     /// `C (+)= Σ_z A[z]·B[z]` instead of one C per z.
     pub reduce: bool,
     /// C's column stride where `batch` is 1 (0 or 1: contiguous). Larger: C stored
-    /// transposed (flag bit 2; `c[2]` is not read).
+    /// transposed (flag bit 2; `c[2]` is not read; one product: `batch` 1).
     pub c_cs: u32,
 }
 
 impl MatmulParams {
     fn words(&self) -> [u32; 16] {
         let by_columns = self.c_cs > 1;
-        debug_assert!(!by_columns || (self.batch <= 1 && !self.reduce));
+        debug_assert!(!by_columns || self.batch <= 1);
         let flags = self.accumulate as u32 | (self.reduce as u32) << 1 | (by_columns as u32) << 2;
         let (a, b, mut c) = (self.a, self.b, self.c);
         if by_columns {
