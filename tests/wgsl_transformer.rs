@@ -37,6 +37,12 @@ struct Case {
 }
 
 impl Case {
+    /// log π and the entropy of this case's tokens on the device.
+    fn scores(&self, dev: &mut WgslTransformer, which: Which, t: f32) -> (Vec<f32>, Vec<f32>) {
+        let (p, r, l) = (&self.prompts, &self.responses, &self.lens);
+        now(dev.scores(which, p, r, l, self.g, self.t, t)).unwrap()
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn new(
         seed: u64,
@@ -159,16 +165,7 @@ fn log_probs_and_entropies_equal_the_fused_engine() {
         let Some(mut dev) = c.device() else { return };
         let mut fused = c.fused();
         for temperature in [1.0f32, 0.7] {
-            let (logp, ent) = now(dev.scores(
-                Which::Policy,
-                &c.prompts,
-                &c.responses,
-                &c.lens,
-                c.g,
-                c.t,
-                temperature,
-            ))
-            .unwrap();
+            let (logp, ent) = c.scores(&mut dev, Which::Policy, temperature);
             let want = fused.token_logp_ragged(
                 None,
                 &c.prompts,
@@ -194,16 +191,7 @@ fn log_probs_and_entropies_equal_the_fused_engine() {
             }
         }
         // The reference copy starts as the policy.
-        let (rlogp, _) = now(dev.scores(
-            Which::Reference,
-            &c.prompts,
-            &c.responses,
-            &c.lens,
-            c.g,
-            c.t,
-            1.0,
-        ))
-        .unwrap();
+        let (rlogp, _) = c.scores(&mut dev, Which::Reference, 1.0);
         let want =
             fused.token_logp_ragged(None, &c.prompts, &c.responses, &c.lens, c.g, c.t, 1.0, None);
         assert!(worst(&rlogp, &want) < 2e-5, "case {i}: the reference");
@@ -219,16 +207,7 @@ fn gradients_equal_the_fused_engine() {
         for (temperature, entropy) in [(1.0f32, false), (0.8, true)] {
             let dlogp = c.coefs(10 + i as u64, 0.3);
             let dent = entropy.then(|| c.coefs(20 + i as u64, 0.2));
-            now(dev.scores(
-                Which::Policy,
-                &c.prompts,
-                &c.responses,
-                &c.lens,
-                c.g,
-                c.t,
-                temperature,
-            ))
-            .unwrap();
+            c.scores(&mut dev, Which::Policy, temperature);
             let grad = now(dev.gradient(&dlogp, dent.as_deref())).unwrap();
             let (want, _) =
                 fused.coefficient_gradient(&c.input(&zeros), &dlogp, dent.as_deref(), temperature);
@@ -256,16 +235,7 @@ fn adam_steps_equal_the_fused_engine() {
         let (lr, max_norm) = (3e-3, 0.5f32);
         for step in 0..3u64 {
             let dlogp = c.coefs(100 * step + i as u64, 0.3);
-            now(dev.scores(
-                Which::Policy,
-                &c.prompts,
-                &c.responses,
-                &c.lens,
-                c.g,
-                c.t,
-                1.0,
-            ))
-            .unwrap();
+            c.scores(&mut dev, Which::Policy, 1.0);
             let norm = now(dev.step(&dlogp, None, lr, max_norm)).unwrap();
             let (grad, _) = fused.coefficient_gradient(&c.input(&zeros), &dlogp, None, 1.0);
             let want = grad.iter().map(|g| g * g).sum::<f32>().sqrt();
