@@ -8,14 +8,18 @@
 #   bench/gpu.sh                 # a hardware GPU (--device gpu)
 #   DEVICE=software bench/gpu.sh # lavapipe, for comparison on a machine without one
 #   ITER=5 SWEEP=0 bench/gpu.sh  # fewer timed iterations, no sweep
+#   BIN=/path/grpo-lab bench/gpu.sh  # a release binary built elsewhere
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEVICE="${DEVICE:-gpu}"
 ITER="${ITER:-10}"
 SWEEP="${SWEEP:-1}"
 OUT="${OUT:-bench-gpu-out}"
-cargo build --release --bin grpo-lab >&2
-BIN=target/release/grpo-lab
+# BIN=path/to/grpo-lab uses a binary built elsewhere (a machine without a toolchain).
+if [ -z "${BIN:-}" ]; then
+  cargo build --release --bin grpo-lab >&2
+  BIN=target/release/grpo-lab
+fi
 mkdir -p "$OUT"
 $BIN devices >&2 || true
 row() { # preset device extra-args...

@@ -647,9 +647,12 @@ pub fn covering_all_from(
 ///   presets). The WGSL engine (17 dispatches per step, one submission per iteration) has been measured on
 ///   lavapipe only, where the fused CPU step is faster at every preset shape; `auto` moves the
 ///   lecture model to it on a hardware GPU once `bench/gpu.sh` shows it winning there.
-///   `run.engine = wgsl` asks for it (lavapipe without a hardware GPU);
-///   the transformer goes to the GPU (burn's autodiff there; on the CPU it runs on the fused
-///   CPU transformer engine).
+///   `run.engine = wgsl` asks for it (lavapipe without a hardware GPU).
+///   The transformer stays on the fused CPU transformer engine where it covers the config:
+///   neither its WGSL engine nor burn's path has been measured on a hardware GPU (`bench/gpu.sh`
+///   prints both against it), and on lavapipe the fused step is 13× the WGSL engine's speed and
+///   ~270× burn's. A transformer config the fused engine does not cover goes to the GPU
+///   (burn's autodiff there, rather than burn on the CPU).
 pub fn auto_device(config: &RunConfig, hardware_gpu: Option<&str>) -> (DeviceChoice, String) {
     let lecture = config.model.kind == ModelKind::Lecture;
     if config.run.engine == EngineChoice::Wgsl {
@@ -691,7 +694,21 @@ pub fn auto_device(config: &RunConfig, hardware_gpu: Option<&str>) -> (DeviceCho
             DeviceChoice::Cpu,
             format!("the lecture model's fused CPU step beats burn's path on {name} at every preset shape"),
         ),
-        Some(name) => (DeviceChoice::Gpu, format!("a transformer on the hardware GPU {name}")),
+        Some(name)
+            if config.run.fused_step == FusedChoice::Auto
+                && transformer_cpu::FusedTransformerEngine::covers(config) =>
+        {
+            let why = format!(
+                "the fused CPU transformer engine: neither the WGSL engine nor burn's path has been measured on a hardware GPU such as {name} yet (bench/gpu.sh; run.engine = wgsl asks for the WGSL engine)"
+            );
+            (DeviceChoice::Cpu, why)
+        }
+        Some(name) => (
+            DeviceChoice::Gpu,
+            format!(
+                "a transformer the fused CPU engine does not cover: burn's path on the hardware GPU {name}"
+            ),
+        ),
     }
 }
 
@@ -738,10 +755,15 @@ mod tests {
         assert_eq!(auto_device(&lecture, None).0, DeviceChoice::Cpu);
         assert_eq!(auto_device(&transformer, None).0, DeviceChoice::Cpu);
         assert_eq!(auto_device(&lecture, Some("a GPU")).0, DeviceChoice::Cpu);
+        // Until a hardware GPU has been measured, the transformer keeps the fused CPU engine
+        // where it covers the config; burn's path on the GPU where it does not.
         assert_eq!(
             auto_device(&transformer, Some("a GPU")).0,
-            DeviceChoice::Gpu
+            DeviceChoice::Cpu
         );
+        let mut uncovered = transformer.clone();
+        uncovered.run.fused_step = FusedChoice::Off; // burn's path asked for
+        assert_eq!(auto_device(&uncovered, Some("a GPU")).0, DeviceChoice::Gpu);
         let mut wgsl = lecture.clone();
         wgsl.run.engine = EngineChoice::Wgsl;
         assert_eq!(auto_device(&wgsl, None).0, DeviceChoice::Software);

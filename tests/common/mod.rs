@@ -5,10 +5,16 @@ use grpo_lab::config::{DeviceChoice, RunConfig};
 use grpo_lab::gpu::Compute;
 use std::path::PathBuf;
 
-/// The software wgpu adapter (lavapipe). Where `CI` is set a missing adapter fails the
+/// The software wgpu adapter (lavapipe); a hardware GPU first where `GRPO_TEST_DEVICE=gpu`
+/// (the same tests on a machine with one). Where `CI` is set a missing adapter fails the
 /// test instead of quietly falling back, so the wgpu path is exercised for real.
 pub fn wgpu_compute() -> Option<Compute> {
-    match Compute::select(DeviceChoice::Software).or_else(|_| Compute::select(DeviceChoice::Gpu)) {
+    let order = if std::env::var("GRPO_TEST_DEVICE").is_ok_and(|v| v == "gpu") {
+        [DeviceChoice::Gpu, DeviceChoice::Software]
+    } else {
+        [DeviceChoice::Software, DeviceChoice::Gpu]
+    };
+    match Compute::select(order[0]).or_else(|_| Compute::select(order[1])) {
         Ok(c) => Some(c),
         Err(e) if std::env::var_os("CI").is_some() => panic!("CI needs a wgpu adapter: {e}"),
         Err(e) => {
