@@ -444,14 +444,11 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
     let submissions_per_iteration = counts.zip(counts_before).map(|(after, before)| {
         (after.submissions - before.submissions) as f64 / options.iterations as f64
     });
-    // burn's autodiff path on the same device, for the speed-up.
-    let burn_ms = if options.vs_burn {
-        let mut burn = config.clone();
-        burn.run.engine = crate::config::EngineChoice::Burn;
-        Some(time_config(burn, compute, options.iterations)?)
-    } else {
-        None
+    let burn = match options.vs_burn {
+        true => Some(time_burn(&config, compute, options.iterations)?),
+        false => None,
     };
+    let burn_ms = burn.map(|b| b.0);
     // Each part's share of one optimizer step (ms), median over the timed iterations.
     let part = |get: fn(&Timings) -> f64| {
         median(
@@ -495,6 +492,9 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         "submissions_per_iteration": submissions_per_iteration,
         "burn_ms_per_step": burn_ms,
         "speedup_vs_burn": burn_ms.map(|b| b / ms),
+        "burn_first_step_ms": burn.map(|b| b.1),
+        "burn_cold_start_ms": burn.map(|b| b.2),
+        "first_step_speedup_vs_burn": burn.map(|b| b.1 / first_step_ms),
         "cold_start_ms": cold_start_ms,
         "rollout_step_ms": median(&rollout_steps),
         "optimizer_step_ms": median(&plain_steps),
@@ -522,6 +522,17 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         print_step_report(&report, config.sft.steps);
     }
     Ok(())
+}
+
+/// burn's autodiff path on the same device, for `--vs-burn`'s speed-ups: warmed up and timed as
+/// [`bench_step`] times the engine, so its first step (cold start included) is measured in the
+/// same run. Median ms per step, first step ms, cold start ms.
+fn time_burn(config: &RunConfig, compute: &Compute, iterations: usize) -> Result<(f64, f64, f64)> {
+    let mut burn = config.clone();
+    burn.run.engine = crate::config::EngineChoice::Burn;
+    let (mut trainer, [_, cold_start, first_step]) = warm_up(&burn, compute)?;
+    let timed = time_iterations(&mut trainer, iterations, burn.algorithm.mu)?;
+    Ok((median(&timed.per_step), first_step, cold_start))
 }
 
 /// `bench-rollout`'s sizes within what it allows.
@@ -643,8 +654,11 @@ fn print_step_report(report: &serde_json::Value, sft_steps: usize) {
     }
     if let Some(b) = report["burn_ms_per_step"].as_f64() {
         println!(
-            "  burn's autodiff path on the same device: {b:.3} ms/step; this engine is {:.1}× faster",
-            b / ms
+            "  burn's autodiff path on the same device: {b:.3} ms/step, first step {:.1} ms (cold start {:.1} ms); this engine is {:.1}× faster per step, {:.1}× on the first step",
+            num(&report["burn_first_step_ms"]),
+            num(&report["burn_cold_start_ms"]),
+            b / ms,
+            num(&report["first_step_speedup_vs_burn"]),
         );
     }
     println!(
