@@ -444,9 +444,10 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
     let submissions_per_iteration = counts.zip(counts_before).map(|(after, before)| {
         (after.submissions - before.submissions) as f64 / options.iterations as f64
     });
-    let burn = match options.vs_burn {
-        true => Some(time_burn(&config, compute, options.iterations)?),
-        false => None,
+    let burn = if options.vs_burn {
+        Some(time_burn(&config, compute, options.iterations)?)
+    } else {
+        None
     };
     let burn_ms = burn.map(|b| b.0);
     // Each part's share of one optimizer step (ms), median over the timed iterations.
