@@ -1011,6 +1011,7 @@ fn bad_input_is_refused_with_clear_errors() {
         ref_logp: Box::leak(logp.clone().into_boxed_slice()),
         sampler_logp: None,
         logp_rows: 0,
+        entropy_rows: 0,
         entropy_dynamics: false,
     };
     let err = e.step(&batch, &req(&[1.0])).unwrap_err().to_string();

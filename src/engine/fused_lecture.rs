@@ -596,6 +596,11 @@ impl FusedLecture {
         self.cores.threads()
     }
 
+    /// Those threads.
+    pub fn cores(&self) -> &Cores {
+        &self.cores
+    }
+
     /// The parts of `b` prompts: a function of the shape alone, so the results do not depend
     /// on the threads, and the same for every pass over a batch (the rollout's logits, the
     /// step's, log π_old's), so they agree bit for bit.
@@ -609,11 +614,11 @@ impl FusedLecture {
     fn tables(&self, parts: usize, f: &mut Forward, positions: &mut Vec<Position>) {
         let (n, d, v) = (self.n, self.d, self.vocab);
         let emb = View::rows(&self.embedding, d);
-        let t = zeroed(&mut f.t, v * n * d);
-        let m = zeroed(&mut f.m, d * n * v);
         let encode_p = |p: usize| View::rows(&self.encode, d).at(p * d * d);
         let decode_p = |p: usize| View::rows(&self.decode_t, n * d).at(p * d);
         if parts <= 1 {
+            let t = zeroed(&mut f.t, v * n * d);
+            let m = zeroed(&mut f.m, d * n * v);
             for p in 0..n {
                 product_into(&mut t[p * d..], n * d, emb, encode_p(p), (v, d, d), false);
                 product_into(
@@ -646,14 +651,26 @@ impl FusedLecture {
                 false,
             );
         });
-        for (p, pos) in positions.iter().enumerate() {
-            for (row, src) in t.chunks_exact_mut(n * d).zip(pos.t.chunks_exact(d)) {
-                row[p * d..(p + 1) * d].copy_from_slice(src);
+        // Gathered by rows on the threads (a row holds every position's block, so each element
+        // is written: no memset first).
+        let (t, m) = (sized(&mut f.t, v * n * d), sized(&mut f.m, d * n * v));
+        // Row `r` of T (`[V, n·D]`) or of M (`[D, n·V]`).
+        let mut rows: Vec<(&mut [f32], bool, usize)> = (t.chunks_exact_mut(n * d).enumerate())
+            .map(|(r, row)| (row, true, r))
+            .chain(
+                m.chunks_exact_mut(n * v)
+                    .enumerate()
+                    .map(|(r, row)| (row, false, r)),
+            )
+            .collect();
+        let positions = &positions[..];
+        self.cores.each(&mut rows, |_, (row, of_t, r)| {
+            let w = if *of_t { d } else { v };
+            for (block, pos) in row.chunks_exact_mut(w).zip(positions) {
+                let src = if *of_t { &pos.t } else { &pos.m };
+                block.copy_from_slice(&src[*r * w..(*r + 1) * w]);
             }
-            for (row, src) in m.chunks_exact_mut(n * v).zip(pos.m.chunks_exact(v)) {
-                row[p * v..(p + 1) * v].copy_from_slice(src);
-            }
-        }
+        });
     }
 
     /// The forward of `prompts [B·n]` cut into parts: the tables, then each part's rows on the

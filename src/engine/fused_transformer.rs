@@ -869,6 +869,11 @@ impl FusedTransformer {
         self.cores.threads()
     }
 
+    /// Those threads.
+    pub fn cores(&self) -> &Cores {
+        &self.cores
+    }
+
     fn net(&self) -> Net<'_> {
         Net {
             shape: &self.shape,

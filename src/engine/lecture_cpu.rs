@@ -70,6 +70,10 @@ impl Engine for FusedLectureEngine {
         self.policy.threads()
     }
 
+    fn cores(&self) -> super::cores::Cores {
+        self.policy.cores().clone()
+    }
+
     fn sample(&mut self, req: &SampleRequest) -> Result<Samples, EngineError> {
         let (b, g) = (req.prompts.len(), req.g);
         let (n, v) = (self.policy.n, self.policy.vocab);
@@ -167,7 +171,7 @@ impl Engine for FusedLectureEngine {
         logp.truncate(req.logp_rows * batch.t);
         let entropy = self
             .policy
-            .token_entropy(batch.g, logp.len() / batch.t.max(1));
+            .token_entropy(batch.g, (logp.len() / batch.t.max(1)).min(req.entropy_rows));
         Ok(StepOutput {
             scalars,
             logp,

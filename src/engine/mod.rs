@@ -349,6 +349,9 @@ pub struct StepRequest<'a> {
     pub sampler_logp: Option<&'a [f32]>,
     /// Return `log π` (before the update) of the first this many responses.
     pub logp_rows: usize,
+    /// Of those, the first this many need their per-token entropy (the logged groups at an
+    /// iteration's last step, a mini-batch's rows); an engine may return more.
+    pub entropy_rows: usize,
     /// Measure the step's entropy change (`run.entropy_dynamics`), where the engine can:
     /// [`StepScalars::entropy_measured`] and [`StepScalars::entropy_first_order`].
     pub entropy_dynamics: bool,
@@ -479,6 +482,7 @@ pub trait Engine {
         for k in 0..count {
             let r = StepRequest {
                 logp_rows: if k + 1 == count { req.logp_rows } else { 0 },
+                entropy_rows: if k + 1 == count { req.entropy_rows } else { 0 },
                 ..*req
             };
             out.push(self.step(batch, &r)?);
@@ -515,6 +519,11 @@ pub trait Engine {
     /// The threads its passes run on (`run.threads` where the engine takes it).
     fn threads(&self) -> usize {
         1
+    }
+    /// Those threads, for the trainer's own passes over a batch (the ratio statistics, the
+    /// rewards): one where the engine has none.
+    fn cores(&self) -> cores::Cores {
+        cores::Cores::default()
     }
     /// For engines that drive a device by hand (the WGSL engine): command submissions so far
     /// and dispatches per optimizer step (`bench` reports them).

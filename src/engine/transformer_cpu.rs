@@ -194,4 +194,8 @@ impl Engine for FusedTransformerEngine {
     fn threads(&self) -> usize {
         self.policy.threads()
     }
+
+    fn cores(&self) -> super::cores::Cores {
+        self.policy.cores().clone()
+    }
 }

@@ -667,6 +667,12 @@ impl Trainer {
             ref_logp,
             sampler_logp,
             logp_rows: rows,
+            // A mini-batch's rows (`Frozen::saw`), the logged groups at the iteration's end.
+            entropy_rows: match (&part, last_of_iteration) {
+                (Some(_), _) => rows,
+                (None, true) => logged * g,
+                (None, false) => 0,
+            },
             entropy_dynamics: cfg.run.entropy_dynamics,
         };
         // An engine that takes the iteration's steps in one go (one submission): all of them
@@ -680,7 +686,7 @@ impl Trainer {
             &req,
             all_at_once,
         )?;
-        let ratio = RatioStats::of(&out.logp, old_logp, &batch.mask);
+        let ratio = RatioStats::on(&self.engine.cores(), &out.logp, old_logp, &batch.mask);
         let covariance = (cfg.run.entropy_dynamics)
             .then(|| record::covariance(&out.logp, advantages, token_advantages, batch))
             .flatten();
@@ -715,16 +721,21 @@ impl Trainer {
         if a.entropy_bonus() {
             record.entropy_coef = Some(self.entropy_control.coef as f32);
         }
+        self.advance(step);
+        Ok(record)
+    }
+
+    /// After step `step`: the next step's position, the iteration's frozen data dropped at its end.
+    fn advance(&mut self, step: usize) {
         self.global_step = step;
         self.step_in_iteration += 1;
-        if self.step_in_iteration >= a.steps_per_iteration() {
+        if self.step_in_iteration >= self.config.algorithm.steps_per_iteration() {
             self.step_in_iteration = 0;
             self.iteration += 1;
             self.frozen = None;
             self.pending.clear();
             self.engine.end_iteration();
         }
-        Ok(record)
     }
 }
 
@@ -748,6 +759,48 @@ fn finite(
         value,
     })
 }
+
+/// [`score_batch`] by spans of whole groups (about [`SCORE_SPAN`] responses) on `cores`'
+/// threads: each response's reward and flag are its own (a group's, for Kimi's length term),
+/// so the same values on any number of threads.
+fn score_on(
+    cores: &crate::engine::cores::Cores,
+    f: &crate::task::reward::RewardFn,
+    c: &crate::config::RunConfig,
+    prompts: &[&[u32]],
+    rows: &[Vec<u32>],
+    g: usize,
+) -> (Vec<f32>, Vec<u32>) {
+    let g = g.max(1);
+    let groups = (SCORE_SPAN / g).max(1);
+    if cores.threads() == 1 || prompts.len() <= groups {
+        return score_batch(f, c, prompts, rows, g);
+    }
+    let mut spans: Vec<(usize, Scores)> = (0..prompts.len())
+        .step_by(groups)
+        .map(|p| (p, Default::default()))
+        .collect();
+    cores.each(&mut spans, |_, (p, out)| {
+        let ps = *p..(*p + groups).min(prompts.len());
+        let rs = ps.start * g..(ps.end * g).min(rows.len());
+        *out = score_batch(f, c, &prompts[ps], &rows[rs], g);
+    });
+    let (mut rewards, mut exact) = (
+        Vec::with_capacity(rows.len()),
+        Vec::with_capacity(rows.len()),
+    );
+    for (_, (r, e)) in spans {
+        rewards.extend(r);
+        exact.extend(e);
+    }
+    (rewards, exact)
+}
+
+/// A span's rewards and exact-match flags.
+type Scores = (Vec<f32>, Vec<u32>);
+
+/// About this many responses to a thread in [`score_on`].
+const SCORE_SPAN: usize = 512;
 
 /// The step's output: the next of the iteration's steps an engine took in one go, or — with
 /// `all_at_once = Some(count)` — `count` steps at once (the first returned, the rest kept in
@@ -853,7 +906,8 @@ impl Trainer {
         let (rewards, exact, device_advantages) = match samples.scores {
             Some(s) => (s.rewards, s.exact, s.advantages),
             None => {
-                let (r, e) = score_batch(&self.reward_fn, cfg, &prompts, &samples.rows, g);
+                let cores = self.engine.cores();
+                let (r, e) = score_on(&cores, &self.reward_fn, cfg, &prompts, &samples.rows, g);
                 (r, e, None)
             }
         };
@@ -935,11 +989,11 @@ impl Trainer {
         if !no_eps && let Some(done) = self.engine.device_advantages(rewards, g) {
             return Ok(done?);
         }
-        let all = advantage::all_advantages(rewards, g);
-        let mut by_mode: Vec<Vec<f32>> = AdvantageMode::GROUP
-            .iter()
-            .map(|m| all.by_mode[m.name()].clone())
-            .collect();
+        // Every group mode (`advantage::all_advantages`), a mode to a thread.
+        let mut by_mode: Vec<Vec<f32>> = vec![Vec::new(); AdvantageMode::GROUP.len()];
+        self.engine.cores().each(&mut by_mode, |k, out| {
+            *out = advantage::advantages(AdvantageMode::GROUP[k], rewards, g);
+        });
         if no_eps {
             // BUG (gallery): (r − mean) / std with no ε.
             let k = AdvantageMode::GROUP
@@ -949,7 +1003,9 @@ impl Trainer {
             by_mode[k] = advantage::normalized_without_eps(rewards, g);
         }
         Ok(Advantages {
-            zero_std: all.groups.iter().map(|s| s.zero_std).collect(),
+            zero_std: (rewards.chunks(g))
+                .map(|r| advantage::GroupStats::of(r).zero_std)
+                .collect(),
             by_mode,
         })
     }
@@ -984,5 +1040,56 @@ impl Trainer {
         r.iter()
             .map(|&x| if ar && x == eos { EOS_ID } else { x })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{LengthReward, RunConfig};
+    use crate::engine::cores::Cores;
+    use crate::rng::SplitMix64;
+    use crate::task::reward::RewardFn;
+
+    /// The rewards scored by spans of groups on 2 and 3 threads are `score_batch`'s, bit for
+    /// bit: the lecture model's fixed-length rows, and the transformer's ragged ones with a
+    /// group-wide term (Kimi's length reward) across the spans' boundaries.
+    #[test]
+    fn rewards_by_spans_are_the_batch_s() {
+        let mut rng = SplitMix64::new(5);
+        let mut ar = RunConfig::preset("transformer-sort").unwrap();
+        ar.task.length_reward = LengthReward::Kimi;
+        ar.task.format_reward = 0.5;
+        for (c, g, prompts) in [(RunConfig::preset("scaled").unwrap(), 16, 70), (ar, 5, 301)] {
+            let (n, v) = (c.task.n, c.task.vocab as u64);
+            let eos = c.task.vocab as u32;
+            let owned: Vec<Vec<u32>> = (0..prompts)
+                .map(|_| (0..n).map(|_| rng.below(v) as u32).collect())
+                .collect();
+            let rows: Vec<Vec<u32>> = (0..prompts * g)
+                .map(|i| {
+                    let len = match c.model.kind {
+                        crate::config::ModelKind::Transformer => 1 + rng.below(n as u64 + 1),
+                        _ => n as u64,
+                    } as usize;
+                    let mut r: Vec<u32> = (0..len).map(|_| rng.below(v) as u32).collect();
+                    if i % 3 == 0 && r.len() > n / 2 {
+                        r.truncate(n / 2);
+                        r.push(eos);
+                    }
+                    r
+                })
+                .collect();
+            let ps: Vec<&[u32]> = owned.iter().map(|p| p.as_slice()).collect();
+            let f = RewardFn::from_task(&c.task);
+            let whole = score_batch(&f, &c, &ps, &rows, g);
+            assert!(whole.0.iter().any(|&r| r != whole.0[0]), "rewards vary");
+            for threads in [2, 3] {
+                let got = score_on(&Cores::new(threads), &f, &c, &ps, &rows, g);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got.0), bits(&whole.0), "{threads} threads");
+                assert_eq!(got.1, whole.1, "{threads} threads");
+            }
+        }
     }
 }

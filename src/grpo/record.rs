@@ -3,6 +3,7 @@
 
 use crate::config::AdvantageMode;
 use crate::engine::StepScalars;
+use crate::engine::cores::Cores;
 use crate::metrics::{GroupRecord, StepRecord};
 use crate::objective::advantage::GroupStats;
 
@@ -94,17 +95,70 @@ impl RatioStats {
     };
 
     /// From `log π_θ` and `log π_old` of the same tokens and their mask (`[rows·T]` each; the
-    /// shortest length of the three is used). The extremes are taken on the log-ratio and
-    /// exponentiated once each (`exp` is monotone: the same values as the extremes of the
-    /// ratios, without an `exp` per token — that was ~1.3 M instructions a step on `scaled`).
+    /// shortest length of the three is used), on one thread: [`RatioStats::on`].
     pub fn of(logp: &[f32], old_logp: &[f32], mask: &[f32]) -> Self {
+        Self::on(&Cores::default(), logp, old_logp, mask)
+    }
+
+    /// [`RatioStats::of`] with spans of [`RATIO_SPAN`] tokens on `cores`' threads, their sums
+    /// combined in span order: the same bits on any number of threads (the spans are a
+    /// function of the length alone).
+    pub fn on(cores: &Cores, logp: &[f32], old_logp: &[f32], mask: &[f32]) -> Self {
+        let len = logp.len().min(old_logp.len()).min(mask.len());
+        let mut spans: Vec<(usize, RatioSums)> = (0..len.div_ceil(RATIO_SPAN).max(1))
+            .map(|k| (k * RATIO_SPAN, RatioSums::EMPTY))
+            .collect();
+        cores.each(&mut spans, |_, (at, sums)| {
+            let r = *at..(*at + RATIO_SPAN).min(len);
+            *sums = RatioSums::of(&logp[r.clone()], &old_logp[r.clone()], &mask[r]);
+        });
+        spans
+            .iter()
+            .fold(RatioSums::EMPTY, |a, (_, b)| a.merge(b))
+            .finish()
+    }
+}
+
+/// The tokens one thread takes of [`RatioStats::on`] (a multiple of its 8 lanes).
+pub const RATIO_SPAN: usize = 8192;
+
+/// A span's share of [`RatioStats`]: the extremes of the log-ratio, Σ (log π_old − log π) and
+/// the count of real tokens, in eight lanes (token `i` in lane `i mod 8`).
+#[derive(Debug, Clone, Copy)]
+struct RatioSums {
+    lo: [f32; 8],
+    hi: [f32; 8],
+    kl: [f64; 8],
+    count: [f64; 8],
+    /// Real tokens whose log-ratio was a number.
+    numbers: [u32; 8],
+}
+
+impl RatioSums {
+    const EMPTY: Self = Self {
+        lo: [f32::INFINITY; 8],
+        hi: [f32::NEG_INFINITY; 8],
+        kl: [0.0; 8],
+        count: [0.0; 8],
+        numbers: [0; 8],
+    };
+
+    /// The extremes are taken on the log-ratio and exponentiated once each by
+    /// [`RatioSums::finish`] (`exp` is monotone: the same values as the extremes of the ratios,
+    /// without an `exp` per token — that was ~1.3 M instructions a step on `scaled`).
+    fn of(logp: &[f32], old_logp: &[f32], mask: &[f32]) -> Self {
         // Eight independent lanes (the loop vectorizes; one chain of f64 additions over
         // `scaled`'s 32 k tokens was a serial ~50 µs of every step). Padding reads as NaN,
         // which `min`/`max` pass over; whether a real token's log-ratio was a number is
         // counted apart (`f32::min` passes over NaN, as it did over exp(NaN)).
         const L: usize = 8;
-        let (mut lo, mut hi) = ([f32::INFINITY; L], [f32::NEG_INFINITY; L]);
-        let (mut kl, mut count, mut numbers) = ([0f64; L], [0f64; L], [0u32; L]);
+        let Self {
+            mut lo,
+            mut hi,
+            mut kl,
+            mut count,
+            mut numbers,
+        } = Self::EMPTY;
         let len = logp.len().min(old_logp.len()).min(mask.len());
         let mut lane = |l: usize, lp: f32, old: f32, m: f32| {
             let real = m != 0.0;
@@ -128,20 +182,42 @@ impl RatioStats {
         for i in whole..len {
             lane(i - whole, logp[i], old_logp[i], mask[i]);
         }
-        let lo = lo.iter().fold(f32::INFINITY, |a, &b| a.min(b));
-        let hi = hi.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        let seen = numbers.iter().any(|&k| k > 0);
-        let kl: f64 = kl.iter().sum();
-        let count: f64 = count.iter().sum();
+        Self {
+            lo,
+            hi,
+            kl,
+            count,
+            numbers,
+        }
+    }
+
+    /// `self` then `next`, lane by lane.
+    fn merge(mut self, next: &Self) -> Self {
+        for l in 0..8 {
+            self.lo[l] = self.lo[l].min(next.lo[l]);
+            self.hi[l] = self.hi[l].max(next.hi[l]);
+            self.kl[l] += next.kl[l];
+            self.count[l] += next.count[l];
+            self.numbers[l] += next.numbers[l];
+        }
+        self
+    }
+
+    fn finish(&self) -> RatioStats {
+        let lo = self.lo.iter().fold(f32::INFINITY, |a, &b| a.min(b));
+        let hi = self.hi.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let seen = self.numbers.iter().any(|&k| k > 0);
+        let kl: f64 = self.kl.iter().sum();
+        let count: f64 = self.count.iter().sum();
         if count == 0.0 {
-            return Self::UNKNOWN;
+            return RatioStats::UNKNOWN;
         }
         let (min, max) = if seen {
             (lo.exp(), hi.exp())
         } else {
             (f32::INFINITY, f32::NEG_INFINITY)
         };
-        Self {
+        RatioStats {
             min,
             max,
             ppo_kl: (kl / count) as f32,
@@ -475,6 +551,53 @@ mod tests {
         assert_eq!(r.max, 1.0);
         assert!((r.ppo_kl - 0.25).abs() < 1e-6);
         assert!(RatioStats::of(&logp, &old, &[0.0; 3]).min.is_nan());
+    }
+
+    /// By spans on threads: the same bits on 1, 2 and 3 threads, lengths across span
+    /// boundaries, and the plain formula's values (min/max exactly, the mean within f64's
+    /// reordering).
+    #[test]
+    fn ratio_stats_by_spans_on_any_threads() {
+        let mut rng = crate::rng::SplitMix64::new(11);
+        let cores: Vec<Cores> = [1, 2, 3].map(Cores::new).into();
+        for len in [
+            1,
+            7,
+            RATIO_SPAN - 1,
+            RATIO_SPAN,
+            RATIO_SPAN + 9,
+            3 * RATIO_SPAN + 5,
+        ] {
+            let logp: Vec<f32> = (0..len).map(|_| (rng.normal() * 2.0) as f32).collect();
+            let old: Vec<f32> = (0..len).map(|_| (rng.normal() * 2.0) as f32).collect();
+            let mask: Vec<f32> = (0..len).map(|_| (rng.below(5) != 0) as u8 as f32).collect();
+            let got: Vec<RatioStats> = cores
+                .iter()
+                .map(|c| RatioStats::on(c, &logp, &old, &mask))
+                .collect();
+            let bits = |r: &RatioStats| [r.min, r.max, r.ppo_kl].map(f32::to_bits);
+            for g in &got[1..] {
+                assert_eq!(bits(g), bits(&got[0]), "len {len}");
+            }
+            let real: Vec<usize> = (0..len).filter(|&i| mask[i] != 0.0).collect();
+            if real.is_empty() {
+                assert!(got[0].min.is_nan());
+                continue;
+            }
+            let ratio = |i: usize| (logp[i] - old[i]).exp();
+            let min = real.iter().map(|&i| ratio(i)).fold(f32::INFINITY, f32::min);
+            let max = real
+                .iter()
+                .map(|&i| ratio(i))
+                .fold(f32::NEG_INFINITY, f32::max);
+            let kl =
+                real.iter().map(|&i| (old[i] - logp[i]) as f64).sum::<f64>() / real.len() as f64;
+            assert_eq!((got[0].min, got[0].max), (min, max), "len {len}");
+            assert!(
+                (got[0].ppo_kl as f64 - kl).abs() <= 1e-6 * (1.0 + kl.abs()),
+                "len {len}"
+            );
+        }
     }
 
     /// The extremes taken on the log-ratio equal the extremes of the ratios themselves, bit

@@ -30,10 +30,11 @@ impl Batch {
         let mut responses = Vec::with_capacity(rows.len() * t);
         let mut mask = Vec::with_capacity(rows.len() * t);
         for r in rows {
-            for i in 0..t {
-                responses.push(r.get(i).copied().unwrap_or(pad));
-                mask.push(if i < r.len() { 1.0f32 } else { 0.0 });
-            }
+            let real = r.len().min(t);
+            responses.extend_from_slice(&r[..real]);
+            responses.resize(responses.len() + t - real, pad);
+            mask.resize(mask.len() + real, 1.0f32);
+            mask.resize(mask.len() + t - real, 0.0);
         }
         Self {
             b: rows.len() / g.max(1),

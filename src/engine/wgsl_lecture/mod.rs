@@ -1176,6 +1176,7 @@ impl Engine for WgslLectureEngine {
             let now = left.min(MAX_STEPS_PER_SUBMISSION);
             let r = StepRequest {
                 logp_rows: if now == left { req.logp_rows } else { 0 },
+                entropy_rows: if now == left { req.entropy_rows } else { 0 },
                 ..*req
             };
             out.extend(self.run_steps(batch, &r, now)?);
