@@ -12,7 +12,10 @@
 // positions t0..t1 of every row — the whole pass (0..s), a prefill (0..n), a decoding step
 // (one position; earlier keys and values already in `qkv`: the KV cache is the pass's own
 // activations) — are one block of rows and one matrix product. The logits at position
-// n − 1 + i predict response token i (at n − 1: every response of the prompt's first token).
+// n − 1 + i predict response token i (at n − 1: every response of the prompt's first token),
+// so past its keys and values the last block, the final LayerNorm and the head run from
+// position n − 1 on (t0 = n − 1 for those dispatches; in the backward the rows before get
+// their gradient through the keys and values alone).
 //
 //   embed          [W·D]        x = tok_emb[token] + pos_emb[position]      (W rows in range)
 //   layer_norm     [W]          y = x̂·g + b, keeping x̂ and 1/σ                   (ε = 1e-5)
@@ -22,11 +25,11 @@
 //   score          [rows·T]     log Z, log π of the response token and the entropy (masked)
 //   dlogits        [N]          ∂L/∂logits from ∂L/∂log π and ∂L/∂H of the tokens a row
 //                               predicts (a prompt's last position: its responses' first)
-//   ln_backward    [N]          dx (+)= LayerNorm's backward                (N rows in all)
-//   ln_params      [D]          ∂g = Σ dy·x̂, ∂b = Σ dy over the rows, in row order
+//   ln_backward    [W]          dx (+)= LayerNorm's backward                (W rows in range)
+//   ln_params      [D]          ∂g = Σ dy·x̂, ∂b = Σ dy over the range's rows, in row order
 //   col_sum        [cols]       out[c] = Σ_r src[r·stride + c], in row order
 //   pos_grad       [s·D]        ∂pos_emb[p] = Σ over position p's rows, in row order
-//   gelu_backward  [N·F]        dh ·= Φ(h) + h·φ(h)
+//   gelu_backward  [W·F]        dh ·= Φ(h) + h·φ(h)
 //   attn_back_q    [N·H]        dS = P ⊙ (dP − Σ P·dP) into `z`, dq = scale·dS·K
 //   attn_back_kv   [N·H]        dk = scale·dSᵀ·Q, dv = Pᵀ·dctx over every query of the key
 //                               (a prompt's key: its prompt's and all its responses' queries)
@@ -460,12 +463,13 @@ fn dlogits(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     }
 }
 
-// LayerNorm's backward per row: dy at `y`, x̂ at `xhat`, 1/σ at `rstd`, gain at `gain`;
-// dx at `x`, added to when flags bit 0, else overwritten.
+// LayerNorm's backward per row of positions t0..t1: dy at `y`, x̂ at `xhat`, 1/σ at `rstd`,
+// gain at `gain`; dx at `x`, added to when flags bit 0, else overwritten.
 @compute @workgroup_size(64)
 fn ln_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = flat_index(gid, nwg);
-    if (row >= total_rows()) { return; }
+    let i = flat_index(gid, nwg);
+    if (i >= range_count()) { return; }
+    let row = range_row(i);
     let base = row * tp.d;
     var m1 = 0.0;
     var m2 = 0.0;
@@ -486,14 +490,15 @@ fn ln_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     }
 }
 
-// A LayerNorm's ∂g and ∂b (at `z` and `z + D`): per column, Σ over the rows of dy·x̂ and dy.
+// A LayerNorm's ∂g and ∂b (at `z` and `z + D`): per column, Σ over the rows of positions
+// t0..t1 of dy·x̂ and dy.
 @compute @workgroup_size(64)
 fn ln_params(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let j = flat_index(gid, nwg);
     if (j >= tp.d) { return; }
     var dg = 0.0;
     var db = 0.0;
-    for (var row = 0u; row < total_rows(); row++) {
+    for (var row = start(tp.t0); row < start(tp.t1); row++) {
         let dy = work[tp.y + row * tp.d + j];
         dg += dy * work[tp.xhat + row * tp.d + j];
         db += dy;
@@ -524,11 +529,12 @@ fn pos_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     work[tp.z + i] = acc;
 }
 
-// dh ·= d gelu/dh = Φ(h) + h·φ(h) (h at `z`, Φ at `cdf`, dh at `y`).
+// dh ·= d gelu/dh = Φ(h) + h·φ(h) (h at `z`, Φ at `cdf`, dh at `y`) at positions t0..t1.
 @compute @workgroup_size(64)
 fn gelu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(gid, nwg);
-    if (i >= total_rows() * tp.f) { return; }
+    let k = flat_index(gid, nwg);
+    if (k >= range_count() * tp.f) { return; }
+    let i = range_row(0u) * tp.f + k;
     let x = work[tp.z + i];
     let g = work[tp.cdf + i] + x * 0.3989423 * exp(-0.5 * x * x);
     work[tp.y + i] = work[tp.y + i] * g;
@@ -552,8 +558,9 @@ fn bias_gelu4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
 
 @compute @workgroup_size(64)
 fn gelu_backward4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(gid, nwg);
-    if (i >= total_rows() * tp.f / 4u) { return; }
+    let k = flat_index(gid, nwg);
+    if (k >= range_count() * tp.f / 4u) { return; }
+    let i = range_row(0u) * tp.f / 4u + k;
     let x = work4[tp.z / 4u + i];
     let g = work4[tp.cdf / 4u + i] + x * 0.3989423 * exp(-0.5 * x * x);
     work4[tp.y / 4u + i] = work4[tp.y / 4u + i] * g;

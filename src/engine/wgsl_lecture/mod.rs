@@ -300,6 +300,13 @@ enum Op {
         grid: (u32, u32, u32),
         group: wgpu::BindGroup,
     },
+    /// `bytes` zeros into `buffer` from byte `offset` (the backward's rows that get no
+    /// gradient from above).
+    Clear {
+        buffer: wgpu::Buffer,
+        offset: u64,
+        bytes: u64,
+    },
     /// Commands encoded elsewhere (the verifier and the advantage kernels of `gpu::kernels`),
     /// between the recorded ones, in the same submission.
     Commands(wgpu::CommandBuffer),

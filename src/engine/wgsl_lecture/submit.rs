@@ -157,24 +157,37 @@ pub(super) fn dispatch_all(
 ) {
     let mut i = 0;
     while i < ops.len() {
-        if let Op::Copy {
-            src,
-            src_off,
-            dst,
-            dst_off,
-            bytes,
-        } = &ops[i]
-        {
-            if *bytes > 0 {
-                encoder.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *bytes);
+        match &ops[i] {
+            Op::Copy {
+                src,
+                src_off,
+                dst,
+                dst_off,
+                bytes,
+            } => {
+                if *bytes > 0 {
+                    encoder.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *bytes);
+                }
+                i += 1;
+                continue;
             }
-            i += 1;
-            continue;
+            Op::Clear {
+                buffer,
+                offset,
+                bytes,
+            } => {
+                if *bytes > 0 {
+                    encoder.clear_buffer(buffer, *offset, Some(*bytes));
+                }
+                i += 1;
+                continue;
+            }
+            _ => {}
         }
         let mut pass = encoder.begin_compute_pass(&Default::default());
         while let Some(op) = ops.get(i) {
             match op {
-                Op::Copy { .. } => break,
+                Op::Copy { .. } | Op::Clear { .. } => break,
                 Op::Commands(_) => unreachable!("encode_ops splits at commands"),
                 _ => {
                     let d = op.dispatch(group).expect("a dispatch");
@@ -255,7 +268,7 @@ impl Op {
                 slot: None,
                 label: "sample",
             },
-            Op::Copy { .. } | Op::Commands(_) => return None,
+            Op::Copy { .. } | Op::Clear { .. } | Op::Commands(_) => return None,
         })
     }
 }

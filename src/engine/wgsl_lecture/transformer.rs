@@ -731,12 +731,19 @@ impl WgslTransformer {
 
     /// Positions `t0..t1` of every row through the embedding and the blocks, with the weights
     /// at `model[w0..]`; the keys and values of earlier positions come from `qkv` (the cache).
-    fn record_blocks(&self, rec: &mut Recorder, w0: usize, (t0, t1): (usize, usize)) {
+    /// The last block's output is wanted from position `out_from` on (the positions the head
+    /// reads: `n − 1` on in a whole pass or a prefill): before it, only its keys and values.
+    fn record_blocks(
+        &self,
+        rec: &mut Recorder,
+        w0: usize,
+        (t0, t1): (usize, usize),
+        out_from: usize,
+    ) {
         let at = &self.plan_ref().at;
         let s = &self.shape;
-        let (d, f, hh) = (s.d_model, s.d_ff, s.heads);
-        let span = at.span((t0, t1));
-        let count = span.1;
+        let d = s.d_model;
+        let all = at.span((t0, t1));
         let p = &self.programs;
         let u = |x: usize| x as u32;
         let w = |o: usize| u(w0 + o);
@@ -752,61 +759,91 @@ impl WgslTransformer {
             pos: w(wl.pos_emb),
             ..base
         };
-        rec.tf(p, "embed", embed, count * d);
-        for (bl, ba) in wl.blocks.iter().zip(&at.blocks) {
+        rec.tf(p, "embed", embed, all.1 * d);
+        let layers = wl.blocks.len();
+        for (l, (bl, ba)) in wl.blocks.iter().zip(&at.blocks).enumerate() {
             self.record_ln(rec, base, (ba.a1, ba.xhat1, ba.rstd1), w0 + bl.ln1_g);
             let ww = (w0 + bl.wqkv, 3 * d, 1);
             rec.matmul(
                 p,
                 (WORK, MODEL),
-                range_mm(span, (ba.a1, d), ww, (ba.qkv, 3 * d), false),
+                range_mm(all, (ba.a1, d), ww, (ba.qkv, 3 * d), false),
             );
-            let att = TfParams {
-                qkv: u(ba.qkv),
-                att: u(ba.att),
-                ctx: u(ba.ctx),
-                ..base
-            };
-            rec.tf(p, self.attention("attention"), att, count * hh);
-            let ww = (w0 + bl.wo, d, 1);
-            rec.matmul(
-                p,
-                (WORK, MODEL),
-                range_mm(span, (ba.ctx, d), ww, (at.x, d), true),
-            );
-            self.record_ln(rec, base, (ba.a2, ba.xhat2, ba.rstd2), w0 + bl.ln2_g);
-            let ww = (w0 + bl.w1, f, 1);
-            rec.matmul(
-                p,
-                (WORK, MODEL),
-                range_mm(span, (ba.a2, d), ww, (ba.hpre, f), false),
-            );
-            let gelu = TfParams {
-                z: u(ba.hpre),
-                cdf: u(ba.cdf),
-                act: u(ba.hact),
-                bias: w(bl.b1),
-                ..base
-            };
-            if f.is_multiple_of(4) {
-                rec.tf(p, "bias_gelu4", gelu, count * f / 4);
+            let from = if l + 1 == layers {
+                out_from.clamp(t0, t1)
             } else {
-                rec.tf(p, "bias_gelu", gelu, count * f);
-            }
-            let ww = (w0 + bl.w2, d, 1);
-            rec.matmul(
-                p,
-                (WORK, MODEL),
-                range_mm(span, (ba.hact, f), ww, (at.x, d), true),
-            );
-            let bias = TfParams {
-                x: u(at.x),
-                cols: u(d),
-                bias: w(bl.b2),
+                t0
+            };
+            let base = TfParams {
+                t0: u(from),
                 ..base
             };
-            rec.tf(p, "add_bias", bias, count * d);
+            self.record_block_rest(rec, w0, (bl, ba), base);
         }
+    }
+
+    /// A block after its keys and values, at the positions of `base`: attention over the
+    /// cache, `x += ctx·W_o`, then `x += GELU(LN₂(x)·W₁ + b₁)·W₂ + b₂`.
+    fn record_block_rest(
+        &self,
+        rec: &mut Recorder,
+        w0: usize,
+        (bl, ba): (&crate::engine::fused_transformer::BlockLayout, &BlockAt),
+        base: TfParams,
+    ) {
+        let at = &self.plan_ref().at;
+        let s = &self.shape;
+        let (d, f, hh) = (s.d_model, s.d_ff, s.heads);
+        let span = at.span((base.t0 as usize, base.t1 as usize));
+        let count = span.1;
+        let p = &self.programs;
+        let u = |x: usize| x as u32;
+        let w = |o: usize| u(w0 + o);
+        let att = TfParams {
+            qkv: u(ba.qkv),
+            att: u(ba.att),
+            ctx: u(ba.ctx),
+            ..base
+        };
+        rec.tf(p, self.attention("attention"), att, count * hh);
+        let ww = (w0 + bl.wo, d, 1);
+        rec.matmul(
+            p,
+            (WORK, MODEL),
+            range_mm(span, (ba.ctx, d), ww, (at.x, d), true),
+        );
+        self.record_ln(rec, base, (ba.a2, ba.xhat2, ba.rstd2), w0 + bl.ln2_g);
+        let ww = (w0 + bl.w1, f, 1);
+        rec.matmul(
+            p,
+            (WORK, MODEL),
+            range_mm(span, (ba.a2, d), ww, (ba.hpre, f), false),
+        );
+        let gelu = TfParams {
+            z: u(ba.hpre),
+            cdf: u(ba.cdf),
+            act: u(ba.hact),
+            bias: w(bl.b1),
+            ..base
+        };
+        if f.is_multiple_of(4) {
+            rec.tf(p, "bias_gelu4", gelu, count * f / 4);
+        } else {
+            rec.tf(p, "bias_gelu", gelu, count * f);
+        }
+        let ww = (w0 + bl.w2, d, 1);
+        rec.matmul(
+            p,
+            (WORK, MODEL),
+            range_mm(span, (ba.hact, f), ww, (at.x, d), true),
+        );
+        let bias = TfParams {
+            x: u(at.x),
+            cols: u(d),
+            bias: w(bl.b2),
+            ..base
+        };
+        rec.tf(p, "add_bias", bias, count * d);
     }
 
     /// The teacher-forced pass of the weights at `model[w0..]` over every position, then each
@@ -814,30 +851,36 @@ impl WgslTransformer {
     fn record_forward(&self, rec: &mut Recorder, w0: usize, inv_t: f32) {
         let at = &self.plan_ref().at;
         let (d, v) = (self.shape.d_model, self.shape.vocab);
-        let nr = at.nr;
-        self.record_blocks(rec, w0, (0, at.s));
-        let base = self.base(inv_t);
+        self.record_blocks(rec, w0, (0, at.s), self.n - 1);
+        // The final LayerNorm and the head where a response token is predicted.
+        let base = TfParams {
+            t0: (self.n - 1) as u32,
+            ..self.base(inv_t)
+        };
         self.record_ln(
             rec,
             base,
             (at.af, at.xhatf, at.rstdf),
             w0 + self.weights.lnf_g,
         );
-        let (a, ww) = ((at.af, d, 1), (w0 + self.weights.head, v, 1));
+        let head = at.span((self.n - 1, at.s));
+        let ww = (w0 + self.weights.head, v, 1);
         rec.matmul(
             &self.programs,
             (WORK, MODEL),
-            mm((nr, v, d), a, ww, (at.logits, v), false),
+            range_mm(head, (at.af, d), ww, (at.logits, v), false),
         );
         rec.tf(&self.programs, "score", base, at.rows * at.t);
     }
 
     /// The backward of the policy's last pass from the coefficients in `coef` / `dcoef`: every
-    /// weight's gradient into `grad` (the flat layout).
+    /// weight's gradient into `grad` (the flat layout). As the forward, the head, the final
+    /// LayerNorm and the last block past its keys and values run from position `n − 1` on: the
+    /// rows before it get their gradient through the keys and values alone.
     fn record_backward(&self, rec: &mut Recorder, inv_t: f32, entropy: bool) {
         let at = &self.plan_ref().at;
         let s = &self.shape;
-        let (d, f, v, hh) = (s.d_model, s.d_ff, s.vocab, s.heads);
+        let (d, v) = (s.d_model, s.vocab);
         let nr = at.nr;
         let p = &self.programs;
         let base = self.base(inv_t);
@@ -850,28 +893,19 @@ impl WgslTransformer {
             ..base
         };
         rec.tf(p, "dlogits", dl, nr);
-        self.record_linear_back(rec, (at.af, d), (at.dl, v), wl.head, at.da);
-        self.record_ln_back(rec, base, (at.xhatf, at.rstdf), wl.lnf_g, false);
-        for (bl, ba) in wl.blocks.iter().zip(&at.blocks).rev() {
-            // x += GELU(a₂·W₁ + b₁)·W₂ + b₂
-            self.record_col_sum(rec, base, (at.dx, nr, d), d, g(bl.b2));
-            self.record_linear_back(rec, (ba.hact, f), (at.dx, d), bl.w2, at.dh);
-            let gelu = TfParams {
-                y: u(at.dh),
-                z: u(ba.hpre),
-                cdf: u(ba.cdf),
-                ..base
-            };
-            if f.is_multiple_of(4) {
-                rec.tf(p, "gelu_backward4", gelu, nr * f / 4);
-            } else {
-                rec.tf(p, "gelu_backward", gelu, nr * f);
-            }
-            self.record_col_sum(rec, base, (at.dh, nr, f), f, g(bl.b1));
-            self.record_linear_back(rec, (ba.a2, d), (at.dh, f), bl.w1, at.da);
-            self.record_ln_back(rec, base, (ba.xhat2, ba.rstd2), bl.ln2_g, true);
-            // x += attention(LN₁(x))·W_o
-            self.record_linear_back(rec, (ba.ctx, d), (at.dx, d), bl.wo, at.dctx);
+        let out = TfParams {
+            t0: u(self.n - 1),
+            ..base
+        };
+        let head = at.span((self.n - 1, at.s));
+        self.record_linear_back(rec, head, (at.af, d), (at.dl, v), wl.head, at.da);
+        self.record_ln_back(rec, out, (at.xhatf, at.rstdf), wl.lnf_g, false);
+        self.record_clear(rec, at.dx, head.0 * d);
+        let layers = wl.blocks.len();
+        for (l, (bl, ba)) in wl.blocks.iter().zip(&at.blocks).enumerate().rev() {
+            let here = if l + 1 == layers { out } else { base };
+            self.record_block_back(rec, (bl, ba), here);
+            // x += attention(LN₁(x))·W_o: the keys and values at every position
             let back = TfParams {
                 ctx: u(at.dctx),
                 att: u(ba.att),
@@ -880,9 +914,10 @@ impl WgslTransformer {
                 y: u(at.dqkv),
                 ..base
             };
-            rec.tf(p, self.attention("attn_back_q"), back, nr * hh);
-            rec.tf(p, self.attention("attn_back_kv"), back, nr * hh);
-            self.record_linear_back(rec, (ba.a1, d), (at.dqkv, 3 * d), bl.wqkv, at.da);
+            rec.tf(p, self.attention("attn_back_q"), back, nr * s.heads);
+            rec.tf(p, self.attention("attn_back_kv"), back, nr * s.heads);
+            let all = (0, nr);
+            self.record_linear_back(rec, all, (ba.a1, d), (at.dqkv, 3 * d), bl.wqkv, at.da);
             self.record_ln_back(rec, base, (ba.xhat1, ba.rstd1), bl.ln1_g, true);
         }
         // x = tok_emb[token] + pos_emb[position]: ∂tok_emb = onehot(tokens)ᵀ·dx, ∂pos_emb[p] =
@@ -902,18 +937,66 @@ impl WgslTransformer {
         }
     }
 
-    /// The backward of `Y = X·W` over the pass's rows (`X [N, k]` at `x`, `dY [N, m]` at `dy`,
-    /// `W [k, m]` at `model[w..]`): `∂W = Xᵀ·dY` into the gradient, `dX = dY·Wᵀ` into `dx`.
+    /// A block's backward at the positions of `base` from dx down to d ctx (in `dctx`; 0 at
+    /// the rows before them): `x += GELU(LN₂(x)·W₁ + b₁)·W₂ + b₂`, then `x += ctx·W_o`.
+    fn record_block_back(
+        &self,
+        rec: &mut Recorder,
+        (bl, ba): (&crate::engine::fused_transformer::BlockLayout, &BlockAt),
+        base: TfParams,
+    ) {
+        let at = &self.plan_ref().at;
+        let (d, f) = (self.shape.d_model, self.shape.d_ff);
+        let span = at.span((base.t0 as usize, base.t1 as usize));
+        let (first, count) = span;
+        let u = |x: usize| x as u32;
+        let g = |o: usize| at.grad + o;
+        self.record_col_sum(rec, base, (at.dx + first * d, count, d), d, g(bl.b2));
+        self.record_linear_back(rec, span, (ba.hact, f), (at.dx, d), bl.w2, at.dh);
+        let gelu = TfParams {
+            y: u(at.dh),
+            z: u(ba.hpre),
+            cdf: u(ba.cdf),
+            ..base
+        };
+        if f.is_multiple_of(4) {
+            rec.tf(&self.programs, "gelu_backward4", gelu, count * f / 4);
+        } else {
+            rec.tf(&self.programs, "gelu_backward", gelu, count * f);
+        }
+        self.record_col_sum(rec, base, (at.dh + first * f, count, f), f, g(bl.b1));
+        self.record_linear_back(rec, span, (ba.a2, d), (at.dh, f), bl.w1, at.da);
+        self.record_ln_back(rec, base, (ba.xhat2, ba.rstd2), bl.ln2_g, true);
+        self.record_linear_back(rec, span, (ba.ctx, d), (at.dx, d), bl.wo, at.dctx);
+        self.record_clear(rec, at.dctx, first * d);
+    }
+
+    /// Zeros into `work[at..at + len]`.
+    fn record_clear(&self, rec: &mut Recorder, at: usize, len: usize) {
+        if len > 0 {
+            rec.ops.push(Op::Clear {
+                buffer: self.plan_ref().work.clone(),
+                offset: (at * 4) as u64,
+                bytes: (len * 4) as u64,
+            });
+        }
+    }
+
+    /// The backward of `Y = X·W` over the flat rows `first..first + count` (`X [N, k]` at
+    /// `x`, `dY [N, m]` at `dy`, `W [k, m]` at `model[w..]`): `∂W = Xᵀ·dY` into the gradient,
+    /// `dX = dY·Wᵀ` into `dx`.
     fn record_linear_back(
         &self,
         rec: &mut Recorder,
+        (first, nr): (usize, usize),
         (x, k): (usize, usize),
         (dy, m): (usize, usize),
         w: usize,
         dx: usize,
     ) {
         let at = &self.plan_ref().at;
-        let (nr, p) = (at.nr, &self.programs);
+        let p = &self.programs;
+        let (x, dy, dx) = (x + first * k, dy + first * m, dx + first * k);
         let dw = mm((k, m, nr), (x, 1, k), (dy, m, 1), (at.grad + w, m), false);
         // Through matmul_window: the narrower of dY and X copied where the kernel reads B, in
         // windows of its rows (the wider one's rows would make more, smaller windows): ∂W =
@@ -957,8 +1040,8 @@ impl WgslTransformer {
         );
     }
 
-    /// LayerNorm's backward from `da` into `dx` (added unless it is the first), its ∂g and ∂b
-    /// into the gradient (the gain at `model[gain..]`, the bias after it).
+    /// LayerNorm's backward at the positions of `base` from `da` into `dx` (added unless it is
+    /// the first), its ∂g and ∂b into the gradient (the gain at `model[gain..]`, the bias after it).
     fn record_ln_back(
         &self,
         rec: &mut Recorder,
@@ -978,7 +1061,8 @@ impl WgslTransformer {
             flags: add as u32,
             ..base
         };
-        rec.tf(&self.programs, "ln_backward", back, at.nr);
+        let count = at.span((base.t0 as usize, base.t1 as usize)).1;
+        rec.tf(&self.programs, "ln_backward", back, count);
         let params = TfParams {
             z: u(at.grad + gain),
             ..back

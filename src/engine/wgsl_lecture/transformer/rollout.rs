@@ -305,7 +305,7 @@ impl WgslTransformer {
             }
         }
         let mut rec = self.recorder();
-        self.record_blocks(&mut rec, 0, (0, n));
+        self.record_blocks(&mut rec, 0, (0, n), n - 1);
         let u = |x: usize| x as u32;
         let place = TfParams {
             sampled: u(sampled),
@@ -315,7 +315,7 @@ impl WgslTransformer {
         };
         for i in 0..max_len {
             if i > 0 {
-                self.record_blocks(&mut rec, 0, (n + i - 1, n + i));
+                self.record_blocks(&mut rec, 0, (n + i - 1, n + i), n + i - 1);
             }
             self.record_head_at(&mut rec, n - 1 + i);
             self.record_draw(&mut rec, i, drawn);
