@@ -8,7 +8,8 @@
 // offsets of `Tp`. A batch is `rows` sequences of `s` positions — the prompt's n tokens, then
 // the response's first T − 1 — answering `b` prompts: rows 0..sampled answer prompt r / g,
 // the rest (a rollout's greedy rows) prompt r − sampled. Position-major, the prompt's
-// positions once per prompt: flat row p·b + prompt for p < n, then n·b + (p − n)·rows + r. The
+// positions once per prompt: flat row p·b + prompt for p < n, then per position p ≥ n the rows
+// that hold it (below `start`: a batch's closed rows skip their padding). The
 // positions t0..t1 of every row — the whole pass (0..s), a prefill (0..n), a decoding step
 // (one position; earlier keys and values already in `qkv`: the KV cache is the pass's own
 // activations) — are one block of rows and one matrix product. The logits at position
@@ -51,6 +52,9 @@ struct Tp {
     i_resp: u32, tok: u32, pos: u32, flags: u32,
     i: u32, sampled: u32, i_drawn: u32, i_state: u32,
     inv_t: f32, scale: f32, g: u32, b: u32,
+    i_start: u32, i_rank: u32, i_row: u32, i_pos: u32,
+    i_npos: u32, r0: u32, rn: u32, total: u32,
+    dense: u32, pad0: u32, pad1: u32, pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> tp: Tp;
@@ -66,42 +70,66 @@ fn prompt_of(r: u32) -> u32 {
     return r - tp.sampled;
 }
 
+// A response position holds only the rows that need it (row r the first npos[r] positions
+// from n: those that predict a real token), the rows ordered longest first, so position p's
+// are one block: through tables in `ints` the host writes with each batch — the first flat row
+// of each position n..s (i_start), each row's rank in that order (i_rank), the row and the
+// position of each response flat row (i_row, i_pos; from row n·b), npos (i_npos). Where every
+// row holds every position (`dense`: a rollout, the cold start, a batch of full rows) the rank
+// is the row and these are the arithmetic below, with no table read (a uniform branch).
+
 // The first flat row of position p (p ≤ s).
 fn start(p: u32) -> u32 {
     if (p < tp.n) { return p * tp.b; }
-    return tp.n * tp.b + (p - tp.n) * tp.rows;
+    if (tp.dense != 0u) { return tp.n * tp.b + (p - tp.n) * tp.rows; }
+    return ints[tp.i_start + p - tp.n];
 }
 
-// The flat row of position p of row r.
+// The flat row of position p of row r (p < n + npos[r]).
 fn flat(p: u32, r: u32) -> u32 {
     if (p < tp.n) { return p * tp.b + prompt_of(r); }
-    return tp.n * tp.b + (p - tp.n) * tp.rows + r;
+    if (tp.dense != 0u) { return tp.n * tp.b + (p - tp.n) * tp.rows + r; }
+    return ints[tp.i_start + p - tp.n] + ints[tp.i_rank + r];
 }
 
 // The position of a flat row.
 fn position(row: u32) -> u32 {
     if (row < tp.n * tp.b) { return row / tp.b; }
-    return tp.n + (row - tp.n * tp.b) / tp.rows;
+    if (tp.dense != 0u) { return tp.n + (row - tp.n * tp.b) / tp.rows; }
+    return ints[tp.i_pos + row - tp.n * tp.b];
+}
+
+// The row of a response flat row (row ≥ n·b).
+fn row_of(row: u32) -> u32 {
+    if (tp.dense != 0u) { return (row - tp.n * tp.b) % tp.rows; }
+    return ints[tp.i_row + row - tp.n * tp.b];
+}
+
+// The positions past the prompt row r holds.
+fn npos(r: u32) -> u32 {
+    if (tp.dense != 0u) { return tp.s - tp.n; }
+    return ints[tp.i_npos + r];
 }
 
 // The flat row of key position j for the query at flat row `row` (j ≤ its position).
 fn key_row(j: u32, row: u32) -> u32 {
     if (row < tp.n * tp.b) { return j * tp.b + row % tp.b; }
-    return flat(j, (row - tp.n * tp.b) % tp.rows);
+    return flat(j, row_of(row));
 }
 
-// The flat row of the q-th row of the range t0..t1, and the range's rows.
+// The flat row of the q-th row of the range t0..t1 (from r0 = start(t0)), and the range's
+// rows (rn = start(t1) − r0): the host's, uniform.
 fn range_row(q: u32) -> u32 {
-    return start(tp.t0) + q;
+    return tp.r0 + q;
 }
 
 fn range_count() -> u32 {
-    return start(tp.t1) - start(tp.t0);
+    return tp.rn;
 }
 
-// Every flat row of a whole pass.
+// Every flat row of a whole pass (start(s)).
 fn total_rows() -> u32 {
-    return start(tp.s);
+    return tp.total;
 }
 
 @compute @workgroup_size(64)
@@ -424,7 +452,7 @@ fn dlogits(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     var count = 0u;
     var step = 0u;
     if (p >= tp.n) {
-        k0 = ((row - tp.n * tp.b) % tp.rows) * tp.t + p + 1u - tp.n;
+        k0 = row_of(row) * tp.t + p + 1u - tp.n;
         count = 1u;
     } else if (p + 1u == tp.n) {
         k0 = (row % tp.b) * tp.g * tp.t;
@@ -498,7 +526,7 @@ fn ln_params(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     if (j >= tp.d) { return; }
     var dg = 0.0;
     var db = 0.0;
-    for (var row = start(tp.t0); row < start(tp.t1); row++) {
+    for (var row = tp.r0; row < tp.r0 + tp.rn; row++) {
         let dy = work[tp.y + row * tp.d + j];
         dg += dy * work[tp.xhat + row * tp.d + j];
         db += dy;
@@ -611,7 +639,7 @@ fn kv_terms(qrow: u32, j: u32, head: u32, e: u32) -> vec2<f32> {
 
 // Per (key row, head): dk = scale·Σ dS_qj·q_q, dv = Σ P_qj·dctx_q over the queries that read
 // the key — its own row's later positions; for a prompt's key, the prompt's later positions
-// and then every position of each of its g responses, in that order.
+// and then every position each of its g responses holds, in that order.
 @compute @workgroup_size(64)
 fn attn_back_kv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(gid, nwg);
@@ -628,11 +656,11 @@ fn attn_back_kv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
             let pb = row % tp.b;
             for (var q = j; q < tp.n; q++) { acc += kv_terms(q * tp.b + pb, j, head, e); }
             for (var r = pb * tp.g; r < (pb + 1u) * tp.g; r++) {
-                for (var q = tp.n; q < tp.s; q++) { acc += kv_terms(flat(q, r), j, head, e); }
+                for (var q = tp.n; q < tp.n + npos(r); q++) { acc += kv_terms(flat(q, r), j, head, e); }
             }
         } else {
-            let r = (row - tp.n * tp.b) % tp.rows;
-            for (var q = j; q < tp.s; q++) { acc += kv_terms(flat(q, r), j, head, e); }
+            let r = row_of(row);
+            for (var q = j; q < tp.n + npos(r); q++) { acc += kv_terms(flat(q, r), j, head, e); }
         }
         work[out + tp.d + e] = acc.x * tp.scale;
         work[out + 2u * tp.d + e] = acc.y;
@@ -744,10 +772,19 @@ fn attn_back_kv_small(row: u32, head: u32, j: u32, dq: u32, out: u32) {
     var v3 = zero;
     let prompt = row < tp.n * tp.b;
     let pb = row % tp.b;
-    let own = select(tp.s - j, tp.n - j, prompt);
-    let answer = tp.s - tp.n;
-    let count = own + select(0u, tp.g * answer, prompt);
-    let r = (row - min(row, tp.n * tp.b)) % tp.rows;
+    var r = 0u;
+    var own = tp.n - j;
+    var count = own;
+    if (prompt) {
+        for (var x = pb * tp.g; x < (pb + 1u) * tp.g; x++) { count += npos(x); }
+    } else {
+        r = row_of(row);
+        own = tp.n + npos(r) - j;
+        count = own;
+    }
+    // A prompt's key: its responses' queries, position n + qa of row rr, in row order.
+    var qa = 0u;
+    var rr = pb * tp.g;
     for (var t = 0u; t < count; t++) {
         var qrow: u32;
         if (!prompt) {
@@ -755,8 +792,13 @@ fn attn_back_kv_small(row: u32, head: u32, j: u32, dq: u32, out: u32) {
         } else if (t < own) {
             qrow = (j + t) * tp.b + pb;
         } else {
-            let u = t - own;
-            qrow = flat(tp.n + u % answer, pb * tp.g + u / answer);
+            loop {
+                if (qa < npos(rr)) { break; }
+                qa = 0u;
+                rr += 1u;
+            }
+            qrow = flat(tp.n + qa, rr);
+            qa += 1u;
         }
         let a = (qrow * tp.h + head) * tp.s + j;
         let dsv = w4get(tp.z + a);
@@ -798,11 +840,11 @@ fn attn_back_kv4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
             let pb = row % tp.b;
             for (var q = j; q < tp.n; q++) { kv_terms4(q * tp.b + pb, j, head, e, &acc); }
             for (var r = pb * tp.g; r < (pb + 1u) * tp.g; r++) {
-                for (var q = tp.n; q < tp.s; q++) { kv_terms4(flat(q, r), j, head, e, &acc); }
+                for (var q = tp.n; q < tp.n + npos(r); q++) { kv_terms4(flat(q, r), j, head, e, &acc); }
             }
         } else {
-            let r = (row - tp.n * tp.b) % tp.rows;
-            for (var q = j; q < tp.s; q++) { kv_terms4(flat(q, r), j, head, e, &acc); }
+            let r = row_of(row);
+            for (var q = j; q < tp.n + npos(r); q++) { kv_terms4(flat(q, r), j, head, e, &acc); }
         }
         work4[out + tp.d / 4u + e] = acc[0] * tp.scale;
         work4[out + tp.d / 2u + e] = acc[1];

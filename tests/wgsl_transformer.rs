@@ -2,7 +2,7 @@
 //! held to the fused CPU engine (`engine::fused_transformer`), on the wgpu adapter (lavapipe
 //! in CI), on random shapes — one head and several, one layer and two, widths and vocabularies
 //! that are odd and not multiples of the matmul tile, prompts of 1 token, responses of 1,
-//! rows of every length from 0 to T (the padding after a row's end computed and ignored):
+//! rows of every length from 0 to T (a row's padding is not in the batch's layout: skipped):
 //! - log π and the entropy of every token (temperature 1 and 0.7);
 //! - every weight's gradient from per-token coefficients of log π and of the entropy;
 //! - the weights after several Adam steps with the grad-norm clip.

@@ -21,7 +21,9 @@ use super::*;
 use crate::engine::fused_transformer::{Generation, Hyper, Layout as Weights, Pick};
 use crate::model::TransformerShape;
 
+mod layout;
 mod rollout;
+use layout::{BlockAt, TfLayout};
 use rollout::Sampler;
 
 /// `Tp` of transformer.wgsl: shapes, then element offsets (`model` for weights, `work` for the
@@ -73,172 +75,18 @@ pub struct TfParams {
     pub scale: f32,
     pub g: u32,
     pub b: u32,
-}
-
-/// One block's activations in `work` (element offsets).
-#[derive(Debug, Clone, Copy, Default)]
-struct BlockAt {
-    xhat1: usize,
-    rstd1: usize,
-    a1: usize,
-    qkv: usize,
-    att: usize,
-    ctx: usize,
-    xhat2: usize,
-    rstd2: usize,
-    a2: usize,
-    hpre: usize,
-    cdf: usize,
-    hact: usize,
-}
-
-/// Where everything sits in `work` and `ints` for `rows` rows of `T` response tokens answering
-/// `b` prompts (`g` rows each, then the greedy rows: `sampled = b·g`).
-#[derive(Debug, Clone, Default)]
-struct TfLayout {
-    rows: usize,
-    t: usize,
-    s: usize,
-    b: usize,
-    g: usize,
-    /// Flat rows in all: the prompts' positions once per prompt, then the responses'.
-    nr: usize,
-    x: usize,
-    blocks: Vec<BlockAt>,
-    xhatf: usize,
-    rstdf: usize,
-    af: usize,
-    logits: usize,
-    logz: usize,
-    logp: usize,
-    ent: usize,
-    mask: usize,
-    coef: usize,
-    dcoef: usize,
-    dl: usize,
-    dx: usize,
-    da: usize,
-    dctx: usize,
-    dqkv: usize,
-    ds: usize,
-    dh: usize,
-    grad: usize,
-    part: usize,
-    sums: usize,
-    /// A rollout position's logits `[rows, V]` (at its first position, first the prompts'
-    /// `[b, V]`), and its log π `[rows·T]`.
-    step_logits: usize,
-    prompt_logits: usize,
-    roll_logp: usize,
-    len: usize,
-    i_seq: usize,
-    i_resp: usize,
-    /// A rollout's drawn tokens `[rows]`, then each row's closed flag and length `[2·rows]`.
-    i_drawn: usize,
-    i_state: usize,
-    ints: usize,
-}
-
-impl TfLayout {
-    /// The first flat row of position `p` (`p ≤ s`).
-    fn start(&self, p: usize) -> usize {
-        if p < self.n() {
-            p * self.b
-        } else {
-            self.n() * self.b + (p - self.n()) * self.rows
-        }
-    }
-
-    /// The prompt's length.
-    fn n(&self) -> usize {
-        self.s + 1 - self.t
-    }
-
-    /// The flat rows of positions `t0..t1`: the first, and how many.
-    fn span(&self, (t0, t1): (usize, usize)) -> (usize, usize) {
-        (self.start(t0), self.start(t1) - self.start(t0))
-    }
-
-    /// The regions of a batch; `params = 0` (a rollout's plan) leaves out the backward's.
-    fn new(
-        shape: &TransformerShape,
-        n: usize,
-        (rows, b, g): (usize, usize, usize),
-        t: usize,
-        params: usize,
-    ) -> Self {
-        let (d, f, v, hh) = (shape.d_model, shape.d_ff, shape.vocab, shape.heads);
-        let s = n + t - 1;
-        let nr = n * b + (s - n) * rows;
-        let mut at = 0usize;
-        // Every region from a multiple of 4 elements (the vector paths of matmul.wgsl).
-        let mut take = |len: usize| {
-            let here = at;
-            at = (at + len.max(1)).next_multiple_of(4);
-            here
-        };
-        let x = take(nr * d);
-        let blocks = (0..shape.layers)
-            .map(|_| BlockAt {
-                xhat1: take(nr * d),
-                rstd1: take(nr),
-                a1: take(nr * d),
-                qkv: take(nr * 3 * d),
-                att: take(nr * hh * s),
-                ctx: take(nr * d),
-                xhat2: take(nr * d),
-                rstd2: take(nr),
-                a2: take(nr * d),
-                hpre: take(nr * f),
-                cdf: take(nr * f),
-                hact: take(nr * f),
-            })
-            .collect();
-        let tokens = rows * t;
-        // The backward's regions only with a gradient to hold.
-        let nb = if params > 0 { nr } else { 0 };
-        let mut l = TfLayout {
-            rows,
-            t,
-            s,
-            b,
-            g,
-            nr,
-            x,
-            blocks,
-            xhatf: take(nr * d),
-            rstdf: take(nr),
-            af: take(nr * d),
-            logits: take(nr * v),
-            logz: take(tokens),
-            logp: take(tokens),
-            ent: take(tokens),
-            mask: take(tokens),
-            coef: take(tokens),
-            dcoef: take(tokens),
-            dl: take(nb * v),
-            dx: take(nb * d),
-            da: take(nb * d),
-            dctx: take(nb * d),
-            dqkv: take(nb * 3 * d),
-            ds: take(nb * hh * s),
-            dh: take(nb * f),
-            grad: take(params),
-            part: take(params.div_ceil(CHUNK)),
-            sums: take(8),
-            step_logits: take(rows * v),
-            prompt_logits: take(b * v),
-            roll_logp: take(tokens),
-            ..Default::default()
-        };
-        l.len = at;
-        l.i_seq = 0;
-        l.i_resp = nr;
-        l.i_drawn = nr + tokens;
-        l.i_state = l.i_drawn + rows;
-        l.ints = l.i_state + 2 * rows;
-        l
-    }
+    pub i_start: u32,
+    pub i_rank: u32,
+    pub i_row: u32,
+    pub i_pos: u32,
+    pub i_npos: u32,
+    /// The first flat row of positions `t0..t1`, their rows, and the pass's.
+    pub r0: u32,
+    pub rn: u32,
+    pub total: u32,
+    /// Every row at every position (the tables are the identity).
+    pub dense: u32,
+    pub pad: [u32; 3],
 }
 
 /// The buffers of one batch shape.
@@ -582,27 +430,30 @@ impl WgslTransformer {
     }
 
     /// The input tokens of a batch in the flat order (each prompt's positions once, then the
-    /// responses' position by position): `prompts [b·n]`, then the responses' first `t − 1`
-    /// tokens (`responses [rows·t]`, or <eos> where there are none yet).
+    /// responses' position by position, the rows of `order` each holds: `open`): `prompts
+    /// [b·n]`, then the responses' first `t − 1` tokens (`responses [rows·t]`, or <eos> where
+    /// there are none yet); <eos> after them up to the layout's `nr`.
     fn sequences(
         &self,
         prompts: &[u32],
         responses: Option<&[u32]>,
-        (rows, t): (usize, usize),
+        (order, open): (&[usize], &[usize]),
+        (t, nr): (usize, usize),
     ) -> Vec<u32> {
         let n = self.n;
         let b = prompts.len() / n;
         let eos = (self.shape.vocab - 1) as u32;
-        let mut ints = Vec::with_capacity(b * n + rows * (t - 1));
+        let mut ints = Vec::with_capacity(nr);
         for p in 0..n {
             ints.extend((0..b).map(|pb| prompts[pb * n + p]));
         }
-        for p in n..n + t - 1 {
-            ints.extend((0..rows).map(|r| match responses {
-                Some(resp) => resp[r * t + p - n],
+        for (q, &count) in open.iter().enumerate() {
+            ints.extend(order[..count].iter().map(|&r| match responses {
+                Some(resp) => resp[r * t + q],
                 None => eos,
             }));
         }
+        ints.resize(nr, eos);
         ints
     }
 
@@ -649,15 +500,26 @@ impl WgslTransformer {
         self.check_tokens(prompts)?;
         self.check_tokens(responses)?;
         self.plan(Slot::Pass, (rows, rows / g, g), t)?;
-        let mut ints = self.sequences(prompts, Some(responses), (rows, t));
+        // A row needs the positions past the prompt that predict its real tokens: l − 1.
+        let npos: Vec<usize> = lens.iter().map(|&l| l.min(t).saturating_sub(1)).collect();
+        let (open, order, tables) = self.plan_ref().at.arrange(&npos);
+        let nr = self.plan_ref().at.nr;
+        let mut ints = self.sequences(prompts, Some(responses), (&order, &open), (t, nr));
         ints.extend_from_slice(responses);
         let mask: Vec<f32> = lens
             .iter()
             .flat_map(|&l| (0..t).map(move |i| if i < l { 1.0 } else { 0.0 }))
             .collect();
+        let plan = self.plans[Slot::Pass as usize].as_mut().expect("planned");
+        plan.at.open = open;
         let plan = self.plan_ref();
         let q = &self.ctx.queue;
         q.write_buffer(&plan.ints, 0, &u32_bytes(&ints));
+        q.write_buffer(
+            &plan.ints,
+            (plan.at.i_start * 4) as u64,
+            &u32_bytes(&tables),
+        );
         q.write_buffer(&plan.work, (plan.at.mask * 4) as u64, &f32_bytes(&mask));
         self.policy_pass = None;
         Ok(())
@@ -693,9 +555,30 @@ impl WgslTransformer {
             sampled: u(at.b * at.g),
             g: u(at.g),
             b: u(at.b),
+            i_start: u(at.i_start),
+            i_rank: u(at.i_rank),
+            i_row: u(at.i_row),
+            i_pos: u(at.i_pos),
+            i_npos: u(at.i_npos),
+            r0: 0,
+            rn: u(at.live()),
+            total: u(at.live()),
+            dense: (at.live() == at.nr) as u32,
             inv_t,
             scale: 1.0 / ((s.d_model / s.heads) as f32).sqrt(),
             ..Default::default()
+        }
+    }
+
+    /// `base` over positions `t0..t1` (their flat rows from `r0`, `rn` of them).
+    fn over(&self, base: TfParams, (t0, t1): (usize, usize)) -> TfParams {
+        let (r0, rn) = self.plan_ref().at.span((t0, t1));
+        TfParams {
+            t0: t0 as u32,
+            t1: t1 as u32,
+            r0: r0 as u32,
+            rn: rn as u32,
+            ..base
         }
     }
 
@@ -747,11 +630,7 @@ impl WgslTransformer {
         let p = &self.programs;
         let u = |x: usize| x as u32;
         let w = |o: usize| u(w0 + o);
-        let base = TfParams {
-            t0: u(t0),
-            t1: u(t1),
-            ..self.base(1.0)
-        };
+        let base = self.over(self.base(1.0), (t0, t1));
         let wl = &self.weights;
         let embed = TfParams {
             x: u(at.x),
@@ -774,10 +653,7 @@ impl WgslTransformer {
             } else {
                 t0
             };
-            let base = TfParams {
-                t0: u(from),
-                ..base
-            };
+            let base = self.over(base, (from, t1));
             self.record_block_rest(rec, w0, (bl, ba), base);
         }
     }
@@ -853,10 +729,7 @@ impl WgslTransformer {
         let (d, v) = (self.shape.d_model, self.shape.vocab);
         self.record_blocks(rec, w0, (0, at.s), self.n - 1);
         // The final LayerNorm and the head where a response token is predicted.
-        let base = TfParams {
-            t0: (self.n - 1) as u32,
-            ..self.base(inv_t)
-        };
+        let base = self.over(self.base(inv_t), (self.n - 1, at.s));
         self.record_ln(
             rec,
             base,
@@ -881,7 +754,7 @@ impl WgslTransformer {
         let at = &self.plan_ref().at;
         let s = &self.shape;
         let (d, v) = (s.d_model, s.vocab);
-        let nr = at.nr;
+        let nr = at.live();
         let p = &self.programs;
         let base = self.base(inv_t);
         let u = |x: usize| x as u32;
@@ -893,10 +766,7 @@ impl WgslTransformer {
             ..base
         };
         rec.tf(p, "dlogits", dl, nr);
-        let out = TfParams {
-            t0: u(self.n - 1),
-            ..base
-        };
+        let out = self.over(base, (self.n - 1, at.s));
         let head = at.span((self.n - 1, at.s));
         self.record_linear_back(rec, head, (at.af, d), (at.dl, v), wl.head, at.da);
         self.record_ln_back(rec, out, (at.xhatf, at.rstdf), wl.lnf_g, false);

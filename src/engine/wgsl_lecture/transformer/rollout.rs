@@ -29,11 +29,7 @@ impl WgslTransformer {
         let at = &self.plan_ref().at;
         let (d, v) = (self.shape.d_model, self.shape.vocab);
         let u = |x: usize| x as u32;
-        let base = TfParams {
-            t0: u(p),
-            t1: u(p + 1),
-            ..self.base(1.0)
-        };
+        let base = self.over(self.base(1.0), (p, p + 1));
         self.record_ln(rec, base, (at.af, at.xhatf, at.rstdf), self.weights.lnf_g);
         // A prompt's last position holds one row per prompt: its logits go to each of its rows.
         let (first, count) = at.span((p, p + 1));
@@ -276,9 +272,13 @@ impl WgslTransformer {
         if drawn > 0 {
             self.sampler(drawn, max_len)?;
         }
-        let mut ints = self.sequences(prompts, None, (rows, max_len));
+        // Every row at every position (the rank of row r is r).
+        let at = &self.plan_ref().at;
+        let (open, order, tables) = at.arrange(&vec![max_len - 1; rows]);
+        let mut ints = self.sequences(prompts, None, (&order, &open), (max_len, at.nr));
         ints.extend(std::iter::repeat_n(eos, rows * max_len));
         ints.extend(std::iter::repeat_n(0, 3 * rows));
+        ints.extend(tables);
         let plan = self.plan_ref();
         let at = plan.at.clone();
         self.ctx
