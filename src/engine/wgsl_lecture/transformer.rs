@@ -602,8 +602,7 @@ impl WgslTransformer {
             bias: u(gain + d),
             ..base
         };
-        let at = &self.plan_ref().at;
-        let count = at.span((base.t0 as usize, base.t1 as usize)).1;
+        let count = base.rn as usize;
         let entry = if d.is_multiple_of(4) {
             "layer_norm4"
         } else {
@@ -670,7 +669,7 @@ impl WgslTransformer {
         let at = &self.plan_ref().at;
         let s = &self.shape;
         let (d, f, hh) = (s.d_model, s.d_ff, s.heads);
-        let span = at.span((base.t0 as usize, base.t1 as usize));
+        let span = (base.r0 as usize, base.rn as usize);
         let count = span.1;
         let p = &self.programs;
         let u = |x: usize| x as u32;
@@ -817,7 +816,7 @@ impl WgslTransformer {
     ) {
         let at = &self.plan_ref().at;
         let (d, f) = (self.shape.d_model, self.shape.d_ff);
-        let span = at.span((base.t0 as usize, base.t1 as usize));
+        let span = (base.r0 as usize, base.rn as usize);
         let (first, count) = span;
         let u = |x: usize| x as u32;
         let g = |o: usize| at.grad + o;
@@ -931,7 +930,7 @@ impl WgslTransformer {
             flags: add as u32,
             ..base
         };
-        let count = at.span((base.t0 as usize, base.t1 as usize)).1;
+        let count = base.rn as usize;
         rec.tf(&self.programs, "ln_backward", back, count);
         let params = TfParams {
             z: u(at.grad + gain),
