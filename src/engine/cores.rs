@@ -182,9 +182,16 @@ mod hot {
     }
 
     struct Shared {
-        /// `epoch << 32 | items << 16 | next`: a job's number, its item count and the next
-        /// index to claim, in one word, so a claim (a compare-and-swap) is of one job's index.
+        /// `epoch << 32 | items`: a job's number and its item count, published last.
         ticket: AtomicU64,
+        /// Per thread (the calling thread first), `epoch << 32 | next << 16 | end`: the job's
+        /// items cut into one contiguous block per thread; a thread claims from its own block
+        /// first, then from the others' in turn. A claim (a compare-and-swap of one word) is of
+        /// one job's index, and part `j` of successive jobs of the same size runs on the same
+        /// thread while the threads keep pace (its rows stay in that core's cache — measured on
+        /// `scaled`: the claim-whatever-is-next order moved each part's activations between
+        /// the cores between the forward, the objective and the backward).
+        blocks: Vec<AtomicU64>,
         /// The current job, written before its ticket is published, read after a claim.
         job: UnsafeCell<Option<Job>>,
         /// Items of the current job that have run.
@@ -200,34 +207,39 @@ mod hot {
     unsafe impl Sync for Shared {}
     unsafe impl Send for Shared {}
 
-    /// Claim and run the current job's items until none is left.
-    fn work(s: &Shared) {
-        loop {
-            let t = s.ticket.load(Acquire);
-            let (items, next) = ((t >> 16) & 0xffff, t & 0xffff);
-            if next >= items {
-                return;
+    /// Claim and run job `epoch`'s items until none is left: thread `me`'s block first, then
+    /// the others' in turn.
+    fn work(s: &Shared, me: usize, epoch: u64) {
+        let n = s.blocks.len();
+        for b in (0..n).map(|k| (me + k) % n) {
+            let block = &s.blocks[b];
+            loop {
+                let t = block.load(Acquire);
+                let (next, end) = ((t >> 16) & 0xffff, t & 0xffff);
+                if t >> 32 != epoch || next >= end {
+                    break;
+                }
+                if block
+                    .compare_exchange_weak(t, t + (1 << 16), AcqRel, Relaxed)
+                    .is_err()
+                {
+                    continue;
+                }
+                // SAFETY: a claimed index of job `epoch`: `job` is that job's, alive until its
+                // `done` reaches its count (which this item's increment below is part of).
+                let job = unsafe { (*s.job.get()).expect("a published job") };
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+                    (*job)(next as usize)
+                }));
+                if ran.is_err() {
+                    s.panicked.store(true, Relaxed);
+                }
+                s.done.fetch_add(1, Release);
             }
-            if s.ticket
-                .compare_exchange_weak(t, t + 1, AcqRel, Relaxed)
-                .is_err()
-            {
-                continue;
-            }
-            // SAFETY: a claimed index of the current job: `job` is that job's, alive until its
-            // `done` reaches its count (which this item's increment below is part of).
-            let job = unsafe { (*s.job.get()).expect("a published job") };
-            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-                (*job)(next as usize)
-            }));
-            if ran.is_err() {
-                s.panicked.store(true, Relaxed);
-            }
-            s.done.fetch_add(1, Release);
         }
     }
 
-    fn worker(s: Arc<Shared>) {
+    fn worker(s: Arc<Shared>, me: usize) {
         let mut seen = s.ticket.load(Acquire) >> 32;
         let mut idle = Instant::now();
         let mut spins = 0u32;
@@ -235,7 +247,7 @@ mod hot {
             let t = s.ticket.load(Acquire);
             if t >> 32 != seen {
                 seen = t >> 32;
-                work(&s);
+                work(&s, me, seen);
                 idle = Instant::now();
                 continue;
             }
@@ -266,6 +278,7 @@ mod hot {
         pub fn new(workers: usize) -> std::io::Result<Self> {
             let shared = Arc::new(Shared {
                 ticket: AtomicU64::new(0),
+                blocks: (0..=workers).map(|_| AtomicU64::new(0)).collect(),
                 job: UnsafeCell::new(None),
                 done: AtomicUsize::new(0),
                 panicked: AtomicBool::new(false),
@@ -281,7 +294,7 @@ mod hot {
                 let s = shared.clone();
                 let h = std::thread::Builder::new()
                     .name(format!("grpo-lab-{i}"))
-                    .spawn(move || worker(s))?;
+                    .spawn(move || worker(s, i + 1))?;
                 pool.threads.push(h);
             }
             Ok(pool)
@@ -309,13 +322,18 @@ mod hot {
             unsafe { *s.job.get() = Some(job) };
             s.done.store(0, Relaxed);
             let epoch = (s.ticket.load(Relaxed) >> 32).wrapping_add(1) & 0xffff_ffff;
-            s.ticket.store(epoch << 32 | (items as u64) << 16, SeqCst);
+            let n = s.blocks.len();
+            for (b, block) in s.blocks.iter().enumerate() {
+                let (from, to) = (b * items / n, (b + 1) * items / n);
+                block.store(epoch << 32 | (from as u64) << 16 | to as u64, SeqCst);
+            }
+            s.ticket.store(epoch << 32 | items as u64, SeqCst);
             if s.sleeping.load(SeqCst) > 0 {
                 for h in &self.threads {
                     h.thread().unpark();
                 }
             }
-            work(s);
+            work(s, 0, epoch);
             while s.done.load(Acquire) < items {
                 std::hint::spin_loop();
             }
@@ -394,5 +412,21 @@ mod tests {
         let mut seen = vec![0usize; 9];
         Cores::new(3).each(&mut seen, |i, x| *x = i + 1);
         assert_eq!(seen, (1..=9).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn every_item_runs_once_in_jobs_of_any_size_back_to_back() {
+        // Jobs of fewer items than threads (empty blocks), of uneven blocks and of many, one
+        // right after another, so a worker still leaving one job meets the next one's blocks.
+        for threads in [2, 3, 5] {
+            let cores = Cores::new(threads);
+            for round in 0..3_000usize {
+                let len = 2 + round % 13;
+                let mut runs = vec![0u32; len];
+                cores.each(&mut runs, |i, x| *x += 1 + i as u32);
+                let want: Vec<u32> = (1..=len as u32).collect();
+                assert_eq!(runs, want, "threads {threads}, round {round}");
+            }
+        }
     }
 }
