@@ -158,7 +158,7 @@ impl Cores {
 mod hot {
     use std::cell::UnsafeCell;
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
     use std::time::{Duration, Instant};
 
     /// How long an idle worker spins before it sleeps (a step's gaps are far shorter; a run's
@@ -182,8 +182,8 @@ mod hot {
     }
 
     struct Shared {
-        /// `epoch << 32 | items`: a job's number and its item count, published last.
-        ticket: AtomicU64,
+        /// The current job's number, published after its blocks.
+        epoch: AtomicU32,
         /// Per thread (the calling thread first), `epoch << 32 | next << 16 | end`: the job's
         /// items cut into one contiguous block per thread; a thread claims from its own block
         /// first, then from the others' in turn. A claim (a compare-and-swap of one word) is of
@@ -192,7 +192,7 @@ mod hot {
         /// `scaled`: the claim-whatever-is-next order moved each part's activations between
         /// the cores between the forward, the objective and the backward).
         blocks: Vec<AtomicU64>,
-        /// The current job, written before its ticket is published, read after a claim.
+        /// The current job, written before its number is published, read after a claim.
         job: UnsafeCell<Option<Job>>,
         /// Items of the current job that have run.
         done: AtomicUsize,
@@ -202,7 +202,7 @@ mod hot {
     }
 
     // SAFETY: `job` is written only while no thread can claim an index (every index of the
-    // previous job has run, and the next ticket is not yet published) and read only after a
+    // previous job has run, and the next number is not yet published) and read only after a
     // claim, which the publishing store happens-before; the job it points to is `Sync`.
     unsafe impl Sync for Shared {}
     unsafe impl Send for Shared {}
@@ -240,14 +240,14 @@ mod hot {
     }
 
     fn worker(s: Arc<Shared>, me: usize) {
-        let mut seen = s.ticket.load(Acquire) >> 32;
+        let mut seen = s.epoch.load(Acquire);
         let mut idle = Instant::now();
         let mut spins = 0u32;
         while !s.stop.load(Relaxed) {
-            let t = s.ticket.load(Acquire);
-            if t >> 32 != seen {
-                seen = t >> 32;
-                work(&s, me, seen);
+            let e = s.epoch.load(Acquire);
+            if e != seen {
+                seen = e;
+                work(&s, me, seen.into());
                 idle = Instant::now();
                 continue;
             }
@@ -255,7 +255,7 @@ mod hot {
             if spins.is_multiple_of(256) && idle.elapsed() > SPIN {
                 s.sleeping.fetch_add(1, SeqCst);
                 // Either the publisher sees this sleeper and wakes it, or this sees the job.
-                if s.ticket.load(SeqCst) >> 32 == seen && !s.stop.load(SeqCst) {
+                if s.epoch.load(SeqCst) == seen && !s.stop.load(SeqCst) {
                     std::thread::park();
                 }
                 s.sleeping.fetch_sub(1, SeqCst);
@@ -277,7 +277,7 @@ mod hot {
     impl Pool {
         pub fn new(workers: usize) -> std::io::Result<Self> {
             let shared = Arc::new(Shared {
-                ticket: AtomicU64::new(0),
+                epoch: AtomicU32::new(0),
                 blocks: (0..=workers).map(|_| AtomicU64::new(0)).collect(),
                 job: UnsafeCell::new(None),
                 done: AtomicUsize::new(0),
@@ -321,19 +321,22 @@ mod hot {
             // SAFETY: no index of any job is claimable now (the previous one ran to the end).
             unsafe { *s.job.get() = Some(job) };
             s.done.store(0, Relaxed);
-            let epoch = (s.ticket.load(Relaxed) >> 32).wrapping_add(1) & 0xffff_ffff;
+            let epoch = s.epoch.load(Relaxed).wrapping_add(1);
             let n = s.blocks.len();
             for (b, block) in s.blocks.iter().enumerate() {
                 let (from, to) = (b * items / n, (b + 1) * items / n);
-                block.store(epoch << 32 | (from as u64) << 16 | to as u64, SeqCst);
+                block.store(
+                    u64::from(epoch) << 32 | (from as u64) << 16 | to as u64,
+                    SeqCst,
+                );
             }
-            s.ticket.store(epoch << 32 | items as u64, SeqCst);
+            s.epoch.store(epoch, SeqCst);
             if s.sleeping.load(SeqCst) > 0 {
                 for h in &self.threads {
                     h.thread().unpark();
                 }
             }
-            work(s, 0, epoch);
+            work(s, 0, epoch.into());
             while s.done.load(Acquire) < items {
                 std::hint::spin_loop();
             }
