@@ -126,6 +126,17 @@ pub fn process_cpu_ns() -> Option<u64> {
     Some(total)
 }
 
+/// The device as a chart's title names it: a wgpu label `wgpu (NAME (DETAILS), BACKEND, TYPE)`
+/// by its adapter's name alone (`llvmpipe`), which keeps the title inside the chart; any other
+/// label as it is.
+fn chart_device(label: &str) -> &str {
+    let Some(inner) = label.strip_prefix("wgpu (") else {
+        return label;
+    };
+    let name = inner.rsplitn(3, ", ").nth(2).unwrap_or(inner);
+    name.split(" (").next().unwrap_or(name)
+}
+
 /// Step time as one dimension grows at a time around the config; the local log-log slope
 /// tells overhead-bound (≈ 0) from compute-bound (≈ 1 for B×G and n, ≈ 2 for D).
 pub fn bench_scaling(
@@ -204,7 +215,10 @@ pub fn bench_scaling(
     let charts = crate::report::line_chart(
         out,
         "scaling",
-        &format!("step time vs size on {} (log10–log10)", compute.label),
+        &format!(
+            "step time vs size on {} (log10–log10)",
+            chart_device(&compute.label)
+        ),
         "log10(size: B·G responses, n, D, or threads)",
         "log10(ms per optimizer step)",
         &series,
@@ -374,7 +388,7 @@ fn bench_scaling_transformer(
         "scaling",
         &format!(
             "transformer step time vs size on {} (log10–log10)",
-            compute.label
+            chart_device(&compute.label)
         ),
         "log10(size: D, layers, B·G responses, max_len, or threads)",
         if hardware {
@@ -1090,4 +1104,23 @@ pub fn bench_rollout(compute: &Compute, a: &RolloutBenchOptions) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chart_device;
+
+    #[test]
+    fn a_chart_names_a_wgpu_device_by_its_adapter() {
+        let lavapipe = "wgpu (llvmpipe (LLVM 15.0.6, 256 bits), Vulkan, Cpu)";
+        assert_eq!(chart_device(lavapipe), "llvmpipe");
+        assert_eq!(
+            chart_device("wgpu (NVIDIA H100 80GB HBM3, Vulkan, DiscreteGpu)"),
+            "NVIDIA H100 80GB HBM3"
+        );
+        assert_eq!(
+            chart_device("cpu (burn flex backend)"),
+            "cpu (burn flex backend)"
+        );
+    }
 }

@@ -384,6 +384,34 @@ struct AdamSpan<'a> {
     v: &'a mut [f32],
 }
 
+/// `w` with its gradient `g` and moments cut into `k` spans of near-equal length (span `i`
+/// from `i·len/k`).
+fn adam_spans<'a>(
+    mut w: &'a mut [f32],
+    mut g: &'a [f32],
+    st: &'a mut AdamMoments,
+    k: usize,
+) -> Vec<AdamSpan<'a>> {
+    let len = w.len();
+    let (mut m, mut v) = (&mut st.m[..], &mut st.v[..]);
+    (0..k)
+        .map(|i| {
+            let take = (i + 1) * len / k - i * len / k;
+            let (w0, w1) = std::mem::take(&mut w).split_at_mut(take);
+            let (g0, g1) = g.split_at(take);
+            let (m0, m1) = std::mem::take(&mut m).split_at_mut(take);
+            let (v0, v1) = std::mem::take(&mut v).split_at_mut(take);
+            (w, g, m, v) = (w1, g1, m1, v1);
+            AdamSpan {
+                w: w0,
+                g: g0,
+                m: m0,
+                v: v0,
+            }
+        })
+        .collect()
+}
+
 impl AdamSpan<'_> {
     avx2_dispatch! {
         fn apply via apply_avx2 => apply_body(&mut self, adam: &crate::objective::adam::AdamStep) -> ()
@@ -1145,24 +1173,22 @@ impl FusedLecture {
         };
         let adam = crate::objective::adam::AdamStep::at(&hyper, self.time, lr as f32, scale);
         // Element by element: spans of the three arrays on the threads give the same bits.
-        const SPAN: usize = 1 << 13;
-        let mut spans = Vec::new();
-        for (param, (grad, st)) in [&mut self.embedding, &mut self.encode, &mut self.decode_t]
+        // Each array is cut into the same `n` fractions and the spans ordered fraction by
+        // fraction, so a thread's block of them holds the same share of every array: for
+        // `encode` the positions, and for `decode` the rows, whose gradient blocks that
+        // thread's position and row jobs wrote (the jobs' blocks split by the same rule).
+        let fractions = self.n.max(1);
+        let arrays = [&mut self.embedding, &mut self.encode, &mut self.decode_t]
             .into_iter()
-            .zip(
-                [&gr.embedding, &gr.encode, &gr.decode_t]
-                    .into_iter()
-                    .zip(self.adam.iter_mut()),
-            )
-        {
-            let cells = param.chunks_mut(SPAN).zip(grad.chunks(SPAN));
-            let moments = st.m.chunks_mut(SPAN).zip(st.v.chunks_mut(SPAN));
-            spans.extend(cells.zip(moments));
-        }
-        let mut spans: Vec<AdamSpan> = spans
-            .into_iter()
-            .map(|((w, g), (m, v))| AdamSpan { w, g, m, v })
+            .zip([&gr.embedding, &gr.encode, &gr.decode_t])
+            .zip(self.adam.iter_mut());
+        let mut cut: Vec<std::vec::IntoIter<AdamSpan>> = arrays
+            .map(|((w, g), st)| adam_spans(w, g, st, fractions).into_iter())
             .collect();
+        let mut spans: Vec<AdamSpan> = Vec::with_capacity(3 * fractions);
+        for _ in 0..fractions {
+            spans.extend(cut.iter_mut().filter_map(|c| c.next()));
+        }
         self.cores.each(&mut spans, |_, span| span.apply(&adam));
         let (entropy_measured, entropy_first_order) = match dynamics {
             Some((dh, before)) => {

@@ -50,7 +50,9 @@ impl Series {
     }
 }
 
-const PALETTE: [RGBColor; 10] = [
+/// Tableau's ten, then four darker ones so that a chart of up to 14 series (the transformer's
+/// scaling sweep on a device draws 13) repeats no colour.
+const PALETTE: [RGBColor; 14] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -61,6 +63,10 @@ const PALETTE: [RGBColor; 10] = [
     RGBColor(127, 127, 127),
     RGBColor(188, 189, 34),
     RGBColor(23, 190, 207),
+    RGBColor(0, 0, 0),
+    RGBColor(0, 0, 128),
+    RGBColor(128, 0, 0),
+    RGBColor(0, 100, 100),
 ];
 
 /// The x and y ranges of a chart: every finite point and band edge, `[0, 1]` where there is
