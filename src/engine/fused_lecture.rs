@@ -1176,7 +1176,8 @@ impl FusedLecture {
         // Each array is cut into the same `n` fractions and the spans ordered fraction by
         // fraction, so a thread's block of them holds the same share of every array: for
         // `encode` the positions, and for `decode` the rows, whose gradient blocks that
-        // thread's position and row jobs wrote (the jobs' blocks split by the same rule).
+        // thread's position and row jobs wrote (the jobs' blocks are split by the same rule,
+        // so the shares coincide where the thread count divides `n`; any cut gives the bits).
         let fractions = self.n.max(1);
         let arrays = [&mut self.embedding, &mut self.encode, &mut self.decode_t]
             .into_iter()

@@ -146,8 +146,8 @@ impl RatioSums {
     /// The extremes are taken on the log-ratio and exponentiated once each by
     /// [`RatioSums::finish`] (`exp` is monotone: the same values as the extremes of the ratios,
     /// without an `exp` per token — that was ~1.3 M instructions a step on `scaled`). Compiled
-    /// with AVX2 where the CPU has it (the same operations on wider vectors, the same bits; the
-    /// baseline's SSE build was ~4 % of a `scaled` step's samples).
+    /// with AVX2 where the CPU has it (the same operations on wider vectors, the same values but
+    /// for a NaN's sign; the baseline's SSE build was ~4 % of a `scaled` step's samples).
     fn of(logp: &[f32], old_logp: &[f32], mask: &[f32]) -> Self {
         #[cfg(target_arch = "x86_64")]
         if crate::engine::avx2_on() {
