@@ -268,18 +268,31 @@ fn adam(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let norm = sqrt(sq);
     var scale = 1.0;
     if (lp.max_norm > 0.0 && norm > lp.max_norm) { scale = lp.max_norm / norm; }
+    // No subnormal enters or leaves the moments (objective::adam's `element`: llvmpipe, as
+    // the x86 cores it runs on, is ~100× slower on them; GPUs mostly flush them anyway).
+    let tiny_m = F32_MIN_NORMAL / (1.0 - lp.b1);
+    let tiny_v = sqrt(F32_MIN_NORMAL / (1.0 - lp.b2));
     for (var e = 0u; e < 4u; e++) {
         let i = i0 + e;
         if (i < lp.p_count) {
             let gs = work[lp.grad_off + i] * scale;
-            let m = model[lp.am_off + i] * lp.b1 + gs * (1.0 - lp.b1);
-            let v = model[lp.av_off + i] * lp.b2 + gs * gs * (1.0 - lp.b2);
+            let gm = select(gs, 0.0, abs(gs) < tiny_m);
+            let gv = select(gs, 0.0, abs(gs) < tiny_v);
+            let m = normal_or_zero(model[lp.am_off + i] * lp.b1 + gm * (1.0 - lp.b1));
+            let v = normal_or_zero(model[lp.av_off + i] * lp.b2 + gv * gv * (1.0 - lp.b2));
             model[lp.am_off + i] = m;
             model[lp.av_off + i] = v;
             let update = m * lp.factor / (sqrt(v) + lp.eps * lp.bc2);
             model[lp.w_off + i] = model[lp.w_off + i] - update * lp.lr;
         }
     }
+}
+
+// f32's smallest normal, and `x` or zero where `x` is below it in magnitude (objective::adam).
+const F32_MIN_NORMAL: f32 = 1.17549435e-38;
+
+fn normal_or_zero(x: f32) -> f32 {
+    return select(x, 0.0, abs(x) < F32_MIN_NORMAL);
 }
 
 @compute @workgroup_size(64)

@@ -581,6 +581,72 @@ fn adam_matches_reference() {
     });
 }
 
+/// Gradients and moments at the edge of f32's normal range (a sharpened policy's): the kernel,
+/// as `objective::adam`, keeps every subnormal out of the moments, and its moments and
+/// weights are the reference's bit for bit (lavapipe computes subnormals as the CPU does).
+#[test]
+fn adam_keeps_subnormals_out_of_the_moments() {
+    let Some(h) = harness() else { return };
+    let mut rng = SplitMix64::new(41);
+    let mut cases = Vec::new();
+    let mut regions = Vec::new();
+    for _ in 0..40 {
+        let (mut p, mut buf) = step_case(&mut rng);
+        (p.b1, p.b2, p.eps, p.lr, p.max_norm) = (0.9, 0.999, 1e-8, 1e-3, 0.0);
+        (p.bc2, p.factor) = (0.5, 2.0);
+        let tiny = [1e-18f32, 1e-20, 1e-30, 1e-37, 1e-40][rng.below(5) as usize];
+        let (g, len) = (p.grad_off as usize, p.p_count as usize);
+        buf.work[g..g + len].iter_mut().for_each(|x| *x *= tiny);
+        // Moments just above f32's smallest normal (1.1755e-38), which one step's decay takes
+        // below it unless the gradient adds enough.
+        for (at, scale) in [
+            (p.am_off as usize, 1.25e-38f32),
+            (p.av_off as usize, 1.176e-38),
+        ] {
+            buf.model[at..at + len]
+                .iter_mut()
+                .for_each(|x| *x = scale * (1.0 + 0.01 * x.abs()).min(1.02));
+        }
+        buf.work[p.sums_off as usize + 6] = 1.0;
+        regions.push(p);
+        cases.push(Case {
+            buf,
+            op: HarnessOp::Step("adam", p, p.p_count.div_ceil(4) as usize),
+        });
+    }
+    let (packed, ops) = pack(cases);
+    let gpu = h.run(&packed, &ops).expect("kernels run");
+    let mut want = packed.clone();
+    ops.iter().for_each(|op| apply_reference(&mut want, op));
+    let (mut moments, mut zeroed) = (0, 0);
+    for op in &ops {
+        let HarnessOp::Step(_, p, _) = op else {
+            unreachable!()
+        };
+        let len = p.p_count as usize;
+        for at in [p.am_off, p.av_off, p.w_off].map(|o| o as usize) {
+            for i in at..at + len {
+                let (g, r) = (gpu.model[i], want.model[i]);
+                assert_eq!(
+                    g.to_bits(),
+                    r.to_bits(),
+                    "model[{i}]: kernel {g} vs reference {r}"
+                );
+                if at != p.w_off as usize {
+                    assert!(!g.is_subnormal(), "model[{i}] = {g:e} is subnormal");
+                    moments += 1;
+                    zeroed += usize::from(g == 0.0);
+                }
+            }
+        }
+    }
+    // Many decayed below the smallest normal (the case under test) and are zero.
+    assert!(
+        zeroed > moments / 10,
+        "{zeroed} of {moments} moments zeroed"
+    );
+}
+
 #[test]
 fn copy_ref_matches_reference() {
     step_kernel_cases(30, "copy_ref", false, |_, p, _| p.p_count as usize);
