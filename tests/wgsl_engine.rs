@@ -583,13 +583,14 @@ fn adam_matches_reference() {
 
 /// Gradients and moments at the edge of f32's normal range (a sharpened policy's): the kernel,
 /// as `objective::adam`, keeps every subnormal out of the moments, and its moments and
-/// weights are the reference's bit for bit (lavapipe computes subnormals as the CPU does).
+/// weights are the reference's — bit for bit on a CPU adapter (lavapipe computes subnormals as
+/// the host does), within TOL plus a few smallest normals on a GPU, which may flush a
+/// subnormal intermediate (`m·β1`) before the sum.
 #[test]
 fn adam_keeps_subnormals_out_of_the_moments() {
     let Some(h) = harness() else { return };
     let mut rng = SplitMix64::new(41);
     let mut cases = Vec::new();
-    let mut regions = Vec::new();
     for _ in 0..40 {
         let (mut p, mut buf) = step_case(&mut rng);
         (p.b1, p.b2, p.eps, p.lr, p.max_norm) = (0.9, 0.999, 1e-8, 1e-3, 0.0);
@@ -608,7 +609,6 @@ fn adam_keeps_subnormals_out_of_the_moments() {
                 .for_each(|x| *x = scale * (1.0 + 0.01 * x.abs()).min(1.02));
         }
         buf.work[p.sums_off as usize + 6] = 1.0;
-        regions.push(p);
         cases.push(Case {
             buf,
             op: HarnessOp::Step("adam", p, p.p_count.div_ceil(4) as usize),
@@ -627,10 +627,10 @@ fn adam_keeps_subnormals_out_of_the_moments() {
         for at in [p.am_off, p.av_off, p.w_off].map(|o| o as usize) {
             for i in at..at + len {
                 let (g, r) = (gpu.model[i], want.model[i]);
-                assert_eq!(
-                    g.to_bits(),
-                    r.to_bits(),
-                    "model[{i}]: kernel {g} vs reference {r}"
+                let close = (g - r).abs() <= TOL * r.abs() + 4.0 * f32::MIN_POSITIVE;
+                assert!(
+                    g.to_bits() == r.to_bits() || (!h.on_cpu() && close),
+                    "model[{i}]: kernel {g:e} vs reference {r:e}"
                 );
                 if at != p.w_off as usize {
                     assert!(!g.is_subnormal(), "model[{i}] = {g:e} is subnormal");

@@ -28,6 +28,12 @@ impl KernelHarness {
         })
     }
 
+    /// Whether the adapter runs on the CPU (lavapipe): its arithmetic keeps subnormals, as the
+    /// host's does, where a GPU may flush them.
+    pub fn on_cpu(&self) -> bool {
+        self.ctx.summary.is_software()
+    }
+
     /// The matmul tile edge in use.
     pub fn tile(&self) -> u32 {
         self.programs.tile
