@@ -26,17 +26,20 @@ row() { # preset device extra-args...
   local preset=$1 device=$2; shift 2
   $BIN bench --preset "$preset" --device "$device" --iterations "$ITER" --json "$@" 2>/dev/null | tail -1
 }
-printf '%-10s %-44s %12s %12s %10s %12s %12s %14s %12s\n' preset engine ms/step burn_ms/step speedup dispatches subs/iter first_step_ms first_vs_burn
+printf '%-10s %-44s %12s %12s %10s %12s %12s %14s %12s %7s\n' preset engine ms/step burn_ms/step speedup dispatches subs/iter first_step_ms first_vs_burn steal%
 show() { # json-file preset
   python3 - "$1" "$2" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 f = lambda k, fmt: (fmt % r[k]) if r.get(k) is not None else "-"
-print("%-10s %-44s %12s %12s %10s %12s %12s %14s %12s" % (
+# steal%: the hypervisor's share of the machine while the steps were timed (a VM's neighbours).
+steal = (r.get("host_load") or {}).get("timed") or {}
+print("%-10s %-44s %12s %12s %10s %12s %12s %14s %12s %7s" % (
     sys.argv[2], (r["engine"] + " / " + r["device"])[:44], f("ms_per_step", "%.4f"),
     f("burn_ms_per_step", "%.3f"), f("speedup_vs_burn", "%.1fx"),
     f("dispatches_per_step", "%d"), f("submissions_per_iteration", "%.1f"),
-    f("first_step_ms", "%.1f"), f("first_step_speedup_vs_burn", "%.1fx")))
+    f("first_step_ms", "%.1f"), f("first_step_speedup_vs_burn", "%.1fx"),
+    ("%.1f" % (100 * steal["steal_share"])) if "steal_share" in steal else "-"))
 PY
 }
 for preset in lecture17 scaled; do

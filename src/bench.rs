@@ -15,6 +15,8 @@ use crate::task::RewardFn;
 use anyhow::Result;
 use std::path::{Path, PathBuf};
 
+pub mod host;
+
 /// A mistake in what the user asked for (a bad config or argument, a missing adapter): the
 /// CLI prints it as is and exits with 2. Any other error is the program's.
 #[derive(Debug)]
@@ -420,11 +422,14 @@ fn threads_sweep(
         let config = base
             .with_overrides(&[format!("run.threads={threads}")])
             .map_err(user)?;
-        let (wall, _) = time_config_cpu(config, compute, options.iterations)?;
+        let (timed, load) = host::measured(|| time_config_cpu(config, compute, options.iterations));
+        let (wall, _) = timed?;
         let base_ms = *one.get_or_insert(wall);
         println!(
-            "  fused threads = {threads:>3}: {wall:>9.3} ms/step wall   speed-up {:>5.2}×",
-            base_ms / wall
+            "  fused threads = {threads:>3}: {wall:>9.3} ms/step wall   speed-up {:>5.2}×{}",
+            base_ms / wall,
+            load.map(|l| format!("   (the machine meanwhile: {})", l.phrase()))
+                .unwrap_or_default()
         );
         let slope = pts
             .last()
@@ -444,47 +449,47 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
     config.run.log_groups = 0;
     config.run.eval_every = 0;
     let mu = config.algorithm.mu;
-    let (mut trainer, [setup_ms, cold_start_ms, first_step_ms]) = warm_up(&config, compute)?;
+    let (warm, first_load) = host::measured(|| warm_up(&config, compute));
+    let (mut trainer, [setup_ms, cold_start_ms, first_step_ms]) = warm?;
     let counts_before = trainer.engine().device_counts();
+    let (timed, timed_load) =
+        host::measured(|| time_iterations(&mut trainer, options.iterations, mu));
     let Timed {
         per_step,
         cpu_per_step,
         rollout_steps,
         plain_steps,
         parts,
-    } = time_iterations(&mut trainer, options.iterations, mu)?;
+    } = timed?;
     let ms = median(&per_step);
     let counts = trainer.engine().device_counts();
     let submissions_per_iteration = counts.zip(counts_before).map(|(after, before)| {
         (after.submissions - before.submissions) as f64 / options.iterations as f64
     });
-    let burn = if options.vs_burn {
-        Some(time_burn(&config, compute, options.iterations)?)
+    let (burn, burn_load) = if options.vs_burn {
+        let (b, load) = host::measured(|| time_burn(&config, compute, options.iterations));
+        (Some(b?), load)
     } else {
-        None
+        (None, None)
     };
     let burn_ms = burn.map(|b| b.0);
-    // Each part's share of one optimizer step (ms), median over the timed iterations.
-    let part = |get: fn(&Timings) -> f64| {
-        median(
-            &parts
-                .iter()
-                .map(|p| get(p) * 1000.0 / mu as f64)
-                .collect::<Vec<_>>(),
-        )
-    };
-    let parts_json = serde_json::json!({
-        "rollout": part(|p| p.rollout),
-        "advantages": part(|p| p.advantages),
-        "old_ref_logp": part(|p| p.old_ref_logp),
-        "evaluation": part(|p| p.evaluation),
-        "step": part(|p| p.step),
-    });
+    let parts_json = parts_json(&parts, mu);
     let memory_mib = peak_rss_mib();
-    let pytorch = match &options.pytorch {
-        Some(python) => Some(pytorch_reference(python, &config, &trainer, options)?),
-        None => None,
+    let (pytorch, pytorch_load) = match &options.pytorch {
+        Some(python) => {
+            let (p, load) =
+                host::measured(|| pytorch_reference(python, &config, &trainer, options));
+            (Some(p?), load)
+        }
+        None => (None, None),
     };
+    // What else the machine ran while each phase was timed (steal: the hypervisor's).
+    let host_load = host::phases_json(&[
+        ("timed", timed_load),
+        ("first_step", first_load),
+        ("burn", burn_load),
+        ("pytorch", pytorch_load),
+    ]);
     let report = serde_json::json!({
         "preset": options.preset,
         "device": compute.label,
@@ -515,6 +520,7 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         "optimizer_step_ms": median(&plain_steps),
         "parts_ms_per_step": parts_json,
         "peak_rss_mib": memory_mib,
+        "host_load": host_load,
         "pytorch": pytorch,
         "ratio_vs_pytorch": pytorch.as_ref().map(|p| ms / p["ms_per_step"].as_f64().unwrap_or(f64::NAN)),
         // The same ratio in on-CPU time (both processes), where both report it.
@@ -537,6 +543,25 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         print_step_report(&report, config.sft.steps);
     }
     Ok(())
+}
+
+/// Each part's share of one optimizer step (ms), median over the timed iterations.
+fn parts_json(parts: &[Timings], mu: usize) -> serde_json::Value {
+    let part = |get: fn(&Timings) -> f64| {
+        median(
+            &parts
+                .iter()
+                .map(|p| get(p) * 1000.0 / mu as f64)
+                .collect::<Vec<_>>(),
+        )
+    };
+    serde_json::json!({
+        "rollout": part(|p| p.rollout),
+        "advantages": part(|p| p.advantages),
+        "old_ref_logp": part(|p| p.old_ref_logp),
+        "evaluation": part(|p| p.evaluation),
+        "step": part(|p| p.step),
+    })
 }
 
 /// burn's autodiff path on the same device, for `--vs-burn`'s speed-ups: warmed up and timed as
@@ -637,6 +662,14 @@ fn num(v: &serde_json::Value) -> f64 {
     v.as_f64().unwrap_or(f64::NAN)
 }
 
+/// The phases of `bench`'s `host_load`, as its report names them.
+const HOST_PHASES: &[(&str, &str)] = &[
+    ("timed", "timed steps"),
+    ("first_step", "first step"),
+    ("burn", "burn's path"),
+    ("pytorch", "PyTorch"),
+];
+
 /// `bench`'s report for a reader.
 fn print_step_report(report: &serde_json::Value, sft_steps: usize) {
     let ms = num(&report["ms_per_step"]);
@@ -651,6 +684,9 @@ fn print_step_report(report: &serde_json::Value, sft_steps: usize) {
         num(&report["ms_per_step_p10"]),
         num(&report["ms_per_step_p90"])
     );
+    for line in host::report_lines(&report["host_load"], HOST_PHASES) {
+        println!("{line}");
+    }
     println!(
         "  first step (kernel compilation): {:.1} ms, of which the cold start ({sft_steps} supervised steps) {:.1} ms; building the engine (the WGSL engine compiles its shaders there) {:.1} ms",
         num(&report["first_step_ms"]),

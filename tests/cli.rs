@@ -310,6 +310,19 @@ fn bench_json_reports_ms_per_step() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert!(v["ms_per_step"].as_f64().unwrap() > 0.0);
+    // What else the machine ran meanwhile, per phase: null where a phase was too short for
+    // the kernel's 10 ms ticks (these are) or /proc does not tell, else shares in [0, 1].
+    let load = v["host_load"].as_object().expect("host_load");
+    for phase in ["timed", "first_step", "burn", "pytorch"] {
+        let l = &load[phase];
+        assert!(
+            l.is_null()
+                || [l["steal_share"].as_f64(), l["others_share"].as_f64()]
+                    .iter()
+                    .all(|s| s.is_some_and(|s| (0.0..=1.0).contains(&s))),
+            "{phase}: {l}"
+        );
+    }
 }
 
 /// `bench --pytorch` on the transformer: refused (exit 2, naming the setting) for what the

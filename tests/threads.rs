@@ -150,3 +150,25 @@ fn same_run_on_any_threads(run_with: impl Fn(usize) -> (Vec<String>, Vec<(String
         }
     }
 }
+
+/// A small shape stays on the calling thread (lecture17's whole step is ~10–20 µs, a hand-off
+/// to a worker and its cache lines back cost several): at `run.threads = 2` its iterations —
+/// rollout, rewards, every advantage mode, log π, the steps and Adam, the held-out evaluation
+/// and the record — hand the pool no job. Before the engines weighed each job (Adam's spans,
+/// the advantage modes) two threads ran lecture17 at 0.5–0.75× of one.
+#[test]
+fn lecture17_hands_its_threads_no_job() {
+    let mut c = RunConfig::preset("lecture17").unwrap();
+    c.run.threads = 2;
+    c.run.iterations = 4;
+    c.run.eval_every = 1;
+    c.validate().unwrap();
+    let mut t = grpo_lab::grpo::Trainer::new(c, Compute::cpu()).unwrap();
+    let cores = t.engine().cores();
+    assert_eq!(cores.threads(), 2);
+    let before = cores.jobs();
+    for _ in 0..4 * t.config.algorithm.mu {
+        t.step().unwrap();
+    }
+    assert_eq!(cores.jobs(), before, "jobs handed to the pool");
+}

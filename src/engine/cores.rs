@@ -19,6 +19,12 @@ use std::ops::Range;
 /// part of this size takes about 1 ms on one AVX2 core, a hand-off ~10 µs.
 pub const PART_WORK: usize = 2_000_000;
 
+/// The work (elements touched, roughly) below which a job of independent items runs in order
+/// on the calling thread ([`Cores::each_worth`]): a few µs on one core, what handing it to a
+/// spinning worker and taking its cache lines back costs. Lecture17's whole step is ~10–20 µs:
+/// its Adam (~650 weights) and its four advantage modes (30 rewards) stay on one thread.
+pub const SOLO_WORK: usize = 16_384;
+
 /// At most this many parts: enough for 8 cores, few enough that the per-part gradients'
 /// reduction stays a small share of a step.
 pub const MAX_PARTS: usize = 8;
@@ -101,6 +107,16 @@ impl Cores {
         1
     }
 
+    /// Jobs handed to the threads so far (wrapping; 0 on one thread): what a test counts to
+    /// see that a small shape stays on the calling thread.
+    pub fn jobs(&self) -> u32 {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(p) = &self.pool {
+            return p.jobs();
+        }
+        0
+    }
+
     /// `f(i, &mut items[i])` for every item, spread over the threads (in order on one).
     pub fn each<T: Send>(&self, items: &mut [T], f: impl Fn(usize, &mut T) + Sync) {
         #[cfg(not(target_arch = "wasm32"))]
@@ -117,6 +133,23 @@ impl Cores {
                 f(i, item)
             });
             return;
+        }
+        for (i, x) in items.iter_mut().enumerate() {
+            f(i, x);
+        }
+    }
+
+    /// [`Cores::each`] for a job worth a hand-off: `work` (elements touched, roughly, by all
+    /// the items together) of at least [`SOLO_WORK`]; a smaller one runs in order on the
+    /// calling thread. The same values either way (each item is its own).
+    pub fn each_worth<T: Send>(
+        &self,
+        work: usize,
+        items: &mut [T],
+        f: impl Fn(usize, &mut T) + Sync,
+    ) {
+        if work >= SOLO_WORK {
+            return self.each(items, f);
         }
         for (i, x) in items.iter_mut().enumerate() {
             f(i, x);
@@ -304,6 +337,11 @@ mod hot {
             self.threads.len()
         }
 
+        /// Jobs published so far (each one's number).
+        pub fn jobs(&self) -> u32 {
+            self.shared.epoch.load(Relaxed)
+        }
+
         /// `f(i)` for every `i < items`, on the workers and the calling thread; returns when
         /// every one has run (a panic in one is raised here).
         pub fn run(&self, items: usize, f: &(dyn Fn(usize) + Sync)) {
@@ -415,6 +453,28 @@ mod tests {
         let mut seen = vec![0usize; 9];
         Cores::new(3).each(&mut seen, |i, x| *x = i + 1);
         assert_eq!(seen, (1..=9).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn small_jobs_stay_on_the_calling_thread() {
+        let cores = Cores::new(2);
+        let me = std::thread::current().id();
+        let mut on: Vec<(usize, Option<std::thread::ThreadId>)> = vec![(0, None); 9];
+        let f = |i: usize, x: &mut (usize, Option<std::thread::ThreadId>)| {
+            *x = (i + 1, Some(std::thread::current().id()));
+        };
+        let jobs = cores.jobs();
+        cores.each_worth(SOLO_WORK - 1, &mut on, f);
+        assert_eq!(cores.jobs(), jobs, "below SOLO_WORK: no job for the pool");
+        assert!(on.iter().enumerate().all(|(i, x)| *x == (i + 1, Some(me))));
+        cores.each_worth(SOLO_WORK, &mut on, f);
+        assert_eq!(
+            cores.jobs(),
+            jobs.wrapping_add(1),
+            "at SOLO_WORK: the pool's job"
+        );
+        assert!(on.iter().enumerate().all(|(i, x)| x.0 == i + 1));
+        assert_eq!(Cores::new(1).jobs(), 0);
     }
 
     #[test]

@@ -1190,7 +1190,9 @@ impl FusedLecture {
         for _ in 0..fractions {
             spans.extend(cut.iter_mut().filter_map(|c| c.next()));
         }
-        self.cores.each(&mut spans, |_, span| span.apply(&adam));
+        let weights = spans.iter().map(|s| s.w.len()).sum();
+        self.cores
+            .each_worth(weights, &mut spans, |_, span| span.apply(&adam));
         let (entropy_measured, entropy_first_order) = match dynamics {
             Some((dh, before)) => {
                 let inv_t = 1.0 / temperature;

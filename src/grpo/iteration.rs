@@ -989,11 +989,15 @@ impl Trainer {
         if !no_eps && let Some(done) = self.engine.device_advantages(rewards, g) {
             return Ok(done?);
         }
-        // Every group mode (`advantage::all_advantages`), a mode to a thread.
+        // Every group mode (`advantage::all_advantages`), a mode to a thread where the batch
+        // is worth it.
         let mut by_mode: Vec<Vec<f32>> = vec![Vec::new(); AdvantageMode::GROUP.len()];
-        self.engine.cores().each(&mut by_mode, |k, out| {
-            *out = advantage::advantages(AdvantageMode::GROUP[k], rewards, g);
-        });
+        let work = rewards.len() * by_mode.len();
+        self.engine
+            .cores()
+            .each_worth(work, &mut by_mode, |k, out| {
+                *out = advantage::advantages(AdvantageMode::GROUP[k], rewards, g);
+            });
         if no_eps {
             // BUG (gallery): (r − mean) / std with no ε.
             let k = AdvantageMode::GROUP
