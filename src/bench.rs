@@ -451,28 +451,47 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
     let mu = config.algorithm.mu;
     let (warm, first_load) = host::measured(|| warm_up(&config, compute));
     let (mut trainer, [setup_ms, cold_start_ms, first_step_ms]) = warm?;
+    // burn's path (`--vs-burn`) is warmed up before the timed iterations, which then take the
+    // two engines in turn: a machine whose speed drifts over minutes moves both alike.
+    let (burn_warm, burn_load) = if options.vs_burn {
+        let (w, load) = host::measured(|| warm_up(&burn_config(&config), compute));
+        (Some(w?), load)
+    } else {
+        (None, None)
+    };
+    let (mut burn_trainer, burn) = match burn_warm {
+        Some((t, [_, cold_start, first_step])) => (Some(t), Some((first_step, cold_start))),
+        None => (None, None),
+    };
     let counts_before = trainer.engine().device_counts();
-    let (timed, timed_load) =
-        host::measured(|| time_iterations(&mut trainer, options.iterations, mu));
-    let Timed {
-        per_step,
-        cpu_per_step,
-        rollout_steps,
-        plain_steps,
-        parts,
-    } = timed?;
+    let (timed, timed_load) = host::measured(|| {
+        time_in_turn(&mut trainer, burn_trainer.as_mut(), options.iterations, mu)
+    });
+    let (
+        Timed {
+            per_step,
+            cpu_per_step,
+            rollout_steps,
+            plain_steps,
+            parts,
+        },
+        burn_timed,
+    ) = timed?;
+    drop(burn_trainer);
     let ms = median(&per_step);
     let counts = trainer.engine().device_counts();
     let submissions_per_iteration = counts.zip(counts_before).map(|(after, before)| {
         (after.submissions - before.submissions) as f64 / options.iterations as f64
     });
-    let (burn, burn_load) = if options.vs_burn {
-        let (b, load) = host::measured(|| time_burn(&config, compute, options.iterations));
-        (Some(b?), load)
-    } else {
-        (None, None)
-    };
-    let burn_ms = burn.map(|b| b.0);
+    let burn_ms = burn_timed.as_ref().map(|b| median(&b.per_step));
+    // Each iteration's ratio, burn's over ours, timed back to back.
+    let burn_pairs: Option<Vec<f64>> = burn_timed.as_ref().map(|b| {
+        b.per_step
+            .iter()
+            .zip(&per_step)
+            .map(|(theirs, ours)| theirs / ours)
+            .collect()
+    });
     let parts_json = parts_json(&parts, mu);
     let memory_mib = peak_rss_mib();
     let (pytorch, pytorch_load) = match &options.pytorch {
@@ -512,9 +531,10 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         "submissions_per_iteration": submissions_per_iteration,
         "burn_ms_per_step": burn_ms,
         "speedup_vs_burn": burn_ms.map(|b| b / ms),
-        "burn_first_step_ms": burn.map(|b| b.1),
-        "burn_cold_start_ms": burn.map(|b| b.2),
-        "first_step_speedup_vs_burn": burn.map(|b| b.1 / first_step_ms),
+        "speedup_vs_burn_by_iteration": burn_pairs,
+        "burn_first_step_ms": burn.map(|b| b.0),
+        "burn_cold_start_ms": burn.map(|b| b.1),
+        "first_step_speedup_vs_burn": burn.map(|b| b.0 / first_step_ms),
         "cold_start_ms": cold_start_ms,
         "rollout_step_ms": median(&rollout_steps),
         "optimizer_step_ms": median(&plain_steps),
@@ -564,15 +584,32 @@ fn parts_json(parts: &[Timings], mu: usize) -> serde_json::Value {
     })
 }
 
-/// burn's autodiff path on the same device, for `--vs-burn`'s speed-ups: warmed up and timed as
-/// [`bench_step`] times the engine, so its first step (cold start included) is measured in the
-/// same run. Median ms per step, first step ms, cold start ms.
-fn time_burn(config: &RunConfig, compute: &Compute, iterations: usize) -> Result<(f64, f64, f64)> {
+/// The config on burn's autodiff path (same device), for `--vs-burn`'s speed-ups: warmed up as
+/// [`bench_step`] warms the engine, so its first step (cold start included) is measured in the
+/// same run, and then timed in turn with it ([`time_in_turn`]).
+fn burn_config(config: &RunConfig) -> RunConfig {
     let mut burn = config.clone();
     burn.run.engine = crate::config::EngineChoice::Burn;
-    let (mut trainer, [_, cold_start, first_step]) = warm_up(&burn, compute)?;
-    let timed = time_iterations(&mut trainer, iterations, burn.algorithm.mu)?;
-    Ok((median(&timed.per_step), first_step, cold_start))
+    burn
+}
+
+/// `iterations` whole iterations of `ours`, each followed by one of `theirs` where given
+/// (burn's path for `--vs-burn`, warmed up as `ours` was): each engine's times.
+fn time_in_turn(
+    ours: &mut Trainer,
+    mut theirs: Option<&mut Trainer>,
+    iterations: usize,
+    mu: usize,
+) -> Result<(Timed, Option<Timed>)> {
+    let mut a = Timed::default();
+    let mut b = theirs.is_some().then(Timed::default);
+    for _ in 0..iterations {
+        a.extend(time_iterations(ours, 1, mu)?);
+        if let (Some(t), Some(b)) = (theirs.as_deref_mut(), b.as_mut()) {
+            b.extend(time_iterations(t, 1, mu)?);
+        }
+    }
+    Ok((a, b))
 }
 
 /// `bench-rollout`'s sizes within what it allows.
@@ -616,12 +653,24 @@ fn warm_up(config: &RunConfig, compute: &Compute) -> Result<(Trainer, [f64; 3])>
 }
 
 /// Per-step times of the timed iterations (ms) and each iteration's parts.
+#[derive(Default)]
 struct Timed {
     per_step: Vec<f64>,
     cpu_per_step: Vec<f64>,
     rollout_steps: Vec<f64>,
     plain_steps: Vec<f64>,
     parts: Vec<Timings>,
+}
+
+impl Timed {
+    /// `later`'s iterations after these.
+    fn extend(&mut self, later: Timed) {
+        self.per_step.extend(later.per_step);
+        self.cpu_per_step.extend(later.cpu_per_step);
+        self.rollout_steps.extend(later.rollout_steps);
+        self.plain_steps.extend(later.plain_steps);
+        self.parts.extend(later.parts);
+    }
 }
 
 /// Times `iterations` whole iterations of `mu` steps each.
@@ -666,7 +715,7 @@ fn num(v: &serde_json::Value) -> f64 {
 const HOST_PHASES: &[(&str, &str)] = &[
     ("timed", "timed steps"),
     ("first_step", "first step"),
-    ("burn", "burn's path"),
+    ("burn", "burn's first step"),
     ("pytorch", "PyTorch"),
 ];
 
@@ -711,6 +760,13 @@ fn print_step_report(report: &serde_json::Value, sft_steps: usize) {
             b / ms,
             num(&report["first_step_speedup_vs_burn"]),
         );
+        if let Some(pairs) = report["speedup_vs_burn_by_iteration"].as_array() {
+            let pairs: Vec<String> = pairs.iter().map(|p| format!("{:.1}×", num(p))).collect();
+            println!(
+                "  the two engines' timed iterations alternated (ours, then burn's); per iteration: {}",
+                pairs.join(", ")
+            );
+        }
     }
     println!(
         "  first step of an iteration (rollout + step): {:.3} ms; other steps: {:.3} ms",
@@ -1144,7 +1200,32 @@ pub fn bench_rollout(compute: &Compute, a: &RolloutBenchOptions) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::chart_device;
+    use super::{chart_device, time_in_turn, warm_up};
+    use crate::config::RunConfig;
+    use crate::gpu::context::Compute;
+
+    #[test]
+    fn in_turn_times_each_engine_its_own_iterations() {
+        let compute = Compute::cpu();
+        let config = RunConfig::preset("lecture17").unwrap();
+        let mu = config.algorithm.mu;
+        let other = config.with_overrides(&["run.seed=1".into()]).unwrap();
+        let (mut ours, _) = warm_up(&config, &compute).unwrap();
+        let (mut theirs, _) = warm_up(&other, &compute).unwrap();
+        let (i0, j0) = (ours.iteration(), theirs.iteration());
+        let (a, b) = time_in_turn(&mut ours, Some(&mut theirs), 3, mu).unwrap();
+        let b = b.expect("both engines timed");
+        assert_eq!((ours.iteration() - i0, theirs.iteration() - j0), (3, 3));
+        for t in [&a, &b] {
+            assert_eq!((t.per_step.len(), t.parts.len()), (3, 3));
+            assert!(t.per_step.iter().all(|&ms| ms > 0.0 && ms.is_finite()));
+        }
+        // Alone: only ours moves.
+        let (alone, none) = time_in_turn(&mut ours, None, 2, mu).unwrap();
+        assert!(none.is_none());
+        assert_eq!(alone.per_step.len(), 2);
+        assert_eq!((ours.iteration() - i0, theirs.iteration() - j0), (5, 3));
+    }
 
     #[test]
     fn a_chart_names_a_wgpu_device_by_its_adapter() {

@@ -319,7 +319,8 @@ struct BenchArgs {
     #[arg(long, value_name = "DIR")]
     scaling: Option<std::path::PathBuf>,
     /// Also time burn's autodiff path (`run.engine = burn`) on the same device and report the
-    /// WGSL engine's speed-up over it (a wgpu device and the lecture model).
+    /// WGSL engine's speed-up over it (a wgpu device): both warmed up, then their timed
+    /// iterations in turn.
     #[arg(long)]
     vs_burn: bool,
 }
