@@ -453,55 +453,35 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
     let (mut trainer, [setup_ms, cold_start_ms, first_step_ms]) = warm?;
     // burn's path (`--vs-burn`) is warmed up before the timed iterations, which then take the
     // two engines in turn: a machine whose speed drifts over minutes moves both alike.
-    let (burn_warm, burn_load) = if options.vs_burn {
-        let (w, load) = host::measured(|| warm_up(&burn_config(&config), compute));
-        (Some(w?), load)
-    } else {
-        (None, None)
-    };
-    let (mut burn_trainer, burn) = match burn_warm {
-        Some((t, [_, cold_start, first_step])) => (Some(t), Some((first_step, cold_start))),
-        None => (None, None),
-    };
+    let (burn_warm, burn_load) = warm_burn(&config, compute, options.vs_burn)?;
+    let (mut burn_trainer, burn_times) = burn_warm.unzip();
     let counts_before = trainer.engine().device_counts();
     let (timed, timed_load) = host::measured(|| {
         time_in_turn(&mut trainer, burn_trainer.as_mut(), options.iterations, mu)
     });
-    let (
-        Timed {
-            per_step,
-            cpu_per_step,
-            rollout_steps,
-            plain_steps,
-            parts,
-        },
-        burn_timed,
-    ) = timed?;
+    let (ours, burn_timed) = timed?;
+    let Timed {
+        per_step,
+        cpu_per_step,
+        rollout_steps,
+        plain_steps,
+        parts,
+    } = ours;
     drop(burn_trainer);
     let ms = median(&per_step);
     let counts = trainer.engine().device_counts();
     let submissions_per_iteration = counts.zip(counts_before).map(|(after, before)| {
         (after.submissions - before.submissions) as f64 / options.iterations as f64
     });
-    let burn_ms = burn_timed.as_ref().map(|b| median(&b.per_step));
-    // Each iteration's ratio, burn's over ours, timed back to back.
-    let burn_pairs: Option<Vec<f64>> = burn_timed.as_ref().map(|b| {
-        b.per_step
-            .iter()
-            .zip(&per_step)
-            .map(|(theirs, ours)| theirs / ours)
-            .collect()
-    });
     let parts_json = parts_json(&parts, mu);
     let memory_mib = peak_rss_mib();
     let (pytorch, pytorch_load) = match &options.pytorch {
         Some(python) => {
-            let (p, load) =
-                host::measured(|| pytorch_reference(python, &config, &trainer, options));
-            (Some(p?), load)
+            host::measured(|| pytorch_reference(python, &config, &trainer, options).map(Some))
         }
-        None => (None, None),
+        None => (Ok(None), None),
     };
+    let pytorch = pytorch?;
     // What else the machine ran while each phase was timed (steal: the hypervisor's).
     let host_load = host::phases_json(&[
         ("timed", timed_load),
@@ -509,7 +489,7 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         ("burn", burn_load),
         ("pytorch", pytorch_load),
     ]);
-    let report = serde_json::json!({
+    let mut report = serde_json::json!({
         "preset": options.preset,
         "device": compute.label,
         "engine": trainer.engine_label(),
@@ -529,12 +509,6 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         "dispatches_per_step": counts.map(|c| c.dispatches_per_step),
         "dispatches_per_rollout": counts.map(|c| c.dispatches_per_rollout),
         "submissions_per_iteration": submissions_per_iteration,
-        "burn_ms_per_step": burn_ms,
-        "speedup_vs_burn": burn_ms.map(|b| b / ms),
-        "speedup_vs_burn_by_iteration": burn_pairs,
-        "burn_first_step_ms": burn.map(|b| b.0),
-        "burn_cold_start_ms": burn.map(|b| b.1),
-        "first_step_speedup_vs_burn": burn.map(|b| b.0 / first_step_ms),
         "cold_start_ms": cold_start_ms,
         "rollout_step_ms": median(&rollout_steps),
         "optimizer_step_ms": median(&plain_steps),
@@ -557,6 +531,12 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
             ]
         }),
     });
+    if let (Some(map), serde_json::Value::Object(burn)) = (
+        report.as_object_mut(),
+        burn_json(burn_times, burn_timed.as_ref(), &per_step, first_step_ms),
+    ) {
+        map.extend(burn);
+    }
     if options.json {
         println!("{report}");
     } else {
@@ -582,6 +562,46 @@ fn parts_json(parts: &[Timings], mu: usize) -> serde_json::Value {
         "evaluation": part(|p| p.evaluation),
         "step": part(|p| p.step),
     })
+}
+
+/// `--vs-burn`'s fields of `bench`'s report (null without it): burn's path's median ms per
+/// step, its first step and cold start (`warm`: [`warm_up`]'s times), the speed-ups, and each
+/// iteration's ratio, burn's over ours, the two timed back to back ([`time_in_turn`]).
+fn burn_json(
+    warm: Option<[f64; 3]>,
+    timed: Option<&Timed>,
+    ours: &[f64],
+    first_step_ms: f64,
+) -> serde_json::Value {
+    let burn_ms = timed.map(|b| median(&b.per_step));
+    let ms = median(ours);
+    serde_json::json!({
+        "burn_ms_per_step": burn_ms,
+        "speedup_vs_burn": burn_ms.map(|b| b / ms),
+        "speedup_vs_burn_by_iteration": timed.map(|b| {
+            b.per_step.iter().zip(ours).map(|(theirs, ours)| theirs / ours).collect::<Vec<_>>()
+        }),
+        "burn_first_step_ms": warm.map(|w| w[2]),
+        "burn_cold_start_ms": warm.map(|w| w[1]),
+        "first_step_speedup_vs_burn": warm.map(|w| w[2] / first_step_ms),
+    })
+}
+
+/// A trainer past its first iteration and [`warm_up`]'s times.
+type Warm = (Trainer, [f64; 3]);
+
+/// burn's path warmed up for `--vs-burn` (its trainer and [`warm_up`]'s times; `None` without
+/// it), and the machine's load meanwhile.
+fn warm_burn(
+    config: &RunConfig,
+    compute: &Compute,
+    vs_burn: bool,
+) -> Result<(Option<Warm>, Option<host::HostLoad>)> {
+    if !vs_burn {
+        return Ok((None, None));
+    }
+    let (warm, load) = host::measured(|| warm_up(&burn_config(config), compute));
+    Ok((Some(warm?), load))
 }
 
 /// The config on burn's autodiff path (same device), for `--vs-burn`'s speed-ups: warmed up as
