@@ -410,26 +410,49 @@ type ThreadsRow = (usize, f64, f64);
 
 /// The sweep's threads axis: the fused engine at the base config on 1, 2, 4, … every core, in
 /// wall time (on-CPU time adds the threads up); its line and `(threads, ms, local slope)` rows.
+/// Every thread count's trainer is warmed up first, then their timed iterations alternate
+/// ([`time_in_turn`]): on a shared machine whose speed drifts, the speed-ups compare
+/// iterations timed moments apart.
 fn threads_sweep(
     base: &RunConfig,
     compute: &Compute,
     options: &BenchOptions,
 ) -> Result<(crate::report::Series, Vec<ThreadsRow>)> {
-    let mut pts: Vec<(f64, f64)> = Vec::new();
-    let mut rows = Vec::new();
-    let mut one = None;
-    for threads in thread_counts() {
-        let config = base
+    let counts = thread_counts();
+    let mut trainers = Vec::with_capacity(counts.len());
+    for threads in &counts {
+        let mut config = base
             .with_overrides(&[format!("run.threads={threads}")])
             .map_err(user)?;
-        let (timed, load) = host::measured(|| time_config_cpu(config, compute, options.iterations));
-        let (wall, _) = timed?;
-        let base_ms = *one.get_or_insert(wall);
+        config.run.iterations = options.iterations + 1;
+        config.run.log_groups = 0;
+        config.run.eval_every = 0;
+        trainers.push(warm_up(&config, compute)?.0);
+    }
+    let mu = base.algorithm.mu;
+    let (timed, load) = host::measured(|| {
+        let mut each: Vec<&mut Trainer> = trainers.iter_mut().collect();
+        time_in_turn(&mut each, options.iterations, mu)
+    });
+    let timed = timed?;
+    drop(trainers);
+    println!(
+        "  the thread counts' timed iterations alternate{}",
+        load.map(|l| format!(" (the machine meanwhile: {})", l.phrase()))
+            .unwrap_or_default()
+    );
+    let one = &timed[0].per_step;
+    let mut pts: Vec<(f64, f64)> = Vec::new();
+    let mut rows = Vec::new();
+    for (&threads, t) in counts.iter().zip(&timed) {
+        let wall = median(&t.per_step);
+        let each: Vec<f64> = (one.iter().zip(&t.per_step)).map(|(a, b)| a / b).collect();
         println!(
-            "  fused threads = {threads:>3}: {wall:>9.3} ms/step wall   speed-up {:>5.2}×{}",
-            base_ms / wall,
-            load.map(|l| format!("   (the machine meanwhile: {})", l.phrase()))
-                .unwrap_or_default()
+            "  fused threads = {threads:>3}: {wall:>9.3} ms/step wall   speed-up {:>5.2}×   (iteration by iteration: median {:.2}×, p10 {:.2}×, p90 {:.2}×)",
+            median(one) / wall,
+            median(&each),
+            quantile(&each, 0.1),
+            quantile(&each, 0.9),
         );
         let slope = pts
             .last()
@@ -456,10 +479,8 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
     let (burn_warm, burn_load) = warm_burn(&config, compute, options.vs_burn)?;
     let (mut burn_trainer, burn_times) = burn_warm.unzip();
     let counts_before = trainer.engine().device_counts();
-    let (timed, timed_load) = host::measured(|| {
-        time_in_turn(&mut trainer, burn_trainer.as_mut(), options.iterations, mu)
-    });
-    let (ours, burn_timed) = timed?;
+    let (ours, burn_timed, timed_load) =
+        time_with_burn(&mut trainer, burn_trainer.as_mut(), options.iterations, mu)?;
     let Timed {
         per_step,
         cpu_per_step,
@@ -467,12 +488,8 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         plain_steps,
         parts,
     } = ours;
-    drop(burn_trainer);
     let ms = median(&per_step);
     let counts = trainer.engine().device_counts();
-    let submissions_per_iteration = counts.zip(counts_before).map(|(after, before)| {
-        (after.submissions - before.submissions) as f64 / options.iterations as f64
-    });
     let parts_json = parts_json(&parts, mu);
     let memory_mib = peak_rss_mib();
     let (pytorch, pytorch_load) = match &options.pytorch {
@@ -508,7 +525,9 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         "setup_ms": setup_ms,
         "dispatches_per_step": counts.map(|c| c.dispatches_per_step),
         "dispatches_per_rollout": counts.map(|c| c.dispatches_per_rollout),
-        "submissions_per_iteration": submissions_per_iteration,
+        "submissions_per_iteration": counts.zip(counts_before).map(|(after, before)| {
+            (after.submissions - before.submissions) as f64 / options.iterations as f64
+        }),
         "cold_start_ms": cold_start_ms,
         "rollout_step_ms": median(&rollout_steps),
         "optimizer_step_ms": median(&plain_steps),
@@ -587,6 +606,22 @@ fn burn_json(
     })
 }
 
+/// [`time_in_turn`] for `bench`: ours, and burn's path where given; each one's times and the
+/// machine's load meanwhile.
+fn time_with_burn(
+    ours: &mut Trainer,
+    burn: Option<&mut Trainer>,
+    iterations: usize,
+    mu: usize,
+) -> Result<(Timed, Option<Timed>, Option<host::HostLoad>)> {
+    let (timed, load) = host::measured(|| {
+        let mut trainers: Vec<&mut Trainer> = std::iter::once(ours).chain(burn).collect();
+        time_in_turn(&mut trainers, iterations, mu)
+    });
+    let mut timed = timed?.into_iter();
+    Ok((timed.next().unwrap_or_default(), timed.next(), load))
+}
+
 /// A trainer past its first iteration and [`warm_up`]'s times.
 type Warm = (Trainer, [f64; 3]);
 
@@ -613,23 +648,22 @@ fn burn_config(config: &RunConfig) -> RunConfig {
     burn
 }
 
-/// `iterations` whole iterations of `ours`, each followed by one of `theirs` where given
-/// (burn's path for `--vs-burn`, warmed up as `ours` was): each engine's times.
-fn time_in_turn(
-    ours: &mut Trainer,
-    mut theirs: Option<&mut Trainer>,
-    iterations: usize,
-    mu: usize,
-) -> Result<(Timed, Option<Timed>)> {
-    let mut a = Timed::default();
-    let mut b = theirs.is_some().then(Timed::default);
+/// `iterations` rounds of one whole iteration of each trainer in turn (ours first; for
+/// `--vs-burn` burn's path, for the threads axis each thread count), so that a machine whose
+/// speed drifts moves them alike: each trainer's times. Between two trainers the bench waits
+/// out the last one's idle workers, which spin a moment before they sleep.
+fn time_in_turn(trainers: &mut [&mut Trainer], iterations: usize, mu: usize) -> Result<Vec<Timed>> {
+    let mut timed: Vec<Timed> = trainers.iter().map(|_| Timed::default()).collect();
+    let alone = trainers.len() == 1;
     for _ in 0..iterations {
-        a.extend(time_iterations(ours, 1, mu)?);
-        if let (Some(t), Some(b)) = (theirs.as_deref_mut(), b.as_mut()) {
-            b.extend(time_iterations(t, 1, mu)?);
+        for (trainer, t) in trainers.iter_mut().zip(&mut timed) {
+            if !alone {
+                std::thread::sleep(crate::engine::cores::IDLE_SPIN * 2);
+            }
+            t.extend(time_iterations(trainer, 1, mu)?);
         }
     }
-    Ok((a, b))
+    Ok(timed)
 }
 
 /// `bench-rollout`'s sizes within what it allows.
@@ -1233,17 +1267,17 @@ mod tests {
         let (mut ours, _) = warm_up(&config, &compute).unwrap();
         let (mut theirs, _) = warm_up(&other, &compute).unwrap();
         let (i0, j0) = (ours.iteration(), theirs.iteration());
-        let (a, b) = time_in_turn(&mut ours, Some(&mut theirs), 3, mu).unwrap();
-        let b = b.expect("both engines timed");
+        let timed = time_in_turn(&mut [&mut ours, &mut theirs], 3, mu).unwrap();
+        assert_eq!(timed.len(), 2);
         assert_eq!((ours.iteration() - i0, theirs.iteration() - j0), (3, 3));
-        for t in [&a, &b] {
+        for t in &timed {
             assert_eq!((t.per_step.len(), t.parts.len()), (3, 3));
             assert!(t.per_step.iter().all(|&ms| ms > 0.0 && ms.is_finite()));
         }
         // Alone: only ours moves.
-        let (alone, none) = time_in_turn(&mut ours, None, 2, mu).unwrap();
-        assert!(none.is_none());
-        assert_eq!(alone.per_step.len(), 2);
+        let alone = time_in_turn(&mut [&mut ours], 2, mu).unwrap();
+        assert_eq!(alone.len(), 1);
+        assert_eq!(alone[0].per_step.len(), 2);
         assert_eq!((ours.iteration() - i0, theirs.iteration() - j0), (5, 3));
     }
 

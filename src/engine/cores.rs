@@ -183,6 +183,11 @@ impl Cores {
     }
 }
 
+/// How long an engine's idle workers keep their cores busy after its last job (they spin, then
+/// sleep): a benchmark that times engines in turn waits this long between them.
+#[cfg(not(target_arch = "wasm32"))]
+pub const IDLE_SPIN: std::time::Duration = hot::SPIN;
+
 /// Workers that spin between jobs before they sleep: an engine's step hands its threads work
 /// several times a step, ~50–200 µs apart, and waking a sleeping thread costs 20–130 µs on a
 /// virtual machine (measured with rayon's pool: 30 µs of work took 50 µs back to back, 131 µs
@@ -196,7 +201,7 @@ mod hot {
 
     /// How long an idle worker spins before it sleeps (a step's gaps are far shorter; a run's
     /// pauses — a checkpoint, the app's frame — longer).
-    const SPIN: Duration = Duration::from_millis(2);
+    pub(super) const SPIN: Duration = Duration::from_millis(2);
 
     /// A job: a function of the item's index, its lifetime erased (see [`Pool::run`]).
     type Job = *const (dyn Fn(usize) + Sync + 'static);
