@@ -729,13 +729,7 @@ impl Timed {
 
 /// Times `iterations` whole iterations of `mu` steps each.
 fn time_iterations(trainer: &mut Trainer, iterations: usize, mu: usize) -> Result<Timed> {
-    let mut t = Timed {
-        per_step: Vec::new(),
-        cpu_per_step: Vec::new(),
-        rollout_steps: Vec::new(),
-        plain_steps: Vec::new(),
-        parts: Vec::new(),
-    };
+    let mut t = Timed::default();
     for _ in 0..iterations {
         trainer.reset_timings();
         let cpu = process_cpu_ns();
