@@ -80,7 +80,12 @@ impl WgslLectureEngine {
 
 /// Times each dispatch of `ops` (20 times in a row in one submission), printed to stderr
 /// by label and shape: `GRPO_WGSL_PROFILE=1`. Diagnostics only: the repeated dispatches
-/// change the run's results.
+/// change the run's results. Read its times with that in mind: a dispatch that accumulates
+/// (`C += A·B`) does so 20 times, and what reads it downstream sees values the run never
+/// holds. After the cold start, the backward's products that read GELU's gradient timed
+/// 4–10× their same-shape neighbours here, from subnormal operands (x86 microcode assists) —
+/// yet a real run's GELU gradient holds none (counted on the fused CPU engine, whose
+/// arithmetic this engine follows), and flushing them changed no real step's time.
 pub(super) fn profile(
     ctx: &GpuContext,
     group: &wgpu::BindGroup,
