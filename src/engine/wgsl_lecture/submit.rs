@@ -49,8 +49,9 @@ impl WgslLectureEngine {
         if !uni.is_empty() {
             self.ctx.queue.write_buffer(&plan.uniform, 0, &uni);
         }
+        let mut ops = ops;
         if std::env::var_os("GRPO_WGSL_PROFILE").is_some() {
-            profile(&self.ctx, &plan.group, &ops, slots);
+            profile(&self.ctx, &plan.group, &mut ops, slots);
         }
         let (mut buffers, mut encoder) = encode_ops(device, plan, ops);
         let reads: Vec<(&wgpu::Buffer, usize, usize)> = reads
@@ -78,49 +79,52 @@ impl WgslLectureEngine {
     }
 }
 
-/// Times each dispatch of `ops` (20 times in a row in one submission), printed to stderr
-/// by label and shape: `GRPO_WGSL_PROFILE=1`. Diagnostics only: the repeated dispatches
-/// change the run's results. Read its times with that in mind: a dispatch that accumulates
-/// (`C += A·B`) does so 20 times, and what reads it downstream sees values the run never
-/// holds. After the cold start, the backward's products that read GELU's gradient timed
-/// 4–10× their same-shape neighbours here, from subnormal operands (x86 microcode assists) —
-/// yet a real run's GELU gradient holds none (counted on the fused CPU engine, whose
-/// arithmetic this engine follows), and flushing them changed no real step's time.
+/// Runs `ops` (drained: the caller runs none of them again) one per submission, in order,
+/// waiting for each, and prints to stderr each dispatch's time by label and shape:
+/// `GRPO_WGSL_PROFILE=1`. Each op runs once, on the run's own values, so the run's results
+/// are unchanged and so is what each dispatch computes on (a profile that repeated each
+/// dispatch 20 times compounded the accumulating ones, `C += A·B`: downstream products then
+/// read subnormal gradients a real run never holds and timed 4–10× too slow). Each time
+/// includes one submission and its wait; an empty submission's time is printed first.
+/// Diagnostics only: far slower than one submission.
 pub(super) fn profile(
     ctx: &GpuContext,
     group: &wgpu::BindGroup,
-    ops: &[Op],
+    ops: &mut Vec<Op>,
     slots: &[StepParamsOrMm],
 ) {
     let device = &ctx.device;
-    let mut lines = Vec::new();
-    for op in ops {
-        let Some(d) = op.dispatch(group) else {
-            continue;
-        };
-        let (Some(slot), pipeline, grid, label) = (d.slot, d.pipeline, d.grid, d.label) else {
-            continue;
-        };
-        let what = match &slots[slot as usize] {
-            StepParamsOrMm::Mm(m) => {
-                format!("{label} {}x{}x{} b{}", m.m, m.n, m.k, m.batch)
-            }
-            StepParamsOrMm::Step(_) | StepParamsOrMm::Tf(_) => format!("{label} {grid:?}"),
-        };
-        const REPS: u32 = 20;
+    let submit_and_wait = |buffer: wgpu::CommandBuffer| {
         let t0 = std::time::Instant::now();
-        let mut encoder = device.create_command_encoder(&Default::default());
-        {
-            let mut pass = encoder.begin_compute_pass(&Default::default());
-            pass.set_pipeline(pipeline);
-            pass.set_bind_group(0, d.group, d.offsets());
-            for _ in 0..REPS {
-                pass.dispatch_workgroups(grid.0, grid.1, grid.2);
-            }
-        }
-        ctx.queue.submit([encoder.finish()]);
+        ctx.queue.submit([buffer]);
         let _ = device.poll(wgpu::PollType::wait_indefinitely());
-        let ms = t0.elapsed().as_secs_f64() * 1e3 / REPS as f64;
+        t0.elapsed().as_secs_f64() * 1e3
+    };
+    let empty = submit_and_wait(device.create_command_encoder(&Default::default()).finish());
+    let mut lines = vec![format!("{empty:9.3} ms  (an empty submission)")];
+    for op in ops.drain(..) {
+        if let Op::Commands(commands) = op {
+            let ms = submit_and_wait(commands);
+            lines.push(format!("{ms:9.3} ms  commands"));
+            continue;
+        }
+        let what = match op.dispatch(group) {
+            Some(d) => match (d.slot, d.label) {
+                (Some(slot), label) => match &slots[slot as usize] {
+                    StepParamsOrMm::Mm(m) => {
+                        format!("{label} {}x{}x{} b{}", m.m, m.n, m.k, m.batch)
+                    }
+                    StepParamsOrMm::Step(_) | StepParamsOrMm::Tf(_) => {
+                        format!("{label} {:?}", d.grid)
+                    }
+                },
+                (None, label) => format!("{label} {:?}", d.grid),
+            },
+            None => "copy / clear".to_string(),
+        };
+        let mut encoder = device.create_command_encoder(&Default::default());
+        dispatch_all(&mut encoder, group, std::slice::from_ref(&op));
+        let ms = submit_and_wait(encoder.finish());
         lines.push(format!("{ms:9.3} ms  {what}"));
     }
     eprintln!("[wgsl profile]\n{}", lines.join("\n"));

@@ -998,7 +998,7 @@ impl WgslTransformer {
             self.ctx.queue.write_buffer(&plan.uniform, 0, &uni);
         }
         if std::env::var_os("GRPO_WGSL_PROFILE").is_some() {
-            submit::profile(&self.ctx, &plan.group, &rec.ops, &rec.slots);
+            submit::profile(&self.ctx, &plan.group, &mut rec.ops, &rec.slots);
         }
         let mut encoder = device.create_command_encoder(&Default::default());
         let reads: Vec<_> = reads
