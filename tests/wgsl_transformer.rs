@@ -310,6 +310,44 @@ fn rollouts_equal_the_fused_engine() {
     );
 }
 
+#[test]
+fn greedy_decoding_and_sampled_rollouts_keep_their_own_plans() {
+    // An iteration evaluates greedily (every held-out prompt, one row each) and samples G rows
+    // per training prompt: two shapes. Each keeps its plan, so alternating them builds none
+    // again, and what each answers does not change with what ran between.
+    use grpo_lab::engine::fused_transformer::Pick;
+    use grpo_lab::engine::{Draw, SamplerSide};
+    use grpo_lab::objective::sampling::SamplingParams;
+    let c = &cases()[0];
+    let Some(mut dev) = c.device() else { return };
+    let sample = Pick::Sample(Draw {
+        params: SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+        },
+        seed: 11,
+        stream: 3,
+        sampler: SamplerSide {
+            bf16: false,
+            record_logp: false,
+            keep_support: false,
+        },
+    });
+    let mut rounds = Vec::new();
+    let mut built = Vec::new();
+    for _ in 0..3 {
+        let sampled = now(dev.generate(&c.prompts, c.g, c.t, &sample, 1.0, true)).unwrap();
+        let greedy = now(dev.generate(&c.prompts, 1, c.t, &Pick::Greedy, 1.0, false)).unwrap();
+        rounds.push((sampled.rows, sampled.logp, greedy.rows));
+        built.push(dev.plans_built);
+    }
+    assert!(c.g > 1, "the case must give the two calls different shapes");
+    assert_eq!(built, vec![2, 2, 2], "plans built after each round");
+    assert_eq!(rounds[1], rounds[0]);
+    assert_eq!(rounds[2], rounds[0]);
+}
+
 // ------------------------------------------------------------------ the engine as a whole
 
 /// Train `config` (transformer-sort, shrunk) on the fused CPU engine and on the WGSL engine:

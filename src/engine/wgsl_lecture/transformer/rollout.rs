@@ -56,9 +56,7 @@ impl WgslTransformer {
         let v = self.shape.vocab;
         let ctx = self.ctx.clone();
         let layout = &self.programs.sample_layout;
-        let plan = self.plans[Slot::Rollout as usize]
-            .as_mut()
-            .expect("planned");
+        let plan = self.plans[self.cur as usize].as_mut().expect("planned");
         if plan
             .sampler
             .as_ref()
@@ -268,7 +266,12 @@ impl WgslTransformer {
         let sampled = b * g;
         let rows = sampled + if with_greedy { b } else { 0 };
         let drawn = if draw.is_some() { sampled } else { 0 };
-        self.plan(Slot::Rollout, (rows, b, g), max_len)?;
+        let slot = if draw.is_some() {
+            Slot::Rollout
+        } else {
+            Slot::Greedy
+        };
+        self.plan(slot, (rows, b, g), max_len)?;
         if drawn > 0 {
             self.sampler(drawn, max_len)?;
         }
