@@ -348,6 +348,64 @@ fn greedy_decoding_and_sampled_rollouts_keep_their_own_plans() {
     assert_eq!(rounds[2], rounds[0]);
 }
 
+#[test]
+fn a_decode_that_stops_where_the_last_one_closed_answers_as_a_whole_one() {
+    // A decode's first submission stops where its plan's last decode had every row closed,
+    // and a second one goes on only if a row is still open there. At every stopping point,
+    // against a decode of every position in one submission: the same rows, greedy answers,
+    // closed flags and log π, whether the decode stopped there or went on.
+    use grpo_lab::engine::fused_transformer::Pick;
+    use grpo_lab::engine::{Draw, SamplerSide};
+    use grpo_lab::objective::sampling::SamplingParams;
+    let mut c = Case::new(7, (5, 16, 2, 1, 24), (3, 3, 4, 7));
+    // <eos> made likely (the final LayerNorm's bias times the head's <eos> column), so that
+    // rows close at every position and some decodes have all closed before the last.
+    let (lay, d, v) = (Layout::of(&c.shape), c.shape.d_model, c.shape.vocab);
+    for j in 0..d {
+        c.w[lay.lnf_b + j] = 1.0;
+        c.w[lay.head + j * v + v - 1] = 2.0 / d as f32;
+    }
+    let Some(mut whole) = c.device() else { return };
+    let Some(mut split) = c.device() else { return };
+    let (mut stopped, mut went_on) = (0, 0);
+    for seed in 0..6u64 {
+        let pick = Pick::Sample(Draw {
+            params: SamplingParams {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+            },
+            seed,
+            stream: 5,
+            sampler: SamplerSide {
+                bf16: false,
+                record_logp: false,
+                keep_support: false,
+            },
+        });
+        whole.decoded = [usize::MAX; 3];
+        let want = now(whole.generate(&c.prompts, c.g, c.t, &pick, 1.0, true)).unwrap();
+        for stop in 1..c.t {
+            split.decoded = [stop; 3];
+            let before = split.submissions;
+            let got = now(split.generate(&c.prompts, c.g, c.t, &pick, 1.0, true)).unwrap();
+            assert_eq!(got.rows, want.rows, "seed {seed}, stop {stop}");
+            assert_eq!(got.greedy, want.greedy, "seed {seed}, stop {stop}");
+            assert_eq!(got.closed, want.closed, "seed {seed}, stop {stop}");
+            assert_eq!(got.logp, want.logp, "seed {seed}, stop {stop}");
+            match split.submissions - before {
+                1 => stopped += 1,
+                2 => went_on += 1,
+                k => panic!("{k} submissions for one decode"),
+            }
+        }
+    }
+    assert!(
+        stopped > 0 && went_on > 0,
+        "stopped {stopped}, went on {went_on}"
+    );
+}
+
 // ------------------------------------------------------------------ the engine as a whole
 
 /// Train `config` (transformer-sort, shrunk) on the fused CPU engine and on the WGSL engine:

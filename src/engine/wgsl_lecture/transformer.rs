@@ -146,6 +146,10 @@ pub struct WgslTransformer {
     pub last_dispatches: usize,
     /// Plans built so far (each: its work, ints and uniform buffers and bind groups).
     pub plans_built: usize,
+    /// Per plan (passes, rollouts, greedy decoding), the positions its last decode needed (its
+    /// longest row; `usize::MAX` before any): where the next decode's first submission stops
+    /// (see `rollout_chunk`). Any value gives the same answers (tests set it).
+    pub decoded: [usize; 3],
     /// Whether a read-back waits for the device (natively, by default) or its future answers
     /// `Pending` until the read-back has arrived (a browser; [`Arrival`]).
     pub blocking: bool,
@@ -293,6 +297,7 @@ impl WgslTransformer {
             submissions: 0,
             last_dispatches: 0,
             plans_built: 0,
+            decoded: [usize::MAX; 3],
             blocking: true,
         })
     }

@@ -307,8 +307,6 @@ impl WgslTransformer {
                 self.ctx.queue.write_buffer(params, 0, &u32_bytes(&words));
             }
         }
-        let mut rec = self.recorder();
-        self.record_blocks(&mut rec, 0, (0, n), n - 1);
         let u = |x: usize| x as u32;
         let place = TfParams {
             sampled: u(sampled),
@@ -316,22 +314,45 @@ impl WgslTransformer {
             logp: u(at.roll_logp),
             ..self.base(1.0 / temperature)
         };
-        for i in 0..max_len {
-            if i > 0 {
-                self.record_blocks(&mut rec, 0, (n + i - 1, n + i), n + i - 1);
+        // Positions first..last: each row's token, sampled or greedy, then placed.
+        let record = |me: &Self, rec: &mut Recorder, positions: std::ops::Range<usize>| {
+            for i in positions {
+                if i > 0 {
+                    me.record_blocks(rec, 0, (n + i - 1, n + i), n + i - 1);
+                }
+                me.record_head_at(rec, n - 1 + i);
+                me.record_draw(rec, i, drawn);
+                rec.tf(&me.programs, "place", TfParams { i: u(i), ..place }, rows);
             }
-            self.record_head_at(&mut rec, n - 1 + i);
-            self.record_draw(&mut rec, i, drawn);
-            rec.tf(&self.programs, "place", TfParams { i: u(i), ..place }, rows);
-        }
+        };
         let tokens = rows * max_len;
         let reads = [
             (Reads::Ints, at.i_resp, tokens),
             (Reads::Ints, at.i_state, 2 * rows),
             (Reads::Work, at.roll_logp, tokens),
         ];
-        let out = self.run(rec, &reads).await?;
+        // The decode stops where the last call of this plan's rows had all closed (`first`),
+        // and goes on in a second submission only if a row is still open there: past the
+        // position where every row has closed, each row only gets <eos> and log π 0, which
+        // nothing reads (a row's tokens and log π are cut at the longest row). The same
+        // answers at any `first`; the sort task's answers close 2 of transformer-sort's 8
+        // positions early, and an iteration decodes twice (evaluation, rollout).
+        let first = self.decoded[slot as usize].clamp(1, max_len);
+        let mut rec = self.recorder();
+        self.record_blocks(&mut rec, 0, (0, n), n - 1);
+        record(self, &mut rec, 0..first);
+        let mut out = self.run(rec, &reads).await?;
+        if first < max_len && u32s(&out[1])[..rows].contains(&0) {
+            let mut rec = self.recorder();
+            record(self, &mut rec, first..max_len);
+            let before = self.last_dispatches;
+            out = self.run(rec, &reads).await?;
+            // The decode's dispatches: both submissions'.
+            self.last_dispatches += before;
+        }
         let (resp, state, logp_all) = (u32s(&out[0]), u32s(&out[1]), f32s(&out[2]));
+        // Where this plan's next call stops first: this call's longest row (≥ 1).
+        self.decoded[slot as usize] = state[rows..].iter().max().map_or(max_len, |&l| l as usize);
         let rows_out: Vec<Vec<u32>> = (0..rows)
             .map(|r| resp[r * max_len..][..(state[rows + r] as usize).min(max_len)].to_vec())
             .collect();
