@@ -246,7 +246,33 @@ impl WgslTransformer {
         }
     }
 
-    /// The rollout of one chunk of prompts in one submission (see [`Self::generate`]); its
+    /// Each position's sampler parameters for `drawn` rows from the rollout's row `row0`.
+    fn upload_draws(&self, d: crate::engine::Draw, drawn: usize, row0: usize) {
+        let Some(s) = &self.plan_ref().sampler else {
+            return;
+        };
+        for (i, params) in s.params.iter().enumerate() {
+            let sp = d.params;
+            let words = [
+                drawn as u32,
+                1,
+                1,
+                self.shape.vocab as u32,
+                (1.0 / sp.temperature).to_bits(),
+                sp.top_k as u32,
+                sp.top_p.to_bits(),
+                d.position_stream(i),
+                d.seed as u32,
+                (d.seed >> 32) as u32,
+                row0 as u32,
+                0,
+            ];
+            self.ctx.queue.write_buffer(params, 0, &u32_bytes(&words));
+        }
+    }
+
+    /// The rollout of one chunk of prompts in one submission, or two where a row is still open
+    /// where the plan's last decode had closed every row (see [`Self::generate`]); its
     /// sampled rows are the rollout's rows `row0..`. Every row's tokens (the sampled rows, then
     /// the greedy ones), the sampled rows' closed flags and log π `[sampled·max_len]`.
     #[allow(clippy::too_many_arguments)]
@@ -287,25 +313,8 @@ impl WgslTransformer {
         self.ctx
             .queue
             .write_buffer(&plan.ints, 0, &u32_bytes(&ints));
-        if let (Some(d), Some(s)) = (draw, &plan.sampler) {
-            for (i, params) in s.params.iter().enumerate() {
-                let sp = d.params;
-                let words = [
-                    drawn as u32,
-                    1,
-                    1,
-                    v as u32,
-                    (1.0 / sp.temperature).to_bits(),
-                    sp.top_k as u32,
-                    sp.top_p.to_bits(),
-                    d.position_stream(i),
-                    d.seed as u32,
-                    (d.seed >> 32) as u32,
-                    row0 as u32,
-                    0,
-                ];
-                self.ctx.queue.write_buffer(params, 0, &u32_bytes(&words));
-            }
+        if let Some(d) = draw {
+            self.upload_draws(d, drawn, row0);
         }
         let u = |x: usize| x as u32;
         let place = TfParams {
