@@ -139,7 +139,32 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-/// Largest `|a − b| / (1 + |b|)`.
+/// A sampled rollout's pick: f32 logits, no recorded sampler log π.
+fn draw(
+    temperature: f32,
+    top_k: usize,
+    top_p: f32,
+    seed: u64,
+    stream: u32,
+) -> grpo_lab::engine::fused_transformer::Pick {
+    use grpo_lab::engine::{Draw, SamplerSide};
+    use grpo_lab::objective::sampling::SamplingParams;
+    grpo_lab::engine::fused_transformer::Pick::Sample(Draw {
+        params: SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+        },
+        seed,
+        stream,
+        sampler: SamplerSide {
+            bf16: false,
+            record_logp: false,
+            keep_support: false,
+        },
+    })
+}
+
 /// A device call's answer: it waits for the device (`WgslTransformer::blocking`), so its
 /// future is done at the first poll.
 fn now<F: std::future::Future>(future: F) -> F::Output {
@@ -151,6 +176,7 @@ fn now<F: std::future::Future>(future: F) -> F::Output {
     }
 }
 
+/// Largest `|a − b| / (1 + |b|)`.
 fn worst(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
@@ -259,24 +285,7 @@ fn adam_steps_equal_the_fused_engine() {
 #[test]
 fn rollouts_equal_the_fused_engine() {
     use grpo_lab::engine::fused_transformer::Pick;
-    use grpo_lab::engine::{Draw, SamplerSide};
-    use grpo_lab::objective::sampling::SamplingParams;
-    let draw = |temperature, top_k, top_p, seed| {
-        Pick::Sample(Draw {
-            params: SamplingParams {
-                temperature,
-                top_k,
-                top_p,
-            },
-            seed,
-            stream: 3,
-            sampler: SamplerSide {
-                bf16: false,
-                record_logp: false,
-                keep_support: false,
-            },
-        })
-    };
+    let draw = |temperature, top_k, top_p, seed| draw(temperature, top_k, top_p, seed, 3);
     let mut differing = 0;
     let mut tokens = 0;
     for (i, c) in cases().iter().enumerate() {
@@ -316,24 +325,9 @@ fn greedy_decoding_and_sampled_rollouts_keep_their_own_plans() {
     // per training prompt: two shapes. Each keeps its plan, so alternating them builds none
     // again, and what each answers does not change with what ran between.
     use grpo_lab::engine::fused_transformer::Pick;
-    use grpo_lab::engine::{Draw, SamplerSide};
-    use grpo_lab::objective::sampling::SamplingParams;
     let c = &cases()[0];
     let Some(mut dev) = c.device() else { return };
-    let sample = Pick::Sample(Draw {
-        params: SamplingParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-        },
-        seed: 11,
-        stream: 3,
-        sampler: SamplerSide {
-            bf16: false,
-            record_logp: false,
-            keep_support: false,
-        },
-    });
+    let sample = draw(1.0, 0, 1.0, 11, 3);
     let mut rounds = Vec::new();
     let mut built = Vec::new();
     for _ in 0..3 {
@@ -354,9 +348,6 @@ fn a_decode_that_stops_where_the_last_one_closed_answers_as_a_whole_one() {
     // and a second one goes on only if a row is still open there. At every stopping point,
     // against a decode of every position in one submission: the same rows, greedy answers,
     // closed flags and log π, whether the decode stopped there or went on.
-    use grpo_lab::engine::fused_transformer::Pick;
-    use grpo_lab::engine::{Draw, SamplerSide};
-    use grpo_lab::objective::sampling::SamplingParams;
     let mut c = Case::new(7, (5, 16, 2, 1, 24), (3, 3, 4, 7));
     // <eos> made likely (the final LayerNorm's bias times the head's <eos> column), so that
     // rows close at every position and some decodes have all closed before the last.
@@ -369,20 +360,7 @@ fn a_decode_that_stops_where_the_last_one_closed_answers_as_a_whole_one() {
     let Some(mut split) = c.device() else { return };
     let (mut stopped, mut went_on) = (0, 0);
     for seed in 0..6u64 {
-        let pick = Pick::Sample(Draw {
-            params: SamplingParams {
-                temperature: 1.0,
-                top_k: 0,
-                top_p: 1.0,
-            },
-            seed,
-            stream: 5,
-            sampler: SamplerSide {
-                bf16: false,
-                record_logp: false,
-                keep_support: false,
-            },
-        });
+        let pick = draw(1.0, 0, 1.0, seed, 5);
         whole.decoded = [usize::MAX; 3];
         let want = now(whole.generate(&c.prompts, c.g, c.t, &pick, 1.0, true)).unwrap();
         for stop in 1..c.t {
