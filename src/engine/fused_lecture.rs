@@ -186,6 +186,15 @@ fn split_by<'a, T>(mut buf: &'a mut [T], ranges: &[Range<usize>], per: usize) ->
     out
 }
 
+/// `x`, or 0 where it is subnormal (|x| < 2⁻¹²⁶): a confident policy's unlikely tokens give
+/// `∂L/∂z = c·(onehot − p)` below f32's normal range, and every product that reads a
+/// subnormal operand is many times slower on x86. No weight moves by a gradient that small
+/// (Adam's update of it underflows too).
+#[inline(always)]
+fn normal_or_zero(x: f32) -> f32 {
+    if x.abs() < f32::MIN_POSITIVE { 0.0 } else { x }
+}
+
 /// The keep-sampling-mask on the lecture model: each (prompt, position) row of `logits
 /// [B·n, V]` restricted to its sampler support, read off the prompt's first response
 /// (`support [B·G·n]`: its G responses were drawn from the same row, so they share it).
@@ -530,7 +539,7 @@ impl Rows<'_> {
                 .zip(self.probs.chunks_exact(v));
             for ((drow, prow), &c) in rows.zip(self.row_coef.iter()) {
                 for (dl, &pr) in drow.iter_mut().zip(prow) {
-                    *dl -= c * pr;
+                    *dl = normal_or_zero(*dl - c * pr);
                 }
             }
         }
@@ -1520,6 +1529,45 @@ mod tests {
             };
             assert_eq!(bits(&wide), bits(&portable), "{mode:?} {est:?}");
         }
+    }
+
+    /// A confident policy's unlikely tokens give `c·p` below f32's normal range; the step's
+    /// `∂L/∂logits` holds none of them (0 instead), so no product downstream reads a subnormal.
+    #[test]
+    fn a_confident_policy_s_logit_gradients_hold_no_subnormals() {
+        use crate::config::LossAggMode;
+        use crate::rng::SplitMix64;
+        let (vocab, n, d, b, g) = (16, 4, 16, 64, 8);
+        let c = RunConfig::preset("lecture17").unwrap();
+        // Large weights: logits spread over hundreds of nats.
+        let w = LectureWeights::init(vocab, n, d, 3.0, 5);
+        let mut rng = SplitMix64::new(3);
+        let (prompts, responses, advantages) = random_batch(&mut rng, vocab, n, b, g);
+        let mut f = FusedLecture::new(&w, vocab, n, d, &c);
+        let logp = f.token_logp(&prompts, &responses, 1.0, None);
+        let s = LossSettings::plain(LossMode::Naive, KlEstimator::K3, LossAggMode::TokenMean);
+        let x = Batch {
+            prompts: &prompts,
+            responses: &responses,
+            advantages: &advantages,
+            token_advantages: None,
+            old_logp: &logp,
+            ref_logp: &logp,
+            sampler_logp: None,
+            support: None,
+        };
+        let (scalars, _) = f.step_batch(&x, &s, 1.0, 1e-3, 0.0);
+        assert!(scalars.loss.is_finite());
+        let sc = &f.scratch;
+        // The case arises: some row's coefficient times a probability is subnormal.
+        let tiny = (sc.probs.chunks_exact(vocab).zip(&sc.row_coef))
+            .flat_map(|(row, &c)| row.iter().map(move |&p| c * p))
+            .filter(|v| v.is_subnormal())
+            .count();
+        assert!(tiny > 0, "no subnormal c·p: the case is not exercised");
+        let sub = sc.dlogits.iter().filter(|v| v.is_subnormal()).count();
+        assert_eq!(sub, 0, "{sub} subnormal entries of ∂L/∂logits");
+        assert!(sc.dlogits.iter().any(|&v| v != 0.0));
     }
 
     /// A K3 KL that overflows (log π fell 88+ nats below log π_ref, as a naive loss drives
