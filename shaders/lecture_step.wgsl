@@ -180,8 +180,9 @@ fn row_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
         let at = dl + ints[lp.i_tokens + t];
         work[at] = work[at] + work[lp.coef_off + t];
     }
+    // Below f32's normal range: 0, as the fused step writes it (subnormal gradients).
     for (var u = 0u; u < lp.v; u++) {
-        work[dl + u] = work[dl + u] - row_coef * exp(work[base + u] * lp.inv_t - lz);
+        work[dl + u] = normal_or_zero(work[dl + u] - row_coef * exp(work[base + u] * lp.inv_t - lz));
     }
 }
 

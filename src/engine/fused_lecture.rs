@@ -20,6 +20,7 @@ pub use super::StepScalars;
 use super::cores::{self, Cores};
 use crate::config::{ModelKind, RunConfig};
 use crate::model::lecture::LectureWeights;
+use crate::objective::adam::normal_or_zero;
 use crate::objective::loss::{self, BatchTotals, LossSettings, SpanSums, TokenInputs, TokenTerms};
 pub use crate::objective::numeric::{exp_fast, lanes8, sum_f64, sum_sq, zeroed};
 use crate::objective::numeric::{row_entropy, row_softmax, sized};
@@ -184,15 +185,6 @@ fn split_by<'a, T>(mut buf: &'a mut [T], ranges: &[Range<usize>], per: usize) ->
         buf = tail;
     }
     out
-}
-
-/// `x`, or 0 where it is subnormal (|x| < 2⁻¹²⁶): a confident policy's unlikely tokens give
-/// `∂L/∂z = c·(onehot − p)` below f32's normal range, and every product that reads a
-/// subnormal operand is many times slower on x86. No weight moves by a gradient that small
-/// (Adam's update of it underflows too).
-#[inline(always)]
-fn normal_or_zero(x: f32) -> f32 {
-    if x.abs() < f32::MIN_POSITIVE { 0.0 } else { x }
 }
 
 /// The keep-sampling-mask on the lecture model: each (prompt, position) row of `logits
@@ -538,6 +530,9 @@ impl Rows<'_> {
                 .chunks_exact_mut(v)
                 .zip(self.probs.chunks_exact(v));
             for ((drow, prow), &c) in rows.zip(self.row_coef.iter()) {
+                // A confident policy's unlikely tokens give values below f32's normal range
+                // (~1e-40), and every product that reads a subnormal is many times slower on
+                // x86; no weight moves by a gradient that small (Adam's update underflows too).
                 for (dl, &pr) in drow.iter_mut().zip(prow) {
                     *dl = normal_or_zero(*dl - c * pr);
                 }
