@@ -1194,6 +1194,7 @@ fn quiet_window_system_probing() {
 
 fn main() -> ExitCode {
     quiet_window_system_probing();
+    grpo_lab::engine::cores::keep_freed_memory();
     let cli = Cli::parse();
     let result = match cli.command {
         None => demo(),

@@ -25,6 +25,11 @@ pub const PART_WORK: usize = 2_000_000;
 /// its Adam (~650 weights) and its four advantage modes (30 rewards) stay on one thread.
 pub const SOLO_WORK: usize = 16_384;
 
+/// The elements of one job of the element-wise helpers ([`Cores::sums_sq`],
+/// [`Cores::sum_in_order`]): a fixed span, so that what they sum does
+/// not depend on the threads.
+pub const SPAN: usize = 1 << 14;
+
 /// At most this many parts: enough for 8 cores, few enough that the per-part gradients'
 /// reduction stays a small share of a step.
 pub const MAX_PARTS: usize = 8;
@@ -47,6 +52,28 @@ pub fn parts_at(units: usize, work_per_unit: usize, part_work: usize) -> Vec<Ran
         .step_by(per)
         .map(|a| a..(a + per).min(units))
         .collect()
+}
+
+/// Keeps the memory `free` returns in the process (glibc's allocator), so that the buffers a
+/// step or an iteration allocates anew reuse pages already mapped: by default glibc gives
+/// a freed heap top back to the kernel and takes every block of 128 KiB or more from a
+/// fresh mapping, and the next allocation page-faults its memory in again, on the calling
+/// thread (on `scaled` ~1 900 page faults an iteration). The process's peak stays what it
+/// was; freed memory is not returned until it exits. Nothing on other C libraries.
+pub fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        unsafe extern "C" {
+            fn mallopt(param: i32, value: i32) -> i32;
+        }
+        const M_TRIM_THRESHOLD: i32 = -1;
+        const M_MMAP_THRESHOLD: i32 = -3;
+        // SAFETY: mallopt only sets allocator parameters; called before any other thread.
+        unsafe {
+            mallopt(M_MMAP_THRESHOLD, 32 << 20);
+            mallopt(M_TRIM_THRESHOLD, 1 << 30);
+        }
+    }
 }
 
 /// The threads a run may use: `0` = every core this process may run on.
@@ -167,7 +194,6 @@ impl Cores {
         if rest.is_empty() {
             return;
         }
-        const SPAN: usize = 1 << 14;
         let mut spans: Vec<(usize, &mut [f32])> = out
             .chunks_mut(SPAN)
             .enumerate()
@@ -180,6 +206,79 @@ impl Cores {
                 }
             }
         });
+    }
+
+    /// `Σ x²` of each array: spans of [`SPAN`] elements on the threads, each array's spans
+    /// added in order, so the same bits on any number of threads (an array of one span gives
+    /// `numeric::sum_sq` of it, as one thread always did).
+    pub fn sums_sq<const K: usize>(&self, arrays: [&[f32]; K]) -> [f32; K] {
+        let mut spans: Vec<(usize, &[f32], f32)> = (arrays.iter().enumerate())
+            .flat_map(|(a, x)| x.chunks(SPAN).map(move |c| (a, c, 0.0)))
+            .collect();
+        let work = arrays.iter().map(|x| x.len()).sum();
+        self.each_worth(work, &mut spans, |_, (_, x, s)| {
+            *s = crate::objective::numeric::sum_sq(x);
+        });
+        let mut out = [None::<f32>; K];
+        for (a, _, s) in spans {
+            out[a] = Some(out[a].map_or(s, |sum| sum + s));
+        }
+        out.map(|s| s.unwrap_or(0.0))
+    }
+
+    /// `f` of `items` in spans of `span` (a multiple of what `f` reads as one unit) on the
+    /// threads, the results in order: what one `f(items)` gives where `f` maps units alone.
+    /// The allocations `f` makes are spread over the threads too.
+    pub fn map_spans<T: Sync, U: Send>(
+        &self,
+        items: &[T],
+        span: usize,
+        f: impl Fn(&[T]) -> Vec<U> + Sync,
+    ) -> Vec<U> {
+        if self.threads() == 1 || items.len() <= span {
+            return f(items);
+        }
+        let mut jobs: Vec<(&[T], Vec<U>)> = items.chunks(span).map(|c| (c, Vec::new())).collect();
+        self.each(&mut jobs, |_, (x, out)| *out = f(x));
+        let mut out = Vec::with_capacity(jobs.iter().map(|j| j.1.len()).sum());
+        for (_, part) in jobs {
+            out.extend(part);
+        }
+        out
+    }
+
+    /// A copy of `src`, by spans of [`SPAN`] on the threads.
+    pub fn to_vec<T: Copy + Send + Sync>(&self, src: &[T]) -> Vec<T> {
+        if self.threads() == 1 || src.len() <= SPAN {
+            return src.to_vec();
+        }
+        let mut out = Vec::with_capacity(src.len());
+        let mut spans: Vec<_> = (out.spare_capacity_mut()[..src.len()].chunks_mut(SPAN))
+            .zip(src.chunks(SPAN))
+            .collect();
+        self.each(&mut spans, |_, (to, from)| {
+            for (t, &f) in to.iter_mut().zip(from.iter()) {
+                t.write(f);
+            }
+        });
+        // SAFETY: the spans cover the first `src.len()` elements, and each was written above.
+        unsafe { out.set_len(src.len()) };
+        out
+    }
+
+    /// Drops `items` in spans of 1 024 on the threads (a rollout's thousands of small
+    /// responses are as many `free`s).
+    pub fn drop_spread<T: Send>(&self, mut items: Vec<T>) {
+        const ITEMS: usize = 1024;
+        if self.threads() == 1 || items.len() <= ITEMS {
+            return;
+        }
+        let mut spans = Vec::with_capacity(items.len() / ITEMS + 1);
+        while items.len() > ITEMS {
+            spans.push(items.split_off(items.len() - ITEMS));
+        }
+        spans.push(items);
+        self.each(&mut spans, |_, span| drop(std::mem::take(span)));
     }
 }
 
@@ -458,6 +557,48 @@ mod tests {
         let mut seen = vec![0usize; 9];
         Cores::new(3).each(&mut seen, |i, x| *x = i + 1);
         assert_eq!(seen, (1..=9).collect::<Vec<_>>());
+    }
+
+    /// `sums_sq`, `to_vec`, `map_spans` and `drop_spread` give what one thread gives, bit for
+    /// bit, on any number of threads (and the pool really ran them: the job count moves).
+    #[test]
+    fn element_helpers_give_one_thread_s_results() {
+        let mut rng = crate::rng::SplitMix64::new(5);
+        let mut draw = |len: usize| -> Vec<f32> {
+            (0..len)
+                .map(|_| (rng.next_f64() * 2.0 - 1.0) as f32)
+                .collect()
+        };
+        let (big, small) = (draw(3 * SPAN + 17), draw(SPAN - 3));
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let one = Cores::new(1).sums_sq([&big, &small, &[]]);
+        // One span: `numeric::sum_sq` itself; several: the spans' sums in order.
+        assert_eq!(
+            one[1].to_bits(),
+            crate::objective::numeric::sum_sq(&small).to_bits()
+        );
+        let spans = big.chunks(SPAN).map(crate::objective::numeric::sum_sq);
+        assert_eq!(
+            one[0].to_bits(),
+            spans.reduce(|a, b| a + b).unwrap().to_bits()
+        );
+        assert_eq!(one[2], 0.0);
+        let rows: Vec<u32> = (0..5000).collect();
+        let cut = |x: &[u32]| x.chunks(5).map(<[u32]>::to_vec).collect::<Vec<_>>();
+        for threads in [2, 3] {
+            let cores = Cores::new(threads);
+            let jobs = cores.jobs();
+            assert_eq!(bits(&cores.sums_sq([&big, &small, &[]])), bits(&one));
+            assert_eq!(bits(&cores.to_vec(&big)), bits(&big));
+            assert_eq!(cores.map_spans(&rows, 512 * 5, cut), cut(&rows));
+            assert!(cores.jobs().wrapping_sub(jobs) >= 3, "the pool ran them");
+            // Every item dropped once.
+            let alive = std::sync::Arc::new(());
+            let items = vec![alive.clone(); 5000];
+            assert_eq!(std::sync::Arc::strong_count(&alive), 5001);
+            cores.drop_spread(items);
+            assert_eq!(std::sync::Arc::strong_count(&alive), 1);
+        }
     }
 
     #[test]

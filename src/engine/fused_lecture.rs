@@ -300,6 +300,8 @@ struct Scratch {
     // per token
     logp: Vec<f32>,
     ones: Vec<f32>,
+    /// `ones`' totals (the same every step).
+    ones_totals: Option<BatchTotals>,
     terms: TokenTerms,
     // backward
     dm: Vec<f32>,
@@ -614,6 +616,20 @@ impl FusedLecture {
             embedding: self.embedding.clone(),
             encode: self.encode.clone(),
             decode,
+        }
+    }
+
+    /// A copy of the weights alone (no Adam state, no buffers), on the same threads: the
+    /// reference, which only scores.
+    pub fn weights_copy(&self) -> Self {
+        Self {
+            embedding: self.embedding.clone(),
+            encode: self.encode.clone(),
+            decode_t: self.decode_t.clone(),
+            adam: Default::default(),
+            scratch: Scratch::default(),
+            cores: self.cores.clone(),
+            ..*self
         }
     }
 
@@ -1162,7 +1178,9 @@ impl FusedLecture {
             (dh, self.flat_weights())
         });
         let gr = &sc.g;
-        let grad_norm = (sum_sq(&gr.embedding) + sum_sq(&gr.encode) + sum_sq(&gr.decode_t)).sqrt();
+        // By spans on the threads (a fixed cut: the same bits on any number of them).
+        let [e, enc, dec] = (self.cores).sums_sq([&gr.embedding, &gr.encode, &gr.decode_t]);
+        let grad_norm = (e + enc + dec).sqrt();
         let scale = if max_grad_norm > 0.0 && grad_norm > max_grad_norm {
             max_grad_norm / grad_norm
         } else {
@@ -1222,7 +1240,7 @@ impl FusedLecture {
             entropy_first_order,
             ..StepScalars::of(&sc.terms, grad_norm)
         };
-        let logp = sc.logp.clone();
+        let logp = self.cores.to_vec(&sc.logp);
         self.scratch = sc;
         (scalars, logp)
     }
@@ -1257,12 +1275,13 @@ impl FusedLecture {
         let tokens = b * g * n;
         if sc.ones.len() != tokens {
             sc.ones = vec![1.0; tokens];
+            sc.ones_totals = None;
         }
         if self.parts_of(b).len() > 1 && loss::splits(s) {
             // Each part's forward, objective and backward in one go on the threads.
             let ranges = self.prepare_forward(prompts, responses, Read::Softmax, false, sc);
             self.prepare_backward(prompts, false, sc);
-            let totals = BatchTotals::of(&sc.ones, n);
+            let totals = *(sc.ones_totals).get_or_insert_with(|| BatchTotals::of(&sc.ones, n));
             let ones = std::mem::take(&mut sc.ones);
             let (net, mut parts) = self.rows_of(prompts, responses, support, &ranges, sc);
             self.cores.each(&mut parts, |j, r| {

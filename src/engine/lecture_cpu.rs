@@ -31,7 +31,7 @@ impl FusedLectureEngine {
         let w = LectureWeights::init(t.vocab, t.n, m.d_model, m.init_scale, c.run.seed);
         let policy = FusedLecture::new(&w, t.vocab, t.n, m.d_model, c).with_threads(c.run.threads);
         Self {
-            reference: policy.clone(),
+            reference: policy.weights_copy(),
             policy,
             optimizer: c.optimizer.clone(),
         }
@@ -56,6 +56,19 @@ impl FusedLectureEngine {
     fn flat(prompts: &[&[u32]]) -> Vec<u32> {
         prompts.iter().flat_map(|p| p.iter().copied()).collect()
     }
+}
+
+/// Responses per span when a rollout's rows are cut out on the threads.
+const ROWS_SPAN: usize = 512;
+
+/// The greedy answer to each prompt of `logits [B·n, V]` (`[B]` rows of `n`), by spans of
+/// prompts on the threads.
+fn greedy_rows(cores: &super::cores::Cores, logits: &[f32], n: usize, v: usize) -> Vec<Vec<u32>> {
+    cores.map_spans(logits, ROWS_SPAN / 8 * n * v, |x| {
+        (sampling::argmax_rows(x, v).chunks(n))
+            .map(<[u32]>::to_vec)
+            .collect()
+    })
 }
 
 impl Engine for FusedLectureEngine {
@@ -104,16 +117,15 @@ impl Engine for FusedLectureEngine {
                 None,
             )
         });
+        let cores = self.policy.cores();
         Ok(Samples {
-            rows: drawn.tokens.chunks(n).map(|c| c.to_vec()).collect(),
+            // A row per response (thousands of small allocations), by spans on the threads.
+            rows: cores.map_spans(&drawn.tokens, ROWS_SPAN * n, |t| {
+                t.chunks(n).map(<[u32]>::to_vec).collect()
+            }),
             closed: vec![true; b * g],
             scores: None,
-            greedy: Some(
-                sampling::argmax_rows(&logits, v)
-                    .chunks(n)
-                    .map(|c| c.to_vec())
-                    .collect(),
-            ),
+            greedy: Some(greedy_rows(cores, &logits, n, v)),
             logp,
             sampler_logp: drawn.sampler_logp,
             support: drawn.support,
@@ -129,11 +141,7 @@ impl Engine for FusedLectureEngine {
         let mut out = Vec::with_capacity(prompts.len());
         for chunk in prompts.chunks(1024) {
             let logits = self.policy.logits(&Self::flat(chunk));
-            out.extend(
-                sampling::argmax_rows(&logits, v)
-                    .chunks(n)
-                    .map(|c| c.to_vec()),
-            );
+            out.extend(greedy_rows(self.policy.cores(), &logits, n, v));
         }
         Ok(out)
     }
@@ -195,7 +203,7 @@ impl Engine for FusedLectureEngine {
     }
 
     fn refresh_reference(&mut self) {
-        self.reference = self.policy.clone();
+        self.reference = self.policy.weights_copy();
     }
 
     fn flat_weights(&self) -> Vec<f32> {

@@ -382,7 +382,7 @@ impl Trainer {
         let g = cfg.algorithm.num_generations;
         let Rolled {
             indices,
-            scored,
+            mut scored,
             batch,
             adv,
             driving,
@@ -465,11 +465,19 @@ impl Trainer {
             sampler_logp: scored.sampler_logp,
         };
         if cfg.algorithm.replay_buffer > 0 {
-            frozen.replaced = self.replay_into(&mut frozen, &scored.rewards, &adv.zero_std);
-            let count = frozen.replaced.iter().filter(|&&r| r).count();
-            frozen.stats.replay = Some((count, self.replay.groups.len()));
+            self.replay_frozen(&mut frozen, &scored.rewards, &adv.zero_std);
         }
+        // The responses' thousands of small buffers, freed on the engine's threads.
+        (self.engine.cores()).drop_spread(std::mem::take(&mut scored.rows));
         Ok(frozen)
+    }
+
+    /// The replay buffer's turn on the frozen batch ([`Self::replay_into`]), counted in its
+    /// record.
+    fn replay_frozen(&mut self, frozen: &mut Frozen, rewards: &[f32], zero_std: &[bool]) {
+        frozen.replaced = self.replay_into(frozen, rewards, zero_std);
+        let count = frozen.replaced.iter().filter(|&&r| r).count();
+        frozen.stats.replay = Some((count, self.replay.groups.len()));
     }
 
     /// The advantages that drive the update, `[B·G]` (and `[B·G·T]` where they differ per
