@@ -58,8 +58,8 @@ pub fn parts_at(units: usize, work_per_unit: usize, part_work: usize) -> Vec<Ran
 /// step or an iteration allocates anew reuse pages already mapped: by default glibc gives
 /// a freed heap top back to the kernel and takes every block of 128 KiB or more from a
 /// fresh mapping, and the next allocation page-faults its memory in again, on the calling
-/// thread (on `scaled` ~1 900 page faults an iteration). The process's peak stays what it
-/// was; freed memory is not returned until it exits. Nothing on other C libraries.
+/// thread. Freed memory stays with the process until it exits (its peak is what it was).
+/// Nothing on other C libraries.
 pub fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {

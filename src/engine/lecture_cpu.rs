@@ -61,10 +61,13 @@ impl FusedLectureEngine {
 /// Responses per span when a rollout's rows are cut out on the threads.
 const ROWS_SPAN: usize = 512;
 
+/// Prompts per span when their greedy answers are read off the logits on the threads.
+const GREEDY_SPAN: usize = 64;
+
 /// The greedy answer to each prompt of `logits [B·n, V]` (`[B]` rows of `n`), by spans of
 /// prompts on the threads.
 fn greedy_rows(cores: &super::cores::Cores, logits: &[f32], n: usize, v: usize) -> Vec<Vec<u32>> {
-    cores.map_spans(logits, ROWS_SPAN / 8 * n * v, |x| {
+    cores.map_spans(logits, GREEDY_SPAN * n * v, |x| {
         (sampling::argmax_rows(x, v).chunks(n))
             .map(<[u32]>::to_vec)
             .collect()
