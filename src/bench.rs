@@ -55,6 +55,26 @@ pub struct BenchOptions {
     /// `--threads`: the fused engines' threads for every point of a sweep (default 1, so the
     /// size axes compare with earlier sweeps); the sweep's threads axis varies them.
     pub threads: Option<usize>,
+    /// `--axes`: which of a sweep's axes run.
+    pub axes: SweepAxes,
+}
+
+/// The axes of a scaling sweep that run (`bench --scaling DIR --axes sizes,threads`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SweepAxes {
+    /// The size axes (B·G, n, D; the transformer's D, layers, B·G and `max_len`).
+    pub sizes: bool,
+    /// The fused engines' threads axis: 1, 2, 4, … every core, timed in turn.
+    pub threads: bool,
+}
+
+impl Default for SweepAxes {
+    fn default() -> Self {
+        Self {
+            sizes: true,
+            threads: true,
+        }
+    }
 }
 
 /// The threads axis of a sweep: 1, 2, 4, … and every core this machine has.
@@ -164,6 +184,11 @@ pub fn bench_scaling(
         ("D", "model.d_model", vec![8, 16, 32, 64, 128, 256]),
     ];
     let g = base.algorithm.num_generations;
+    if options.axes.threads && !options.axes.sizes && compute.is_wgpu() {
+        return Err(user(
+            "--axes threads: the threads axis is the fused CPU engines' (--device cpu); on a wgpu device an engine has no threads",
+        ));
+    }
     let mut series = Vec::new();
     let mut table = String::from("axis,value,size,ms_per_step,slope\n");
     println!(
@@ -172,11 +197,12 @@ pub fn bench_scaling(
         compute.label,
         options.iterations
     );
+    let axes = if options.axes.sizes { &axes[..] } else { &[] };
     for (name, key, values) in axes {
         let mut pts: Vec<(f64, f64)> = Vec::new();
-        for v in values {
+        for &v in values {
             let mut sets = vec![format!("{key}={v}")];
-            if key == "algorithm.prompts_per_iteration" {
+            if *key == "algorithm.prompts_per_iteration" {
                 sets.push(format!(
                     "task.train_size={}",
                     (v * 2).max(base.task.train_size)
@@ -184,7 +210,7 @@ pub fn bench_scaling(
             }
             let config = base.with_overrides(&sets).map_err(user)?;
             let ms = time_config(config, compute, options.iterations)?;
-            let size = if key == "algorithm.prompts_per_iteration" {
+            let size = if *key == "algorithm.prompts_per_iteration" {
                 v * g
             } else {
                 v
@@ -202,7 +228,7 @@ pub fn bench_scaling(
             pts,
         ));
     }
-    if !compute.is_wgpu() {
+    if options.axes.threads && !compute.is_wgpu() {
         // The fused step's threads axis (on a wgpu device the engine has no threads).
         let (line, rows) = threads_sweep(base, compute, options)?;
         series.push(line);
@@ -329,7 +355,11 @@ fn bench_scaling_transformer(
         options.iterations
     );
     let cpu = Compute::cpu();
-    let engines = sweep_engines(compute, &cpu);
+    let engines = if options.axes.sizes {
+        sweep_engines(compute, &cpu)
+    } else {
+        Vec::new()
+    };
     // On a hardware GPU the WGSL engine takes the fused engine's points (its larger shapes are
     // where a GPU could pay) and is timed on the wall clock: the host mostly waits for the
     // device there, and on-CPU time would not count the device's work.
@@ -376,12 +406,14 @@ fn bench_scaling_transformer(
             series.push(line);
         }
     }
-    let (line, rows) = threads_sweep(&base, &cpu, options)?;
-    series.push(line);
-    for (threads, wall, slope) in rows {
-        table.push_str(&format!(
-            "fused,threads,{threads},{threads},,{wall:.4},{slope:.3}\n"
-        ));
+    if options.axes.threads {
+        let (line, rows) = threads_sweep(&base, &cpu, options)?;
+        series.push(line);
+        for (threads, wall, slope) in rows {
+            table.push_str(&format!(
+                "fused,threads,{threads},{threads},,{wall:.4},{slope:.3}\n"
+            ));
+        }
     }
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join("scaling.csv"), table)?;
@@ -651,7 +683,8 @@ fn burn_config(config: &RunConfig) -> RunConfig {
 /// `iterations` rounds of one whole iteration of each trainer in turn (ours first; for
 /// `--vs-burn` burn's path, for the threads axis each thread count), so that a machine whose
 /// speed drifts moves them alike: each trainer's times. Between two trainers the bench waits
-/// out the last one's idle workers, which spin a moment before they sleep.
+/// out the last one's idle workers, which spin a moment before they sleep, and wakes the next
+/// one's, which slept meanwhile (in a run they spin from one job to the next).
 fn time_in_turn(trainers: &mut [&mut Trainer], iterations: usize, mu: usize) -> Result<Vec<Timed>> {
     let mut timed: Vec<Timed> = trainers.iter().map(|_| Timed::default()).collect();
     let alone = trainers.len() == 1;
@@ -659,6 +692,7 @@ fn time_in_turn(trainers: &mut [&mut Trainer], iterations: usize, mu: usize) -> 
         for (trainer, t) in trainers.iter_mut().zip(&mut timed) {
             if !alone {
                 std::thread::sleep(crate::engine::cores::IDLE_SPIN * 2);
+                trainer.engine().cores().wake();
             }
             t.extend(time_iterations(trainer, 1, mu)?);
         }

@@ -2,7 +2,7 @@
 //! (bad config, bad arguments, an existing run directory, a diverged run) exit with 2.
 
 use anyhow::Result;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 // A user error (bad config, bad arguments, ...): printed as is, exit code 2.
 use grpo_lab::bench::{self, UserError, user};
 use grpo_lab::config::{AdvantageMode, DeviceChoice, KernelChoice, RewardKind, RunConfig};
@@ -293,6 +293,13 @@ fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
 }
 
+/// An axis of `bench --scaling`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum SweepAxis {
+    Sizes,
+    Threads,
+}
+
 #[derive(Args)]
 struct BenchArgs {
     #[command(flatten)]
@@ -318,6 +325,16 @@ struct BenchArgs {
     /// chart and a table written to this directory.
     #[arg(long, value_name = "DIR")]
     scaling: Option<std::path::PathBuf>,
+    /// With `--scaling`: the axes to sweep, `sizes` (B·G, n, D; the transformer's D, layers,
+    /// B·G, max_len) and `threads` (the fused engines on 1, 2, 4, … every core, timed in turn).
+    #[arg(
+        long,
+        value_name = "AXES",
+        value_delimiter = ',',
+        requires = "scaling",
+        default_value = "sizes,threads"
+    )]
+    axes: Vec<SweepAxis>,
     /// Also time burn's autodiff path (`run.engine = burn`) on the same device and report the
     /// WGSL engine's speed-up over it (a wgpu device): both warmed up, then their timed
     /// iterations in turn.
@@ -960,6 +977,10 @@ fn bench_cmd(args: BenchArgs) -> Result<()> {
         scaling: args.scaling,
         vs_burn: args.vs_burn,
         threads: args.threads,
+        axes: bench::SweepAxes {
+            sizes: args.axes.contains(&SweepAxis::Sizes),
+            threads: args.axes.contains(&SweepAxis::Threads),
+        },
     };
     bench::bench(config, &compute, &options)
 }

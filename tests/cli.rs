@@ -325,6 +325,53 @@ fn bench_json_reports_ms_per_step() {
     }
 }
 
+/// `bench --scaling DIR --axes threads` sweeps the threads alone (its rows, no size axis's);
+/// `--axes` needs `--scaling` and names its values when given another.
+#[test]
+fn bench_scaling_axes_threads_sweeps_the_threads_alone() {
+    let dir = temp_dir("cli-scaling-threads");
+    let o = grpo_lab(&[
+        "bench",
+        "--preset",
+        "lecture17",
+        "--device",
+        "cpu",
+        "--iterations",
+        "2",
+        "--scaling",
+        dir.to_str().unwrap(),
+        "--axes",
+        "threads",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let csv = std::fs::read_to_string(dir.join("scaling.csv")).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    assert!(!rows.is_empty(), "{csv}");
+    assert!(rows.iter().all(|r| r.starts_with("threads,")), "{csv}");
+    assert!(rows[0].starts_with("threads,1,"), "{csv}");
+    assert!(
+        stdout(&o).contains("fused threads =   1:"),
+        "{}",
+        stdout(&o)
+    );
+
+    let o = grpo_lab(&["bench", "--preset", "lecture17", "--axes", "threads"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--scaling"), "{}", stderr(&o));
+    let o = grpo_lab(&[
+        "bench",
+        "--preset",
+        "lecture17",
+        "--scaling",
+        "x",
+        "--axes",
+        "thread",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("sizes, threads"), "{}", stderr(&o));
+}
+
 /// `bench --pytorch` on the transformer: refused (exit 2, naming the setting) for what the
 /// PyTorch loop does not implement, refused when its greedy answers at init disagree with
 /// ours (a stand-in "python" that prints someone else's answers), and — when torch is

@@ -134,6 +134,16 @@ impl Cores {
         1
     }
 
+    /// Wakes workers that sleep after a pause and waits (at most 1 ms) until they spin again,
+    /// so that what runs next starts on every thread at once, as in a run without a pause
+    /// (a benchmark that times engines in turn calls it before each engine's turn).
+    pub fn wake(&self) {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(p) = &self.pool {
+            p.wake();
+        }
+    }
+
     /// Jobs handed to the threads so far (wrapping; 0 on one thread): what a test counts to
     /// see that a small shape stays on the calling thread.
     pub fn jobs(&self) -> u32 {
@@ -441,6 +451,24 @@ mod hot {
             self.threads.len()
         }
 
+        /// Workers asleep now.
+        #[cfg(test)]
+        pub fn sleeping(&self) -> usize {
+            self.shared.sleeping.load(SeqCst)
+        }
+
+        /// [`super::Cores::wake`].
+        pub fn wake(&self) {
+            let s = &*self.shared;
+            let since = Instant::now();
+            while s.sleeping.load(SeqCst) > 0 && since.elapsed() < Duration::from_millis(1) {
+                for h in &self.threads {
+                    h.thread().unpark();
+                }
+                std::thread::yield_now();
+            }
+        }
+
         /// Jobs published so far (each one's number).
         pub fn jobs(&self) -> u32 {
             self.shared.epoch.load(Relaxed)
@@ -637,5 +665,36 @@ mod tests {
                 assert_eq!(runs, want, "threads {threads}, round {round}");
             }
         }
+    }
+
+    #[test]
+    fn wake_brings_sleeping_workers_back_without_a_job() {
+        use std::time::{Duration, Instant};
+        // One worker: woken, it spins on the second core while this thread watches.
+        let cores = Cores::new(2);
+        let pool = cores.pool.as_ref().expect("a pool");
+        let t0 = Instant::now();
+        while pool.sleeping() != 1 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            pool.sleeping(),
+            1,
+            "an idle worker sleeps after {IDLE_SPIN:?}"
+        );
+        let jobs = cores.jobs();
+        // Seen awake right after a wake (on a loaded machine the worker may take longer than
+        // the wake waits, or sleep again before this thread looks: wake again).
+        let t0 = Instant::now();
+        let mut awake = false;
+        while !awake && t0.elapsed() < Duration::from_secs(10) {
+            cores.wake();
+            awake = pool.sleeping() == 0;
+        }
+        assert!(awake, "woken, it spins");
+        assert_eq!(cores.jobs(), jobs, "no job was published");
+        let mut runs = vec![0u8; 8];
+        cores.each(&mut runs, |_, x| *x += 1);
+        assert_eq!(runs, [1; 8]);
     }
 }
