@@ -228,15 +228,9 @@ pub fn bench_scaling(
             pts,
         ));
     }
-    if options.axes.threads && !compute.is_wgpu() {
+    if !compute.is_wgpu() {
         // The fused step's threads axis (on a wgpu device the engine has no threads).
-        let (line, rows) = threads_sweep(base, compute, options)?;
-        series.push(line);
-        for (threads, wall, slope) in rows {
-            table.push_str(&format!(
-                "threads,{threads},{threads},{wall:.4},{slope:.3}\n"
-            ));
-        }
+        threads_axis(base, compute, options, (&mut series, &mut table), "")?;
     }
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join("scaling.csv"), table)?;
@@ -406,15 +400,7 @@ fn bench_scaling_transformer(
             series.push(line);
         }
     }
-    if options.axes.threads {
-        let (line, rows) = threads_sweep(&base, &cpu, options)?;
-        series.push(line);
-        for (threads, wall, slope) in rows {
-            table.push_str(&format!(
-                "fused,threads,{threads},{threads},,{wall:.4},{slope:.3}\n"
-            ));
-        }
-    }
+    threads_axis(&base, &cpu, options, (&mut series, &mut table), "fused,")?;
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join("scaling.csv"), table)?;
     let charts = crate::report::line_chart(
@@ -439,6 +425,30 @@ fn bench_scaling_transformer(
 
 /// One point of the threads axis: threads, wall ms per step, the local log-log slope.
 type ThreadsRow = (usize, f64, f64);
+
+/// The threads axis where `--axes` asks for it: its line into the chart's series, its rows
+/// into the CSV table (`engine` the transformer table's first column, with its comma; its
+/// on-CPU column empty, as wall time is what threads shorten).
+fn threads_axis(
+    base: &RunConfig,
+    compute: &Compute,
+    options: &BenchOptions,
+    (series, table): (&mut Vec<crate::report::Series>, &mut String),
+    engine: &str,
+) -> Result<()> {
+    if !options.axes.threads {
+        return Ok(());
+    }
+    let (line, rows) = threads_sweep(base, compute, options)?;
+    series.push(line);
+    let cpu = if engine.is_empty() { "" } else { "," };
+    for (threads, wall, slope) in rows {
+        table.push_str(&format!(
+            "{engine}threads,{threads},{threads},{cpu}{wall:.4},{slope:.3}\n"
+        ));
+    }
+    Ok(())
+}
 
 /// The sweep's threads axis: the fused engine at the base config on 1, 2, 4, … every core, in
 /// wall time (on-CPU time adds the threads up); its line and `(threads, ms, local slope)` rows.

@@ -295,18 +295,20 @@ fn devices_lists_adapters() {
     );
 }
 
+/// `bench` on lecture17, the CPU, two iterations.
+const BENCH_LECTURE17: [&str; 7] = [
+    "bench",
+    "--preset",
+    "lecture17",
+    "--device",
+    "cpu",
+    "--iterations",
+    "2",
+];
+
 #[test]
 fn bench_json_reports_ms_per_step() {
-    let o = grpo_lab(&[
-        "bench",
-        "--preset",
-        "lecture17",
-        "--device",
-        "cpu",
-        "--iterations",
-        "2",
-        "--json",
-    ]);
+    let o = grpo_lab(&[&BENCH_LECTURE17[..], &["--json"]].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert!(v["ms_per_step"].as_f64().unwrap() > 0.0);
@@ -330,19 +332,8 @@ fn bench_json_reports_ms_per_step() {
 #[test]
 fn bench_scaling_axes_threads_sweeps_the_threads_alone() {
     let dir = temp_dir("cli-scaling-threads");
-    let o = grpo_lab(&[
-        "bench",
-        "--preset",
-        "lecture17",
-        "--device",
-        "cpu",
-        "--iterations",
-        "2",
-        "--scaling",
-        dir.to_str().unwrap(),
-        "--axes",
-        "threads",
-    ]);
+    let sweep = ["--scaling", dir.to_str().unwrap(), "--axes", "threads"];
+    let o = grpo_lab(&[&BENCH_LECTURE17[..], &sweep].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     let csv = std::fs::read_to_string(dir.join("scaling.csv")).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
