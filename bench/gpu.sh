@@ -79,20 +79,20 @@ for k in gpu:
         print("%-5s %8s %14.3f %14.3f %10.2f" % (k[0], k[1], gpu[k], cpu[k], cpu[k] / gpu[k]))
 PY
 fi
-# The fused CPU engines on 1 … every core (`--threads N`; any N gives the same bits).
-echo "threads (fused CPU engine, --device cpu; speed-up against one thread):"
+# The fused CPU engines on 1, 2, 4 … every core, their iterations timed in turn (`--scaling DIR
+# --axes threads`: one trainer per thread count; any count gives the same bits).
+echo "threads (fused CPU engine, --device cpu, timed in turn; speed-up against one thread):"
 printf '%-17s %8s %12s %9s\n' preset threads ms/step speedup
 for preset in transformer-sort scaled; do
-  one=""
-  n=1
-  all=$(nproc)
-  while :; do
-    ms=$($BIN bench --preset "$preset" --device cpu --iterations "$ITER" --threads "$n" --json \
-      --set algorithm.dynamic_sampling=false 2>/dev/null | tail -1 |
-      python3 -c 'import json,sys; print(json.load(sys.stdin)["ms_per_step"])')
-    [ -z "$one" ] && one=$ms
-    python3 -c "print('%-17s %8d %12.3f %8.2fx' % ('$preset', $n, $ms, $one / $ms))"
-    [ "$n" -ge "$all" ] && break
-    n=$(( n * 2 > all ? all : n * 2 ))
-  done
+  $BIN bench --preset "$preset" --device cpu --iterations "$ITER" \
+    --set algorithm.dynamic_sampling=false --scaling "$OUT/threads-$preset" --axes threads \
+    >/dev/null 2>&1
+  python3 - "$OUT/threads-$preset/scaling.csv" "$preset" <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))[1:]
+# (threads, wall ms per step): the value after "threads", the wall time before the slope.
+pts = [(int(r[r.index("threads") + 1]), float(r[-2])) for r in rows if "threads" in r]
+for n, ms in pts:
+    print("%-17s %8d %12.3f %8.2fx" % (sys.argv[2], n, ms, pts[0][1] / ms))
+PY
 done
