@@ -292,6 +292,41 @@ impl Cores {
     }
 }
 
+/// A row-major matrix whose column blocks the jobs of one [`Cores::each`] write at once, each
+/// job its own block of every row (a per-position table or gradient written straight into the
+/// `[rows, positions·width]` layout the rest of the step reads, with no gathering copy).
+pub struct Blocks<'a> {
+    ptr: *mut f32,
+    len: usize,
+    _borrow: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: `Blocks` hands out raw pointers only (`at`), whose users promise disjoint writes.
+unsafe impl Send for Blocks<'_> {}
+unsafe impl Sync for Blocks<'_> {}
+
+impl<'a> Blocks<'a> {
+    /// The matrix, borrowed mutably for as long as the blocks live.
+    pub fn new(m: &'a mut [f32]) -> Self {
+        Self {
+            ptr: m.as_mut_ptr(),
+            len: m.len(),
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    /// Element `i` on (a pointer) and the elements from it to the end.
+    ///
+    /// # Safety
+    /// No two threads may write (or one write and another read) the same element through the
+    /// pointers of one `Blocks` while both run; `i ≤ len`.
+    pub unsafe fn at(&self, i: usize) -> (*mut f32, usize) {
+        assert!(i <= self.len);
+        // SAFETY: in bounds (asserted).
+        (unsafe { self.ptr.add(i) }, self.len - i)
+    }
+}
+
 /// How long an engine's idle workers keep their cores busy after its last job (they spin, then
 /// sleep): a benchmark that times engines in turn waits this long between them.
 #[cfg(not(target_arch = "wasm32"))]

@@ -17,7 +17,7 @@
 //! `table_grads`).
 
 pub use super::StepScalars;
-use super::cores::{self, Cores};
+use super::cores::{self, Blocks, Cores};
 use crate::config::{ModelKind, RunConfig};
 use crate::model::lecture::LectureWeights;
 use crate::objective::adam::normal_or_zero;
@@ -71,18 +71,37 @@ pub(crate) fn product_into(
     c_rs: usize,
     a: View,
     b: View,
+    dims: (usize, usize, usize),
+    accumulate: bool,
+) {
+    // SAFETY: `c` is this call's own.
+    unsafe { product_at((c.as_mut_ptr(), c.len()), c_rs, a, b, dims, accumulate) }
+}
+
+/// [`product_into`] into `C` at a pointer with `len` elements from it: a column block of a
+/// matrix whose other blocks other threads write meanwhile ([`Blocks`]).
+///
+/// # Safety
+/// `c` points at `len` elements that no other thread writes or reads in the block this
+/// product writes (rows `0..m`, columns `0..n` at row stride `c_rs`) while it runs.
+unsafe fn product_at(
+    (c, len): (*mut f32, usize),
+    c_rs: usize,
+    a: View,
+    b: View,
     (m, k, n): (usize, usize, usize),
     accumulate: bool,
 ) {
     assert!(a.holds(m, k) && b.holds(k, n));
-    assert!(m == 0 || n == 0 || (n <= c_rs && (m - 1) * c_rs + n <= c.len()));
-    // SAFETY: the asserts above keep every element gemm reads or writes inside the slices.
+    assert!(m == 0 || n == 0 || (n <= c_rs && (m - 1) * c_rs + n <= len));
+    // SAFETY: the asserts above keep every element gemm reads or writes inside the slices and
+    // `c`'s `len` elements, whose block the caller keeps to this call.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            c.as_mut_ptr(),
+            c,
             1,
             c_rs as isize,
             accumulate,
@@ -320,16 +339,13 @@ struct Part {
     sums: SpanSums,
 }
 
-/// One position's tables `T_p [V, D]`, `M_p [D, V]`, their gradients `∂T_p`, `∂M_p` and its
-/// shares of the weights' (`∂decode_p` as `[D, D]`, `∂E`; `∂encode_p` goes straight into the
-/// gradient), computed on the threads when the batch has parts.
+/// One position's table gradients `∂T_p [V, D]`, `∂M_p [D, V]` and its share of `∂E`,
+/// computed on the threads when the batch has parts (its tables `T_p`, `M_p` and its blocks of
+/// `∂encode` and `∂decode` go straight into their place in the whole: [`Blocks`]).
 #[derive(Debug, Clone, Default)]
 struct Position {
-    t: Vec<f32>,
-    m: Vec<f32>,
     dt: Vec<f32>,
     dm: Vec<f32>,
-    decode: Vec<f32>,
     embedding: Vec<f32>,
 }
 
@@ -681,42 +697,16 @@ impl FusedLecture {
             return;
         }
         positions.resize_with(n, Position::default);
-        self.cores.each(positions, |p, pos| {
-            product_into(
-                zeroed(&mut pos.t, v * d),
-                d,
-                emb,
-                encode_p(p),
-                (v, d, d),
-                false,
-            );
-            product_into(
-                zeroed(&mut pos.m, d * v),
-                v,
-                decode_p(p),
-                emb.t(),
-                (d, d, v),
-                false,
-            );
-        });
-        // Gathered by rows on the threads (a row holds every position's block, so each element
-        // is written: no memset first).
-        let (t, m) = (sized(&mut f.t, v * n * d), sized(&mut f.m, d * n * v));
-        // Row `r` of T (`[V, n·D]`) or of M (`[D, n·V]`).
-        let mut rows: Vec<(&mut [f32], bool, usize)> = (t.chunks_exact_mut(n * d).enumerate())
-            .map(|(r, row)| (row, true, r))
-            .chain(
-                m.chunks_exact_mut(n * v)
-                    .enumerate()
-                    .map(|(r, row)| (row, false, r)),
-            )
-            .collect();
-        let positions = &positions[..];
-        self.cores.each(&mut rows, |_, (row, of_t, r)| {
-            let w = if *of_t { d } else { v };
-            for (block, pos) in row.chunks_exact_mut(w).zip(positions) {
-                let src = if *of_t { &pos.t } else { &pos.m };
-                block.copy_from_slice(&src[*r * w..(*r + 1) * w]);
+        // Each position's products straight into its column blocks of T and M, on the threads
+        // (every element is written: no memset first).
+        let t = Blocks::new(sized(&mut f.t, v * n * d));
+        let m = Blocks::new(sized(&mut f.m, d * n * v));
+        self.cores.each(positions, |p, _| {
+            // SAFETY: position p's job alone writes columns p·D.. of T and p·V.. of M, which
+            // nothing reads before `each` returns.
+            unsafe {
+                product_at(t.at(p * d), n * d, emb, encode_p(p), (v, d, d), false);
+                product_at(m.at(p * v), n * v, decode_p(p), emb.t(), (d, d, v), false);
             }
         });
     }
@@ -918,7 +908,7 @@ impl FusedLecture {
         &self,
         p: usize,
         (dm, dt): (View, View),
-        (decode, rs): (&mut [f32], usize),
+        decode: &Blocks,
         encode: &mut [f32],
         embedding: &mut [f32],
         add: bool,
@@ -927,8 +917,10 @@ impl FusedLecture {
         let emb = View::rows(&self.embedding, d);
         let encode_p = View::rows(&self.encode, d).at(p * d * d);
         let decode_p = View::rows(&self.decode_t, n * d).at(p * d);
-        // M_p = decode_p · Eᵀ
-        product_into(decode, rs, dm, emb, (d, v, d), false);
+        // M_p = decode_p · Eᵀ, into position p's column block of ∂decode [D, n·D].
+        // SAFETY: only position p's call writes those columns (one call at a time, or one per
+        // position on the threads), and nothing reads them meanwhile.
+        unsafe { product_at(decode.at(p * d), n * d, dm, emb, (d, v, d), false) };
         product_into(embedding, d, dm.t(), decode_p, (v, d, d), add);
         // T_p = E · encode_p
         product_into(encode, d, emb.t(), dt, (d, v, d), false);
@@ -955,20 +947,22 @@ impl FusedLecture {
             for p in 0..n {
                 self.scatter_dt(p, prompts, &sc.d_enc, dt, n * d, p * d);
             }
+            let decode = Blocks::new(&mut g.decode_t);
             for p in 0..n {
                 let dm_p = View::rows(&sc.dm, n * v).at(p * v);
                 let dt_p = View::rows(&sc.dt, n * d).at(p * d);
-                let decode = (&mut g.decode_t[p * d..], n * d);
                 let encode = &mut g.encode[p * d * d..];
-                self.position_grads(p, (dm_p, dt_p), decode, encode, &mut g.embedding, true);
+                self.position_grads(p, (dm_p, dt_p), &decode, encode, &mut g.embedding, true);
             }
             return;
         }
         let positions = &mut sc.positions;
         positions.resize_with(n, Position::default);
         let d_enc = &sc.d_enc;
-        // Each position writes its own block of ∂encode in place, its ∂decode block and ∂E
-        // share aside (`position_grads` overwrites each before adding: no memset first).
+        // Each position writes its own block of ∂encode in place, its column block of ∂decode
+        // in place and its ∂E share aside (`position_grads` overwrites each before adding: no
+        // memset first).
+        let decode = Blocks::new(&mut g.decode_t);
         let mut jobs: Vec<(&mut Position, &mut [f32])> = positions
             .iter_mut()
             .zip(g.encode.chunks_exact_mut(d * d))
@@ -979,19 +973,11 @@ impl FusedLecture {
             let dt = zeroed(&mut pos.dt, v * d);
             self.scatter_dt(p, prompts, d_enc, dt, d, 0);
             let views = (View::rows(&pos.dm, v), View::rows(&pos.dt, d));
-            let decode = (sized(&mut pos.decode, d * d), d);
             let emb = sized(&mut pos.embedding, v * d);
-            self.position_grads(p, views, decode, encode, emb, false);
+            self.position_grads(p, views, &decode, encode, emb, false);
         });
-        // ∂decode by its rows on the threads (a row holds every position's block), ∂E as the
-        // positions' shares added in position order.
+        // ∂E as the positions' shares added in position order.
         let positions = &sc.positions;
-        let mut rows: Vec<&mut [f32]> = g.decode_t.chunks_exact_mut(n * d).collect();
-        self.cores.each(&mut rows, |r, row| {
-            for (block, pos) in row.chunks_exact_mut(d).zip(positions) {
-                block.copy_from_slice(&pos.decode[r * d..(r + 1) * d]);
-            }
-        });
         let shares: Vec<&[f32]> = positions.iter().map(|p| &p.embedding[..]).collect();
         self.cores.sum_in_order(&shares, &mut g.embedding);
     }
