@@ -675,40 +675,28 @@ impl FusedLecture {
     /// The per-position tables `T_p = E · encode_p` into `f.t [V, n·D]` and `M_p = decode_p ·
     /// Eᵀ` into `f.m [D, n·V]`: in turn for one part, by position on the threads for several.
     #[inline(always)]
-    fn tables(&self, parts: usize, f: &mut Forward, positions: &mut Vec<Position>) {
+    fn tables(&self, parts: usize, f: &mut Forward) {
         let (n, d, v) = (self.n, self.d, self.vocab);
         let emb = View::rows(&self.embedding, d);
         let encode_p = |p: usize| View::rows(&self.encode, d).at(p * d * d);
         let decode_p = |p: usize| View::rows(&self.decode_t, n * d).at(p * d);
-        if parts <= 1 {
-            let t = zeroed(&mut f.t, v * n * d);
-            let m = zeroed(&mut f.m, d * n * v);
-            for p in 0..n {
-                product_into(&mut t[p * d..], n * d, emb, encode_p(p), (v, d, d), false);
-                product_into(
-                    &mut m[p * v..],
-                    n * v,
-                    decode_p(p),
-                    emb.t(),
-                    (d, d, v),
-                    false,
-                );
-            }
-            return;
-        }
-        positions.resize_with(n, Position::default);
-        // Each position's products straight into its column blocks of T and M, on the threads
-        // (every element is written: no memset first).
+        // Each position's products straight into its column blocks of T and M (every element
+        // is written: no memset first).
         let t = Blocks::new(sized(&mut f.t, v * n * d));
         let m = Blocks::new(sized(&mut f.m, d * n * v));
-        self.cores.each(positions, |p, _| {
-            // SAFETY: position p's job alone writes columns p·D.. of T and p·V.. of M, which
-            // nothing reads before `each` returns.
+        let position = |p: usize| {
+            // SAFETY: position p's call alone writes columns p·D.. of T and p·V.. of M, which
+            // nothing reads before the last call returns.
             unsafe {
                 product_at(t.at(p * d), n * d, emb, encode_p(p), (v, d, d), false);
                 product_at(m.at(p * v), n * v, decode_p(p), emb.t(), (d, d, v), false);
             }
-        });
+        };
+        if parts <= 1 {
+            (0..n).for_each(position);
+        } else {
+            self.cores.each(&mut vec![(); n], |p, _| position(p));
+        }
     }
 
     /// The forward of `prompts [B·n]` cut into parts: the tables, then each part's rows on the
@@ -748,7 +736,7 @@ impl FusedLecture {
         let b = prompts.len() / n;
         let ranges = self.parts_of(b);
         if !given {
-            self.tables(ranges.len(), &mut sc.f, &mut sc.positions);
+            self.tables(ranges.len(), &mut sc.f);
         }
         let rows = b * n;
         let at = |r: Read| if read >= r { rows } else { 0 };
