@@ -16,8 +16,9 @@ pub struct Reward {
 /// `distance`: positions where the response agrees with `sorted(prompt)`.
 /// Missing or extra positions (variable-length responses) count as wrong.
 pub fn distance(prompt: &[u32], response: &[u32]) -> u32 {
-    let truth = super::sort::sorted(prompt);
-    truth.iter().zip(response).filter(|(t, r)| t == r).count() as u32
+    super::sort::with_sorted(prompt, |truth| {
+        truth.iter().zip(response).filter(|(t, r)| t == r).count() as u32
+    })
 }
 
 /// `inclusion_ordering`, in its two parts: (prompt elements found in the response,
@@ -30,7 +31,9 @@ pub fn inclusion_ordering_parts(prompt: &[u32], response: &[u32]) -> (u32, u32) 
 
 /// `exact`: 1 if the response is `sorted(prompt)`, else 0.
 pub fn exact(prompt: &[u32], response: &[u32]) -> u32 {
-    (super::sort::sorted(prompt) == response) as u32
+    // Most wrong answers are out of order or of another length: no sort for them.
+    let maybe = response.len() == prompt.len() && response.is_sorted();
+    (maybe && super::sort::with_sorted(prompt, |truth| truth == response)) as u32
 }
 
 /// One verifier's value (what `score` returns as `reward`, without building its parts).
@@ -419,6 +422,38 @@ impl RewardFn {
 mod tests {
     use super::*;
     use crate::rng::SplitMix64;
+
+    #[test]
+    fn exact_and_distance_agree_with_the_sorted_prompt_on_random_cases() {
+        let mut rng = SplitMix64::new(7);
+        let mut counts = [0usize; 2];
+        for case in 0..4000 {
+            // Lengths past the stack buffer's 64 take the allocating path.
+            let n = rng.below(if case % 10 == 0 { 80 } else { 9 }) as usize;
+            let vocab = 1 + rng.below(6);
+            let prompt: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
+            let truth = crate::task::sort::sorted(&prompt);
+            let mut response = match case % 4 {
+                0 => truth.clone(),
+                1 => prompt.clone(),
+                2 => (0..n).map(|_| rng.below(vocab) as u32).collect(),
+                _ => {
+                    let mut r: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
+                    r.sort_unstable();
+                    r
+                }
+            };
+            if case % 7 == 0 {
+                response.truncate(n / 2);
+            }
+            let want = (truth == response) as u32;
+            assert_eq!(exact(&prompt, &response), want, "{prompt:?} {response:?}");
+            let same = truth.iter().zip(&response).filter(|(t, r)| t == r).count();
+            assert_eq!(distance(&prompt, &response), same as u32);
+            counts[want as usize] += 1;
+        }
+        assert!(counts[0] > 1000 && counts[1] > 1000, "{counts:?}");
+    }
 
     #[test]
     fn spec_worked_values() {

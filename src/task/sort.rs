@@ -34,6 +34,20 @@ pub fn sorted(prompt: &[u32]) -> Vec<u32> {
     s
 }
 
+/// `f(sorted(prompt))` with the truth on the stack where the prompt is short (every task's
+/// is): a verifier runs once per response, thousands of times an iteration.
+pub fn with_sorted<R>(prompt: &[u32], f: impl FnOnce(&[u32]) -> R) -> R {
+    let mut buf = [0u32; 64];
+    match buf.get_mut(..prompt.len()) {
+        Some(s) => {
+            s.copy_from_slice(prompt);
+            s.sort_unstable();
+            f(s)
+        }
+        None => f(&sorted(prompt)),
+    }
+}
+
 /// How many distinct prompts exist (saturating).
 pub fn prompt_space(n: usize, vocab: usize, allow_repeats: bool) -> u128 {
     let mut total: u128 = 1;
