@@ -739,11 +739,17 @@ impl FusedLecture {
             self.tables(ranges.len(), &mut sc.f);
         }
         let rows = b * n;
-        let at = |r: Read| if read >= r { rows } else { 0 };
-        sized(&mut sc.z, at(Read::LogProbs) * v);
-        sized(&mut sc.logz, at(Read::LogProbs));
-        sized(&mut sc.probs, at(Read::Softmax) * v);
-        sized(&mut sc.row_h, at(Read::Softmax));
+        // A buffer this read does not fill keeps its length and stale values (no pass reads
+        // them): cut to nothing, it would be filled anew by the next pass that reads it — a
+        // rollout's sampling pass, then log π_old's, then the step's, every iteration.
+        if read >= Read::LogProbs {
+            sized(&mut sc.z, rows * v);
+            sized(&mut sc.logz, rows);
+        }
+        if read >= Read::Softmax {
+            sized(&mut sc.probs, rows * v);
+            sized(&mut sc.row_h, rows);
+        }
         if read >= Read::LogProbs && !responses.is_empty() {
             // (Without responses it keeps the last step's: the entropy lab's second forward.)
             sized(&mut sc.logp, responses.len());
