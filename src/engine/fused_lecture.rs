@@ -27,6 +27,8 @@ use crate::objective::numeric::{row_entropy, row_softmax, sized};
 use crate::objective::sampling::{self, SamplingParams};
 use std::ops::Range;
 
+mod scoring;
+
 /// A read-only strided matrix: element `(i, j)` at `data[i·rs + j·cs]`.
 #[derive(Clone, Copy)]
 pub(crate) struct View<'a> {
@@ -246,6 +248,9 @@ pub struct FusedLecture {
     beta2: f32,
     eps: f32,
     scratch: Scratch,
+    /// The buffers of the passes that only score (a rollout's logits and log π, log π_ref,
+    /// greedy answers), kept between calls: sized once, not refilled each iteration.
+    pass: Scratch,
     cores: Cores,
     /// The least work of a part ([`PART_WORK`]; a test sets it to compare part counts).
     part_work: usize,
@@ -330,6 +335,11 @@ struct Scratch {
     /// Each part's own buffers, and (when the batch has parts) each position's tables.
     parts: Vec<Part>,
     positions: Vec<Position>,
+    /// Each half of the batch's parts' share of each position's `∂M_p`, `∂T_p` (`[half·n + p]`).
+    halves: Vec<Half>,
+    /// `Σ x²` of the gradient's three arrays, where the positions' jobs added them up (the
+    /// last backward over parts; `None` after one in turn).
+    grad_sq: Option<[f32; 3]>,
 }
 
 /// A part's own buffers: its responses' objective terms and sums when they are its own.
@@ -347,6 +357,16 @@ struct Position {
     dt: Vec<f32>,
     dm: Vec<f32>,
     embedding: Vec<f32>,
+    /// `Σ x²` of its `∂encode` block and of its `∂decode` columns.
+    sq: [f32; 2],
+}
+
+/// One half of a batch's parts' share of a position's table gradients: `∂M_p [D, V]` and
+/// `∂T_p [V, D]` over its rows.
+#[derive(Debug, Clone, Default)]
+struct Half {
+    dm: Vec<f32>,
+    dt: Vec<f32>,
 }
 
 /// What a forward over the parts reads: the logits, then their softmax statistics (and
@@ -591,6 +611,7 @@ impl FusedLecture {
             beta2: o.beta2 as f32,
             eps: o.eps as f32,
             scratch: Scratch::default(),
+            pass: Scratch::default(),
             cores: Cores::default(),
             part_work: PART_WORK,
         };
@@ -644,6 +665,7 @@ impl FusedLecture {
             decode_t: self.decode_t.clone(),
             adam: Default::default(),
             scratch: Scratch::default(),
+            pass: Scratch::default(),
             cores: self.cores.clone(),
             ..*self
         }
@@ -948,11 +970,37 @@ impl FusedLecture {
                 let encode = &mut g.encode[p * d * d..];
                 self.position_grads(p, (dm_p, dt_p), &decode, encode, &mut g.embedding, true);
             }
+            sc.grad_sq = None;
             return;
         }
         let positions = &mut sc.positions;
         positions.resize_with(n, Position::default);
         let d_enc = &sc.d_enc;
+        // First each half of the parts' rows, each position's share of `∂M_p` and `∂T_p`: the
+        // halves' jobs come first in the order the threads take them, so that on two threads
+        // each reads back the rows its own parts wrote (the activations and their gradients,
+        // ~100 KiB that a position's job over every row would read from the other core).
+        // Then each position adds its two shares (in half order: the same bits on any number
+        // of threads).
+        let ranges = self.parts_of(b);
+        let mid = ranges[ranges.len() / 2].start;
+        let halves = [0..mid, mid..b];
+        sc.halves.resize_with(2 * n, Half::default);
+        self.cores.each(&mut sc.halves, |i, half| {
+            let (rows, p) = (halves[i / n].clone(), i % n);
+            let m = rows.len();
+            let enc = View::rows(&sc.f.enc[rows.start * d..], d);
+            let dl = View::rows(&sc.dlogits[rows.start * n * v..], n * v);
+            let dm = zeroed(&mut half.dm, d * v);
+            product_into(dm, v, enc.t(), dl.at(p * v), (d, m, v), false);
+            let dt = zeroed(&mut half.dt, v * d);
+            let (x, de) = (
+                &prompts[rows.start * n..rows.end * n],
+                &d_enc[rows.start * d..],
+            );
+            self.scatter_dt(p, x, &de[..m * d], dt, d, 0);
+        });
+        let shares = &sc.halves;
         // Each position writes its own block of ∂encode in place, its column block of ∂decode
         // in place and its ∂E share aside (`position_grads` overwrites each before adding: no
         // memset first).
@@ -962,18 +1010,37 @@ impl FusedLecture {
             .zip(g.encode.chunks_exact_mut(d * d))
             .collect();
         self.cores.each(&mut jobs, |p, (pos, encode)| {
-            let dm = zeroed(&mut pos.dm, d * v);
-            product_into(dm, v, enc.t(), dl.at(p * v), (d, b, v), false);
-            let dt = zeroed(&mut pos.dt, v * d);
-            self.scatter_dt(p, prompts, d_enc, dt, d, 0);
+            let (first, second) = (&shares[p], &shares[n + p]);
+            let dm = sized(&mut pos.dm, d * v);
+            for ((x, &a), &c) in dm.iter_mut().zip(&first.dm).zip(&second.dm) {
+                *x = a + c;
+            }
+            let dt = sized(&mut pos.dt, v * d);
+            for ((x, &a), &c) in dt.iter_mut().zip(&first.dt).zip(&second.dt) {
+                *x = a + c;
+            }
             let views = (View::rows(&pos.dm, v), View::rows(&pos.dt, d));
             let emb = sized(&mut pos.embedding, v * d);
             self.position_grads(p, views, &decode, encode, emb, false);
+            // Its share of the squared norm, read while this core holds what it wrote: its
+            // ∂encode block, then its ∂decode columns row by row.
+            let decode_sq = (0..d).fold(0.0f32, |sq, row| {
+                // SAFETY: position p's columns of this row, which only this call wrote (above)
+                // and nothing else reads or writes while the jobs run.
+                let at = unsafe { decode.at(row * n * d + p * d).0 };
+                sq + sum_sq(unsafe { std::slice::from_raw_parts(at, d) })
+            });
+            pos.sq = [sum_sq(encode), decode_sq];
         });
         // ∂E as the positions' shares added in position order.
         let positions = &sc.positions;
         let shares: Vec<&[f32]> = positions.iter().map(|p| &p.embedding[..]).collect();
         self.cores.sum_in_order(&shares, &mut g.embedding);
+        // The squared norm's shares added in position order (the same bits on any number of
+        // threads).
+        let [encode_sq, decode_sq] =
+            (positions.iter()).fold([0.0f32; 2], |[e, d], p| [e + p.sq[0], d + p.sq[1]]);
+        sc.grad_sq = Some([sum_sq(&g.embedding), encode_sq, decode_sq]);
     }
 
     /// Adam's state as bytes: the step count, then m and v of each array (f32, little-endian).
@@ -1006,86 +1073,6 @@ impl FusedLecture {
             }
         }
         Ok(())
-    }
-
-    /// `log π` at `temperature` of every response token: `prompts [B·n]`, `responses
-    /// [B·G·n]` → `[B·G·n]`, computed exactly as `step` computes it (over the sampler's
-    /// `support [B·G·n]` when given).
-    pub fn token_logp(
-        &self,
-        prompts: &[u32],
-        responses: &[u32],
-        temperature: f32,
-        support: Option<&[u64]>,
-    ) -> Vec<f32> {
-        let mut sc = Scratch::default();
-        let (inv_t, read) = (1.0 / temperature, Read::LogProbs);
-        self.forward_parts(prompts, responses, support, inv_t, read, false, &mut sc);
-        sc.logp
-    }
-
-    /// `token_logp` from logits `[B·n, V]` of `prompts` this path's forward already computed.
-    pub fn token_logp_from_logits(
-        &self,
-        prompts: &[u32],
-        logits: &[f32],
-        responses: &[u32],
-        temperature: f32,
-        support: Option<&[u64]>,
-    ) -> Vec<f32> {
-        let mut sc = Scratch::default();
-        sc.f.logits.extend_from_slice(logits);
-        let (inv_t, read) = (1.0 / temperature, Read::LogProbs);
-        self.forward_parts(prompts, responses, support, inv_t, read, true, &mut sc);
-        sc.logp
-    }
-
-    /// `G` responses per prompt drawn from `logits [B·n, V]` (this path's, of `B` prompts) as
-    /// `sampling::sample_independent` draws them, the parts on the threads: `[B·G·n]`.
-    pub fn sample(
-        &self,
-        logits: &[f32],
-        g: usize,
-        params: SamplingParams,
-        key: (u64, u32),
-    ) -> Vec<u32> {
-        let (n, v) = (self.n, self.vocab);
-        let b = logits.len() / (n * v).max(1);
-        let ranges = self.parts_of(b);
-        let mut out = vec![0u32; b * g * n];
-        let mut parts: Vec<_> = split_by(&mut out, &ranges, g * n)
-            .into_iter()
-            .zip(&ranges)
-            .collect();
-        self.cores.each(&mut parts, |_, (out, r)| {
-            let rows = &logits[r.start * n * v..r.end * n * v];
-            sampling::sample_independent_into(rows, r.start, (n, v, g), params, key, out);
-        });
-        out
-    }
-
-    /// `logits [B, n, V]` of the current weights (for rollouts and evaluation).
-    pub fn logits(&self, prompts: &[u32]) -> Vec<f32> {
-        let mut sc = Scratch::default();
-        self.forward_parts(prompts, &[], None, 1.0, Read::Logits, false, &mut sc);
-        sc.f.logits
-    }
-
-    /// Each token's entropy `H_t` as the last [`Self::step`] read it (before its update), for
-    /// the first `rows` of its `[B·G]` responses of `g` per prompt: `[rows·n]` (a lecture
-    /// model's distribution at a position depends on the prompt alone, so a token's entropy is
-    /// its (prompt, position) row's).
-    pub fn token_entropy(&self, g: usize, rows: usize) -> Vec<f32> {
-        let (n, h) = (self.n, &self.scratch.step_h);
-        let mut out = Vec::with_capacity(rows * n);
-        for r in 0..rows {
-            let prompt = r / g.max(1);
-            match h.get(prompt * n..(prompt + 1) * n) {
-                Some(row) => out.extend_from_slice(row),
-                None => break,
-            }
-        }
-        out
     }
 
     /// One optimizer step of the GRPO loss on a fixed-length batch.
@@ -1147,6 +1134,7 @@ impl FusedLecture {
     ) -> (StepScalars, Vec<f32>) {
         let mut sc = std::mem::take(&mut self.scratch);
         let entropy = self.loss_gradient_into(x, s, temperature, &mut sc);
+        let grad_sq = sc.grad_sq.take();
         sc.step_h.clone_from(&sc.row_h);
         let rows = x.prompts.len();
         // ∇θ of the mean row entropy and the weights before the update, for the first-order
@@ -1158,8 +1146,10 @@ impl FusedLecture {
             (dh, self.flat_weights())
         });
         let gr = &sc.g;
-        // By spans on the threads (a fixed cut: the same bits on any number of them).
-        let [e, enc, dec] = (self.cores).sums_sq([&gr.embedding, &gr.encode, &gr.decode_t]);
+        // Added up by the positions' jobs where the batch has parts; else by spans on the
+        // threads (a fixed cut: the same bits on any number of them either way).
+        let [e, enc, dec] = grad_sq
+            .unwrap_or_else(|| (self.cores).sums_sq([&gr.embedding, &gr.encode, &gr.decode_t]));
         let grad_norm = (e + enc + dec).sqrt();
         let scale = if max_grad_norm > 0.0 && grad_norm > max_grad_norm {
             max_grad_norm / grad_norm
@@ -1648,8 +1638,8 @@ mod tests {
             )
         };
         let run = |mut f: FusedLecture| {
-            let from_rollout =
-                f.token_logp_from_logits(&prompts, &f.logits(&prompts), &responses, 0.8, None);
+            f.pass_forward(&prompts);
+            let from_rollout = f.pass_logp(&prompts, &responses, 0.8, None, true);
             let mut out = Vec::new();
             for _ in 0..3 {
                 let (sc, logp) = step(&mut f, None);

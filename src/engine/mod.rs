@@ -510,6 +510,12 @@ pub trait Engine {
     fn refresh_reference(&mut self);
     /// Called between iterations (engines that cache per-iteration state drop it here).
     fn end_iteration(&mut self) {}
+    /// A rollout's rows ([`Samples::rows`]), given back once the trainer is done with them: an
+    /// engine may keep them for its next rollout to write into; by default they are freed on
+    /// the threads ([`cores::Cores::drop_spread`]).
+    fn recycle_rows(&mut self, rows: Vec<Vec<u32>>) {
+        self.cores().drop_spread(rows, cores::ROWS_SPAN);
+    }
     /// Every weight of the policy, flattened in a fixed order (tests, comparisons).
     fn flat_weights(&self) -> Vec<f32>;
     fn snapshot(&self) -> Result<Snapshot, EngineError>;

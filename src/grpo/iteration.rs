@@ -467,8 +467,8 @@ impl Trainer {
         if cfg.algorithm.replay_buffer > 0 {
             self.replay_frozen(&mut frozen, &scored.rewards, &adv.zero_std);
         }
-        // The responses' thousands of small buffers, freed on the engine's threads.
-        (self.engine.cores()).drop_spread(std::mem::take(&mut scored.rows));
+        // The responses' thousands of small buffers, back to the engine (to reuse or free).
+        self.engine.recycle_rows(std::mem::take(&mut scored.rows));
         Ok(frozen)
     }
 
@@ -890,12 +890,17 @@ impl Trainer {
     ) -> Result<Scored, TrainError> {
         let cfg = &self.config;
         let g = cfg.algorithm.num_generations;
-        // Owned: the request must not borrow `self` (a stale sampler swaps the engine's state).
-        let owned: Vec<Vec<u32>> = indices
-            .iter()
-            .map(|&i| self.prompts.train[i].clone())
-            .collect();
-        let prompts: Vec<&[u32]> = owned.iter().map(|p| p.as_slice()).collect();
+        // Owned: the request must not borrow `self` (a stale sampler swaps the engine's state);
+        // in one buffer (a clone of each prompt was hundreds of allocations an iteration).
+        let train = &self.prompts.train;
+        let mut owned: Vec<u32> = Vec::with_capacity(indices.iter().map(|&i| train[i].len()).sum());
+        let mut ends = Vec::with_capacity(indices.len());
+        for &i in indices {
+            owned.extend_from_slice(&train[i]);
+            ends.push(owned.len());
+        }
+        let starts = std::iter::once(0).chain(ends.iter().copied());
+        let prompts: Vec<&[u32]> = starts.zip(&ends).map(|(a, &b)| &owned[a..b]).collect();
         let s = &cfg.sampling;
         let req = SampleRequest {
             prompts: &prompts,
@@ -1042,7 +1047,13 @@ impl Trainer {
             .iter()
             .flat_map(|&i| self.prompts.train[i].iter().copied())
             .collect();
-        Batch::padded(prompts, n, rows, g, self.eos())
+        // By spans of the rows as the engine made them, on its threads.
+        let cores = self.engine.cores();
+        let span = crate::engine::cores::ROWS_SPAN;
+        Batch::padded_by(prompts, n, rows, g, self.eos(), span, |spans| {
+            let work = rows.len() * n;
+            cores.each_worth(work, spans, |_, s| s.fill());
+        })
     }
 
     /// A response as the record shows it: `<eos>` as the tokenizer's id, so it decodes as `<eos>`.

@@ -22,19 +22,89 @@ pub struct Batch {
     pub support: Option<Vec<u64>>,
 }
 
+/// A span of a batch's responses and the part of its padded `[B·G·T]` arrays they fill
+/// ([`Batch::padded_by`]).
+pub struct PadSpan<'a> {
+    rows: &'a [Vec<u32>],
+    t: usize,
+    pad: u32,
+    responses: &'a mut [std::mem::MaybeUninit<u32>],
+    mask: &'a mut [std::mem::MaybeUninit<f32>],
+    filled: bool,
+}
+
+impl PadSpan<'_> {
+    /// Each row's tokens then `pad` to the width, and its mask (1 on its tokens, 0 after).
+    pub fn fill(&mut self) {
+        let t = self.t;
+        let out = self
+            .responses
+            .chunks_exact_mut(t)
+            .zip(self.mask.chunks_exact_mut(t));
+        for (r, (tokens, mask)) in self.rows.iter().zip(out) {
+            let real = r.len().min(t);
+            let (head, tail) = tokens.split_at_mut(real);
+            head.iter_mut().zip(r).for_each(|(x, &v)| _ = x.write(v));
+            tail.iter_mut().for_each(|x| _ = x.write(self.pad));
+            let (head, tail) = mask.split_at_mut(real);
+            head.iter_mut().for_each(|m| _ = m.write(1.0));
+            tail.iter_mut().for_each(|m| _ = m.write(0.0));
+        }
+        self.filled = true;
+    }
+}
+
 impl Batch {
     /// `B` prompts of `n` tokens (`[B·n]`) and their `B·G` responses, padded with `pad` to the
     /// longest response (at least one position).
     pub fn padded(prompts: Vec<u32>, n: usize, rows: &[Vec<u32>], g: usize, pad: u32) -> Self {
+        let whole = rows.len().max(1);
+        Self::padded_by(prompts, n, rows, g, pad, whole, |spans| {
+            spans.iter_mut().for_each(PadSpan::fill)
+        })
+    }
+
+    /// [`Batch::padded`] with the responses cut into spans of `span` rows, which `fill` fills
+    /// (each with [`PadSpan::fill`]: on threads, where the caller has them).
+    ///
+    /// # Panics
+    /// If `fill` leaves a span unfilled.
+    pub fn padded_by(
+        prompts: Vec<u32>,
+        n: usize,
+        rows: &[Vec<u32>],
+        g: usize,
+        pad: u32,
+        span: usize,
+        fill: impl FnOnce(&mut [PadSpan]),
+    ) -> Self {
         let t = rows.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
-        let mut responses = Vec::with_capacity(rows.len() * t);
-        let mut mask = Vec::with_capacity(rows.len() * t);
-        for r in rows {
-            let real = r.len().min(t);
-            responses.extend_from_slice(&r[..real]);
-            responses.resize(responses.len() + t - real, pad);
-            mask.resize(mask.len() + real, 1.0f32);
-            mask.resize(mask.len() + t - real, 0.0);
+        let len = rows.len() * t;
+        let mut responses: Vec<u32> = Vec::with_capacity(len);
+        let mut mask: Vec<f32> = Vec::with_capacity(len);
+        let mut spans: Vec<PadSpan> = (rows.chunks(span.max(1)))
+            .zip(responses.spare_capacity_mut()[..len].chunks_mut(span.max(1) * t))
+            .zip(mask.spare_capacity_mut()[..len].chunks_mut(span.max(1) * t))
+            .map(|((rows, responses), mask)| PadSpan {
+                rows,
+                t,
+                pad,
+                responses,
+                mask,
+                filled: false,
+            })
+            .collect();
+        fill(&mut spans);
+        assert!(
+            spans.iter().all(|s| s.filled),
+            "a span of the batch left unfilled"
+        );
+        drop(spans);
+        // SAFETY: the spans cover the first `len` elements of both, and each span wrote all of
+        // its own (checked above).
+        unsafe {
+            responses.set_len(len);
+            mask.set_len(len);
         }
         Self {
             b: rows.len() / g.max(1),
@@ -66,5 +136,46 @@ impl Batch {
             lengths: self.lengths[range.start * g..range.end * g].to_vec(),
             support: self.support.as_ref().map(|s| s[rows].to_vec()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ragged() -> Vec<Vec<u32>> {
+        (0..14u32)
+            .map(|i| (0..i % 6).map(|k| 10 * i + k).collect())
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_filled_by_spans_in_any_order_is_the_whole_one() {
+        let rows = ragged();
+        let prompts: Vec<u32> = (0..7 * 3).collect();
+        let whole = Batch::padded(prompts.clone(), 3, &rows, 2, 99);
+        assert_eq!(whole.t, 5);
+        assert_eq!(
+            &whole.responses[..10],
+            &[99, 99, 99, 99, 99, 10, 99, 99, 99, 99]
+        );
+        assert_eq!(&whole.mask[5..10], &[1.0, 0.0, 0.0, 0.0, 0.0]);
+        for span in [1, 3, 4, 13, 14, 50] {
+            let by = Batch::padded_by(prompts.clone(), 3, &rows, 2, 99, span, |spans| {
+                spans.iter_mut().rev().for_each(PadSpan::fill)
+            });
+            assert_eq!(by.responses, whole.responses, "spans of {span}");
+            assert_eq!(by.mask, whole.mask);
+            assert_eq!((by.b, by.t, by.lengths), (7, 5, whole.lengths.clone()));
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "left unfilled")]
+    fn a_span_left_unfilled_is_refused() {
+        let rows = ragged();
+        Batch::padded_by(vec![0; 21], 3, &rows, 2, 99, 4, |spans| {
+            spans[1..].iter_mut().for_each(PadSpan::fill)
+        });
     }
 }
