@@ -945,8 +945,11 @@ impl FusedLecture {
 
     /// The weights' gradient into `sc.g` from the rows' `∂logits` (`sc.dlogits`) and `∂enc`
     /// (`sc.d_enc`) through `∂M = encᵀ·∂logits` and `∂T`: whole and position by position in
-    /// turn for one part; for several, each position's on the threads (`∂M_p` over every row,
-    /// so no part's share is summed) and their `∂E` shares added in position order.
+    /// turn for one part; for several, on the threads: each position's `∂M_p`, `∂T_p` over
+    /// each half of the parts' rows, then each position's products (its two halves added in
+    /// half order) and its share of the squared norm; the `∂E` shares and the norm's added in
+    /// position order (the same bits on any number of threads). Sets `sc.grad_sq` where the
+    /// positions' jobs summed it (`None` for one part).
     fn table_grads(&self, prompts: &[u32], parts: usize, sc: &mut Scratch) {
         let (n, d, v) = (self.n, self.d, self.vocab);
         let b = prompts.len() / n;
