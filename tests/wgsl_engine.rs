@@ -241,11 +241,20 @@ fn matmul_window_subgroup_is_bit_identical() {
     }
 }
 
-/// Products whose weights exceed one window, odd and aligned shapes.
+/// Products whose weights exceed one window, odd and aligned shapes; 70 × 128 × 140 with C
+/// row-major: whole blocks of 64 columns (matmul_window_subgroup's `WHOLE` pipelines), with
+/// rows past m in the last workgroup.
 fn window_cut_cases() -> Vec<Case> {
     let mut rng = SplitMix64::new(5);
     let mut cases = Vec::new();
-    for &(m, n, k) in &[(70, 300, 90), (33, 201, 131), (5, 64, 512), (64, 1100, 16)] {
+    let shapes = [
+        (70, 300, 90),
+        (33, 201, 131),
+        (5, 64, 512),
+        (64, 1100, 16),
+        (70, 128, 140),
+    ];
+    for &(m, n, k) in &shapes {
         for b_transposed in [false, true] {
             for accumulate in [false, true] {
                 let a_along_k = rng.below(2) == 0;
@@ -257,7 +266,8 @@ fn window_cut_cases() -> Vec<Case> {
                 buf.model = normals(&mut rng, pad + k * n, 1.0);
                 buf.work = normals(&mut rng, m * k + m * n, 1.0);
                 // Half the cases store C transposed (a weight's gradient as ∂Wᵀ = dYᵀ·X).
-                let (c_rs, c_cs) = if rng.below(2) == 0 { (n, 0) } else { (1, m) };
+                let row_major = rng.below(2) == 0 || n == 128;
+                let (c_rs, c_cs) = if row_major { (n, 0) } else { (1, m) };
                 let mm = MatmulParams {
                     m: m as u32,
                     n: n as u32,

@@ -330,7 +330,8 @@ struct Programs {
 
 struct WindowPrograms {
     layout: wgpu::BindGroupLayout,
-    /// Per `VEC_K` (0, 1) × 3 + `VEC_B` (0, 1, 2): see `submit::window_modes`.
+    /// Per `WHOLE` (0, 1) × 6 + `VEC_K` (0, 1) × 3 + `VEC_B` (0, 1, 2): see
+    /// `submit::window_modes`.
     pipelines: Vec<wgpu::ComputePipeline>,
     /// Columns of C per workgroup (`WIN_COLS` 32, `SG_COLS` 64 of matmul_subgroup.wgsl).
     cols: u32,

@@ -113,12 +113,17 @@ impl Programs {
                     ],
                 });
                 let pl = pipeline_layout(&layout);
-                // Per (VEC_K, VEC_B); matmul_window reads B entry by entry whatever VEC_B, so
-                // it is compiled once per VEC_K and stands in all three VEC_B places.
+                // Per (WHOLE, VEC_K, VEC_B); matmul_window reads B entry by entry whatever
+                // VEC_B and stores C quad by quad, so it is compiled once per VEC_K and stands
+                // in all six (WHOLE, VEC_B) places.
                 let pipelines = if subgroup {
-                    (0..6)
+                    (0..12)
                         .map(|i| {
-                            let consts = [("VEC_K", (i / 3) as f64), ("VEC_B", (i % 3) as f64)];
+                            let consts = [
+                                ("WHOLE", (i / 6) as f64),
+                                ("VEC_K", (i / 3 % 2) as f64),
+                                ("VEC_B", (i % 3) as f64),
+                            ];
                             pipeline(&pl, window_module, window_entry, &consts)
                         })
                         .collect()
@@ -126,7 +131,7 @@ impl Programs {
                     let plain: Vec<_> = (0..2)
                         .map(|k| pipeline(&pl, window_module, window_entry, &[("VEC_K", k as f64)]))
                         .collect();
-                    (0..6).map(|i| plain[i / 3].clone()).collect()
+                    (0..12).map(|i| plain[i / 3 % 2].clone()).collect()
                 };
                 WindowPrograms {
                     pipelines,

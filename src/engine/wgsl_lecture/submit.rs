@@ -282,9 +282,10 @@ impl Op {
     }
 }
 
-/// The window pipeline for `part`: `VEC_K` (A along k from multiples of 4) × 3 + `VEC_B`
-/// (matmul_subgroup.wgsl: 1 B row-major from multiples of 4, 2 B along k from multiples of 4,
-/// 0 any other strides).
+/// The window pipeline for `part`: `WHOLE` (C row-major from multiples of 4 and n a multiple of
+/// matmul_subgroup.wgsl's 64 columns: stored as whole quads) × 6 + `VEC_K` (A along k from
+/// multiples of 4) × 3 + `VEC_B` (matmul_subgroup.wgsl: 1 B row-major from multiples of 4, 2 B
+/// along k from multiples of 4, 0 any other strides).
 fn window_modes(part: &MatmulParams) -> usize {
     let [a_off, a_rs, a_cs, _] = part.a;
     let [b_off, b_rs, b_cs, _] = part.b;
@@ -296,7 +297,9 @@ fn window_modes(part: &MatmulParams) -> usize {
     } else {
         0
     };
-    vec_k as usize * 3 + vec_b
+    let [c_off, c_rs, _] = part.c;
+    let whole = part.c_cs <= 1 && (c_off | c_rs).is_multiple_of(4) && part.n.is_multiple_of(64);
+    whole as usize * 6 + vec_k as usize * 3 + vec_b
 }
 
 /// `mm` (B in the model buffer) as `matmul_window` products, each with the byte offset of its
