@@ -240,3 +240,219 @@ fn matmul_window_subgroup(
     store_quad(gi, j0 + 56u, acc14);
     store_quad(gi, j0 + 60u, acc15);
 }
+
+// `matmul_window_subgroup` with two rows of C per invocation (rows gi and gi + 64 of a block of
+// 128) and 32 columns: each lane loads one quad of B's row per k (quad ℓ of the 32 columns),
+// shared by both rows. On llvmpipe those window loads are gathers, ~45 % of the one-row
+// kernel's time (measured by leaving them out); here there are half as many per product, for a
+// second row of A (~10 %): 640 × 256 × 64 0.77 → 0.66 ms, 1280 × 192 × 64 1.10 → 0.95 ms in a
+// standalone program on lavapipe. For products of more than 64 rows (the host's choice): with
+// fewer, the second row would be idle work. The same products in the same order: bit-identical
+// to matmul_window. WHOLE here means n a multiple of SG2_COLS.
+const SG2_COLS: u32 = 32u;
+
+@compute @workgroup_size(WIN_ROWS)
+fn matmul_window_subgroup2(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let gi = wid.y * 2u * WIN_ROWS + lid.x;
+    let gh = gi + WIN_ROWS;
+    let ar = mm.a_off + min(gi, mm.m - 1u) * mm.a_rs;
+    let ah = mm.a_off + min(gh, mm.m - 1u) * mm.a_rs;
+    let j0 = wid.x * SG2_COLS;
+    let b0 = mm.b_off + j0 * mm.b_cs;
+    let kl = mm.k - 1u;
+    let quad = min(lane, 7u);
+    // Row gi in acc0 .. acc7, row gi + 64 in acc8 .. acc15 (named, as in the one-row kernel).
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    var acc4 = vec4<f32>(0.0);
+    var acc5 = vec4<f32>(0.0);
+    var acc6 = vec4<f32>(0.0);
+    var acc7 = vec4<f32>(0.0);
+    var acc8 = vec4<f32>(0.0);
+    var acc9 = vec4<f32>(0.0);
+    var acc10 = vec4<f32>(0.0);
+    var acc11 = vec4<f32>(0.0);
+    var acc12 = vec4<f32>(0.0);
+    var acc13 = vec4<f32>(0.0);
+    var acc14 = vec4<f32>(0.0);
+    var acc15 = vec4<f32>(0.0);
+    for (var k = 0u; k < mm.k; k += 4u) {
+        let av = a_quad(ar, k, kl);
+        let ah4 = a_quad(ah, k, kl);
+        let r = b_block(b0, k, kl, quad);
+        let x0 = vec4<f32>(av.x);
+        let y0 = vec4<f32>(ah4.x);
+        let b00 = subgroupBroadcast(r[0], 0u);
+        acc0 = fma(x0, b00, acc0);
+        acc8 = fma(y0, b00, acc8);
+        let b01 = subgroupBroadcast(r[0], 1u);
+        acc1 = fma(x0, b01, acc1);
+        acc9 = fma(y0, b01, acc9);
+        let b02 = subgroupBroadcast(r[0], 2u);
+        acc2 = fma(x0, b02, acc2);
+        acc10 = fma(y0, b02, acc10);
+        let b03 = subgroupBroadcast(r[0], 3u);
+        acc3 = fma(x0, b03, acc3);
+        acc11 = fma(y0, b03, acc11);
+        let b04 = subgroupBroadcast(r[0], 4u);
+        acc4 = fma(x0, b04, acc4);
+        acc12 = fma(y0, b04, acc12);
+        let b05 = subgroupBroadcast(r[0], 5u);
+        acc5 = fma(x0, b05, acc5);
+        acc13 = fma(y0, b05, acc13);
+        let b06 = subgroupBroadcast(r[0], 6u);
+        acc6 = fma(x0, b06, acc6);
+        acc14 = fma(y0, b06, acc14);
+        let b07 = subgroupBroadcast(r[0], 7u);
+        acc7 = fma(x0, b07, acc7);
+        acc15 = fma(y0, b07, acc15);
+        let x1 = vec4<f32>(av.y);
+        let y1 = vec4<f32>(ah4.y);
+        let b10 = subgroupBroadcast(r[1], 0u);
+        acc0 = fma(x1, b10, acc0);
+        acc8 = fma(y1, b10, acc8);
+        let b11 = subgroupBroadcast(r[1], 1u);
+        acc1 = fma(x1, b11, acc1);
+        acc9 = fma(y1, b11, acc9);
+        let b12 = subgroupBroadcast(r[1], 2u);
+        acc2 = fma(x1, b12, acc2);
+        acc10 = fma(y1, b12, acc10);
+        let b13 = subgroupBroadcast(r[1], 3u);
+        acc3 = fma(x1, b13, acc3);
+        acc11 = fma(y1, b13, acc11);
+        let b14 = subgroupBroadcast(r[1], 4u);
+        acc4 = fma(x1, b14, acc4);
+        acc12 = fma(y1, b14, acc12);
+        let b15 = subgroupBroadcast(r[1], 5u);
+        acc5 = fma(x1, b15, acc5);
+        acc13 = fma(y1, b15, acc13);
+        let b16 = subgroupBroadcast(r[1], 6u);
+        acc6 = fma(x1, b16, acc6);
+        acc14 = fma(y1, b16, acc14);
+        let b17 = subgroupBroadcast(r[1], 7u);
+        acc7 = fma(x1, b17, acc7);
+        acc15 = fma(y1, b17, acc15);
+        let x2 = vec4<f32>(av.z);
+        let y2 = vec4<f32>(ah4.z);
+        let b20 = subgroupBroadcast(r[2], 0u);
+        acc0 = fma(x2, b20, acc0);
+        acc8 = fma(y2, b20, acc8);
+        let b21 = subgroupBroadcast(r[2], 1u);
+        acc1 = fma(x2, b21, acc1);
+        acc9 = fma(y2, b21, acc9);
+        let b22 = subgroupBroadcast(r[2], 2u);
+        acc2 = fma(x2, b22, acc2);
+        acc10 = fma(y2, b22, acc10);
+        let b23 = subgroupBroadcast(r[2], 3u);
+        acc3 = fma(x2, b23, acc3);
+        acc11 = fma(y2, b23, acc11);
+        let b24 = subgroupBroadcast(r[2], 4u);
+        acc4 = fma(x2, b24, acc4);
+        acc12 = fma(y2, b24, acc12);
+        let b25 = subgroupBroadcast(r[2], 5u);
+        acc5 = fma(x2, b25, acc5);
+        acc13 = fma(y2, b25, acc13);
+        let b26 = subgroupBroadcast(r[2], 6u);
+        acc6 = fma(x2, b26, acc6);
+        acc14 = fma(y2, b26, acc14);
+        let b27 = subgroupBroadcast(r[2], 7u);
+        acc7 = fma(x2, b27, acc7);
+        acc15 = fma(y2, b27, acc15);
+        let x3 = vec4<f32>(av.w);
+        let y3 = vec4<f32>(ah4.w);
+        let b30 = subgroupBroadcast(r[3], 0u);
+        acc0 = fma(x3, b30, acc0);
+        acc8 = fma(y3, b30, acc8);
+        let b31 = subgroupBroadcast(r[3], 1u);
+        acc1 = fma(x3, b31, acc1);
+        acc9 = fma(y3, b31, acc9);
+        let b32 = subgroupBroadcast(r[3], 2u);
+        acc2 = fma(x3, b32, acc2);
+        acc10 = fma(y3, b32, acc10);
+        let b33 = subgroupBroadcast(r[3], 3u);
+        acc3 = fma(x3, b33, acc3);
+        acc11 = fma(y3, b33, acc11);
+        let b34 = subgroupBroadcast(r[3], 4u);
+        acc4 = fma(x3, b34, acc4);
+        acc12 = fma(y3, b34, acc12);
+        let b35 = subgroupBroadcast(r[3], 5u);
+        acc5 = fma(x3, b35, acc5);
+        acc13 = fma(y3, b35, acc13);
+        let b36 = subgroupBroadcast(r[3], 6u);
+        acc6 = fma(x3, b36, acc6);
+        acc14 = fma(y3, b36, acc14);
+        let b37 = subgroupBroadcast(r[3], 7u);
+        acc7 = fma(x3, b37, acc7);
+        acc15 = fma(y3, b37, acc15);
+    }
+    if (WHOLE) {
+        let acc = (mm.flags & 1u) != 0u;
+        if (gi < mm.m) {
+            let at = (mm.c_off + gi * mm.c_rs + j0) >> 2u;
+            if (acc) {
+                work[at] = work[at] + acc0;
+                work[at + 1u] = work[at + 1u] + acc1;
+                work[at + 2u] = work[at + 2u] + acc2;
+                work[at + 3u] = work[at + 3u] + acc3;
+                work[at + 4u] = work[at + 4u] + acc4;
+                work[at + 5u] = work[at + 5u] + acc5;
+                work[at + 6u] = work[at + 6u] + acc6;
+                work[at + 7u] = work[at + 7u] + acc7;
+            } else {
+                work[at] = acc0;
+                work[at + 1u] = acc1;
+                work[at + 2u] = acc2;
+                work[at + 3u] = acc3;
+                work[at + 4u] = acc4;
+                work[at + 5u] = acc5;
+                work[at + 6u] = acc6;
+                work[at + 7u] = acc7;
+            }
+        }
+        if (gh < mm.m) {
+            let at = (mm.c_off + gh * mm.c_rs + j0) >> 2u;
+            if (acc) {
+                work[at] = work[at] + acc8;
+                work[at + 1u] = work[at + 1u] + acc9;
+                work[at + 2u] = work[at + 2u] + acc10;
+                work[at + 3u] = work[at + 3u] + acc11;
+                work[at + 4u] = work[at + 4u] + acc12;
+                work[at + 5u] = work[at + 5u] + acc13;
+                work[at + 6u] = work[at + 6u] + acc14;
+                work[at + 7u] = work[at + 7u] + acc15;
+            } else {
+                work[at] = acc8;
+                work[at + 1u] = acc9;
+                work[at + 2u] = acc10;
+                work[at + 3u] = acc11;
+                work[at + 4u] = acc12;
+                work[at + 5u] = acc13;
+                work[at + 6u] = acc14;
+                work[at + 7u] = acc15;
+            }
+        }
+        return;
+    }
+    store_quad(gi, j0, acc0);
+    store_quad(gi, j0 + 4u, acc1);
+    store_quad(gi, j0 + 8u, acc2);
+    store_quad(gi, j0 + 12u, acc3);
+    store_quad(gi, j0 + 16u, acc4);
+    store_quad(gi, j0 + 20u, acc5);
+    store_quad(gi, j0 + 24u, acc6);
+    store_quad(gi, j0 + 28u, acc7);
+    store_quad(gh, j0, acc8);
+    store_quad(gh, j0 + 4u, acc9);
+    store_quad(gh, j0 + 8u, acc10);
+    store_quad(gh, j0 + 12u, acc11);
+    store_quad(gh, j0 + 16u, acc12);
+    store_quad(gh, j0 + 20u, acc13);
+    store_quad(gh, j0 + 24u, acc14);
+    store_quad(gh, j0 + 28u, acc15);
+}

@@ -330,11 +330,19 @@ struct Programs {
 
 struct WindowPrograms {
     layout: wgpu::BindGroupLayout,
-    /// Per `WHOLE` (0, 1) × 6 + `VEC_K` (0, 1) × 3 + `VEC_B` (0, 1, 2): see
-    /// `submit::window_modes`.
-    pipelines: Vec<wgpu::ComputePipeline>,
+    device: wgpu::Device,
+    /// The window kernels' module, the one-row entry point and their pipeline layout.
+    module: wgpu::ShaderModule,
+    entry: &'static str,
+    pipeline_layout: wgpu::PipelineLayout,
+    /// Per two rows (0, 1) × 12 + `WHOLE` (0, 1) × 6 + `VEC_K` (0, 1) × 3 + `VEC_B` (0, 1, 2)
+    /// (see `submit::window_modes`), each built on its first use ([`WindowPrograms::pipeline`]).
+    pipelines: Vec<std::sync::OnceLock<wgpu::ComputePipeline>>,
     /// Columns of C per workgroup (`WIN_COLS` 32, `SG_COLS` 64 of matmul_subgroup.wgsl).
     cols: u32,
+    /// Whether products of more than 64 rows run `matmul_window_subgroup2` (two rows of C per
+    /// invocation, `SG2_COLS` 32 columns per workgroup).
+    two_rows: bool,
     /// The alignment of a window's start, in elements.
     align: usize,
 }

@@ -112,33 +112,25 @@ impl Programs {
                         layout_entry(4, Uniform, true),
                     ],
                 });
-                let pl = pipeline_layout(&layout);
-                // Per (WHOLE, VEC_K, VEC_B); matmul_window reads B entry by entry whatever
-                // VEC_B and stores C quad by quad, so it is compiled once per VEC_K and stands
-                // in all six (WHOLE, VEC_B) places.
-                let pipelines = if subgroup {
-                    (0..12)
-                        .map(|i| {
-                            let consts = [
-                                ("WHOLE", (i / 6) as f64),
-                                ("VEC_K", (i / 3 % 2) as f64),
-                                ("VEC_B", (i % 3) as f64),
-                            ];
-                            pipeline(&pl, window_module, window_entry, &consts)
-                        })
-                        .collect()
-                } else {
-                    let plain: Vec<_> = (0..2)
-                        .map(|k| pipeline(&pl, window_module, window_entry, &[("VEC_K", k as f64)]))
-                        .collect();
-                    (0..12).map(|i| plain[i / 3 % 2].clone()).collect()
-                };
-                WindowPrograms {
-                    pipelines,
+                let pipeline_layout = pipeline_layout(&layout);
+                // The one-row kernel with every mode compiled now (a shader error surfaces
+                // here, in the scope); each variant is built on its first use.
+                let programs = WindowPrograms {
+                    device: device.clone(),
+                    module: window_module.clone(),
+                    entry: window_entry,
+                    pipeline_layout,
+                    pipelines: (0..24).map(|_| std::sync::OnceLock::new()).collect(),
                     cols: if subgroup { 64 } else { 32 },
+                    two_rows: subgroup,
                     layout,
                     align: (limits.min_uniform_buffer_offset_alignment as usize / 4).max(1),
+                };
+                programs.pipeline(0);
+                if subgroup {
+                    programs.pipeline(12);
                 }
+                programs
             });
         let sample_pl = pipeline_layout(&sample_layout);
         let row_weights = pipeline(&sample_pl, &sample_module, "row_weights", &[]);
@@ -250,4 +242,41 @@ pub(super) fn step_bind_group(
             },
         ],
     })
+}
+
+impl WindowPrograms {
+    /// The pipeline at `index` (see `pipelines`), built on its first use: only the variants a
+    /// run's products take are compiled (all 24 up front cost lavapipe ~0.4 s of set-up).
+    /// `matmul_window` reads B entry by entry whatever VEC_B, stores C quad by quad and has one
+    /// row per invocation, so it is built once per VEC_K and stands in every other place.
+    pub(super) fn pipeline(&self, index: usize) -> wgpu::ComputePipeline {
+        let subgroup = self.two_rows;
+        let slot = if subgroup { index } else { index / 3 % 2 * 3 };
+        self.pipelines[slot]
+            .get_or_init(|| {
+                let consts = [
+                    ("WHOLE", (slot / 6 % 2) as f64),
+                    ("VEC_K", (slot / 3 % 2) as f64),
+                    ("VEC_B", (slot % 3) as f64),
+                ];
+                let (entry, consts) = match (subgroup, slot >= 12) {
+                    (true, true) => ("matmul_window_subgroup2", &consts[..]),
+                    (true, false) => (self.entry, &consts[..]),
+                    (false, _) => (self.entry, &consts[1..2]),
+                };
+                self.device
+                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(entry),
+                        layout: Some(&self.pipeline_layout),
+                        module: &self.module,
+                        entry_point: Some(entry),
+                        compilation_options: wgpu::PipelineCompilationOptions {
+                            constants: consts,
+                            zero_initialize_workgroup_memory: true,
+                        },
+                        cache: None,
+                    })
+            })
+            .clone()
+    }
 }

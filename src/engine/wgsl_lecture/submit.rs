@@ -282,11 +282,11 @@ impl Op {
     }
 }
 
-/// The window pipeline for `part`: `WHOLE` (C row-major from multiples of 4 and n a multiple of
-/// matmul_subgroup.wgsl's 64 columns: stored as whole quads) × 6 + `VEC_K` (A along k from
-/// multiples of 4) × 3 + `VEC_B` (matmul_subgroup.wgsl: 1 B row-major from multiples of 4, 2 B
-/// along k from multiples of 4, 0 any other strides).
-fn window_modes(part: &MatmulParams) -> usize {
+/// The window pipeline for `part` on a kernel with `cols` columns per workgroup: `WHOLE` (C
+/// row-major from multiples of 4 and n a multiple of `cols`: stored as whole quads) × 6 +
+/// `VEC_K` (A along k from multiples of 4) × 3 + `VEC_B` (matmul_subgroup.wgsl: 1 B row-major
+/// from multiples of 4, 2 B along k from multiples of 4, 0 any other strides).
+fn window_modes(part: &MatmulParams, cols: u32) -> usize {
     let [a_off, a_rs, a_cs, _] = part.a;
     let [b_off, b_rs, b_cs, _] = part.b;
     let vec_k = a_cs == 1 && (a_off | a_rs | part.k).is_multiple_of(4);
@@ -298,7 +298,7 @@ fn window_modes(part: &MatmulParams) -> usize {
         0
     };
     let [c_off, c_rs, _] = part.c;
-    let whole = part.c_cs <= 1 && (c_off | c_rs).is_multiple_of(4) && part.n.is_multiple_of(64);
+    let whole = part.c_cs <= 1 && (c_off | c_rs).is_multiple_of(4) && part.n.is_multiple_of(cols);
     whole as usize * 6 + vec_k as usize * 3 + vec_b
 }
 
@@ -446,13 +446,16 @@ impl Recorder {
         for (part, window) in parts {
             let slot = self.slots.len() as u32;
             self.slots.push(StepParamsOrMm::Mm(part));
+            // Two rows of C per invocation where there are more than 64 rows.
+            let two = w.two_rows && part.m > 64;
+            let (cols, rows) = if two { (32, 128) } else { (w.cols, 64) };
             self.ops.push(Op::Window {
-                pipeline: w.pipelines[window_modes(&part)].clone(),
+                pipeline: w.pipeline(two as usize * 12 + window_modes(&part, cols)),
                 slot,
                 window,
                 grid: (
-                    part.n.div_ceil(w.cols).max(1),
-                    part.m.div_ceil(64).max(1),
+                    part.n.div_ceil(cols).max(1),
+                    part.m.div_ceil(rows).max(1),
                     1,
                 ),
                 group: group.clone(),
