@@ -64,6 +64,16 @@ struct Tp {
 
 const LN_EPS: f32 = 1e-5;
 
+// Whether the heads are of at most 16 (4 quads: attention4 and its backward kernels hold a head
+// in registers): 1 yes, 0 no — the transformer engine knows its shape and compiles only that
+// path — or 2, decided per dispatch (both paths compiled in). On llvmpipe a path compiled in
+// but not taken still costs: the matrix product ran ~25 % slower with its unused general store.
+override SMALL_HEADS: u32 = 2u;
+
+fn small_heads(dq: u32) -> bool {
+    return SMALL_HEADS == 1u || (SMALL_HEADS == 2u && dq <= 4u);
+}
+
 // The prompt row r answers.
 fn prompt_of(r: u32) -> u32 {
     if (r < tp.sampled) { return r / tp.g; }
@@ -284,7 +294,7 @@ fn attention4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     let d3 = 3u * tp.d;
     let qb = (tp.qkv + row * d3) / 4u + head * dq;
     let ab = tp.att + (row * tp.h + head) * tp.s;
-    if (dq <= 4u) {
+    if (small_heads(dq)) {
         attention_small(row, head, q, dq, qb, ab);
         return;
     }
@@ -681,7 +691,7 @@ fn attn_back_q4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     let d3 = 3u * tp.d;
     let ab = (row * tp.h + head) * tp.s;
     let cb = (tp.ctx + row * tp.d) / 4u + head * dq;
-    if (dq <= 4u) {
+    if (small_heads(dq)) {
         attn_back_q_small(row, head, q, dq, ab, cb);
         return;
     }
@@ -829,7 +839,7 @@ fn attn_back_kv4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
     let j = position(row);
     let dq = tp.d / tp.h / 4u;
     let out = (tp.y + row * 3u * tp.d) / 4u + head * dq;
-    if (dq <= 4u) {
+    if (small_heads(dq)) {
         attn_back_kv_small(row, head, j, dq, out);
         return;
     }

@@ -5,6 +5,16 @@ use super::*;
 
 impl Programs {
     pub(super) fn new(ctx: &GpuContext, kernel: MatmulKernel) -> Result<Self, EngineError> {
+        Self::with_heads(ctx, kernel, None)
+    }
+
+    /// [`Programs::new`] with transformer.wgsl compiled for heads of at most 16 (`Some(true)`),
+    /// of more (`Some(false)`) or either, decided per dispatch (`None`): its `SMALL_HEADS`.
+    pub(super) fn with_heads(
+        ctx: &GpuContext,
+        kernel: MatmulKernel,
+        small_heads: Option<bool>,
+    ) -> Result<Self, EngineError> {
         let device = &ctx.device;
         let limits = device.limits();
         if limits.max_storage_buffers_per_shader_stage < 3 || !fits_min(&limits) {
@@ -82,7 +92,15 @@ impl Programs {
         }
         let entries = (STEP_ENTRIES.map(|e| (e, &step_module)).into_iter())
             .chain(TRANSFORMER_ENTRIES.map(|e| (e, &transformer_module)));
-        let step = entries.map(|(e, m)| (e, pipeline(&main_layout, m, e, &[])));
+        let heads = [("SMALL_HEADS", small_heads.map_or(2.0, |s| s as u32 as f64))];
+        let step = entries.map(|(e, m)| {
+            let consts: &[(&str, f64)] = if std::ptr::eq(m, &transformer_module) {
+                &heads
+            } else {
+                &[]
+            };
+            (e, pipeline(&main_layout, m, e, consts))
+        });
         let step = step.collect();
         let subgroup = kernel == MatmulKernel::WindowSubgroup;
         if subgroup && !MatmulKernel::subgroups_allow(ctx) {

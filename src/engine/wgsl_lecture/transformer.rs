@@ -258,7 +258,10 @@ impl WgslTransformer {
             return Err(kerr("model.heads", "must divide model.d_model"));
         }
         // On a CPU adapter the products by weights read them through uniform windows.
-        let programs = Programs::new(&ctx, MatmulKernel::for_transformer(&ctx))?;
+        // transformer.wgsl compiled for this shape's heads only (SMALL_HEADS).
+        let small_heads = shape.d_model / shape.heads / 4 <= 4;
+        let programs =
+            Programs::with_heads(&ctx, MatmulKernel::for_transformer(&ctx), Some(small_heads))?;
         let params = weights.total;
         // A window's worth past the end, so a window may start at any weight.
         let model =
