@@ -74,6 +74,30 @@ fn store_quad(gi: u32, gj: u32, acc: vec4<f32>) {
     }
 }
 
+// Eight whole quads of C from quad `at` (the WHOLE pipelines' stores), added to C where the
+// product accumulates.
+fn store8(at: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, a4: vec4<f32>, a5: vec4<f32>, a6: vec4<f32>, a7: vec4<f32>) {
+    if ((mm.flags & 1u) != 0u) {
+        work[at] = work[at] + a0;
+        work[at + 1u] = work[at + 1u] + a1;
+        work[at + 2u] = work[at + 2u] + a2;
+        work[at + 3u] = work[at + 3u] + a3;
+        work[at + 4u] = work[at + 4u] + a4;
+        work[at + 5u] = work[at + 5u] + a5;
+        work[at + 6u] = work[at + 6u] + a6;
+        work[at + 7u] = work[at + 7u] + a7;
+    } else {
+        work[at] = a0;
+        work[at + 1u] = a1;
+        work[at + 2u] = a2;
+        work[at + 3u] = a3;
+        work[at + 4u] = a4;
+        work[at + 5u] = a5;
+        work[at + 6u] = a6;
+        work[at + 7u] = a7;
+    }
+}
+
 @compute @workgroup_size(WIN_ROWS)
 fn matmul_window_subgroup(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -186,41 +210,8 @@ fn matmul_window_subgroup(
     if (WHOLE) {
         if (gi >= mm.m) { return; }
         let at = (mm.c_off + gi * mm.c_rs + j0) >> 2u;
-        if ((mm.flags & 1u) != 0u) {
-            work[at] = work[at] + acc0;
-            work[at + 1u] = work[at + 1u] + acc1;
-            work[at + 2u] = work[at + 2u] + acc2;
-            work[at + 3u] = work[at + 3u] + acc3;
-            work[at + 4u] = work[at + 4u] + acc4;
-            work[at + 5u] = work[at + 5u] + acc5;
-            work[at + 6u] = work[at + 6u] + acc6;
-            work[at + 7u] = work[at + 7u] + acc7;
-            work[at + 8u] = work[at + 8u] + acc8;
-            work[at + 9u] = work[at + 9u] + acc9;
-            work[at + 10u] = work[at + 10u] + acc10;
-            work[at + 11u] = work[at + 11u] + acc11;
-            work[at + 12u] = work[at + 12u] + acc12;
-            work[at + 13u] = work[at + 13u] + acc13;
-            work[at + 14u] = work[at + 14u] + acc14;
-            work[at + 15u] = work[at + 15u] + acc15;
-        } else {
-            work[at] = acc0;
-            work[at + 1u] = acc1;
-            work[at + 2u] = acc2;
-            work[at + 3u] = acc3;
-            work[at + 4u] = acc4;
-            work[at + 5u] = acc5;
-            work[at + 6u] = acc6;
-            work[at + 7u] = acc7;
-            work[at + 8u] = acc8;
-            work[at + 9u] = acc9;
-            work[at + 10u] = acc10;
-            work[at + 11u] = acc11;
-            work[at + 12u] = acc12;
-            work[at + 13u] = acc13;
-            work[at + 14u] = acc14;
-            work[at + 15u] = acc15;
-        }
+        store8(at, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7);
+        store8(at + 8u, acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15);
         return;
     }
     store_quad(gi, j0, acc0);
@@ -392,50 +383,13 @@ fn matmul_window_subgroup2(
         acc15 = fma(y3, b37, acc15);
     }
     if (WHOLE) {
-        let acc = (mm.flags & 1u) != 0u;
         if (gi < mm.m) {
             let at = (mm.c_off + gi * mm.c_rs + j0) >> 2u;
-            if (acc) {
-                work[at] = work[at] + acc0;
-                work[at + 1u] = work[at + 1u] + acc1;
-                work[at + 2u] = work[at + 2u] + acc2;
-                work[at + 3u] = work[at + 3u] + acc3;
-                work[at + 4u] = work[at + 4u] + acc4;
-                work[at + 5u] = work[at + 5u] + acc5;
-                work[at + 6u] = work[at + 6u] + acc6;
-                work[at + 7u] = work[at + 7u] + acc7;
-            } else {
-                work[at] = acc0;
-                work[at + 1u] = acc1;
-                work[at + 2u] = acc2;
-                work[at + 3u] = acc3;
-                work[at + 4u] = acc4;
-                work[at + 5u] = acc5;
-                work[at + 6u] = acc6;
-                work[at + 7u] = acc7;
-            }
+            store8(at, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7);
         }
         if (gh < mm.m) {
             let at = (mm.c_off + gh * mm.c_rs + j0) >> 2u;
-            if (acc) {
-                work[at] = work[at] + acc8;
-                work[at + 1u] = work[at + 1u] + acc9;
-                work[at + 2u] = work[at + 2u] + acc10;
-                work[at + 3u] = work[at + 3u] + acc11;
-                work[at + 4u] = work[at + 4u] + acc12;
-                work[at + 5u] = work[at + 5u] + acc13;
-                work[at + 6u] = work[at + 6u] + acc14;
-                work[at + 7u] = work[at + 7u] + acc15;
-            } else {
-                work[at] = acc8;
-                work[at + 1u] = acc9;
-                work[at + 2u] = acc10;
-                work[at + 3u] = acc11;
-                work[at + 4u] = acc12;
-                work[at + 5u] = acc13;
-                work[at + 6u] = acc14;
-                work[at + 7u] = acc15;
-            }
+            store8(at, acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15);
         }
         return;
     }
