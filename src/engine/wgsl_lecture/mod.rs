@@ -324,7 +324,8 @@ struct Programs {
     /// The matmul tile edge (workgroup edge × 4) of [`MatmulKernel::Tiled`].
     tile: u32,
     kernel: MatmulKernel,
-    /// [`MatmulKernel::Window`]'s pipelines (`VEC_K` off, on) and their bind group layout.
+    /// The window products' pipelines ([`MatmulKernel::Window`], `WindowSubgroup`) and their
+    /// bind group layout.
     window: Option<WindowPrograms>,
 }
 
@@ -340,9 +341,10 @@ struct WindowPrograms {
     pipelines: Vec<std::sync::OnceLock<wgpu::ComputePipeline>>,
     /// Columns of C per workgroup (`WIN_COLS` 32, `SG_COLS` 64 of matmul_subgroup.wgsl).
     cols: u32,
-    /// Whether products of more than 64 rows run `matmul_window_subgroup2` (two rows of C per
-    /// invocation, `SG2_COLS` 32 columns per workgroup).
-    two_rows: bool,
+    /// Whether the kernels are matmul_subgroup.wgsl's: `matmul_window_subgroup`, and
+    /// `matmul_window_subgroup2` (two rows of C per invocation, `SG2_COLS` 32 columns per
+    /// workgroup) for products of more than 64 rows.
+    subgroup: bool,
     /// The alignment of a window's start, in elements.
     align: usize,
 }

@@ -131,8 +131,8 @@ impl Programs {
                     ],
                 });
                 let pipeline_layout = pipeline_layout(&layout);
-                // The one-row kernel with every mode compiled now (a shader error surfaces
-                // here, in the scope); each variant is built on its first use.
+                // One variant of each entry point built now (a pipeline error surfaces here, in
+                // the scope); the others on their first use.
                 let programs = WindowPrograms {
                     device: device.clone(),
                     module: window_module.clone(),
@@ -140,7 +140,7 @@ impl Programs {
                     pipeline_layout,
                     pipelines: (0..24).map(|_| std::sync::OnceLock::new()).collect(),
                     cols: if subgroup { 64 } else { 32 },
-                    two_rows: subgroup,
+                    subgroup,
                     layout,
                     align: (limits.min_uniform_buffer_offset_alignment as usize / 4).max(1),
                 };
@@ -268,7 +268,7 @@ impl WindowPrograms {
     /// `matmul_window` reads B entry by entry whatever VEC_B, stores C quad by quad and has one
     /// row per invocation, so it is built once per VEC_K and stands in every other place.
     pub(super) fn pipeline(&self, index: usize) -> wgpu::ComputePipeline {
-        let subgroup = self.two_rows;
+        let subgroup = self.subgroup;
         let slot = if subgroup { index } else { index / 3 % 2 * 3 };
         self.pipelines[slot]
             .get_or_init(|| {

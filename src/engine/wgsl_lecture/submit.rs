@@ -447,7 +447,7 @@ impl Recorder {
             let slot = self.slots.len() as u32;
             self.slots.push(StepParamsOrMm::Mm(part));
             // Two rows of C per invocation where there are more than 64 rows.
-            let two = w.two_rows && part.m > 64;
+            let two = w.subgroup && part.m > 64;
             let (cols, rows) = if two { (32, 128) } else { (w.cols, 64) };
             self.ops.push(Op::Window {
                 pipeline: w.pipeline(two as usize * 12 + window_modes(&part, cols)),
