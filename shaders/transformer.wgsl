@@ -20,9 +20,12 @@
 //
 //   embed          [W·D]        x = tok_emb[token] + pos_emb[position]      (W rows in range)
 //   layer_norm     [W]          y = x̂·g + b, keeping x̂ and 1/σ                   (ε = 1e-5)
+//                               (layer_norm4: first x += the previous block's b₂ where asked;
+//                               layer_norm4_y and bias_gelu4_act keep only their output: a
+//                               rollout's and the reference's passes, which no backward reads)
 //   attention      [W·H]        causal softmax(q·kᵀ·scale) over keys 0..=q, ctx = Σ p·v
 //   bias_gelu      [W·F]        h += b₁, keeping Φ(h), act = h·Φ(h)
-//   add_bias       [W·cols]     x += b
+//   add_bias       [W·cols]     x += b (b₂ where D is not a multiple of 4)
 //   score          [rows·T]     log Z, log π of the response token and the entropy (masked)
 //   dlogits        [N]          ∂L/∂logits from ∂L/∂log π and ∂L/∂H of the tokens a row
 //                               predicts (a prompt's last position: its responses' first)
@@ -30,6 +33,8 @@
 //   ln_params      [D]          ∂g = Σ dy·x̂, ∂b = Σ dy over the range's rows, in row order
 //   col_sum        [cols]       out[c] = Σ_r src[r·stride + c], in row order
 //   pos_grad       [s·D]        ∂pos_emb[p] = Σ over position p's rows, in row order
+//                               (ln_params4, col_sum4, pos_grad4: four columns an invocation,
+//                               workgroups of 8 — the same sums)
 //   gelu_backward  [W·F]        dh ·= Φ(h) + h·φ(h)
 //   attn_back_q    [N·H]        dS = P ⊙ (dP − Σ P·dP) into `z`, dq = scale·dS·K
 //   attn_back_kv   [N·H]        dk = scale·dSᵀ·Q, dv = Pᵀ·dctx over every query of the key
@@ -217,17 +222,21 @@ fn attention(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
 }
 
 // layer_norm where D is a multiple of 4: four elements per load through `work4`, the sums in
-// the same order (so the same values).
-@compute @workgroup_size(64)
-fn layer_norm4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let q = flat_index(gid, nwg);
-    if (q >= range_count()) { return; }
-    let row = range_row(q);
+// the same order (so the same values). With flags bit 1 the residual stream first gets the
+// previous block's b₂ (at `model[z..]`: `x += b`, add_bias folded in — the same sum, one
+// dispatch and one pass over x fewer). layer_norm4_y keeps neither x̂ nor 1/σ: a pass no
+// backward reads (a rollout's, the reference's).
+fn layer_norm_row4(row: u32, keep: bool) {
     let dq = tp.d / 4u;
     let xb = tp.x / 4u + row * dq;
+    let add = (tp.flags & 2u) != 0u;
     var total = 0.0;
     for (var j = 0u; j < dq; j++) {
-        let v = work4[xb + j];
+        var v = work4[xb + j];
+        if (add) {
+            v = v + m4quad(tp.z + 4u * j);
+            work4[xb + j] = v;
+        }
         total += v.x;
         total += v.y;
         total += v.z;
@@ -243,13 +252,27 @@ fn layer_norm4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
         var_sum += c.w * c.w;
     }
     let r = 1.0 / sqrt(var_sum / f32(tp.d) + LN_EPS);
-    w4set(tp.rstd + row, r);
+    if (keep) { w4set(tp.rstd + row, r); }
     for (var j = 0u; j < dq; j++) {
         let h = (work4[xb + j] - vec4<f32>(mean)) * r;
-        work4[tp.xhat / 4u + row * dq + j] = h;
+        if (keep) { work4[tp.xhat / 4u + row * dq + j] = h; }
         let e = 4u * j;
         work4[tp.y / 4u + row * dq + j] = h * m4quad(tp.gain + e) + m4quad(tp.bias + e);
     }
+}
+
+@compute @workgroup_size(64)
+fn layer_norm4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let q = flat_index(gid, nwg);
+    if (q >= range_count()) { return; }
+    layer_norm_row4(range_row(q), true);
+}
+
+@compute @workgroup_size(64)
+fn layer_norm4_y(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let q = flat_index(gid, nwg);
+    if (q >= range_count()) { return; }
+    layer_norm_row4(range_row(q), false);
 }
 
 // `attention` where the head size, D and so every row's q, k, v and ctx start at multiples of
@@ -281,6 +304,18 @@ fn m4quad(i: u32) -> vec4<f32> {
 
 fn w4set(i: u32, v: f32) {
     work4[i >> 2u][i & 3u] = v;
+}
+
+// embed where D is a multiple of 4 (four columns an invocation).
+@compute @workgroup_size(64)
+fn embed4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    let dq = tp.d / 4u;
+    if (i >= range_count() * dq) { return; }
+    let e = 4u * (i % dq);
+    let row = range_row(i / dq);
+    let token = ints[tp.i_seq + row];
+    work4[tp.x / 4u + row * dq + i % dq] = m4quad(tp.tok + token * tp.d + e) + m4quad(tp.pos + position(row) * tp.d + e);
 }
 
 @compute @workgroup_size(64)
@@ -579,19 +614,33 @@ fn gelu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
 }
 
 // bias_gelu and gelu_backward four columns at a time where F is a multiple of 4 (the same
-// arithmetic per element, through `work4`).
-@compute @workgroup_size(64)
-fn bias_gelu4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(gid, nwg);
+// arithmetic per element, through `work4`); bias_gelu4_act keeps only GELU's output (a pass no
+// backward reads).
+fn bias_gelu_quad4(i: u32, keep: bool) {
     let fq = tp.f / 4u;
-    if (i >= range_count() * fq) { return; }
     let c = 4u * (i % fq);
     let at = (range_row(i / fq) * tp.f + c) / 4u;
     let h = work4[tp.z / 4u + at] + m4quad(tp.bias + c);
-    work4[tp.z / 4u + at] = h;
     let p = vec4<f32>(normal_cdf(h.x), normal_cdf(h.y), normal_cdf(h.z), normal_cdf(h.w));
-    work4[tp.cdf / 4u + at] = p;
+    if (keep) {
+        work4[tp.z / 4u + at] = h;
+        work4[tp.cdf / 4u + at] = p;
+    }
     work4[tp.act / 4u + at] = h * p;
+}
+
+@compute @workgroup_size(64)
+fn bias_gelu4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= range_count() * (tp.f / 4u)) { return; }
+    bias_gelu_quad4(i, true);
+}
+
+@compute @workgroup_size(64)
+fn bias_gelu4_act(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= range_count() * (tp.f / 4u)) { return; }
+    bias_gelu_quad4(i, false);
 }
 
 @compute @workgroup_size(64)
@@ -859,6 +908,104 @@ fn attn_back_kv4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
         work4[out + tp.d / 4u + e] = acc[0] * tp.scale;
         work4[out + tp.d / 2u + e] = acc[1];
     }
+}
+
+// ln_backward where D is a multiple of 4, through `work4`: the same sums in the same order.
+@compute @workgroup_size(64)
+fn ln_backward4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= range_count()) { return; }
+    let row = range_row(i);
+    let dq = tp.d / 4u;
+    let yb = tp.y / 4u + row * dq;
+    let hb = tp.xhat / 4u + row * dq;
+    let xb = tp.x / 4u + row * dq;
+    var m1 = 0.0;
+    var m2 = 0.0;
+    for (var j = 0u; j < dq; j++) {
+        let dh = work4[yb + j] * m4quad(tp.gain + 4u * j);
+        let hv = work4[hb + j];
+        m1 += dh.x;
+        m2 += dh.x * hv.x;
+        m1 += dh.y;
+        m2 += dh.y * hv.y;
+        m1 += dh.z;
+        m2 += dh.z * hv.z;
+        m1 += dh.w;
+        m2 += dh.w * hv.w;
+    }
+    m1 /= f32(tp.d);
+    m2 /= f32(tp.d);
+    let r = w4get(tp.rstd + row);
+    let add = (tp.flags & 1u) != 0u;
+    for (var j = 0u; j < dq; j++) {
+        let dx = r * (work4[yb + j] * m4quad(tp.gain + 4u * j) - vec4<f32>(m1) - work4[hb + j] * m2);
+        if (add) {
+            work4[xb + j] = work4[xb + j] + dx;
+        } else {
+            work4[xb + j] = dx;
+        }
+    }
+}
+
+// The sums over rows four columns per invocation, in workgroups of 8: on llvmpipe a workgroup
+// is one thread's work, so the columns spread over both cores where one 64-wide group summed
+// them all on one; each column's sum in row order as before (the same values).
+fn flat8(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return gid.x + gid.y * nwg.x * 8u;
+}
+
+// A quad into `work` from element i (four stores where i is not a multiple of 4: a gradient's
+// offset in the weights' layout).
+fn w4set4(i: u32, v: vec4<f32>) {
+    if ((i & 3u) == 0u) {
+        work4[i >> 2u] = v;
+        return;
+    }
+    w4set(i, v.x);
+    w4set(i + 1u, v.y);
+    w4set(i + 2u, v.z);
+    w4set(i + 3u, v.w);
+}
+
+// ln_params where D is a multiple of 4.
+@compute @workgroup_size(8)
+fn ln_params4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let jq = flat8(gid, nwg);
+    let dq = tp.d / 4u;
+    if (jq >= dq) { return; }
+    var dg = vec4<f32>(0.0);
+    var db = vec4<f32>(0.0);
+    for (var row = tp.r0; row < tp.r0 + tp.rn; row++) {
+        let dy = work4[tp.y / 4u + row * dq + jq];
+        dg += dy * work4[tp.xhat / 4u + row * dq + jq];
+        db += dy;
+    }
+    w4set4(tp.z + 4u * jq, dg);
+    w4set4(tp.z + tp.d + 4u * jq, db);
+}
+
+// col_sum where the columns, the stride and `y` are multiples of 4.
+@compute @workgroup_size(8)
+fn col_sum4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let cq = flat8(gid, nwg);
+    if (4u * cq >= tp.cols) { return; }
+    var acc = vec4<f32>(0.0);
+    for (var r = 0u; r < tp.rows; r++) { acc += work4[(tp.y + r * tp.stride) / 4u + cq]; }
+    w4set4(tp.z + 4u * cq, acc);
+}
+
+// pos_grad where D is a multiple of 4.
+@compute @workgroup_size(8)
+fn pos_grad4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat8(gid, nwg);
+    let dq = tp.d / 4u;
+    if (i >= tp.s * dq) { return; }
+    let p = i / dq;
+    let jq = i % dq;
+    var acc = vec4<f32>(0.0);
+    for (var row = start(p); row < start(p + 1u); row++) { acc += work4[tp.y / 4u + row * dq + jq]; }
+    w4set4(tp.z + 4u * i, acc);
 }
 
 // A rollout's first token: each row's logits `[rows, V]` (at `y`) from its prompt's (at `z`).

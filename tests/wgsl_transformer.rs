@@ -136,6 +136,8 @@ fn cases() -> Vec<Case> {
         // Heads of 12 and 24: attention4 in registers (≤ 16) and through memory (> 16).
         Case::new(5, (9, 24, 2, 1, 16), (3, 2, 3, 4)),
         Case::new(6, (9, 48, 2, 1, 20), (3, 2, 2, 4)),
+        // A width not a multiple of 4: the scalar LayerNorm, embedding and b₂ (add_bias).
+        Case::new(8, (6, 10, 2, 2, 9), (2, 2, 3, 3)),
     ]
 }
 

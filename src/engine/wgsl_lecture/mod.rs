@@ -424,7 +424,7 @@ const STEP_ENTRIES: [&str; 10] = [
 ];
 
 /// The entry points of transformer.wgsl (their parameters are [`transformer::TfParams`]).
-const TRANSFORMER_ENTRIES: [&str; 22] = [
+const TRANSFORMER_ENTRIES: [&str; 29] = [
     "embed",
     "layer_norm",
     "attention",
@@ -447,6 +447,13 @@ const TRANSFORMER_ENTRIES: [&str; 22] = [
     "layer_norm4",
     "expand",
     "place",
+    "ln_backward4",
+    "ln_params4",
+    "col_sum4",
+    "pos_grad4",
+    "layer_norm4_y",
+    "embed4",
+    "bias_gelu4_act",
 ];
 
 /// The matmul workgroup edge for an adapter: 8×8 invocations (a 32×32 tile, 4 KiB of

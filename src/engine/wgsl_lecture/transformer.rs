@@ -600,33 +600,61 @@ impl WgslTransformer {
         }
     }
 
-    /// LayerNorm of the residual stream at the positions of `base` into `y` (x̂ and 1/σ kept),
-    /// with the gain at `model[gain..]` and the bias after it.
+    /// LayerNorm of the residual stream at the positions of `base` into `y` (x̂ and 1/σ kept
+    /// with `keep`: a pass the backward reads), with the gain at `model[gain..]` and the bias
+    /// after it. `fold`: the previous block's b₂ (at `model[fold..]`), added to the residual
+    /// stream first — every block's `x += b₂` is done by the LayerNorm that reads it next (in
+    /// the same dispatch where D is a multiple of 4).
     fn record_ln(
         &self,
         rec: &mut Recorder,
         base: TfParams,
         (y, xhat, rstd): (usize, usize, usize),
         gain: usize,
+        (fold, keep): (Option<usize>, bool),
     ) {
         let u = |x: usize| x as u32;
         let d = self.shape.d_model;
+        let x = u(self.plan_ref().at.x);
+        let count = base.rn as usize;
+        let vector = d.is_multiple_of(4);
+        if let (Some(b2), false) = (fold, vector) {
+            let bias = TfParams {
+                x,
+                cols: u(d),
+                bias: u(b2),
+                ..base
+            };
+            rec.tf(&self.programs, "add_bias", bias, count * d);
+        }
         let params = TfParams {
-            x: u(self.plan_ref().at.x),
+            x,
             y: u(y),
             xhat: u(xhat),
             rstd: u(rstd),
             gain: u(gain),
             bias: u(gain + d),
+            z: fold.map_or(0, u),
+            flags: if fold.is_some() && vector { 2 } else { 0 },
             ..base
         };
-        let count = base.rn as usize;
-        let entry = if d.is_multiple_of(4) {
-            "layer_norm4"
-        } else {
-            "layer_norm"
+        let entry = match (vector, keep) {
+            (false, _) => "layer_norm",
+            (true, true) => "layer_norm4",
+            (true, false) => "layer_norm4_y",
         };
         rec.tf(&self.programs, entry, params, count);
+    }
+
+    /// Whether a pass of the weights at `model[w0..]` on the current plan keeps what the
+    /// backward reads: the policy's teacher-forced passes (not the reference's, not a rollout).
+    fn keeps(&self, w0: usize) -> bool {
+        self.cur == Slot::Pass && w0 == 0
+    }
+
+    /// The last block's b₂ (for the final LayerNorm to fold in), of the weights at `model[w0..]`.
+    fn last_b2(&self, w0: usize) -> Option<usize> {
+        self.weights.blocks.last().map(|b| w0 + b.b2)
     }
 
     /// Positions `t0..t1` of every row through the embedding and the blocks, with the weights
@@ -655,10 +683,17 @@ impl WgslTransformer {
             pos: w(wl.pos_emb),
             ..base
         };
-        rec.tf(p, "embed", embed, all.1 * d);
+        if d.is_multiple_of(4) {
+            rec.tf(p, "embed4", embed, all.1 * d / 4);
+        } else {
+            rec.tf(p, "embed", embed, all.1 * d);
+        }
         let layers = wl.blocks.len();
+        let keep = self.keeps(w0);
         for (l, (bl, ba)) in wl.blocks.iter().zip(&at.blocks).enumerate() {
-            self.record_ln(rec, base, (ba.a1, ba.xhat1, ba.rstd1), w0 + bl.ln1_g);
+            let fold = l.checked_sub(1).map(|k| w0 + wl.blocks[k].b2);
+            let ln = (ba.a1, ba.xhat1, ba.rstd1);
+            self.record_ln(rec, base, ln, w0 + bl.ln1_g, (fold, keep));
             let ww = (w0 + bl.wqkv, 3 * d, 1);
             rec.matmul(
                 p,
@@ -671,18 +706,20 @@ impl WgslTransformer {
                 t0
             };
             let base = self.over(base, (from, t1));
-            self.record_block_rest(rec, w0, (bl, ba), base);
+            self.record_block_rest(rec, w0, (bl, ba), base, keep);
         }
     }
 
     /// A block after its keys and values, at the positions of `base`: attention over the
-    /// cache, `x += ctx·W_o`, then `x += GELU(LN₂(x)·W₁ + b₁)·W₂ + b₂`.
+    /// cache, `x += ctx·W_o`, then `x += GELU(LN₂(x)·W₁ + b₁)·W₂` (+ b₂: by the next
+    /// LayerNorm, see [`Self::record_ln`]); what the backward reads kept with `keep`.
     fn record_block_rest(
         &self,
         rec: &mut Recorder,
         w0: usize,
         (bl, ba): (&crate::engine::fused_transformer::BlockLayout, &BlockAt),
         base: TfParams,
+        keep: bool,
     ) {
         let at = &self.plan_ref().at;
         let s = &self.shape;
@@ -705,7 +742,8 @@ impl WgslTransformer {
             (WORK, MODEL),
             range_mm(span, (ba.ctx, d), ww, (at.x, d), true),
         );
-        self.record_ln(rec, base, (ba.a2, ba.xhat2, ba.rstd2), w0 + bl.ln2_g);
+        let ln = (ba.a2, ba.xhat2, ba.rstd2);
+        self.record_ln(rec, base, ln, w0 + bl.ln2_g, (None, keep));
         let ww = (w0 + bl.w1, f, 1);
         rec.matmul(
             p,
@@ -720,7 +758,8 @@ impl WgslTransformer {
             ..base
         };
         if f.is_multiple_of(4) {
-            rec.tf(p, "bias_gelu4", gelu, count * f / 4);
+            let entry = if keep { "bias_gelu4" } else { "bias_gelu4_act" };
+            rec.tf(p, entry, gelu, count * f / 4);
         } else {
             rec.tf(p, "bias_gelu", gelu, count * f);
         }
@@ -730,13 +769,6 @@ impl WgslTransformer {
             (WORK, MODEL),
             range_mm(span, (ba.hact, f), ww, (at.x, d), true),
         );
-        let bias = TfParams {
-            x: u(at.x),
-            cols: u(d),
-            bias: w(bl.b2),
-            ..base
-        };
-        rec.tf(p, "add_bias", bias, count * d);
     }
 
     /// The teacher-forced pass of the weights at `model[w0..]` over every position, then each
@@ -747,12 +779,9 @@ impl WgslTransformer {
         self.record_blocks(rec, w0, (0, at.s), self.n - 1);
         // The final LayerNorm and the head where a response token is predicted.
         let base = self.over(self.base(inv_t), (self.n - 1, at.s));
-        self.record_ln(
-            rec,
-            base,
-            (at.af, at.xhatf, at.rstdf),
-            w0 + self.weights.lnf_g,
-        );
+        let ln = (at.af, at.xhatf, at.rstdf);
+        let fold = (self.last_b2(w0), self.keeps(w0));
+        self.record_ln(rec, base, ln, w0 + self.weights.lnf_g, fold);
         let head = at.span((self.n - 1, at.s));
         let ww = (w0 + self.weights.head, v, 1);
         rec.matmul(
@@ -817,7 +846,11 @@ impl WgslTransformer {
             z: u(g(wl.pos_emb)),
             ..base
         };
-        rec.tf(p, "pos_grad", pos, at.s * d);
+        if d.is_multiple_of(4) {
+            rec.tf8(p, "pos_grad4", pos, at.s * d / 4);
+        } else {
+            rec.tf(p, "pos_grad", pos, at.s * d);
+        }
         let rest = (s.context - at.s) * d;
         if rest > 0 {
             self.record_col_sum(rec, base, (at.dx, 0, 0), rest, g(wl.pos_emb + at.s * d));
@@ -949,12 +982,18 @@ impl WgslTransformer {
             ..base
         };
         let count = base.rn as usize;
-        rec.tf(&self.programs, "ln_backward", back, count);
+        let d = self.shape.d_model;
         let params = TfParams {
             z: u(at.grad + gain),
             ..back
         };
-        rec.tf(&self.programs, "ln_params", params, self.shape.d_model);
+        if d.is_multiple_of(4) {
+            rec.tf(&self.programs, "ln_backward4", back, count);
+            rec.tf8(&self.programs, "ln_params4", params, d / 4);
+        } else {
+            rec.tf(&self.programs, "ln_backward", back, count);
+            rec.tf(&self.programs, "ln_params", params, d);
+        }
     }
 
     /// `out[c] = Σ_{r < rows} src[r·stride + c]` for `c < cols` (`(src, rows, stride)`).
@@ -975,7 +1014,11 @@ impl WgslTransformer {
             z: u(to),
             ..base
         };
-        rec.tf(&self.programs, "col_sum", params, cols);
+        if [src, stride, cols].iter().all(|x| x.is_multiple_of(4)) {
+            rec.tf8(&self.programs, "col_sum4", params, cols / 4);
+        } else {
+            rec.tf(&self.programs, "col_sum", params, cols);
+        }
     }
 
     /// Run `rec` as one submission on the current plan and read back `(buffer, element offset,
@@ -1325,12 +1368,27 @@ impl WgslTransformer {
 impl Recorder {
     /// A dispatch of transformer.wgsl's `entry` over `count` invocations.
     fn tf(&mut self, p: &Programs, entry: &'static str, params: TfParams, count: usize) {
+        self.tf_grid(p, entry, params, grid_1d(count));
+    }
+
+    /// [`Recorder::tf`] for the entries of 8-wide workgroups.
+    fn tf8(&mut self, p: &Programs, entry: &'static str, params: TfParams, count: usize) {
+        self.tf_grid(p, entry, params, (count.div_ceil(8).max(1) as u32, 1, 1));
+    }
+
+    fn tf_grid(
+        &mut self,
+        p: &Programs,
+        entry: &'static str,
+        params: TfParams,
+        grid: (u32, u32, u32),
+    ) {
         let slot = self.slots.len() as u32;
         self.slots.push(StepParamsOrMm::Tf(params));
         self.ops.push(Op::Step {
             pipeline: p.step[entry].clone(),
             slot,
-            grid: grid_1d(count),
+            grid,
             label: entry,
         });
         self.dispatches += 1;

@@ -30,7 +30,9 @@ impl WgslTransformer {
         let (d, v) = (self.shape.d_model, self.shape.vocab);
         let u = |x: usize| x as u32;
         let base = self.over(self.base(1.0), (p, p + 1));
-        self.record_ln(rec, base, (at.af, at.xhatf, at.rstdf), self.weights.lnf_g);
+        let ln = (at.af, at.xhatf, at.rstdf);
+        let fold = (self.last_b2(0), false);
+        self.record_ln(rec, base, ln, self.weights.lnf_g, fold);
         // A prompt's last position holds one row per prompt: its logits go to each of its rows.
         let (first, count) = at.span((p, p + 1));
         let to = if p < self.n {
