@@ -18,11 +18,13 @@
 // position n − 1 on (t0 = n − 1 for those dispatches; in the backward the rows before get
 // their gradient through the keys and values alone).
 //
-//   embed          [W·D]        x = tok_emb[token] + pos_emb[position]      (W rows in range)
+//   embed          [W·D]        x = tok_emb[token] + pos_emb[position]      (W rows in range;
+//                               where D is not a multiple of 4)
 //   layer_norm     [W]          y = x̂·g + b, keeping x̂ and 1/σ                   (ε = 1e-5)
-//                               (layer_norm4: first x += the previous block's b₂ where asked;
-//                               layer_norm4_y and bias_gelu4_act keep only their output: a
-//                               rollout's and the reference's passes, which no backward reads)
+//                               (layer_norm4: x = the embedding or x += the previous block's
+//                               b₂ first where asked; layer_norm4_y, bias_gelu4_act and
+//                               attention4_ctx keep only their output: a rollout's and the
+//                               reference's passes, which no backward reads)
 //   attention      [W·H]        causal softmax(q·kᵀ·scale) over keys 0..=q, ctx = Σ p·v
 //   bias_gelu      [W·F]        h += b₁, keeping Φ(h), act = h·Φ(h)
 //   add_bias       [W·cols]     x += b (b₂ where D is not a multiple of 4)
@@ -222,17 +224,31 @@ fn attention(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
 }
 
 // layer_norm where D is a multiple of 4: four elements per load through `work4`, the sums in
-// the same order (so the same values). With flags bit 1 the residual stream first gets the
-// previous block's b₂ (at `model[z..]`: `x += b`, add_bias folded in — the same sum, one
-// dispatch and one pass over x fewer). layer_norm4_y keeps neither x̂ nor 1/σ: a pass no
-// backward reads (a rollout's, the reference's).
+// the same order (so the same values). First, with flags bit 1, the residual stream gets the
+// previous block's b₂ (at `model[z..]`: `x += b`, add_bias folded in), or with bit 2 it is the
+// embedding (`embed` folded in, before the first block) — the same sums, one dispatch and one
+// pass over x fewer. layer_norm4_y keeps neither x̂ nor 1/σ: a pass no backward reads (a
+// rollout's, the reference's).
 fn layer_norm_row4(row: u32, keep: bool) {
     let dq = tp.d / 4u;
     let xb = tp.x / 4u + row * dq;
     let add = (tp.flags & 2u) != 0u;
+    let embed = (tp.flags & 4u) != 0u;
+    var tok = 0u;
+    var pos = 0u;
+    if (embed) {
+        tok = tp.tok + ints[tp.i_seq + row] * tp.d;
+        pos = tp.pos + position(row) * tp.d;
+    }
     var total = 0.0;
     for (var j = 0u; j < dq; j++) {
-        var v = work4[xb + j];
+        var v: vec4<f32>;
+        if (embed) {
+            v = m4quad(tok + 4u * j) + m4quad(pos + 4u * j);
+            work4[xb + j] = v;
+        } else {
+            v = work4[xb + j];
+        }
         if (add) {
             v = v + m4quad(tp.z + 4u * j);
             work4[xb + j] = v;
@@ -306,22 +322,23 @@ fn w4set(i: u32, v: f32) {
     work4[i >> 2u][i & 3u] = v;
 }
 
-// embed where D is a multiple of 4 (four columns an invocation).
-@compute @workgroup_size(64)
-fn embed4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(gid, nwg);
-    let dq = tp.d / 4u;
-    if (i >= range_count() * dq) { return; }
-    let e = 4u * (i % dq);
-    let row = range_row(i / dq);
-    let token = ints[tp.i_seq + row];
-    work4[tp.x / 4u + row * dq + i % dq] = m4quad(tp.tok + token * tp.d + e) + m4quad(tp.pos + position(row) * tp.d + e);
-}
-
+// attention4_ctx: the context alone, P not stored where the heads are small (no backward
+// reads it: a rollout's, the reference's).
 @compute @workgroup_size(64)
 fn attention4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(gid, nwg);
     if (i >= range_count() * tp.h) { return; }
+    attention_query4(i, true);
+}
+
+@compute @workgroup_size(64)
+fn attention4_ctx(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(gid, nwg);
+    if (i >= range_count() * tp.h) { return; }
+    attention_query4(i, false);
+}
+
+fn attention_query4(i: u32, keep: bool) {
     let head = i % tp.h;
     let row = range_row(i / tp.h);
     let q = position(row);
@@ -330,7 +347,7 @@ fn attention4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     let qb = (tp.qkv + row * d3) / 4u + head * dq;
     let ab = tp.att + (row * tp.h + head) * tp.s;
     if (small_heads(dq)) {
-        attention_small(row, head, q, dq, qb, ab);
+        attention_small(row, head, q, dq, qb, ab, keep);
         return;
     }
     var m = F32_LOWEST;
@@ -370,7 +387,7 @@ fn quad_or_zero(at: u32, i: u32, dq: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), work4[at + min(i, dq - 1u)], dq > i);
 }
 
-fn attention_small(row: u32, head: u32, q: u32, dq: u32, qb: u32, ab: u32) {
+fn attention_small(row: u32, head: u32, q: u32, dq: u32, qb: u32, ab: u32, keep: bool) {
     let d3 = 3u * tp.d;
     let zero = vec4<f32>(0.0);
     let q0 = work4[qb];
@@ -397,7 +414,7 @@ fn attention_small(row: u32, head: u32, q: u32, dq: u32, qb: u32, ab: u32) {
     var c3 = zero;
     for (var j = 0u; j <= q; j++) {
         let p = exp(w4get(ab + j) - m) * inv;
-        w4set(ab + j, p);
+        if (keep) { w4set(ab + j, p); }
         let vb = (tp.qkv + key_row(j, row) * d3 + 2u * tp.d) / 4u + head * dq;
         c0 += p * work4[vb];
         if (dq > 1u) { c1 += p * work4[vb + 1u]; }

@@ -452,7 +452,7 @@ const TRANSFORMER_ENTRIES: [&str; 29] = [
     "col_sum4",
     "pos_grad4",
     "layer_norm4_y",
-    "embed4",
+    "attention4_ctx",
     "bias_gelu4_act",
 ];
 

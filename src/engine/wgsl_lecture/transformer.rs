@@ -118,6 +118,16 @@ enum Slot {
     Greedy = 2,
 }
 
+/// What a LayerNorm adds to the residual stream before it normalizes ([`WgslTransformer::record_ln`]).
+#[derive(Debug, Clone, Copy)]
+enum Fold {
+    Nothing,
+    /// x = tok_emb[token] + pos_emb[position], of the weights at `model[w0..]`.
+    Embed(usize),
+    /// x += b₂ (the previous block's, at `model[b2..]`).
+    Bias(usize),
+}
+
 /// The transformer's weights, reference, Adam state and activations on the device.
 pub struct WgslTransformer {
     ctx: Arc<GpuContext>,
@@ -602,41 +612,54 @@ impl WgslTransformer {
 
     /// LayerNorm of the residual stream at the positions of `base` into `y` (x̂ and 1/σ kept
     /// with `keep`: a pass the backward reads), with the gain at `model[gain..]` and the bias
-    /// after it. `fold`: the previous block's b₂ (at `model[fold..]`), added to the residual
-    /// stream first — every block's `x += b₂` is done by the LayerNorm that reads it next (in
-    /// the same dispatch where D is a multiple of 4).
+    /// after it, and what the residual stream gets first (`fold`): the embedding, or the
+    /// previous block's b₂ — in the LayerNorm's own dispatch where D is a multiple of 4, else
+    /// `embed` / `add_bias` right before it.
     fn record_ln(
         &self,
         rec: &mut Recorder,
         base: TfParams,
         (y, xhat, rstd): (usize, usize, usize),
         gain: usize,
-        (fold, keep): (Option<usize>, bool),
+        (fold, keep): (Fold, bool),
     ) {
         let u = |x: usize| x as u32;
         let d = self.shape.d_model;
         let x = u(self.plan_ref().at.x);
         let count = base.rn as usize;
         let vector = d.is_multiple_of(4);
-        if let (Some(b2), false) = (fold, vector) {
-            let bias = TfParams {
-                x,
+        let first = match fold {
+            Fold::Nothing => base,
+            Fold::Embed(w0) => TfParams {
+                tok: u(w0 + self.weights.tok_emb),
+                pos: u(w0 + self.weights.pos_emb),
+                flags: 4,
+                ..base
+            },
+            Fold::Bias(b2) => TfParams {
                 cols: u(d),
                 bias: u(b2),
+                z: u(b2),
+                flags: 2,
                 ..base
-            };
-            rec.tf(&self.programs, "add_bias", bias, count * d);
+            },
+        };
+        let first = TfParams { x, ..first };
+        if !vector {
+            match fold {
+                Fold::Nothing => {}
+                Fold::Embed(_) => rec.tf(&self.programs, "embed", first, count * d),
+                Fold::Bias(_) => rec.tf(&self.programs, "add_bias", first, count * d),
+            }
         }
         let params = TfParams {
-            x,
             y: u(y),
             xhat: u(xhat),
             rstd: u(rstd),
             gain: u(gain),
             bias: u(gain + d),
-            z: fold.map_or(0, u),
-            flags: if fold.is_some() && vector { 2 } else { 0 },
-            ..base
+            flags: if vector { first.flags } else { 0 },
+            ..first
         };
         let entry = match (vector, keep) {
             (false, _) => "layer_norm",
@@ -653,8 +676,11 @@ impl WgslTransformer {
     }
 
     /// The last block's b₂ (for the final LayerNorm to fold in), of the weights at `model[w0..]`.
-    fn last_b2(&self, w0: usize) -> Option<usize> {
-        self.weights.blocks.last().map(|b| w0 + b.b2)
+    fn last_b2(&self, w0: usize) -> Fold {
+        self.weights
+            .blocks
+            .last()
+            .map_or(Fold::Nothing, |b| Fold::Bias(w0 + b.b2))
     }
 
     /// Positions `t0..t1` of every row through the embedding and the blocks, with the weights
@@ -673,25 +699,16 @@ impl WgslTransformer {
         let d = s.d_model;
         let all = at.span((t0, t1));
         let p = &self.programs;
-        let u = |x: usize| x as u32;
-        let w = |o: usize| u(w0 + o);
         let base = self.over(self.base(1.0), (t0, t1));
         let wl = &self.weights;
-        let embed = TfParams {
-            x: u(at.x),
-            tok: w(wl.tok_emb),
-            pos: w(wl.pos_emb),
-            ..base
-        };
-        if d.is_multiple_of(4) {
-            rec.tf(p, "embed4", embed, all.1 * d / 4);
-        } else {
-            rec.tf(p, "embed", embed, all.1 * d);
-        }
         let layers = wl.blocks.len();
         let keep = self.keeps(w0);
         for (l, (bl, ba)) in wl.blocks.iter().zip(&at.blocks).enumerate() {
-            let fold = l.checked_sub(1).map(|k| w0 + wl.blocks[k].b2);
+            // x = the embedding before the first block; each block's b₂ added by the next.
+            let fold = match l.checked_sub(1) {
+                None => Fold::Embed(w0),
+                Some(k) => Fold::Bias(w0 + wl.blocks[k].b2),
+            };
             let ln = (ba.a1, ba.xhat1, ba.rstd1);
             self.record_ln(rec, base, ln, w0 + bl.ln1_g, (fold, keep));
             let ww = (w0 + bl.wqkv, 3 * d, 1);
@@ -735,7 +752,11 @@ impl WgslTransformer {
             ctx: u(ba.ctx),
             ..base
         };
-        rec.tf(p, self.attention("attention"), att, count * hh);
+        let entry = match self.attention("attention") {
+            "attention4" if !keep => "attention4_ctx",
+            entry => entry,
+        };
+        rec.tf(p, entry, att, count * hh);
         let ww = (w0 + bl.wo, d, 1);
         rec.matmul(
             p,
@@ -743,7 +764,7 @@ impl WgslTransformer {
             range_mm(span, (ba.ctx, d), ww, (at.x, d), true),
         );
         let ln = (ba.a2, ba.xhat2, ba.rstd2);
-        self.record_ln(rec, base, ln, w0 + bl.ln2_g, (None, keep));
+        self.record_ln(rec, base, ln, w0 + bl.ln2_g, (Fold::Nothing, keep));
         let ww = (w0 + bl.w1, f, 1);
         rec.matmul(
             p,
