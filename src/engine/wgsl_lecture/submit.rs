@@ -358,7 +358,13 @@ fn window_parts(mm: MatmulParams, align: usize) -> Option<Vec<(MatmulParams, u32
 
 /// Workgroups for `count` invocations of 64, over x and y past 65 535 per dimension.
 pub(super) fn grid_1d(count: usize) -> (u32, u32, u32) {
-    let groups = count.div_ceil(64).max(1);
+    grid_of(count, 64)
+}
+
+/// Workgroups of `width` for `count` invocations, over x and y past 65 535 per dimension (the
+/// kernels' flat index: `gid.x + gid.y · nwg.x · width`).
+pub(super) fn grid_of(count: usize, width: usize) -> (u32, u32, u32) {
+    let groups = count.div_ceil(width).max(1);
     let x = groups.min(65_535);
     (x as u32, groups.div_ceil(x) as u32, 1)
 }

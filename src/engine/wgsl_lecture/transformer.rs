@@ -1394,7 +1394,7 @@ impl Recorder {
 
     /// [`Recorder::tf`] for the entries of 8-wide workgroups.
     fn tf8(&mut self, p: &Programs, entry: &'static str, params: TfParams, count: usize) {
-        self.tf_grid(p, entry, params, (count.div_ceil(8).max(1) as u32, 1, 1));
+        self.tf_grid(p, entry, params, submit::grid_of(count, 8));
     }
 
     fn tf_grid(
