@@ -73,3 +73,17 @@ fn clip_flags(p: Pg, ratio: f32, a: f32) -> vec2<f32> {
     if (p.mode == 4u) { return vec2<f32>(0.0, 0.0); }
     return vec2<f32>(select(0.0, 1.0, ratio < p.lo && a < 0.0), select(0.0, 1.0, ratio > p.hi && a > 0.0));
 }
+
+// LayerNorm's ε (engine::fused_transformer::LN_EPS): transformer.wgsl's LayerNorms and
+// matmul_subgroup.wgsl's LayerNorm epilogue.
+const LN_EPS: f32 = 1e-5;
+
+// Φ(x) as engine::fused_transformer::normal_cdf: erfc(−x/√2)/2 with Numerical Recipes' erfc.
+fn normal_cdf(x: f32) -> f32 {
+    let z = abs(x) * 0.70710678;
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let poly = -1.2655122 + t * (1.0000237 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806
+        + t * (0.27886807 + t * (-1.135204 + t * (1.4885159 + t * (-0.82215223 + t * 0.17087277))))))));
+    let half_erfc = 0.5 * t * exp(-z * z + poly);
+    return select(half_erfc, 1.0 - half_erfc, x >= 0.0);
+}

@@ -28,6 +28,11 @@ struct Mm {
     a_off: u32, a_rs: u32, a_cs: u32, a_bs: u32,
     b_off: u32, b_rs: u32, b_cs: u32, b_bs: u32,
     c_off: u32, c_rs: u32, c_bs: u32, flags: u32,
+    // matmul_subgroup.wgsl's epilogues (its EPI pipelines; zero and unread elsewhere): the
+    // offsets of a bias and a LayerNorm gain in the model, of the outputs in `work`, and e_flags
+    // bit 0: add the bias.
+    e_bias: u32, e_gain: u32, e_out: u32, e_aux: u32,
+    e_rstd: u32, e_flags: u32, e_pad0: u32, e_pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> mm: Mm;

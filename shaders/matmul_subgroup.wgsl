@@ -98,6 +98,155 @@ fn store8(at: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, a
     }
 }
 
+// The epilogues (EPI, a pipeline constant; the host asks for them on WHOLE products only): what
+// ran as its own dispatch after the product, with one pass over C fewer.
+//   1, 2  GELU: h = C (+ C's old value where the product accumulates) + b₁ (at e_bias in the
+//         model), GELU's output h·Φ(h) at e_out; with 2 (a pass the backward reads) h at C and
+//         Φ(h) at e_aux — bias_gelu4's arithmetic.
+//   3, 4  a LayerNorm of C's rows (the one-row kernel with n = SG_COLS: an invocation holds a
+//         whole row): x = C (+ the old value) (+ b at e_bias where e_flags bit 0 says: the
+//         block's b₂, which the next LayerNorm used to add) stored at C, then layer_norm4's
+//         sums in its order, y = x̂·g + β at e_out (g at e_gain, β after it); with 4 also x̂
+//         at e_aux and 1/σ at e_rstd.
+// The same operations in the same order as the dispatches they replace: the same values.
+override EPI: u32 = 0u;
+
+// The model again, read-only (the bias, gain and β of the epilogues; the same buffer as the
+// window).
+@group(0) @binding(5) var<storage, read> params: array<vec4<f32>>;
+
+fn gelu_quad(gi: u32, j: u32, acc: vec4<f32>) {
+    let o = gi * mm.c_rs + j;
+    let at = (mm.c_off + o) >> 2u;
+    var c = acc;
+    if ((mm.flags & 1u) != 0u) { c = work[at] + acc; }
+    let h = c + params[(mm.e_bias + j) >> 2u];
+    let p = vec4<f32>(normal_cdf(h.x), normal_cdf(h.y), normal_cdf(h.z), normal_cdf(h.w));
+    if (EPI == 2u) {
+        work[at] = h;
+        work[(mm.e_aux + o) >> 2u] = p;
+    }
+    work[(mm.e_out + o) >> 2u] = h * p;
+}
+
+// Eight quads of row gi from column j through the GELU epilogue.
+fn gelu8(gi: u32, j: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, a4: vec4<f32>, a5: vec4<f32>, a6: vec4<f32>, a7: vec4<f32>) {
+    gelu_quad(gi, j, a0);
+    gelu_quad(gi, j + 4u, a1);
+    gelu_quad(gi, j + 8u, a2);
+    gelu_quad(gi, j + 12u, a3);
+    gelu_quad(gi, j + 16u, a4);
+    gelu_quad(gi, j + 20u, a5);
+    gelu_quad(gi, j + 24u, a6);
+    gelu_quad(gi, j + 28u, a7);
+}
+
+// Quad q of row gi's x for the LayerNorm epilogue: C after the product (and the bias), stored.
+fn norm_x(gi: u32, q: u32, acc: vec4<f32>) -> vec4<f32> {
+    let at = ((mm.c_off + gi * mm.c_rs) >> 2u) + q;
+    var c = acc;
+    if ((mm.flags & 1u) != 0u) { c = work[at] + acc; }
+    if ((mm.e_flags & 1u) != 0u) { c = c + params[(mm.e_bias >> 2u) + q]; }
+    work[at] = c;
+    return c;
+}
+
+// A running sum and a quad's four entries added to it in order.
+fn sum4(t: f32, v: vec4<f32>) -> f32 {
+    return t + v.x + v.y + v.z + v.w;
+}
+
+// A running sum and the squares of a quad's four deviations from `mean`, in order.
+fn sq4(t: f32, v: vec4<f32>, mean: f32) -> f32 {
+    let c = v - vec4<f32>(mean);
+    return t + c.x * c.x + c.y * c.y + c.z * c.z + c.w * c.w;
+}
+
+// Quad q of row gi's LayerNorm output (and x̂) from x, the mean and 1/σ.
+fn norm_y(gi: u32, q: u32, x: vec4<f32>, mean: f32, r: f32) {
+    let o = ((gi * mm.c_rs) >> 2u) + q;
+    let h = (x - vec4<f32>(mean)) * r;
+    if (EPI == 4u) { work[(mm.e_aux >> 2u) + o] = h; }
+    let g = (mm.e_gain >> 2u) + q;
+    work[(mm.e_out >> 2u) + o] = h * params[g] + params[g + (mm.n >> 2u)];
+}
+
+// Row gi (sixteen quads: n = SG_COLS) through the LayerNorm epilogue.
+fn norm16(gi: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, a4: vec4<f32>, a5: vec4<f32>, a6: vec4<f32>, a7: vec4<f32>, a8: vec4<f32>, a9: vec4<f32>, a10: vec4<f32>, a11: vec4<f32>, a12: vec4<f32>, a13: vec4<f32>, a14: vec4<f32>, a15: vec4<f32>) {
+    let x0 = norm_x(gi, 0u, a0);
+    let x1 = norm_x(gi, 1u, a1);
+    let x2 = norm_x(gi, 2u, a2);
+    let x3 = norm_x(gi, 3u, a3);
+    let x4 = norm_x(gi, 4u, a4);
+    let x5 = norm_x(gi, 5u, a5);
+    let x6 = norm_x(gi, 6u, a6);
+    let x7 = norm_x(gi, 7u, a7);
+    let x8 = norm_x(gi, 8u, a8);
+    let x9 = norm_x(gi, 9u, a9);
+    let x10 = norm_x(gi, 10u, a10);
+    let x11 = norm_x(gi, 11u, a11);
+    let x12 = norm_x(gi, 12u, a12);
+    let x13 = norm_x(gi, 13u, a13);
+    let x14 = norm_x(gi, 14u, a14);
+    let x15 = norm_x(gi, 15u, a15);
+    var t = 0.0;
+    t = sum4(t, x0);
+    t = sum4(t, x1);
+    t = sum4(t, x2);
+    t = sum4(t, x3);
+    t = sum4(t, x4);
+    t = sum4(t, x5);
+    t = sum4(t, x6);
+    t = sum4(t, x7);
+    t = sum4(t, x8);
+    t = sum4(t, x9);
+    t = sum4(t, x10);
+    t = sum4(t, x11);
+    t = sum4(t, x12);
+    t = sum4(t, x13);
+    t = sum4(t, x14);
+    t = sum4(t, x15);
+    let mean = t / f32(mm.n);
+    var s = 0.0;
+    s = sq4(s, x0, mean);
+    s = sq4(s, x1, mean);
+    s = sq4(s, x2, mean);
+    s = sq4(s, x3, mean);
+    s = sq4(s, x4, mean);
+    s = sq4(s, x5, mean);
+    s = sq4(s, x6, mean);
+    s = sq4(s, x7, mean);
+    s = sq4(s, x8, mean);
+    s = sq4(s, x9, mean);
+    s = sq4(s, x10, mean);
+    s = sq4(s, x11, mean);
+    s = sq4(s, x12, mean);
+    s = sq4(s, x13, mean);
+    s = sq4(s, x14, mean);
+    s = sq4(s, x15, mean);
+    let r = 1.0 / sqrt(s / f32(mm.n) + LN_EPS);
+    if (EPI == 4u) {
+        let i = mm.e_rstd + gi;
+        work[i >> 2u][i & 3u] = r;
+    }
+    norm_y(gi, 0u, x0, mean, r);
+    norm_y(gi, 1u, x1, mean, r);
+    norm_y(gi, 2u, x2, mean, r);
+    norm_y(gi, 3u, x3, mean, r);
+    norm_y(gi, 4u, x4, mean, r);
+    norm_y(gi, 5u, x5, mean, r);
+    norm_y(gi, 6u, x6, mean, r);
+    norm_y(gi, 7u, x7, mean, r);
+    norm_y(gi, 8u, x8, mean, r);
+    norm_y(gi, 9u, x9, mean, r);
+    norm_y(gi, 10u, x10, mean, r);
+    norm_y(gi, 11u, x11, mean, r);
+    norm_y(gi, 12u, x12, mean, r);
+    norm_y(gi, 13u, x13, mean, r);
+    norm_y(gi, 14u, x14, mean, r);
+    norm_y(gi, 15u, x15, mean, r);
+}
+
 @compute @workgroup_size(WIN_ROWS)
 fn matmul_window_subgroup(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -209,6 +358,15 @@ fn matmul_window_subgroup(
     // 1280 × 192 × 64: 1.38 → 1.03 ms), whichever path a dispatch then took.
     if (WHOLE) {
         if (gi >= mm.m) { return; }
+        if (EPI == 1u || EPI == 2u) {
+            gelu8(gi, j0, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7);
+            gelu8(gi, j0 + 32u, acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15);
+            return;
+        }
+        if (EPI == 3u || EPI == 4u) {
+            norm16(gi, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15);
+            return;
+        }
         let at = (mm.c_off + gi * mm.c_rs + j0) >> 2u;
         store8(at, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7);
         store8(at + 8u, acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15);
@@ -381,6 +539,11 @@ fn matmul_window_subgroup2(
         let b37 = subgroupBroadcast(r[3], 7u);
         acc7 = fma(x3, b37, acc7);
         acc15 = fma(y3, b37, acc15);
+    }
+    if (WHOLE && (EPI == 1u || EPI == 2u)) {
+        if (gi < mm.m) { gelu8(gi, j0, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7); }
+        if (gh < mm.m) { gelu8(gh, j0, acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15); }
+        return;
     }
     if (WHOLE) {
         if (gi < mm.m) {

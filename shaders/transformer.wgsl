@@ -69,8 +69,6 @@ struct Tp {
 @group(0) @binding(2) var<storage, read_write> work: array<f32>;
 @group(0) @binding(3) var<storage, read_write> ints: array<u32>;
 
-const LN_EPS: f32 = 1e-5;
-
 // Whether the heads are of at most 16 (4 quads: attention4 and its backward kernels hold a head
 // in registers): 1 yes, 0 no — the transformer engine knows its shape and compiles only that
 // path — or 2, decided per dispatch (both paths compiled in). On llvmpipe a path compiled in
@@ -426,16 +424,6 @@ fn attention_small(row: u32, head: u32, q: u32, dq: u32, qb: u32, ab: u32, keep:
     if (dq > 1u) { work4[cb + 1u] = c1; }
     if (dq > 2u) { work4[cb + 2u] = c2; }
     if (dq > 3u) { work4[cb + 3u] = c3; }
-}
-
-// Φ(x) as engine::fused_transformer::normal_cdf: erfc(−x/√2)/2 with Numerical Recipes' erfc.
-fn normal_cdf(x: f32) -> f32 {
-    let z = abs(x) * 0.70710678;
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let poly = -1.2655122 + t * (1.0000237 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806
-        + t * (0.27886807 + t * (-1.135204 + t * (1.4885159 + t * (-0.82215223 + t * 0.17087277))))))));
-    let half_erfc = 0.5 * t * exp(-z * z + poly);
-    return select(half_erfc, 1.0 - half_erfc, x >= 0.0);
 }
 
 @compute @workgroup_size(64)

@@ -15,7 +15,7 @@ use common::{close, step_scalars, wgpu_compute};
 use grpo_lab::config::{EngineChoice, FusedChoice, KlEstimator, LossMode, RunConfig};
 use grpo_lab::engine::wgsl_lecture::reference::{self, Buffers};
 use grpo_lab::engine::wgsl_lecture::{
-    HarnessOp, KernelHarness, MatmulKernel, MatmulParams, StepParams,
+    Epilogue, HarnessOp, KernelHarness, MatmulKernel, MatmulParams, StepParams,
 };
 use grpo_lab::engine::{
     Batch, DeviceCounts, Engine, EngineError, SampleRequest, Samples, Snapshot, StepOutput,
@@ -72,6 +72,35 @@ fn relocate(op: HarnessOp, model: u32, work: u32, ints: u32) -> HarnessOp {
             mm.c[0] += work;
             HarnessOp::Matmul(mm, src)
         }
+        HarnessOp::MatmulThen(mut mm, mut then) => {
+            mm.a[0] += work;
+            mm.b[0] += model;
+            mm.c[0] += work;
+            match &mut then {
+                Epilogue::Gelu { bias, act, cdf, .. } => {
+                    *bias += model;
+                    *act += work;
+                    *cdf += work;
+                }
+                Epilogue::Norm {
+                    bias,
+                    gain,
+                    y,
+                    xhat,
+                    rstd,
+                    ..
+                } => {
+                    if let Some(b) = bias {
+                        *b += model;
+                    }
+                    *gain += model;
+                    for o in [y, xhat, rstd] {
+                        *o += work;
+                    }
+                }
+            }
+            HarnessOp::MatmulThen(mm, then)
+        }
         HarnessOp::Step(e, mut p, count) => {
             for f in [
                 &mut p.t_off,
@@ -110,6 +139,10 @@ fn relocate(op: HarnessOp, model: u32, work: u32, ints: u32) -> HarnessOp {
 fn apply_reference(buf: &mut Buffers, op: &HarnessOp) {
     match op {
         HarnessOp::Matmul(mm, src) => reference::matmul(buf, mm, *src),
+        HarnessOp::MatmulThen(mm, then) => {
+            reference::matmul(buf, mm, (1, 0));
+            reference::epilogue(buf, mm, then);
+        }
         HarnessOp::Step(e, p, _) => reference::step_kernel(e, p, buf),
     }
 }
@@ -239,6 +272,97 @@ fn matmul_window_subgroup_is_bit_identical() {
     for (i, (x, y)) in a.work.iter().zip(&b.work).enumerate() {
         assert_eq!(x.to_bits(), y.to_bits(), "work[{i}]: {x} vs {y}");
     }
+}
+
+/// matmul_subgroup.wgsl's epilogues — GELU after the product (the transformer's W₁), a
+/// LayerNorm of each row after it (W_o, W₂ and the b₂ before the next LayerNorm) — against the
+/// product's reference followed by the fused transformer engine's GELU and LayerNorm: one and
+/// two rows of C an invocation (m of 1, odd, 64 and past it), B within a window or cut into
+/// ranges of k (the epilogue on the last), C accumulated or not, with and without what the
+/// backward keeps and the LayerNorm's bias.
+#[test]
+fn matmul_epilogues_match_the_reference() {
+    let Some(h) = harness_with(MatmulKernel::WindowSubgroup) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(17);
+    let mut cases = Vec::new();
+    for m in [1usize, 5, 64, 65, 130] {
+        for k in [4usize, 64, 260] {
+            for norm in [false, true] {
+                let n = if norm { 64 } else { pick(&mut rng, &[64, 128]) };
+                let (keep, accumulate) = (rng.below(2) == 0, rng.below(2) == 0);
+                let mut buf = Buffers::default();
+                // B after a few values (its window unaligned), then the bias, the gain and β.
+                let pad = pick(&mut rng, &[0, 1, 7, 64]);
+                buf.model = normals(&mut rng, pad + k * n, 0.3);
+                buf.model.resize(buf.model.len().next_multiple_of(4), 0.0);
+                let v = buf.model.len() as u32;
+                buf.model.extend(normals(&mut rng, 3 * n, 1.0));
+                // A, C (its old values), then the epilogue's outputs.
+                buf.work = normals(&mut rng, m * k + m * n, 1.0);
+                let out = buf.work.len() as u32;
+                buf.work.extend(normals(&mut rng, 2 * m * n + m, 1.0));
+                let (m32, n32) = (m as u32, n as u32);
+                let mm = MatmulParams {
+                    m: m32,
+                    n: n32,
+                    k: k as u32,
+                    batch: 1,
+                    a: [0, k as u32, 1, 0],
+                    b: [pad as u32, n32, 1, 0],
+                    c: [m32 * k as u32, n32, 0],
+                    accumulate,
+                    reduce: false,
+                    c_cs: 0,
+                };
+                let then = if norm {
+                    Epilogue::Norm {
+                        bias: (rng.below(2) == 0).then_some(v + 2 * n32),
+                        gain: v,
+                        y: out,
+                        xhat: out + m32 * n32,
+                        rstd: out + 2 * m32 * n32,
+                        keep,
+                    }
+                } else {
+                    Epilogue::Gelu {
+                        bias: v,
+                        act: out,
+                        cdf: out + m32 * n32,
+                        keep,
+                    }
+                };
+                cases.push(Case {
+                    buf,
+                    op: HarnessOp::MatmulThen(mm, then),
+                });
+            }
+        }
+    }
+    let (packed, ops) = pack(cases);
+    let gpu = h.run(&packed, &ops).expect("kernels run");
+    let mut want = packed.clone();
+    for op in &ops {
+        apply_reference(&mut want, op);
+        // GELU's output alone leaves C unspecified (the partial sums of a cut product, or
+        // its old values): not compared.
+        if let HarnessOp::MatmulThen(mm, Epilogue::Gelu { keep: false, .. }) = op {
+            for i in 0..mm.m as usize {
+                let row = (mm.c[0] + i as u32 * mm.c[1]) as usize;
+                let n = mm.n as usize;
+                want.work[row..row + n].copy_from_slice(&gpu.work[row..row + n]);
+            }
+        }
+    }
+    assert_eq!(gpu.model, want.model, "the model is only read");
+    for (i, (&g, &r)) in gpu.work.iter().zip(&want.work).enumerate() {
+        assert!(
+            (g - r).abs() <= TOL * r.abs().max(1.0),
+            "matmul epilogues: work[{i}]: kernel {g} vs reference {r}"
+        );
+    }
+    eprintln!("epilogues: 30 cases, {} values compared", gpu.work.len());
 }
 
 /// Products whose weights exceed one window, odd and aligned shapes; 70 × 128 × 140 with C

@@ -138,6 +138,10 @@ fn cases() -> Vec<Case> {
         Case::new(6, (9, 48, 2, 1, 20), (3, 2, 2, 4)),
         // A width not a multiple of 4: the scalar LayerNorm, embedding and b₂ (add_bias).
         Case::new(8, (6, 10, 2, 2, 9), (2, 2, 3, 3)),
+        // D = 64 and F = 128 (transformer-sort's D): the products' epilogues on lavapipe
+        // (matmul_subgroup.wgsl's GELU after W₁, one and two rows an invocation; the LayerNorm
+        // after W_o and W₂), passes of more and fewer than 64 rows.
+        Case::new(9, (7, 64, 4, 2, 128), (3, 6, 4, 5)),
     ]
 }
 

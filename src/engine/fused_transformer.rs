@@ -408,7 +408,7 @@ pub struct FusedTransformer {
 
 /// `y[r] = LayerNorm(x[r])·g + b` for rows of `d`, keeping `x̂` and `1/σ` for the backward.
 #[inline(always)]
-fn layer_norm(
+pub(crate) fn layer_norm(
     x: &[f32],
     g: &[f32],
     b: &[f32],
@@ -537,7 +537,7 @@ fn ln_backward(
 /// the rest of the MLP here). Against burn's `(1 + erf(x/√2))/2` it differs by ≲ 1e-7
 /// absolute (tested).
 #[inline(always)]
-fn normal_cdf(x: f32) -> f32 {
+pub(crate) fn normal_cdf(x: f32) -> f32 {
     let z = x.abs() * std::f32::consts::FRAC_1_SQRT_2;
     let t = 1.0 / (1.0 + 0.5 * z);
     let poly = -1.265_512_2

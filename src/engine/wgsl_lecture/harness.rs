@@ -8,6 +8,9 @@ use super::*;
 #[allow(clippy::large_enum_variant)]
 pub enum HarnessOp {
     Matmul(MatmulParams, (u32, u32)),
+    /// A product (A in `work`, B in `model`) and its epilogue, in one window dispatch
+    /// (matmul_subgroup.wgsl; `run` errs where the kernel does not take it).
+    MatmulThen(MatmulParams, Epilogue),
     /// An entry point of lecture_step.wgsl over `count` invocations (`reduce` runs
     /// reduce_partial and reduce_final).
     Step(&'static str, StepParams, usize),
@@ -62,12 +65,17 @@ impl KernelHarness {
             mapped_at_creation: false,
         });
         let mut rec = Recorder {
-            window: window_bind_group(device, &self.programs, [&uniform, &work, &model]),
+            window: window_bind_group(device, &self.programs, [&uniform, &work, &model, &model]),
             ..Default::default()
         };
         for op in ops {
             match *op {
                 HarnessOp::Matmul(mm, src) => rec.matmul(&self.programs, src, mm),
+                HarnessOp::MatmulThen(mm, then) => {
+                    if !rec.matmul_then(&self.programs, mm, then) {
+                        return Err(kerr("harness", format!("no epilogue for {mm:?}, {then:?}")));
+                    }
+                }
                 HarnessOp::Step("reduce", p, _) => rec.reduce(
                     &self.programs,
                     StepParams { sums_off: 0, ..p },

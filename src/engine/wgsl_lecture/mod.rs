@@ -53,6 +53,7 @@ mod transformer_engine;
 
 pub use harness::{HarnessOp, KernelHarness};
 use programs::{step_bind_group, window_bind_group};
+pub use submit::Epilogue;
 use submit::{dispatch_all, grid_1d, stage};
 pub use transformer_engine::WgslTransformerEngine;
 
@@ -336,8 +337,9 @@ struct WindowPrograms {
     module: wgpu::ShaderModule,
     entry: &'static str,
     pipeline_layout: wgpu::PipelineLayout,
-    /// Per two rows (0, 1) × 12 + `WHOLE` (0, 1) × 6 + `VEC_K` (0, 1) × 3 + `VEC_B` (0, 1, 2)
-    /// (see `submit::window_modes`), each built on its first use ([`WindowPrograms::pipeline`]).
+    /// Per `EPI` (0 … 4) × 24 + two rows (0, 1) × 12 + `WHOLE` (0, 1) × 6 + `VEC_K` (0, 1) × 3 +
+    /// `VEC_B` (0, 1, 2) (see `submit::window_modes`), each built on its first use
+    /// ([`WindowPrograms::pipeline`]).
     pipelines: Vec<std::sync::OnceLock<wgpu::ComputePipeline>>,
     /// Columns of C per workgroup (`WIN_COLS` 32, `SG_COLS` 64 of matmul_subgroup.wgsl).
     cols: u32,
@@ -1000,6 +1002,8 @@ struct Rollout {
 enum StepParamsOrMm {
     Step(StepParams),
     Mm(MatmulParams),
+    /// A window product with an epilogue.
+    MmThen(MatmulParams, Epilogue),
     /// A dispatch of transformer.wgsl.
     Tf(transformer::TfParams),
 }
@@ -1010,6 +1014,7 @@ impl StepParamsOrMm {
         let mut bytes = match self {
             Self::Step(p) => pod_bytes(p),
             Self::Mm(m) => u32_bytes(&m.words()),
+            Self::MmThen(m, e) => u32_bytes(&[&m.words()[..], &e.words()[..]].concat()),
             Self::Tf(p) => pod_bytes(p),
         };
         bytes.resize(SLOT as usize, 0);

@@ -112,7 +112,7 @@ impl Programs {
         let window_module = subgroup.then(|| {
             module(
                 "matmul.wgsl + matmul_subgroup.wgsl",
-                format!("{matmul_src}\n{MATMUL_SUBGROUP}"),
+                format!("{COMMON}\n{matmul_src}\n{MATMUL_SUBGROUP}"),
             )
         });
         let (window_module, window_entry) = match &window_module {
@@ -128,6 +128,7 @@ impl Programs {
                         layout_entry(0, Uniform, true),
                         layout_entry(2, rw, false),
                         layout_entry(4, Uniform, true),
+                        layout_entry(5, Storage { read_only: true }, false),
                     ],
                 });
                 let pipeline_layout = pipeline_layout(&layout);
@@ -138,7 +139,7 @@ impl Programs {
                     module: window_module.clone(),
                     entry: window_entry,
                     pipeline_layout,
-                    pipelines: (0..24).map(|_| std::sync::OnceLock::new()).collect(),
+                    pipelines: (0..120).map(|_| std::sync::OnceLock::new()).collect(),
                     cols: if subgroup { 64 } else { 32 },
                     subgroup,
                     layout,
@@ -174,12 +175,12 @@ impl Programs {
 }
 
 /// `matmul_window`'s bind group ([`MatmulKernel::Window`]; `None` for the other kernels): the
-/// uniform slots, the work buffer and a window of `model` (which holds [`WINDOW_ELEMS`]
-/// elements past any window's start).
+/// uniform slots, the work buffer, a window of `source` (which holds [`WINDOW_ELEMS`] elements
+/// past any window's start) and the model, read-only (the epilogues' biases and gains).
 pub(super) fn window_bind_group(
     device: &wgpu::Device,
     programs: &Programs,
-    [uniform, work, model]: [&wgpu::Buffer; 3],
+    [uniform, work, source, model]: [&wgpu::Buffer; 4],
 ) -> Option<wgpu::BindGroup> {
     let w = programs.window.as_ref()?;
     let slice = |buffer, size| {
@@ -203,7 +204,11 @@ pub(super) fn window_bind_group(
             },
             wgpu::BindGroupEntry {
                 binding: 4,
-                resource: slice(model, (WINDOW_ELEMS * 4) as u64),
+                resource: slice(source, (WINDOW_ELEMS * 4) as u64),
+            },
+            wgpu::BindGroupEntry {
+                binding: 5,
+                resource: model.as_entire_binding(),
             },
         ],
     }))
@@ -269,6 +274,10 @@ impl WindowPrograms {
     /// row per invocation, so it is built once per VEC_K and stands in every other place.
     pub(super) fn pipeline(&self, index: usize) -> wgpu::ComputePipeline {
         let subgroup = self.subgroup;
+        debug_assert!(
+            subgroup || index < 24,
+            "epilogues are matmul_subgroup.wgsl's"
+        );
         let slot = if subgroup { index } else { index / 3 % 2 * 3 };
         self.pipelines[slot]
             .get_or_init(|| {
@@ -276,8 +285,9 @@ impl WindowPrograms {
                     ("WHOLE", (slot / 6 % 2) as f64),
                     ("VEC_K", (slot / 3 % 2) as f64),
                     ("VEC_B", (slot % 3) as f64),
+                    ("EPI", (slot / 24) as f64),
                 ];
-                let (entry, consts) = match (subgroup, slot >= 12) {
+                let (entry, consts) = match (subgroup, slot % 24 >= 12) {
                     (true, true) => ("matmul_window_subgroup2", &consts[..]),
                     (true, false) => (self.entry, &consts[..]),
                     (false, _) => (self.entry, &consts[1..2]),

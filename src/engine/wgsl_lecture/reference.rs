@@ -3,8 +3,9 @@
 //! kernel's loop written on the host (the pieces of `fused_lecture`'s step). The tests run a
 //! kernel and its reference on the same random buffers and compare every element.
 
-use super::{CHUNK, MatmulParams, StepParams};
+use super::{CHUNK, Epilogue, MatmulParams, StepParams};
 use crate::config::{KlEstimator, LossMode};
+use crate::engine::fused_transformer::{layer_norm, normal_cdf};
 use crate::objective::loss::PgParams;
 use crate::objective::loss::reference::{clip_flags, kl_term, pg_term};
 use crate::objective::numeric::{row_entropy, row_softmax};
@@ -64,6 +65,59 @@ pub fn matmul(buf: &mut Buffers, mm: &MatmulParams, src: (u32, u32)) {
                 } else {
                     acc
                 };
+            }
+        }
+    }
+}
+
+/// What `then` does to the product `mm` once C holds it (matmul_subgroup.wgsl's epilogues),
+/// with the fused transformer engine's GELU and LayerNorm, row by row.
+pub fn epilogue(buf: &mut Buffers, mm: &MatmulParams, then: &Epilogue) {
+    let (m, n) = (mm.m as usize, mm.n as usize);
+    let (c0, rs) = (mm.c[0] as usize, mm.c[1] as usize);
+    for i in 0..m {
+        let (row, o) = (c0 + i * rs, i * rs);
+        match *then {
+            Epilogue::Gelu {
+                bias,
+                act,
+                cdf,
+                keep,
+            } => {
+                for j in 0..n {
+                    let h = buf.work[row + j] + buf.model[bias as usize + j];
+                    let p = normal_cdf(h);
+                    if keep {
+                        buf.work[row + j] = h;
+                        buf.work[cdf as usize + o + j] = p;
+                    }
+                    buf.work[act as usize + o + j] = h * p;
+                }
+            }
+            Epilogue::Norm {
+                bias,
+                gain,
+                y,
+                xhat,
+                rstd,
+                keep,
+            } => {
+                if let Some(b) = bias {
+                    for j in 0..n {
+                        buf.work[row + j] += buf.model[b as usize + j];
+                    }
+                }
+                let x = buf.work[row..row + n].to_vec();
+                let g = gain as usize;
+                let (gain, beta) = buf.model[g..g + 2 * n].split_at(n);
+                let (mut h, mut r, mut out) = (vec![0.0; n], [0.0], vec![0.0; n]);
+                layer_norm(&x, gain, beta, n, &mut h, &mut r, &mut out);
+                let at = |base: u32| base as usize + o;
+                buf.work[at(y)..at(y) + n].copy_from_slice(&out);
+                if keep {
+                    buf.work[at(xhat)..at(xhat) + n].copy_from_slice(&h);
+                    buf.work[rstd as usize + i] = r[0];
+                }
             }
         }
     }

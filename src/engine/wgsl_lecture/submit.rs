@@ -111,7 +111,7 @@ pub(super) fn profile(
         let what = match op.dispatch(group) {
             Some(d) => match (d.slot, d.label) {
                 (Some(slot), label) => match &slots[slot as usize] {
-                    StepParamsOrMm::Mm(m) => {
+                    StepParamsOrMm::Mm(m) | StepParamsOrMm::MmThen(m, _) => {
                         format!("{label} {}x{}x{} b{}", m.m, m.n, m.k, m.batch)
                     }
                     StepParamsOrMm::Step(_) | StepParamsOrMm::Tf(_) => {
@@ -369,6 +369,82 @@ pub(super) fn grid_of(count: usize, width: usize) -> (u32, u32, u32) {
     (x as u32, groups.div_ceil(x) as u32, 1)
 }
 
+/// What a window product does with its result besides storing it (matmul_subgroup.wgsl's
+/// `EPI` pipelines): the work of the dispatch that would follow it, in the product's own. Every
+/// offset is an element offset of the product's first row (shifted like C's); the host asks
+/// only where they are multiples of 4 ([`Epilogue::aligned`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Epilogue {
+    /// `h = C + b₁` (`bias` in the model), GELU's output `h·Φ(h)` at `act`; with `keep`, `h` at
+    /// C and `Φ(h)` at `cdf` (transformer.wgsl's `bias_gelu4` / `bias_gelu4_act`).
+    Gelu {
+        bias: u32,
+        act: u32,
+        cdf: u32,
+        keep: bool,
+    },
+    /// `x = C` (`+ b` where `bias`: the block's b₂) stored at C, then the LayerNorm of each row:
+    /// `y` with the gain at `gain` (β after it); with `keep`, `x̂` at `xhat` and `1/σ` at `rstd`
+    /// (`layer_norm4` / `layer_norm4_y`). C's rows must be whole in one invocation: n = 64.
+    Norm {
+        bias: Option<u32>,
+        gain: u32,
+        y: u32,
+        xhat: u32,
+        rstd: u32,
+        keep: bool,
+    },
+}
+
+impl Epilogue {
+    /// matmul_subgroup.wgsl's `EPI` for it (1 … 4).
+    pub(super) fn mode(&self) -> usize {
+        match self {
+            Self::Gelu { keep, .. } => 1 + *keep as usize,
+            Self::Norm { keep, .. } => 3 + *keep as usize,
+        }
+    }
+
+    /// Whether every vector the epilogue reads or writes starts at a multiple of 4.
+    pub(super) fn aligned(&self) -> bool {
+        let quads = |xs: &[u32]| xs.iter().all(|x| x.is_multiple_of(4));
+        match *self {
+            Self::Gelu { bias, act, cdf, .. } => quads(&[bias, act, cdf]),
+            Self::Norm {
+                bias,
+                gain,
+                y,
+                xhat,
+                ..
+            } => quads(&[bias.unwrap_or(0), gain, y, xhat]),
+        }
+    }
+
+    /// `Mm`'s fields `e_bias` … `e_pad1`.
+    pub(super) fn words(&self) -> [u32; 8] {
+        match *self {
+            Self::Gelu { bias, act, cdf, .. } => [bias, 0, act, cdf, 0, 0, 0, 0],
+            Self::Norm {
+                bias,
+                gain,
+                y,
+                xhat,
+                rstd,
+                ..
+            } => [
+                bias.unwrap_or(0),
+                gain,
+                y,
+                xhat,
+                rstd,
+                bias.is_some() as u32,
+                0,
+                0,
+            ],
+        }
+    }
+}
+
 impl Recorder {
     pub(super) fn step(
         &mut self,
@@ -401,7 +477,7 @@ impl Recorder {
     pub(super) fn matmul(&mut self, p: &Programs, src: (u32, u32), mm: MatmulParams) {
         if src == (1, 0)
             && let Some(group) = self.window.clone()
-            && self.windowed(p, &group, mm)
+            && self.windowed(p, &group, mm, None)
         {
             return;
         }
@@ -432,13 +508,26 @@ impl Recorder {
         self.dispatches += 1;
     }
 
+    /// `mm` (A and C in `work`, B in the model) followed by `then` in the product's own
+    /// dispatch: true where recorded so — matmul_subgroup.wgsl's kernels, C stored as whole
+    /// quads, B cut (if at all) into ranges of k, whose last one runs the epilogue — else
+    /// false, with nothing recorded (the caller records the product and the dispatch after it).
+    pub(super) fn matmul_then(&mut self, p: &Programs, mm: MatmulParams, then: Epilogue) -> bool {
+        match self.window.clone() {
+            Some(group) => self.windowed(p, &group, mm, Some(then)),
+            None => false,
+        }
+    }
+
     /// `mm` through `matmul_window`, B read through windows of the buffer that `group` binds
-    /// (A in `work`); false (nothing recorded) where the kernel or the product does not allow it.
+    /// (A in `work`), and `then` after it where given ([`Self::matmul_then`]); false (nothing
+    /// recorded) where the kernel or the product does not allow it.
     pub(super) fn windowed(
         &mut self,
         p: &Programs,
         group: &wgpu::BindGroup,
         mm: MatmulParams,
+        then: Option<Epilogue>,
     ) -> bool {
         let Some(w) = &p.window else {
             return false;
@@ -449,14 +538,36 @@ impl Recorder {
         let Some(parts) = window_parts(mm, w.align) else {
             return false;
         };
-        for (part, window) in parts {
+        // Two rows of C per invocation where there are more than 64 rows (not with a
+        // LayerNorm after: its rows must be whole in one invocation).
+        let norm = matches!(then, Some(Epilogue::Norm { .. }));
+        let two = |part: &MatmulParams| w.subgroup && part.m > 64 && !norm;
+        let cols = |part: &MatmulParams| if two(part) { 32 } else { w.cols };
+        if let Some(e) = then {
+            let whole = |part: &MatmulParams| window_modes(part, cols(part)) >= 6;
+            let fits = w.subgroup
+                && e.aligned()
+                && (!norm || (mm.n == 64 && mm.c[1] == 64))
+                && parts
+                    .iter()
+                    .all(|(part, _)| part.n == mm.n && part.c[0] == mm.c[0] && whole(part));
+            if !fits {
+                return false;
+            }
+        }
+        let last = parts.len() - 1;
+        for (i, (part, window)) in parts.into_iter().enumerate() {
             let slot = self.slots.len() as u32;
-            self.slots.push(StepParamsOrMm::Mm(part));
-            // Two rows of C per invocation where there are more than 64 rows.
-            let two = w.subgroup && part.m > 64;
+            let epi = then.filter(|_| i == last);
+            self.slots.push(match epi {
+                Some(e) => StepParamsOrMm::MmThen(part, e),
+                None => StepParamsOrMm::Mm(part),
+            });
+            let two = two(&part);
             let (cols, rows) = if two { (32, 128) } else { (w.cols, 64) };
+            let mode = epi.map_or(0, |e| e.mode());
             self.ops.push(Op::Window {
-                pipeline: w.pipeline(two as usize * 12 + window_modes(&part, cols)),
+                pipeline: w.pipeline(mode * 24 + two as usize * 12 + window_modes(&part, cols)),
                 slot,
                 window,
                 grid: (

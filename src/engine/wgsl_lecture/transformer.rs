@@ -128,6 +128,10 @@ enum Fold {
     Bias(usize),
 }
 
+/// A LayerNorm's outputs in the work buffer (y, x̂, 1/σ) and its gain's offset in the model (β
+/// after it).
+type LnAt = ((usize, usize, usize), usize);
+
 /// The transformer's weights, reference, Adam state and activations on the device.
 pub struct WgslTransformer {
     ctx: Arc<GpuContext>,
@@ -426,9 +430,13 @@ impl WgslTransformer {
             "wgsl_transformer",
             [&uniform, &self.model, work, ints],
         );
-        let window = window_bind_group(device, &self.programs, [&uniform, work, &self.model]);
+        let window = window_bind_group(
+            device,
+            &self.programs,
+            [&uniform, work, &self.model, &self.model],
+        );
         let scratch = scratch.and_then(|b| {
-            let g = window_bind_group(device, &self.programs, [&uniform, work, &b])?;
+            let g = window_bind_group(device, &self.programs, [&uniform, work, &b, &self.model])?;
             Some((b, g))
         });
         (uniform, group, window, scratch)
@@ -675,18 +683,11 @@ impl WgslTransformer {
         self.cur == Slot::Pass && w0 == 0
     }
 
-    /// The last block's b₂ (for the final LayerNorm to fold in), of the weights at `model[w0..]`.
-    fn last_b2(&self, w0: usize) -> Fold {
-        self.weights
-            .blocks
-            .last()
-            .map_or(Fold::Nothing, |b| Fold::Bias(w0 + b.b2))
-    }
-
     /// Positions `t0..t1` of every row through the embedding and the blocks, with the weights
-    /// at `model[w0..]`; the keys and values of earlier positions come from `qkv` (the cache).
-    /// The last block's output is wanted from position `out_from` on (the positions the head
-    /// reads: `n − 1` on in a whole pass or a prefill): before it, only its keys and values.
+    /// at `model[w0..]`, then the final LayerNorm; the keys and values of earlier positions
+    /// come from `qkv` (the cache). The last block's output (and the final LayerNorm) is wanted
+    /// from position `out_from` on (the positions the head reads: `n − 1` on in a whole pass
+    /// or a prefill): before it, only its keys and values.
     fn record_blocks(
         &self,
         rec: &mut Recorder,
@@ -704,13 +705,12 @@ impl WgslTransformer {
         let layers = wl.blocks.len();
         let keep = self.keeps(w0);
         for (l, (bl, ba)) in wl.blocks.iter().zip(&at.blocks).enumerate() {
-            // x = the embedding before the first block; each block's b₂ added by the next.
-            let fold = match l.checked_sub(1) {
-                None => Fold::Embed(w0),
-                Some(k) => Fold::Bias(w0 + wl.blocks[k].b2),
-            };
-            let ln = (ba.a1, ba.xhat1, ba.rstd1);
-            self.record_ln(rec, base, ln, w0 + bl.ln1_g, (fold, keep));
+            // x = the embedding before the first block; every later LayerNorm comes with the
+            // product before it (see `record_then_ln`).
+            if l == 0 {
+                let ln = (ba.a1, ba.xhat1, ba.rstd1);
+                self.record_ln(rec, base, ln, w0 + bl.ln1_g, (Fold::Embed(w0), keep));
+            }
             let ww = (w0 + bl.wqkv, 3 * d, 1);
             rec.matmul(
                 p,
@@ -723,20 +723,25 @@ impl WgslTransformer {
                 t0
             };
             let base = self.over(base, (from, t1));
-            self.record_block_rest(rec, w0, (bl, ba), base, keep);
+            // The LayerNorm after the block: the next block's first, or the final one.
+            let next = match (wl.blocks.get(l + 1), at.blocks.get(l + 1)) {
+                (Some(nb), Some(na)) => ((na.a1, na.xhat1, na.rstd1), w0 + nb.ln1_g),
+                _ => ((at.af, at.xhatf, at.rstdf), w0 + wl.lnf_g),
+            };
+            self.record_block_rest(rec, w0, (bl, ba), base, (keep, next));
         }
     }
 
     /// A block after its keys and values, at the positions of `base`: attention over the
-    /// cache, `x += ctx·W_o`, then `x += GELU(LN₂(x)·W₁ + b₁)·W₂` (+ b₂: by the next
-    /// LayerNorm, see [`Self::record_ln`]); what the backward reads kept with `keep`.
+    /// cache, `x += ctx·W_o`, then `x += GELU(LN₂(x)·W₁ + b₁)·W₂ + b₂`, and the LayerNorm
+    /// `next` after it (outputs, gain); what the backward reads kept with `keep`.
     fn record_block_rest(
         &self,
         rec: &mut Recorder,
         w0: usize,
         (bl, ba): (&crate::engine::fused_transformer::BlockLayout, &BlockAt),
         base: TfParams,
-        keep: bool,
+        (keep, next): (bool, LnAt),
     ) {
         let at = &self.plan_ref().at;
         let s = &self.shape;
@@ -757,39 +762,63 @@ impl WgslTransformer {
             entry => entry,
         };
         rec.tf(p, entry, att, count * hh);
-        let ww = (w0 + bl.wo, d, 1);
-        rec.matmul(
-            p,
-            (WORK, MODEL),
-            range_mm(span, (ba.ctx, d), ww, (at.x, d), true),
-        );
-        let ln = (ba.a2, ba.xhat2, ba.rstd2);
-        self.record_ln(rec, base, ln, w0 + bl.ln2_g, (Fold::Nothing, keep));
-        let ww = (w0 + bl.w1, f, 1);
-        rec.matmul(
-            p,
-            (WORK, MODEL),
-            range_mm(span, (ba.a2, d), ww, (ba.hpre, f), false),
-        );
-        let gelu = TfParams {
-            z: u(ba.hpre),
-            cdf: u(ba.cdf),
-            act: u(ba.hact),
+        let wo = range_mm(span, (ba.ctx, d), (w0 + bl.wo, d, 1), (at.x, d), true);
+        let ln2 = ((ba.a2, ba.xhat2, ba.rstd2), w0 + bl.ln2_g);
+        self.record_then_ln(rec, (base, wo), ln2, (None, keep));
+        let w1 = range_mm(span, (ba.a2, d), (w0 + bl.w1, f, 1), (ba.hpre, f), false);
+        let then = Epilogue::Gelu {
             bias: w(bl.b1),
-            ..base
+            act: u(ba.hact + span.0 * f),
+            cdf: u(ba.cdf + span.0 * f),
+            keep,
         };
-        if f.is_multiple_of(4) {
-            let entry = if keep { "bias_gelu4" } else { "bias_gelu4_act" };
-            rec.tf(p, entry, gelu, count * f / 4);
-        } else {
-            rec.tf(p, "bias_gelu", gelu, count * f);
+        if !rec.matmul_then(p, w1, then) {
+            rec.matmul(p, (WORK, MODEL), w1);
+            let gelu = TfParams {
+                z: u(ba.hpre),
+                cdf: u(ba.cdf),
+                act: u(ba.hact),
+                bias: w(bl.b1),
+                ..base
+            };
+            if f.is_multiple_of(4) {
+                let entry = if keep { "bias_gelu4" } else { "bias_gelu4_act" };
+                rec.tf(p, entry, gelu, count * f / 4);
+            } else {
+                rec.tf(p, "bias_gelu", gelu, count * f);
+            }
         }
-        let ww = (w0 + bl.w2, d, 1);
-        rec.matmul(
-            p,
-            (WORK, MODEL),
-            range_mm(span, (ba.hact, f), ww, (at.x, d), true),
-        );
+        let w2 = range_mm(span, (ba.hact, f), (w0 + bl.w2, d, 1), (at.x, d), true);
+        self.record_then_ln(rec, (base, w2), next, (Some(w0 + bl.b2), keep));
+    }
+
+    /// `product` into the residual stream at the rows of `base`, then (`+ b` where `bias`,
+    /// e.g. a block's b₂, and) the LayerNorm `ln` (outputs, gain) — in the product's own
+    /// dispatch where the kernel allows (`Epilogue::Norm`), else a LayerNorm dispatch that adds
+    /// `b` first ([`Self::record_ln`]'s fold).
+    fn record_then_ln(
+        &self,
+        rec: &mut Recorder,
+        (base, product): (TfParams, MatmulParams),
+        ((y, xhat, rstd), gain): LnAt,
+        (bias, keep): (Option<usize>, bool),
+    ) {
+        let (d, first) = (self.shape.d_model, base.r0 as usize);
+        let u = |x: usize| x as u32;
+        let then = Epilogue::Norm {
+            bias: bias.map(u),
+            gain: u(gain),
+            y: u(y + first * d),
+            xhat: u(xhat + first * d),
+            rstd: u(rstd + first),
+            keep,
+        };
+        if rec.matmul_then(&self.programs, product, then) {
+            return;
+        }
+        rec.matmul(&self.programs, (WORK, MODEL), product);
+        let fold = bias.map_or(Fold::Nothing, Fold::Bias);
+        self.record_ln(rec, base, (y, xhat, rstd), gain, (fold, keep));
     }
 
     /// The teacher-forced pass of the weights at `model[w0..]` over every position, then each
@@ -798,11 +827,8 @@ impl WgslTransformer {
         let at = &self.plan_ref().at;
         let (d, v) = (self.shape.d_model, self.shape.vocab);
         self.record_blocks(rec, w0, (0, at.s), self.n - 1);
-        // The final LayerNorm and the head where a response token is predicted.
+        // The head where a response token is predicted.
         let base = self.over(self.base(inv_t), (self.n - 1, at.s));
-        let ln = (at.af, at.xhatf, at.rstdf);
-        let fold = (self.last_b2(w0), self.keeps(w0));
-        self.record_ln(rec, base, ln, w0 + self.weights.lnf_g, fold);
         let head = at.span((self.n - 1, at.s));
         let ww = (w0 + self.weights.head, v, 1);
         rec.matmul(
@@ -965,7 +991,7 @@ impl WgslTransformer {
                 dst_off: 0,
                 bytes: (nr * cols * 4) as u64,
             });
-            let done = rec.windowed(p, group, b);
+            let done = rec.windowed(p, group, b, None);
             if !done {
                 rec.ops.truncate(ops);
             }

@@ -23,16 +23,13 @@ struct Chunk {
 }
 
 impl WgslTransformer {
-    /// The final LayerNorm and the head at position `p` of every row into `step_logits`
-    /// (`[rows, V]`).
+    /// The head at position `p` of every row into `step_logits` (`[rows, V]`), from the final
+    /// LayerNorm's output (recorded with the blocks).
     fn record_head_at(&self, rec: &mut Recorder, p: usize) {
         let at = &self.plan_ref().at;
         let (d, v) = (self.shape.d_model, self.shape.vocab);
         let u = |x: usize| x as u32;
         let base = self.over(self.base(1.0), (p, p + 1));
-        let ln = (at.af, at.xhatf, at.rstdf);
-        let fold = (self.last_b2(0), false);
-        self.record_ln(rec, base, ln, self.weights.lnf_g, fold);
         // A prompt's last position holds one row per prompt: its logits go to each of its rows.
         let (first, count) = at.span((p, p + 1));
         let to = if p < self.n {
