@@ -25,6 +25,18 @@
 
 override VEC_B: u32 = 0u;
 override WHOLE: bool = false;
+// B_WORK (a pipeline constant) reads B's quads from the work buffer instead of the window (VEC_B
+// 1 or 2 only; the host binds a window all the same): the weight gradients' ∂W = Xᵀ·dY, whose
+// B (rows of X or dY) spans far more than a window, as one product over all its k in one
+// dispatch. The window's loads and these are the same vec4 loads lane by lane, so nothing is
+// lost by the storage buffer (measured standalone on lavapipe: as fast or faster).
+override B_WORK: bool = false;
+
+// Quad i of B's source.
+fn b_src(i: u32) -> vec4<f32> {
+    if (B_WORK) { return work[i]; }
+    return window[i];
+}
 
 const SG_COLS: u32 = 64u;
 
@@ -35,20 +47,20 @@ fn b_block(b0: u32, k: u32, kl: u32, quad: u32) -> mat4x4<f32> {
         let at = (b0 >> 2u) + quad;
         let rs = mm.b_rs >> 2u;
         return mat4x4<f32>(
-            window[at + k * rs],
-            window[at + min(k + 1u, kl) * rs],
-            window[at + min(k + 2u, kl) * rs],
-            window[at + min(k + 3u, kl) * rs],
+            b_src(at + k * rs),
+            b_src(at + min(k + 1u, kl) * rs),
+            b_src(at + min(k + 2u, kl) * rs),
+            b_src(at + min(k + 3u, kl) * rs),
         );
     }
     if (VEC_B == 2u) {
         let at = (b0 + 4u * quad * mm.b_cs + k) >> 2u;
         let cs = mm.b_cs >> 2u;
         return transpose(mat4x4<f32>(
-            window[at],
-            window[at + cs],
-            window[at + 2u * cs],
-            window[at + 3u * cs],
+            b_src(at),
+            b_src(at + cs),
+            b_src(at + 2u * cs),
+            b_src(at + 3u * cs),
         ));
     }
     return mat4x4<f32>(

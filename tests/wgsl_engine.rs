@@ -72,6 +72,12 @@ fn relocate(op: HarnessOp, model: u32, work: u32, ints: u32) -> HarnessOp {
             mm.c[0] += work;
             HarnessOp::Matmul(mm, src)
         }
+        HarnessOp::MatmulInWork(mut mm) => {
+            mm.a[0] += work;
+            mm.b[0] += work;
+            mm.c[0] += work;
+            HarnessOp::MatmulInWork(mm)
+        }
         HarnessOp::MatmulThen(mut mm, mut then) => {
             mm.a[0] += work;
             mm.b[0] += model;
@@ -143,6 +149,7 @@ fn apply_reference(buf: &mut Buffers, op: &HarnessOp) {
             reference::matmul(buf, mm, (1, 0));
             reference::epilogue(buf, mm, then);
         }
+        HarnessOp::MatmulInWork(mm) => reference::matmul(buf, mm, (1, 1)),
         HarnessOp::Step(e, p, _) => reference::step_kernel(e, p, buf),
     }
 }
@@ -365,6 +372,80 @@ fn matmul_epilogues_match_the_reference() {
     eprintln!("epilogues: 30 cases, {} values compared", gpu.work.len());
 }
 
+/// The weight gradients' products with B read in place (matmul_subgroup.wgsl's `B_WORK`): ∂W =
+/// Xᵀ·dY and ∂Wᵀ = dYᵀ·X at the transformer's shapes and odd ones — N (k here) of 4 to past
+/// several windows, C of one row to two workgroups of two rows, row-major or transposed,
+/// accumulated or not, B row-major (`VEC_B` 1) or along k (`VEC_B` 2), A along k or across —
+/// against the reference.
+#[test]
+fn matmul_with_b_in_work_matches_the_reference() {
+    let Some(h) = harness_with(MatmulKernel::WindowSubgroup) else {
+        return;
+    };
+    let mut rng = SplitMix64::new(23);
+    let mut cases = Vec::new();
+    for (m, n) in [
+        (64, 64),
+        (256, 64),
+        (192, 64),
+        (11, 64),
+        (1, 64),
+        (65, 128),
+        (64, 12),
+    ] {
+        for k in [4usize, 17, 260, 1290] {
+            let along_k = rng.below(2) == 0;
+            let b_along_k = rng.below(2) == 0 && k.is_multiple_of(4);
+            let (a_rs, a_cs) = if along_k { (k, 1) } else { (1, m) };
+            let (b_rs, b_cs) = if b_along_k { (1, k) } else { (n, 1) };
+            let row_major = rng.below(2) == 0;
+            let (c_rs, c_cs) = if row_major { (n, 0) } else { (1, m) };
+            let mut buf = Buffers {
+                work: normals(&mut rng, m * k + m * n, 1.0),
+                ..Default::default()
+            };
+            let b_off = buf.work.len().next_multiple_of(4);
+            buf.work.resize(b_off, 0.0);
+            buf.work.extend(normals(&mut rng, k * n, 1.0));
+            let accumulate = rng.below(2) == 0;
+            let mm = single(
+                (m, n, k),
+                (a_rs, a_cs),
+                (b_off, b_rs, b_cs),
+                (c_rs, c_cs),
+                accumulate,
+            );
+            cases.push(Case {
+                buf,
+                op: HarnessOp::MatmulInWork(mm),
+            });
+        }
+    }
+    let total = check_on(h, "B in work", cases, true);
+    eprintln!("B in work: 28 products, {total} values compared");
+}
+
+/// One `m × n × k` product with A from 0, B from `b_off` and C after A (strides given; C's
+/// column stride 0 row-major).
+fn single(
+    (m, n, k): (usize, usize, usize),
+    (a_rs, a_cs): (usize, usize),
+    (b_off, b_rs, b_cs): (usize, usize, usize),
+    (c_rs, c_cs): (usize, usize),
+    accumulate: bool,
+) -> MatmulParams {
+    MatmulParams {
+        c_cs: c_cs as u32,
+        ..MatmulParams::single(
+            (m, n, k),
+            (0, a_rs, a_cs),
+            (b_off, b_rs, b_cs),
+            (m * k, c_rs),
+            accumulate,
+        )
+    }
+}
+
 /// Products whose weights exceed one window, odd and aligned shapes; 70 × 128 × 140 with C
 /// row-major: whole blocks of 64 columns (matmul_window_subgroup's `WHOLE` pipelines), with
 /// rows past m in the last workgroup.
@@ -392,18 +473,13 @@ fn window_cut_cases() -> Vec<Case> {
                 // Half the cases store C transposed (a weight's gradient as ∂Wᵀ = dYᵀ·X).
                 let row_major = rng.below(2) == 0 || n == 128;
                 let (c_rs, c_cs) = if row_major { (n, 0) } else { (1, m) };
-                let mm = MatmulParams {
-                    m: m as u32,
-                    n: n as u32,
-                    k: k as u32,
-                    batch: 1,
-                    a: [0, a_rs as u32, a_cs as u32, 0],
-                    b: [pad as u32, b_rs as u32, b_cs as u32, 0],
-                    c: [(m * k) as u32, c_rs as u32, 0],
+                let mm = single(
+                    (m, n, k),
+                    (a_rs, a_cs),
+                    (pad, b_rs, b_cs),
+                    (c_rs, c_cs),
                     accumulate,
-                    reduce: false,
-                    c_cs: c_cs as u32,
-                };
+                );
                 cases.push(Case {
                     buf,
                     op: HarnessOp::Matmul(mm, (1, 0)),

@@ -11,6 +11,9 @@ pub enum HarnessOp {
     /// A product (A in `work`, B in `model`) and its epilogue, in one window dispatch
     /// (matmul_subgroup.wgsl; `run` errs where the kernel does not take it).
     MatmulThen(MatmulParams, Epilogue),
+    /// A product with A and B in `work`, B read in place (matmul_subgroup.wgsl's `B_WORK`, the
+    /// weight gradients; `run` errs where the kernel does not take it).
+    MatmulInWork(MatmulParams),
     /// An entry point of lecture_step.wgsl over `count` invocations (`reduce` runs
     /// reduce_partial and reduce_final).
     Step(&'static str, StepParams, usize),
@@ -74,6 +77,12 @@ impl KernelHarness {
                 HarnessOp::MatmulThen(mm, then) => {
                     if !rec.matmul_then(&self.programs, mm, then) {
                         return Err(kerr("harness", format!("no epilogue for {mm:?}, {then:?}")));
+                    }
+                }
+                HarnessOp::MatmulInWork(mm) => {
+                    let group = rec.window.clone();
+                    if !group.is_some_and(|g| rec.matmul_b_work(&self.programs, &g, mm)) {
+                        return Err(kerr("harness", format!("no B_WORK product for {mm:?}")));
                     }
                 }
                 HarnessOp::Step("reduce", p, _) => rec.reduce(

@@ -110,6 +110,30 @@ pub struct MatmulParams {
 }
 
 impl MatmulParams {
+    /// One product `C = A·B` over flat views: `(offset, row stride, column stride)` of A and
+    /// B, `(offset, row stride)` of C (row-major).
+    pub fn single(
+        (m, n, k): (usize, usize, usize),
+        a: (usize, usize, usize),
+        b: (usize, usize, usize),
+        c: (usize, usize),
+        accumulate: bool,
+    ) -> Self {
+        let u = |x: usize| x as u32;
+        Self {
+            m: u(m),
+            n: u(n),
+            k: u(k),
+            batch: 1,
+            a: [u(a.0), u(a.1), u(a.2), 0],
+            b: [u(b.0), u(b.1), u(b.2), 0],
+            c: [u(c.0), u(c.1), 0],
+            accumulate,
+            reduce: false,
+            c_cs: 0,
+        }
+    }
+
     fn words(&self) -> [u32; 16] {
         let by_columns = self.c_cs > 1;
         debug_assert!(!by_columns || self.batch <= 1);
@@ -337,9 +361,9 @@ struct WindowPrograms {
     module: wgpu::ShaderModule,
     entry: &'static str,
     pipeline_layout: wgpu::PipelineLayout,
-    /// Per `EPI` (0 … 4) × 24 + two rows (0, 1) × 12 + `WHOLE` (0, 1) × 6 + `VEC_K` (0, 1) × 3 +
-    /// `VEC_B` (0, 1, 2) (see `submit::window_modes`), each built on its first use
-    /// ([`WindowPrograms::pipeline`]).
+    /// Per `EPI` (0 … 4; or 5: none, B read in place, `B_WORK`) × 24 + two rows (0, 1) × 12 +
+    /// `WHOLE` (0, 1) × 6 + `VEC_K` (0, 1) × 3 + `VEC_B` (0, 1, 2) (see `submit::window_modes`),
+    /// each built on its first use ([`WindowPrograms::pipeline`]).
     pipelines: Vec<std::sync::OnceLock<wgpu::ComputePipeline>>,
     /// Columns of C per workgroup (`WIN_COLS` 32, `SG_COLS` 64 of matmul_subgroup.wgsl).
     cols: u32,

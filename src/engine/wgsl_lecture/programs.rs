@@ -139,7 +139,7 @@ impl Programs {
                     module: window_module.clone(),
                     entry: window_entry,
                     pipeline_layout,
-                    pipelines: (0..120).map(|_| std::sync::OnceLock::new()).collect(),
+                    pipelines: (0..144).map(|_| std::sync::OnceLock::new()).collect(),
                     cols: if subgroup { 64 } else { 32 },
                     subgroup,
                     layout,
@@ -285,7 +285,8 @@ impl WindowPrograms {
                     ("WHOLE", (slot / 6 % 2) as f64),
                     ("VEC_K", (slot / 3 % 2) as f64),
                     ("VEC_B", (slot % 3) as f64),
-                    ("EPI", (slot / 24) as f64),
+                    ("EPI", (slot / 24 % 5) as f64),
+                    ("B_WORK", (slot >= 120) as u32 as f64),
                 ];
                 let (entry, consts) = match (subgroup, slot % 24 >= 12) {
                     (true, true) => ("matmul_window_subgroup2", &consts[..]),

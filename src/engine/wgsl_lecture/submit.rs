@@ -582,6 +582,42 @@ impl Recorder {
         true
     }
 
+    /// `mm` through matmul_subgroup.wgsl's kernels with B read from the work buffer (`B_WORK`:
+    /// `mm.b` counts in `work`, as A does), all of k in one dispatch: the weight gradients,
+    /// whose B spans many windows. False (nothing recorded) where the kernels are others or B's
+    /// strides do not allow whole-quad reads (`VEC_B` 1 or 2).
+    pub(super) fn matmul_b_work(
+        &mut self,
+        p: &Programs,
+        group: &wgpu::BindGroup,
+        mm: MatmulParams,
+    ) -> bool {
+        let Some(w) = p.window.as_ref().filter(|w| w.subgroup) else {
+            return false;
+        };
+        if mm.reduce || mm.batch > 1 || mm.k == 0 || mm.n == 0 {
+            return false;
+        }
+        let two = mm.m > 64;
+        let (cols, rows) = if two { (32, 128) } else { (w.cols, 64) };
+        let modes = window_modes(&mm, cols);
+        let vec_b = modes % 3;
+        if vec_b == 0 {
+            return false;
+        }
+        let slot = self.slots.len() as u32;
+        self.slots.push(StepParamsOrMm::Mm(mm));
+        self.ops.push(Op::Window {
+            pipeline: w.pipeline(120 + two as usize * 12 + modes),
+            slot,
+            window: 0,
+            grid: (mm.n.div_ceil(cols).max(1), mm.m.div_ceil(rows).max(1), 1),
+            group: group.clone(),
+        });
+        self.dispatches += 1;
+        true
+    }
+
     /// A two-level sum of `channels` channels of `count` elements from `src` into
     /// `sums[dst..dst + channels]` (squared when `square`).
     #[allow(clippy::too_many_arguments)]

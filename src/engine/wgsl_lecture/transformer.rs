@@ -205,30 +205,6 @@ impl std::future::Future for Arrival {
     }
 }
 
-/// `C = A·B` over flat views: `(offset, row stride, column stride)` of A and B, `(offset,
-/// row stride)` of C.
-fn mm(
-    (m, n, k): (usize, usize, usize),
-    a: (usize, usize, usize),
-    b: (usize, usize, usize),
-    c: (usize, usize),
-    accumulate: bool,
-) -> MatmulParams {
-    let u = |x: usize| x as u32;
-    MatmulParams {
-        m: u(m),
-        n: u(n),
-        k: u(k),
-        batch: 1,
-        a: [u(a.0), u(a.1), u(a.2), 0],
-        b: [u(b.0), u(b.1), u(b.2), 0],
-        c: [u(c.0), u(c.1), 0],
-        accumulate,
-        reduce: false,
-        c_cs: 0,
-    }
-}
-
 /// `Y (+)= X·W` over the flat rows `first..first + count` (a span of positions: one block of
 /// rows): X rows of `k` at `x`, Y rows of `n` at `y`, W (in `model`) the view `w`.
 fn range_mm(
@@ -238,7 +214,7 @@ fn range_mm(
     (y, n): (usize, usize),
     accumulate: bool,
 ) -> MatmulParams {
-    mm(
+    MatmulParams::single(
         (count, n, k),
         (x + first * k, k, 1),
         w,
@@ -886,7 +862,7 @@ impl WgslTransformer {
         // x = tok_emb[token] + pos_emb[position]: ∂tok_emb = onehot(tokens)ᵀ·dx, ∂pos_emb[p] =
         // Σ over position p's rows of dx; the positions past S get 0.
         let (a, b) = ((at.i_seq, 0, 1), (at.dx, d, 1));
-        let one_hot = mm((v, d, nr), a, b, (g(wl.tok_emb), d), false);
+        let one_hot = MatmulParams::single((v, d, nr), a, b, (g(wl.tok_emb), d), false);
         rec.matmul(p, (ONE_HOT, WORK), one_hot);
         let pos = TfParams {
             y: u(at.dx),
@@ -964,21 +940,48 @@ impl WgslTransformer {
         let at = &self.plan_ref().at;
         let p = &self.programs;
         let (x, dy, dx) = (x + first * k, dy + first * m, dx + first * k);
-        let dw = mm((k, m, nr), (x, 1, k), (dy, m, 1), (at.grad + w, m), false);
-        // Through matmul_window: the narrower of dY and X copied where the kernel reads B, in
-        // windows of its rows (the wider one's rows would make more, smaller windows): ∂W =
-        // Xᵀ·dY, or ∂Wᵀ = dYᵀ·X with C stored transposed.
-        let (windowed, (from, cols)) = if m > k {
-            let dwt = MatmulParams {
-                c_cs: m as u32,
-                ..mm((m, k, nr), (dy, 1, m), (x, k, 1), (at.grad + w, 1), false)
-            };
-            (dwt, (x, k))
-        } else {
-            (dw, (dy, m))
+        let dw = MatmulParams::single((k, m, nr), (x, 1, k), (dy, m, 1), (at.grad + w, m), false);
+        // ∂Wᵀ = dYᵀ·X, C stored transposed.
+        let dwt = MatmulParams {
+            c_cs: m as u32,
+            ..MatmulParams::single((m, k, nr), (dy, 1, m), (x, k, 1), (at.grad + w, 1), false)
         };
         let plan = self.plan_ref();
-        let scratched = plan.scratch.as_ref().is_some_and(|(scratch, group)| {
+        // Through matmul_subgroup.wgsl with B read in place (all of N in one dispatch): B the
+        // narrower of dY and X, or X where dY's rows do not start at quads (the head's logits).
+        let in_place = if m > k || !m.is_multiple_of(4) {
+            dwt
+        } else {
+            dw
+        };
+        let done = (plan.window.as_ref())
+            .is_some_and(|group| rec.matmul_b_work(p, group, in_place))
+            || self.record_dw_windows(rec, nr, (x, k), (dy, m), (dw, dwt));
+        if !done {
+            rec.matmul(p, (WORK, WORK), dw);
+        }
+        rec.matmul(
+            p,
+            (WORK, MODEL),
+            MatmulParams::single((nr, k, m), (dy, m, 1), (w, 1, m), (dx, k), false),
+        );
+    }
+
+    /// ∂W through matmul_window's windows (the kernels without `B_WORK`): the narrower of dY
+    /// and X copied where the kernel reads B, in windows of its rows (the wider one's rows would
+    /// make more, smaller windows): ∂W = Xᵀ·dY, or ∂Wᵀ = dYᵀ·X with C stored transposed. False
+    /// (nothing recorded) where there is no such kernel.
+    fn record_dw_windows(
+        &self,
+        rec: &mut Recorder,
+        nr: usize,
+        (x, k): (usize, usize),
+        (dy, m): (usize, usize),
+        (dw, dwt): (MatmulParams, MatmulParams),
+    ) -> bool {
+        let (windowed, (from, cols)) = if m > k { (dwt, (x, k)) } else { (dw, (dy, m)) };
+        let plan = self.plan_ref();
+        plan.scratch.as_ref().is_some_and(|(scratch, group)| {
             let b = MatmulParams {
                 b: [0, cols as u32, 1, 0],
                 ..windowed
@@ -991,20 +994,12 @@ impl WgslTransformer {
                 dst_off: 0,
                 bytes: (nr * cols * 4) as u64,
             });
-            let done = rec.windowed(p, group, b, None);
+            let done = rec.windowed(&self.programs, group, b, None);
             if !done {
                 rec.ops.truncate(ops);
             }
             done
-        });
-        if !scratched {
-            rec.matmul(p, (WORK, WORK), dw);
-        }
-        rec.matmul(
-            p,
-            (WORK, MODEL),
-            mm((nr, k, m), (dy, m, 1), (w, 1, m), (dx, k), false),
-        );
+        })
     }
 
     /// LayerNorm's backward at the positions of `base` from `da` into `dx` (added unless it is

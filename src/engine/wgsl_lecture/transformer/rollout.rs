@@ -38,7 +38,7 @@ impl WgslTransformer {
             at.step_logits
         };
         let (a, w) = ((at.af + first * d, d, 1), (self.weights.head, v, 1));
-        let product = mm((count, v, d), a, w, (to, v), false);
+        let product = MatmulParams::single((count, v, d), a, w, (to, v), false);
         rec.matmul(&self.programs, (WORK, MODEL), product);
         if p < self.n {
             let expand = TfParams {
