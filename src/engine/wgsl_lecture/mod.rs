@@ -363,7 +363,7 @@ struct WindowPrograms {
     pipeline_layout: wgpu::PipelineLayout,
     /// Per `EPI` (0 … 4; or 5: none, B read in place, `B_WORK`) × 24 + two rows (0, 1) × 12 +
     /// `WHOLE` (0, 1) × 6 + `VEC_K` (0, 1) × 3 + `VEC_B` (0, 1, 2) (see `submit::window_modes`),
-    /// each built on its first use ([`WindowPrograms::pipeline`]).
+    /// each built on its first use ([`WindowPrograms::index`], [`WindowPrograms::pipeline`]).
     pipelines: Vec<std::sync::OnceLock<wgpu::ComputePipeline>>,
     /// Columns of C per workgroup (`WIN_COLS` 32, `SG_COLS` 64 of matmul_subgroup.wgsl).
     cols: u32,

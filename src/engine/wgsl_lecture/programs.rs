@@ -139,7 +139,9 @@ impl Programs {
                     module: window_module.clone(),
                     entry: window_entry,
                     pipeline_layout,
-                    pipelines: (0..144).map(|_| std::sync::OnceLock::new()).collect(),
+                    pipelines: (0..WindowPrograms::index(B_WORK + 1, false, 0))
+                        .map(|_| std::sync::OnceLock::new())
+                        .collect(),
                     cols: if subgroup { 64 } else { 32 },
                     subgroup,
                     layout,
@@ -147,7 +149,7 @@ impl Programs {
                 };
                 programs.pipeline(0);
                 if subgroup {
-                    programs.pipeline(12);
+                    programs.pipeline(WindowPrograms::index(0, true, 0));
                 }
                 programs
             });
@@ -267,7 +269,28 @@ pub(super) fn step_bind_group(
     })
 }
 
+/// The place of matmul_subgroup.wgsl's `B_WORK` pipelines (no epilogue, B read in place)
+/// among the `EPI` values of [`WindowPrograms::index`].
+pub(super) const B_WORK: usize = 5;
+
 impl WindowPrograms {
+    /// The pipeline of `EPI` `epi` (or [`B_WORK`]), one or `two` rows of C per invocation, and
+    /// `modes` (`submit::window_modes`: 0 … 11).
+    pub(super) fn index(epi: usize, two: bool, modes: usize) -> usize {
+        epi * 24 + two as usize * 12 + modes
+    }
+
+    /// The kernel for a product of `m` rows: (two rows per invocation, columns, rows of a
+    /// workgroup) — one row where the rows must be whole (`whole_rows`: a LayerNorm after) or
+    /// the kernels are matmul_window's, else two past 64 rows.
+    pub(super) fn rows_of(&self, m: u32, whole_rows: bool) -> (bool, u32, u32) {
+        if self.subgroup && !whole_rows && m > 64 {
+            (true, 32, 128)
+        } else {
+            (false, self.cols, 64)
+        }
+    }
+
     /// The pipeline at `index` (see `pipelines`), built on its first use: only the variants a
     /// run's products take are compiled (all 24 up front cost lavapipe ~0.4 s of set-up).
     /// `matmul_window` reads B entry by entry whatever VEC_B, stores C quad by quad and has one
@@ -281,12 +304,13 @@ impl WindowPrograms {
         let slot = if subgroup { index } else { index / 3 % 2 * 3 };
         self.pipelines[slot]
             .get_or_init(|| {
+                let epi = slot / 24;
                 let consts = [
                     ("WHOLE", (slot / 6 % 2) as f64),
                     ("VEC_K", (slot / 3 % 2) as f64),
                     ("VEC_B", (slot % 3) as f64),
-                    ("EPI", (slot / 24 % 5) as f64),
-                    ("B_WORK", (slot >= 120) as u32 as f64),
+                    ("EPI", (epi % B_WORK) as f64),
+                    ("B_WORK", (epi == B_WORK) as u32 as f64),
                 ];
                 let (entry, consts) = match (subgroup, slot % 24 >= 12) {
                     (true, true) => ("matmul_window_subgroup2", &consts[..]),

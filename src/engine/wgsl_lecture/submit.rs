@@ -541,8 +541,7 @@ impl Recorder {
         // Two rows of C per invocation where there are more than 64 rows (not with a
         // LayerNorm after: its rows must be whole in one invocation).
         let norm = matches!(then, Some(Epilogue::Norm { .. }));
-        let two = |part: &MatmulParams| w.subgroup && part.m > 64 && !norm;
-        let cols = |part: &MatmulParams| if two(part) { 32 } else { w.cols };
+        let cols = |part: &MatmulParams| w.rows_of(part.m, norm).1;
         if let Some(e) = then {
             let whole = |part: &MatmulParams| window_modes(part, cols(part)) >= 6;
             let fits = w.subgroup
@@ -563,11 +562,10 @@ impl Recorder {
                 Some(e) => StepParamsOrMm::MmThen(part, e),
                 None => StepParamsOrMm::Mm(part),
             });
-            let two = two(&part);
-            let (cols, rows) = if two { (32, 128) } else { (w.cols, 64) };
+            let (two, cols, rows) = w.rows_of(part.m, norm);
             let mode = epi.map_or(0, |e| e.mode());
             self.ops.push(Op::Window {
-                pipeline: w.pipeline(mode * 24 + two as usize * 12 + window_modes(&part, cols)),
+                pipeline: w.pipeline(WindowPrograms::index(mode, two, window_modes(&part, cols))),
                 slot,
                 window,
                 grid: (
@@ -598,8 +596,7 @@ impl Recorder {
         if mm.reduce || mm.batch > 1 || mm.k == 0 || mm.n == 0 {
             return false;
         }
-        let two = mm.m > 64;
-        let (cols, rows) = if two { (32, 128) } else { (w.cols, 64) };
+        let (two, cols, rows) = w.rows_of(mm.m, false);
         let modes = window_modes(&mm, cols);
         let vec_b = modes % 3;
         if vec_b == 0 {
@@ -608,7 +605,7 @@ impl Recorder {
         let slot = self.slots.len() as u32;
         self.slots.push(StepParamsOrMm::Mm(mm));
         self.ops.push(Op::Window {
-            pipeline: w.pipeline(120 + two as usize * 12 + modes),
+            pipeline: w.pipeline(WindowPrograms::index(programs::B_WORK, two, modes)),
             slot,
             window: 0,
             grid: (mm.n.div_ceil(cols).max(1), mm.m.div_ceil(rows).max(1), 1),
