@@ -266,6 +266,11 @@ fn matmul_window_subgroup(
     @builtin(subgroup_invocation_id) lane: u32,
 ) {
     let gi = wid.y * WIN_ROWS + lid.x;
+    // A subgroup whose rows are all past C's is done (the same for all its lanes, so the
+    // broadcasts below stay whole): llvmpipe runs a workgroup's subgroups one after another and
+    // skips the rest of a returned one, where it computed clamped rows for nothing before —
+    // ∂Wᵀ of the head (11 rows) ran 8 subgroups for 2, a rollout's 288 rows 384. Bits unchanged.
+    if (subgroupAll(gi >= mm.m)) { return; }
     let ar = mm.a_off + min(gi, mm.m - 1u) * mm.a_rs;
     let j0 = wid.x * SG_COLS;
     let b0 = mm.b_off + j0 * mm.b_cs;
@@ -419,6 +424,8 @@ fn matmul_window_subgroup2(
     @builtin(subgroup_invocation_id) lane: u32,
 ) {
     let gi = wid.y * 2u * WIN_ROWS + lid.x;
+    // Done where both rows of every lane are past C's (as in the one-row kernel).
+    if (subgroupAll(gi >= mm.m)) { return; }
     let gh = gi + WIN_ROWS;
     let ar = mm.a_off + min(gi, mm.m - 1u) * mm.a_rs;
     let ah = mm.a_off + min(gh, mm.m - 1u) * mm.a_rs;
