@@ -4,12 +4,13 @@
 //                unnormalised weights exp(l/T − max) of the kept tokens (0 for dropped ones);
 //   draw:        one invocation per (prompt, response, position) draws by inverse CDF with a
 //                counter-based uniform u = hash(seed, iteration, prompt, response, position);
-//                `row0` is the first prompt's index where a rollout is cut into chunks (else 0).
+//                `row0` is the first prompt's index where a rollout is cut into chunks (else 0);
+//                with `listed`, each prompt's index follows the B·G·T drawn tokens in `tokens`.
 
 struct Params {
     b: u32, g: u32, t: u32, v: u32,
     inv_temperature: f32, top_k: u32, top_p: f32, iteration: u32,
-    seed_lo: u32, seed_hi: u32, row0: u32, _pad1: u32,
+    seed_lo: u32, seed_hi: u32, row0: u32, listed: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -63,7 +64,11 @@ fn draw(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let bi = idx / (p.t * p.g);
     var h = pcg_hash(p.seed_lo ^ pcg_hash(p.seed_hi));
     h = pcg_hash(h ^ p.iteration);
-    h = pcg_hash(h ^ (p.row0 + bi));
+    // The prompt's index: row0 + bi, or (`listed`: the rows a decode left open, drawn apart)
+    // the index listed after the drawn tokens.
+    var row = p.row0 + bi;
+    if (p.listed != 0u) { row = tokens[p.b * p.g * p.t + bi]; }
+    h = pcg_hash(h ^ row);
     h = pcg_hash(h ^ gi);
     h = pcg_hash(h ^ ti);
     let u = f32(h >> 8u) * (1.0 / 16777216.0);

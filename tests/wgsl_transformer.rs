@@ -362,31 +362,58 @@ fn a_decode_that_stops_where_the_last_one_closed_answers_as_a_whole_one() {
         c.w[lay.lnf_b + j] = 1.0;
         c.w[lay.head + j * v + v - 1] = 2.0 / d as f32;
     }
+    // The rows left open go on in the decode's own plan (tail_rows 0, or more open rows than
+    // it), or alone on the tail's plan (`decode_tail`: their draws under their own streams, a
+    // plan of 16 rows or of 7, fewer than the decode's 15 — then some go on in the decode's).
     let Some(mut whole) = c.device() else { return };
     let Some(mut split) = c.device() else { return };
-    let (mut stopped, mut went_on) = (0, 0);
-    for seed in 0..6u64 {
-        let pick = draw(1.0, 0, 1.0, seed, 5);
-        whole.decoded = [usize::MAX; 3];
-        let want = now(whole.generate(&c.prompts, c.g, c.t, &pick, 1.0, true)).unwrap();
-        for stop in 1..c.t {
-            split.decoded = [stop; 3];
-            let before = split.submissions;
-            let got = now(split.generate(&c.prompts, c.g, c.t, &pick, 1.0, true)).unwrap();
-            assert_eq!(got.rows, want.rows, "seed {seed}, stop {stop}");
-            assert_eq!(got.greedy, want.greedy, "seed {seed}, stop {stop}");
-            assert_eq!(got.closed, want.closed, "seed {seed}, stop {stop}");
-            assert_eq!(got.logp, want.logp, "seed {seed}, stop {stop}");
-            match split.submissions - before {
-                1 => stopped += 1,
-                2 => went_on += 1,
-                k => panic!("{k} submissions for one decode"),
+    use grpo_lab::engine::fused_transformer::Pick;
+    let mut counts = std::collections::BTreeMap::new();
+    for tail_rows in [0, 16, 7] {
+        split.tail_rows = tail_rows;
+        for seed in 0..6u64 {
+            let (pick, with_greedy) = match seed {
+                5 => (Pick::Greedy, false),
+                _ => (draw(1.0, 0, 1.0, seed, 5), true),
+            };
+            whole.decoded = [usize::MAX; 3];
+            whole.tail_rows = 0;
+            let want = now(whole.generate(&c.prompts, c.g, c.t, &pick, 1.0, with_greedy)).unwrap();
+            for stop in 1..c.t {
+                split.decoded = [stop; 3];
+                let before = (split.submissions, split.tails);
+                let got =
+                    now(split.generate(&c.prompts, c.g, c.t, &pick, 1.0, with_greedy)).unwrap();
+                let at = format!("tail_rows {tail_rows}, seed {seed}, stop {stop}");
+                assert_eq!(got.rows, want.rows, "{at}");
+                assert_eq!(got.greedy, want.greedy, "{at}");
+                assert_eq!(got.closed, want.closed, "{at}");
+                assert_eq!(got.logp, want.logp, "{at}");
+                let way = match (split.submissions - before.0, split.tails - before.1) {
+                    (1, 0) => "stopped",
+                    (2, 0) => "went on",
+                    (2, 1) => "went on alone",
+                    k => panic!("{k:?} submissions and tails for one decode ({at})"),
+                };
+                *counts.entry((tail_rows, way)).or_insert(0) += 1;
             }
         }
     }
+    let count = |tail_rows, way| counts.get(&(tail_rows, way)).copied().unwrap_or(0);
+    for tail_rows in [0, 16, 7] {
+        assert!(count(tail_rows, "stopped") > 0, "{counts:?}");
+    }
     assert!(
-        stopped > 0 && went_on > 0,
-        "stopped {stopped}, went on {went_on}"
+        count(0, "went on") > 0 && count(0, "went on alone") == 0,
+        "{counts:?}"
+    );
+    assert!(
+        count(16, "went on alone") > 0 && count(16, "went on") == 0,
+        "{counts:?}"
+    );
+    assert!(
+        count(7, "went on alone") > 0 && count(7, "went on") > 0,
+        "{counts:?}"
     );
 }
 

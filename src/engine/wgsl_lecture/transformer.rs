@@ -116,6 +116,9 @@ enum Slot {
     /// rebuild each other's buffers every iteration (a new work buffer is cleared on its first
     /// use: ~20 ms per iteration on lavapipe, measured).
     Greedy = 2,
+    /// The rows a decode left open past where most had closed, on their own
+    /// ([`WgslTransformer::decode_tail`]): `tail_rows` rows whatever their count.
+    Tail = 3,
 }
 
 /// What a LayerNorm adds to the residual stream before it normalizes ([`WgslTransformer::record_ln`]).
@@ -146,7 +149,7 @@ pub struct WgslTransformer {
     model: wgpu::Buffer,
     /// A bind group of `model` alone (one uniform slot, no batch): the reference's refresh.
     aux: (wgpu::Buffer, wgpu::BindGroup),
-    plans: [Option<TfPlan>; 3],
+    plans: [Option<TfPlan>; 4],
     /// The plan the last upload chose.
     cur: Slot,
     hyper: Hyper,
@@ -160,10 +163,16 @@ pub struct WgslTransformer {
     pub last_dispatches: usize,
     /// Plans built so far (each: its work, ints and uniform buffers and bind groups).
     pub plans_built: usize,
-    /// Per plan (passes, rollouts, greedy decoding), the positions its last decode needed (its
-    /// longest row; `usize::MAX` before any): where the next decode's first submission stops
-    /// (see `rollout_chunk`). Any value gives the same answers (tests set it).
+    /// Decodes whose open rows went on alone ([`Self::decode_tail`]).
+    pub tails: usize,
+    /// Per plan (passes, rollouts, greedy decoding), where the next decode's first submission
+    /// stops: the length past which its last decode had at most `tail_rows` rows (its longest
+    /// row where it had no more; `usize::MAX` before any; see `rollout_chunk`). Any value
+    /// gives the same answers (tests set it).
     pub decoded: [usize; 3],
+    /// The most rows a decode goes on with on a plan of their own past its first submission
+    /// (the tail, [`Self::decode_tail`]); more go on in the decode's own plan. 0: never.
+    pub tail_rows: usize,
     /// Whether a read-back waits for the device (natively, by default) or its future answers
     /// `Pending` until the read-back has arrived (a browser; [`Arrival`]).
     pub blocking: bool,
@@ -222,6 +231,10 @@ fn range_mm(
         accumulate,
     )
 }
+
+/// [`WgslTransformer::tail_rows`]'s default: transformer-sort's decodes leave 0–5 of 256 or
+/// 288 rows open past the length most of them close at (its answers' 6 of 8 positions).
+pub const TAIL_ROWS: usize = 16;
 
 const MODEL: u32 = 0;
 const WORK: u32 = 1;
@@ -282,7 +295,7 @@ impl WgslTransformer {
             n,
             params,
             model,
-            plans: [None, None, None],
+            plans: [None, None, None, None],
             cur: Slot::Pass,
             hyper,
             time: 0,
@@ -290,7 +303,9 @@ impl WgslTransformer {
             submissions: 0,
             last_dispatches: 0,
             plans_built: 0,
+            tails: 0,
             decoded: [usize::MAX; 3],
+            tail_rows: TAIL_ROWS,
             blocking: true,
         })
     }

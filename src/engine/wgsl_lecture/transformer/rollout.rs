@@ -66,7 +66,8 @@ impl WgslTransformer {
         let storage = |name, elems| WgslLectureEngine::storage(&ctx, name, elems);
         let logits = storage("wgsl_transformer.sample_logits", rows * v)?;
         let weights = storage("wgsl_transformer.sample_weights", rows * v)?;
-        let tokens = storage("wgsl_transformer.sample_tokens", rows)?;
+        // The drawn tokens, then (a tail's draws) each row's index in its rollout.
+        let tokens = storage("wgsl_transformer.sample_tokens", 2 * rows)?;
         let params: Vec<wgpu::Buffer> = (0..t)
             .map(|_| {
                 ctx.device.create_buffer(&wgpu::BufferDescriptor {
@@ -109,13 +110,14 @@ impl WgslTransformer {
     }
 
     /// Generate `g` responses to each prompt (`prompts [B·n]`) and, with `with_greedy`, one
-    /// greedy answer per prompt in the same pass, on the device in one submission: the prompts
+    /// greedy answer per prompt in the same pass, on the device in one submission (two where a
+    /// few rows go on past the rest: `rollout_chunk`): the prompts
     /// prefilled, then per position the last one's keys and values into the cache (`qkv`),
     /// the head, sample.wgsl's draws under the position's stream (as
     /// [`crate::engine::draw_position`]: the same tokens as the CPU engines where the logits
     /// agree to the last bit — else a token whose cumulative weight sits within rounding of
     /// the uniform draw may differ), argmax for the greedy rows, and `place`; every position up
-    /// to `max_len` (a closed row's later positions are computed and ignored). log π of each
+    /// to `max_len` (a closed row's later positions, where computed, are ignored). log π of each
     /// sampled row's tokens at `temperature`, as [`FusedTransformer::generate`].
     pub async fn generate(
         &mut self,
@@ -245,11 +247,142 @@ impl WgslTransformer {
         }
     }
 
-    /// Each position's sampler parameters for `drawn` rows from the rollout's row `row0`.
-    fn upload_draws(&self, d: crate::engine::Draw, drawn: usize, row0: usize) {
+    /// The current plan's `ints` for a decode of every row to `max_len` (`prompts`, one per
+    /// prompt of the plan): the sequences, the responses (`known` tokens, else <eos>), the
+    /// draws' place, every row open and `len` tokens long, and the tables (every row at every
+    /// position: the rank of row r is r).
+    fn decode_ints(&self, prompts: &[u32], known: Option<&[u32]>, max_len: usize, len: usize) {
+        let at = &self.plan_ref().at;
+        let (rows, eos) = (at.rows, (self.shape.vocab - 1) as u32);
+        let (open, order, tables) = at.arrange(&vec![max_len - 1; rows]);
+        let mut ints = self.sequences(prompts, known, (&order, &open), (max_len, at.nr));
+        match known {
+            Some(k) => ints.extend_from_slice(k),
+            None => ints.extend(std::iter::repeat_n(eos, rows * max_len)),
+        }
+        ints.extend(std::iter::repeat_n(0, 2 * rows));
+        ints.extend(std::iter::repeat_n(len as u32, rows));
+        ints.extend(tables);
+        let q = &self.ctx.queue;
+        q.write_buffer(&self.plan_ref().ints, 0, &u32_bytes(&ints));
+    }
+
+    /// Positions `positions` of a decode on the current plan: each row's token, the first
+    /// `drawn` rows' sampled and the rest's greedy, then placed (`place`: the entry's
+    /// parameters but the position).
+    fn record_positions(
+        &self,
+        rec: &mut Recorder,
+        positions: std::ops::Range<usize>,
+        drawn: usize,
+        place: TfParams,
+    ) {
+        let (n, rows) = (self.n, self.plan_ref().at.rows);
+        for i in positions {
+            if i > 0 {
+                self.record_blocks(rec, 0, (n + i - 1, n + i), n + i - 1);
+            }
+            self.record_head_at(rec, n - 1 + i);
+            self.record_draw(rec, i, drawn);
+            let i = i as u32;
+            rec.tf(&self.programs, "place", TfParams { i, ..place }, rows);
+        }
+    }
+
+    /// A decode's rows `open` (ascending; at most `tail_rows`), open after its first `first`
+    /// positions, on the tail's plan of `tail_rows` rows (the last open row again where there
+    /// are fewer): their prompts and the tokens they drew so far teacher-forced in one pass
+    /// (the same keys and values as the decode's cache, row by row the same arithmetic), then
+    /// positions `first..max_len` as the decode would go on — the sampled rows (below
+    /// `drawn`) under their own streams (sample.wgsl's row list), the rest greedy — in one
+    /// submission. Their tokens, closed flags, lengths and log π from `first` on into the
+    /// decode's read-backs `whole` (tokens `[rows·max_len]`, flags and lengths `[2·rows]`, log π).
+    /// `sampled, g`: the decode's rows below `sampled` answer prompt r / g, the rest r − sampled;
+    /// `row0`: its first row's index in the rollout.
+    async fn decode_tail(
+        &mut self,
+        prompts: &[u32],
+        open: &[usize],
+        (sampled, g, drawn, row0): (usize, usize, usize, usize),
+        (first, max_len): (usize, usize),
+        (draw, temperature): (Option<crate::engine::Draw>, f32),
+        whole: &mut (Vec<u32>, Vec<u32>, Vec<f32>),
+    ) -> Result<(), EngineError> {
+        let (n, v) = (self.n, self.shape.vocab);
+        let eos = (v - 1) as u32;
+        let cap = self.tail_rows;
+        let rows = whole.1.len() / 2;
+        self.plan(Slot::Tail, (cap, cap, 1), max_len)?;
+        let tail_drawn = open.iter().filter(|&&r| r < drawn).count();
+        if tail_drawn > 0 {
+            self.sampler(cap, max_len)?;
+        }
+        let of = |c: usize| open[c.min(open.len() - 1)];
+        let mut tail_prompts = Vec::with_capacity(cap * n);
+        let mut known = vec![eos; cap * max_len];
+        for c in 0..cap {
+            let r = of(c);
+            let p = if r < sampled { r / g } else { r - sampled };
+            tail_prompts.extend_from_slice(&prompts[p * n..(p + 1) * n]);
+            known[c * max_len..][..first].copy_from_slice(&whole.0[r * max_len..][..first]);
+        }
+        self.decode_ints(&tail_prompts, Some(&known), max_len, first);
+        let at = self.plan_ref().at.clone();
+        if let Some(d) = draw.filter(|_| tail_drawn > 0) {
+            let ids: Vec<u32> = open[..tail_drawn]
+                .iter()
+                .map(|&r| (row0 + r) as u32)
+                .collect();
+            self.upload_draws(d, tail_drawn, 0, Some(&ids));
+        }
+        let place = TfParams {
+            logits: at.step_logits as u32,
+            logp: at.roll_logp as u32,
+            ..self.base(1.0 / temperature)
+        };
+        let mut rec = self.recorder();
+        // Positions up to the one before the last token drawn: their keys and values.
+        self.record_blocks(&mut rec, 0, (0, n + first - 1), n + first - 2);
+        self.record_positions(&mut rec, first..max_len, tail_drawn, place);
+        let reads = [
+            (Reads::Ints, at.i_resp, cap * max_len),
+            (Reads::Ints, at.i_state, 2 * cap),
+            (Reads::Work, at.roll_logp, cap * max_len),
+        ];
+        let out = self.run(rec, &reads).await?;
+        self.tails += 1;
+        let (resp, state, logp) = (u32s(&out[0]), u32s(&out[1]), f32s(&out[2]));
+        let (w_resp, w_state, w_logp) = whole;
+        let span = |x: usize| x * max_len + first..(x + 1) * max_len;
+        // The closed rows' log π past `first`: 0, as the decode's own positions would write.
+        for r in 0..rows {
+            w_logp[span(r)].fill(0.0);
+        }
+        for (c, &r) in open.iter().enumerate() {
+            w_resp[span(r)].copy_from_slice(&resp[span(c)]);
+            w_logp[span(r)].copy_from_slice(&logp[span(c)]);
+            w_state[r] = state[c];
+            w_state[rows + r] = state[cap + c];
+        }
+        Ok(())
+    }
+
+    /// Each position's sampler parameters for `drawn` rows from the rollout's row `row0`, or
+    /// (`rows`) for the rows of the rollout it lists.
+    fn upload_draws(
+        &self,
+        d: crate::engine::Draw,
+        drawn: usize,
+        row0: usize,
+        rows: Option<&[u32]>,
+    ) {
         let Some(s) = &self.plan_ref().sampler else {
             return;
         };
+        if let Some(rows) = rows {
+            let q = &self.ctx.queue;
+            q.write_buffer(&s.tokens, (drawn * 4) as u64, &u32_bytes(rows));
+        }
         for (i, params) in s.params.iter().enumerate() {
             let sp = d.params;
             let words = [
@@ -264,14 +397,15 @@ impl WgslTransformer {
                 d.seed as u32,
                 (d.seed >> 32) as u32,
                 row0 as u32,
-                0,
+                rows.is_some() as u32,
             ];
             self.ctx.queue.write_buffer(params, 0, &u32_bytes(&words));
         }
     }
 
     /// The rollout of one chunk of prompts in one submission, or two where a row is still open
-    /// where the plan's last decode had closed every row (see [`Self::generate`]); its
+    /// where the plan's last decode had closed all rows but `tail_rows` (see
+    /// [`Self::generate`]); its
     /// sampled rows are the rollout's rows `row0..`. Every row's tokens (the sampled rows, then
     /// the greedy ones), the sampled rows' closed flags and log π `[sampled·max_len]`.
     #[allow(clippy::too_many_arguments)]
@@ -285,8 +419,7 @@ impl WgslTransformer {
         with_greedy: bool,
         row0: usize,
     ) -> Result<Chunk, EngineError> {
-        let (n, v) = (self.n, self.shape.vocab);
-        let eos = (v - 1) as u32;
+        let n = self.n;
         let b = prompts.len() / n;
         let sampled = b * g;
         let rows = sampled + if with_greedy { b } else { 0 };
@@ -300,20 +433,10 @@ impl WgslTransformer {
         if drawn > 0 {
             self.sampler(drawn, max_len)?;
         }
-        // Every row at every position (the rank of row r is r).
-        let at = &self.plan_ref().at;
-        let (open, order, tables) = at.arrange(&vec![max_len - 1; rows]);
-        let mut ints = self.sequences(prompts, None, (&order, &open), (max_len, at.nr));
-        ints.extend(std::iter::repeat_n(eos, rows * max_len));
-        ints.extend(std::iter::repeat_n(0, 3 * rows));
-        ints.extend(tables);
-        let plan = self.plan_ref();
-        let at = plan.at.clone();
-        self.ctx
-            .queue
-            .write_buffer(&plan.ints, 0, &u32_bytes(&ints));
+        self.decode_ints(prompts, None, max_len, 0);
+        let at = self.plan_ref().at.clone();
         if let Some(d) = draw {
-            self.upload_draws(d, drawn, row0);
+            self.upload_draws(d, drawn, row0, None);
         }
         let u = |x: usize| x as u32;
         let place = TfParams {
@@ -322,16 +445,8 @@ impl WgslTransformer {
             logp: u(at.roll_logp),
             ..self.base(1.0 / temperature)
         };
-        // Positions first..last: each row's token, sampled or greedy, then placed.
         let record = |me: &Self, rec: &mut Recorder, positions: std::ops::Range<usize>| {
-            for i in positions {
-                if i > 0 {
-                    me.record_blocks(rec, 0, (n + i - 1, n + i), n + i - 1);
-                }
-                me.record_head_at(rec, n - 1 + i);
-                me.record_draw(rec, i, drawn);
-                rec.tf(&me.programs, "place", TfParams { i: u(i), ..place }, rows);
-            }
+            me.record_positions(rec, positions, drawn, place);
         };
         let tokens = rows * max_len;
         let reads = [
@@ -339,28 +454,51 @@ impl WgslTransformer {
             (Reads::Ints, at.i_state, 2 * rows),
             (Reads::Work, at.roll_logp, tokens),
         ];
-        // The decode stops where the last call of this plan's rows had all closed (`first`),
-        // and goes on in a second submission only if a row is still open there: past the
-        // position where every row has closed, each row only gets <eos> and log π 0, which
-        // nothing reads (a row's tokens and log π are cut at the longest row). The same
-        // answers at any `first`; the sort task's answers close 2 of transformer-sort's 8
-        // positions early, and an iteration decodes twice (evaluation, rollout).
+        // The decode stops where the last call of this plan had at most `tail_rows` rows still
+        // open (`first`), and goes on in a second submission only if a row is still open
+        // there: those rows alone where they are at most `tail_rows` (`decode_tail`), else
+        // every row. Past the position where a row has closed, it only gets <eos> and log π
+        // 0, which nothing reads (a row's tokens and log π are cut at the longest row). The
+        // same answers at any `first`. transformer-sort's answers close at 6 of its 8
+        // positions, bar 0–5 of the 256 held-out or 288 rollout rows, and an iteration decodes
+        // twice (evaluation, rollout): measured in three alternated pairs, its rollout part
+        // went ~18.4 → ~16.3 ms per step and its evaluation ~19.5 → ~17.6 with the tail
+        // (before it, every row went on to the last position).
         let first = self.decoded[slot as usize].clamp(1, max_len);
         let mut rec = self.recorder();
         self.record_blocks(&mut rec, 0, (0, n), n - 1);
         record(self, &mut rec, 0..first);
         let mut out = self.run(rec, &reads).await?;
-        if first < max_len && u32s(&out[1])[..rows].contains(&0) {
-            let mut rec = self.recorder();
-            record(self, &mut rec, first..max_len);
+        let closed = u32s(&out[1]);
+        let open: Vec<usize> = (0..rows).filter(|&r| closed[r] == 0).collect();
+        let mut tail = None;
+        if first < max_len && !open.is_empty() {
             let before = self.last_dispatches;
-            out = self.run(rec, &reads).await?;
+            if open.len() <= self.tail_rows {
+                // The few rows still open go on alone (the rest would only get <eos>).
+                let mut whole = (u32s(&out[0]), u32s(&out[1]), f32s(&out[2]));
+                let row_of = (sampled, g, drawn, row0);
+                let pick = (draw, temperature);
+                self.decode_tail(prompts, &open, row_of, (first, max_len), pick, &mut whole)
+                    .await?;
+                self.plan(slot, (rows, b, g), max_len)?;
+                tail = Some(whole);
+            } else {
+                let mut rec = self.recorder();
+                record(self, &mut rec, first..max_len);
+                out = self.run(rec, &reads).await?;
+            }
             // The decode's dispatches: both submissions'.
             self.last_dispatches += before;
         }
-        let (resp, state, logp_all) = (u32s(&out[0]), u32s(&out[1]), f32s(&out[2]));
-        // Where this plan's next call stops first: this call's longest row (≥ 1).
-        self.decoded[slot as usize] = state[rows..].iter().max().map_or(max_len, |&l| l as usize);
+        let (resp, state, logp_all) =
+            tail.unwrap_or_else(|| (u32s(&out[0]), u32s(&out[1]), f32s(&out[2])));
+        // Where this plan's next call stops first: the length past which this call had at most
+        // `tail_rows` rows (its longest row where it had no more).
+        let mut lens: Vec<u32> = state[rows..].to_vec();
+        lens.sort_unstable_by(|x, y| y.cmp(x));
+        let stop = lens.get(self.tail_rows).or(lens.first());
+        self.decoded[slot as usize] = stop.map_or(max_len, |&l| l as usize);
         let rows_out: Vec<Vec<u32>> = (0..rows)
             .map(|r| resp[r * max_len..][..(state[rows + r] as usize).min(max_len)].to_vec())
             .collect();
