@@ -445,9 +445,6 @@ impl WgslTransformer {
             logp: u(at.roll_logp),
             ..self.base(1.0 / temperature)
         };
-        let record = |me: &Self, rec: &mut Recorder, positions: std::ops::Range<usize>| {
-            me.record_positions(rec, positions, drawn, place);
-        };
         let tokens = rows * max_len;
         let reads = [
             (Reads::Ints, at.i_resp, tokens),
@@ -461,13 +458,13 @@ impl WgslTransformer {
         // 0, which nothing reads (a row's tokens and log π are cut at the longest row). The
         // same answers at any `first`. transformer-sort's answers close at 6 of its 8
         // positions, bar 0–5 of the 256 held-out or 288 rollout rows, and an iteration decodes
-        // twice (evaluation, rollout): measured in three alternated pairs, its rollout part
+        // twice (evaluation, rollout): measured in four alternated pairs, its rollout part
         // went ~18.4 → ~16.3 ms per step and its evaluation ~19.5 → ~17.6 with the tail
         // (before it, every row went on to the last position).
         let first = self.decoded[slot as usize].clamp(1, max_len);
         let mut rec = self.recorder();
         self.record_blocks(&mut rec, 0, (0, n), n - 1);
-        record(self, &mut rec, 0..first);
+        self.record_positions(&mut rec, 0..first, drawn, place);
         let mut out = self.run(rec, &reads).await?;
         let closed = u32s(&out[1]);
         let open: Vec<usize> = (0..rows).filter(|&r| closed[r] == 0).collect();
@@ -476,7 +473,7 @@ impl WgslTransformer {
             let before = self.last_dispatches;
             if open.len() <= self.tail_rows {
                 // The few rows still open go on alone (the rest would only get <eos>).
-                let mut whole = (u32s(&out[0]), u32s(&out[1]), f32s(&out[2]));
+                let mut whole = (u32s(&out[0]), closed, f32s(&out[2]));
                 let row_of = (sampled, g, drawn, row0);
                 let pick = (draw, temperature);
                 self.decode_tail(prompts, &open, row_of, (first, max_len), pick, &mut whole)
@@ -485,7 +482,7 @@ impl WgslTransformer {
                 tail = Some(whole);
             } else {
                 let mut rec = self.recorder();
-                record(self, &mut rec, first..max_len);
+                self.record_positions(&mut rec, first..max_len, drawn, place);
                 out = self.run(rec, &reads).await?;
             }
             // The decode's dispatches: both submissions'.
