@@ -367,6 +367,7 @@ fn a_decode_that_stops_where_the_last_one_closed_answers_as_a_whole_one() {
     // plan of 16 rows or of 7, fewer than the decode's 15 — then some go on in the decode's).
     let Some(mut whole) = c.device() else { return };
     let Some(mut split) = c.device() else { return };
+    whole.tail_rows = 0;
     use grpo_lab::engine::fused_transformer::Pick;
     let mut counts = std::collections::BTreeMap::new();
     for tail_rows in [0, 16, 7] {
@@ -377,7 +378,6 @@ fn a_decode_that_stops_where_the_last_one_closed_answers_as_a_whole_one() {
                 _ => (draw(1.0, 0, 1.0, seed, 5), true),
             };
             whole.decoded = [usize::MAX; 3];
-            whole.tail_rows = 0;
             let want = now(whole.generate(&c.prompts, c.g, c.t, &pick, 1.0, with_greedy)).unwrap();
             for stop in 1..c.t {
                 split.decoded = [stop; 3];
