@@ -141,16 +141,34 @@ fn gelu_quad(gi: u32, j: u32, acc: vec4<f32>) {
     work[(mm.e_out + o) >> 2u] = h * p;
 }
 
-// Eight quads of row gi from column j through the GELU epilogue.
-fn gelu8(gi: u32, j: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, a4: vec4<f32>, a5: vec4<f32>, a6: vec4<f32>, a7: vec4<f32>) {
-    gelu_quad(gi, j, a0);
-    gelu_quad(gi, j + 4u, a1);
-    gelu_quad(gi, j + 8u, a2);
-    gelu_quad(gi, j + 12u, a3);
-    gelu_quad(gi, j + 16u, a4);
-    gelu_quad(gi, j + 20u, a5);
-    gelu_quad(gi, j + 24u, a6);
-    gelu_quad(gi, j + 28u, a7);
+// Quad g (0 … 3) of four, by selects (the epilogues' and the stores' loops pick their
+// accumulators so: an array would live in memory, and llvmpipe's JIT took longer over one).
+fn pick4(g: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>) -> vec4<f32> {
+    return select(select(a0, a1, g == 1u), select(a2, a3, g == 3u), g >= 2u);
+}
+
+// The GELU epilogue of sixteen quads, `a_{4g+i}` in `a_i` of group g (the one-row kernel: row gi's
+// 64 columns from j; the two-row kernel: groups 0 and 1 row gi's 32 columns, 2 and 3 row gh's), in
+// a loop over the four groups: four inlined copies of gelu_quad, not sixteen. Each copy is ~25
+// ms of llvmpipe's JIT (on a cold Mesa shader cache); the loop's selects are a few per quad
+// against normal_cdf's arithmetic. A row past C's is skipped.
+fn gelu16(gi: u32, gh: u32, j: u32, two: bool, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, a4: vec4<f32>, a5: vec4<f32>, a6: vec4<f32>, a7: vec4<f32>, a8: vec4<f32>, a9: vec4<f32>, a10: vec4<f32>, a11: vec4<f32>, a12: vec4<f32>, a13: vec4<f32>, a14: vec4<f32>, a15: vec4<f32>) {
+    // 4, written from a uniform so that the loop stays a loop (NIR unrolls a constant count).
+    let groups = min(4u, mm.m + 4u);
+    for (var g = 0u; g < groups; g++) {
+        var row = gi;
+        var col = j + 16u * g;
+        if (two) {
+            row = select(gi, gh, g >= 2u);
+            col = j + 16u * (g % 2u);
+        }
+        if (row < mm.m) {
+            gelu_quad(row, col, pick4(g, a0, a4, a8, a12));
+            gelu_quad(row, col + 4u, pick4(g, a1, a5, a9, a13));
+            gelu_quad(row, col + 8u, pick4(g, a2, a6, a10, a14));
+            gelu_quad(row, col + 12u, pick4(g, a3, a7, a11, a15));
+        }
+    }
 }
 
 // Quad q of row gi's x for the LayerNorm epilogue: C after the product (and the bias), stored.
@@ -183,80 +201,34 @@ fn norm_y(gi: u32, q: u32, x: vec4<f32>, mean: f32, r: f32) {
     work[(mm.e_out >> 2u) + o] = h * params[g] + params[g + (mm.n >> 2u)];
 }
 
-// Row gi (sixteen quads: n = SG_COLS) through the LayerNorm epilogue.
+// Row gi (sixteen quads: n = SG_COLS) through the LayerNorm epilogue: layer_norm4's sums in
+// its order. In loops, as gelu16: x quad by quad (stored at C by norm_x, four groups of four
+// picked by selects), then the squares and y from x read back from C (this invocation's own
+// stores). The same values in the same order as with the sixteen quads written out, which
+// cost llvmpipe's JIT ~0.4 s more per pipeline.
 fn norm16(gi: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, a4: vec4<f32>, a5: vec4<f32>, a6: vec4<f32>, a7: vec4<f32>, a8: vec4<f32>, a9: vec4<f32>, a10: vec4<f32>, a11: vec4<f32>, a12: vec4<f32>, a13: vec4<f32>, a14: vec4<f32>, a15: vec4<f32>) {
-    let x0 = norm_x(gi, 0u, a0);
-    let x1 = norm_x(gi, 1u, a1);
-    let x2 = norm_x(gi, 2u, a2);
-    let x3 = norm_x(gi, 3u, a3);
-    let x4 = norm_x(gi, 4u, a4);
-    let x5 = norm_x(gi, 5u, a5);
-    let x6 = norm_x(gi, 6u, a6);
-    let x7 = norm_x(gi, 7u, a7);
-    let x8 = norm_x(gi, 8u, a8);
-    let x9 = norm_x(gi, 9u, a9);
-    let x10 = norm_x(gi, 10u, a10);
-    let x11 = norm_x(gi, 11u, a11);
-    let x12 = norm_x(gi, 12u, a12);
-    let x13 = norm_x(gi, 13u, a13);
-    let x14 = norm_x(gi, 14u, a14);
-    let x15 = norm_x(gi, 15u, a15);
+    let nq = mm.n >> 2u;
     var t = 0.0;
-    t = sum4(t, x0);
-    t = sum4(t, x1);
-    t = sum4(t, x2);
-    t = sum4(t, x3);
-    t = sum4(t, x4);
-    t = sum4(t, x5);
-    t = sum4(t, x6);
-    t = sum4(t, x7);
-    t = sum4(t, x8);
-    t = sum4(t, x9);
-    t = sum4(t, x10);
-    t = sum4(t, x11);
-    t = sum4(t, x12);
-    t = sum4(t, x13);
-    t = sum4(t, x14);
-    t = sum4(t, x15);
+    for (var g = 0u; g < nq / 4u; g++) {
+        t = sum4(t, norm_x(gi, 4u * g, pick4(g, a0, a4, a8, a12)));
+        t = sum4(t, norm_x(gi, 4u * g + 1u, pick4(g, a1, a5, a9, a13)));
+        t = sum4(t, norm_x(gi, 4u * g + 2u, pick4(g, a2, a6, a10, a14)));
+        t = sum4(t, norm_x(gi, 4u * g + 3u, pick4(g, a3, a7, a11, a15)));
+    }
     let mean = t / f32(mm.n);
+    let at = (mm.c_off + gi * mm.c_rs) >> 2u;
     var s = 0.0;
-    s = sq4(s, x0, mean);
-    s = sq4(s, x1, mean);
-    s = sq4(s, x2, mean);
-    s = sq4(s, x3, mean);
-    s = sq4(s, x4, mean);
-    s = sq4(s, x5, mean);
-    s = sq4(s, x6, mean);
-    s = sq4(s, x7, mean);
-    s = sq4(s, x8, mean);
-    s = sq4(s, x9, mean);
-    s = sq4(s, x10, mean);
-    s = sq4(s, x11, mean);
-    s = sq4(s, x12, mean);
-    s = sq4(s, x13, mean);
-    s = sq4(s, x14, mean);
-    s = sq4(s, x15, mean);
+    for (var q = 0u; q < nq; q++) {
+        s = sq4(s, work[at + q], mean);
+    }
     let r = 1.0 / sqrt(s / f32(mm.n) + LN_EPS);
     if (EPI == 4u) {
         let i = mm.e_rstd + gi;
         work[i >> 2u][i & 3u] = r;
     }
-    norm_y(gi, 0u, x0, mean, r);
-    norm_y(gi, 1u, x1, mean, r);
-    norm_y(gi, 2u, x2, mean, r);
-    norm_y(gi, 3u, x3, mean, r);
-    norm_y(gi, 4u, x4, mean, r);
-    norm_y(gi, 5u, x5, mean, r);
-    norm_y(gi, 6u, x6, mean, r);
-    norm_y(gi, 7u, x7, mean, r);
-    norm_y(gi, 8u, x8, mean, r);
-    norm_y(gi, 9u, x9, mean, r);
-    norm_y(gi, 10u, x10, mean, r);
-    norm_y(gi, 11u, x11, mean, r);
-    norm_y(gi, 12u, x12, mean, r);
-    norm_y(gi, 13u, x13, mean, r);
-    norm_y(gi, 14u, x14, mean, r);
-    norm_y(gi, 15u, x15, mean, r);
+    for (var q = 0u; q < nq; q++) {
+        norm_y(gi, q, work[at + q], mean, r);
+    }
 }
 
 @compute @workgroup_size(WIN_ROWS)
@@ -376,8 +348,7 @@ fn matmul_window_subgroup(
     if (WHOLE) {
         if (gi >= mm.m) { return; }
         if (EPI == 1u || EPI == 2u) {
-            gelu8(gi, j0, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7);
-            gelu8(gi, j0 + 32u, acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15);
+            gelu16(gi, gi, j0, false, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15);
             return;
         }
         if (EPI == 3u || EPI == 4u) {
@@ -389,22 +360,26 @@ fn matmul_window_subgroup(
         store8(at + 8u, acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15);
         return;
     }
-    store_quad(gi, j0, acc0);
-    store_quad(gi, j0 + 4u, acc1);
-    store_quad(gi, j0 + 8u, acc2);
-    store_quad(gi, j0 + 12u, acc3);
-    store_quad(gi, j0 + 16u, acc4);
-    store_quad(gi, j0 + 20u, acc5);
-    store_quad(gi, j0 + 24u, acc6);
-    store_quad(gi, j0 + 28u, acc7);
-    store_quad(gi, j0 + 32u, acc8);
-    store_quad(gi, j0 + 36u, acc9);
-    store_quad(gi, j0 + 40u, acc10);
-    store_quad(gi, j0 + 44u, acc11);
-    store_quad(gi, j0 + 48u, acc12);
-    store_quad(gi, j0 + 52u, acc13);
-    store_quad(gi, j0 + 56u, acc14);
-    store_quad(gi, j0 + 60u, acc15);
+    // Not WHOLE: one store_quad in a loop over the quads in C's columns, the quad picked by
+    // selects, not sixteen written out. Each inlined store_quad carries store_row's fallback, a
+    // scatter lane by lane, and llvmpipe's JIT compiled sixteen of them: ~0.8–0.9 s a pipeline
+    // against ~0.13 s now (first dispatches on a cold Mesa shader cache, where a machine's first
+    // run pays them; four such pipelines on transformer-sort). The stores run once per
+    // invocation, after its k loop. The same stores, so the same values.
+    let n = min(16u, (mm.n - min(j0, mm.n) + 3u) / 4u);
+    for (var q = 0u; q < n; q++) {
+        let lo = pick8(q, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7);
+        let hi = pick8(q - 8u, acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15);
+        store_quad(gi, j0 + 4u * q, select(hi, lo, q < 8u));
+    }
+}
+
+// Quad q (0 … 7) of eight, by selects: no array (llvmpipe keeps one in memory, and indexing it
+// by a loop counter cost the JIT more than it saved).
+fn pick8(q: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, a4: vec4<f32>, a5: vec4<f32>, a6: vec4<f32>, a7: vec4<f32>) -> vec4<f32> {
+    let l = select(select(a0, a1, q == 1u), select(a2, a3, q == 3u), q >= 2u);
+    let h = select(select(a4, a5, q == 5u), select(a6, a7, q == 7u), q >= 6u);
+    return select(l, h, q >= 4u);
 }
 
 // `matmul_window_subgroup` with two rows of C per invocation (rows gi and gi + 64 of a block of
@@ -560,8 +535,7 @@ fn matmul_window_subgroup2(
         acc15 = fma(y3, b37, acc15);
     }
     if (WHOLE && (EPI == 1u || EPI == 2u)) {
-        if (gi < mm.m) { gelu8(gi, j0, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7); }
-        if (gh < mm.m) { gelu8(gh, j0, acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15); }
+        gelu16(gi, gh, j0, true, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15);
         return;
     }
     if (WHOLE) {
@@ -575,20 +549,12 @@ fn matmul_window_subgroup2(
         }
         return;
     }
-    store_quad(gi, j0, acc0);
-    store_quad(gi, j0 + 4u, acc1);
-    store_quad(gi, j0 + 8u, acc2);
-    store_quad(gi, j0 + 12u, acc3);
-    store_quad(gi, j0 + 16u, acc4);
-    store_quad(gi, j0 + 20u, acc5);
-    store_quad(gi, j0 + 24u, acc6);
-    store_quad(gi, j0 + 28u, acc7);
-    store_quad(gh, j0, acc8);
-    store_quad(gh, j0 + 4u, acc9);
-    store_quad(gh, j0 + 8u, acc10);
-    store_quad(gh, j0 + 12u, acc11);
-    store_quad(gh, j0 + 16u, acc12);
-    store_quad(gh, j0 + 20u, acc13);
-    store_quad(gh, j0 + 24u, acc14);
-    store_quad(gh, j0 + 28u, acc15);
+    // Not WHOLE: a loop, as in the one-row kernel (row gi's quads, then row gh's).
+    let n = min(8u, (mm.n - min(j0, mm.n) + 3u) / 4u);
+    for (var q = 0u; q < 2u * n; q++) {
+        let e = q % n;
+        let lo = pick8(e, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7);
+        let hi = pick8(e, acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15);
+        store_quad(select(gh, gi, q < n), j0 + 4u * e, select(hi, lo, q < n));
+    }
 }
