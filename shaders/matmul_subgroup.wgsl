@@ -141,17 +141,18 @@ fn gelu_quad(gi: u32, j: u32, acc: vec4<f32>) {
     work[(mm.e_out + o) >> 2u] = h * p;
 }
 
-// Quad g (0 … 3) of four, by selects (the epilogues' and the stores' loops pick their
-// accumulators so: an array would live in memory, and llvmpipe's JIT took longer over one).
+// Quad g (0 … 3) of four, by selects: how the epilogues' and the stores' loops pick their
+// accumulators. Not a local array: llvmpipe keeps one in memory, and its JIT took longer over
+// one indexed by the loop (1.2–1.4 s a pipeline) than over the sixteen quads written out.
 fn pick4(g: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>) -> vec4<f32> {
     return select(select(a0, a1, g == 1u), select(a2, a3, g == 3u), g >= 2u);
 }
 
 // The GELU epilogue of sixteen quads, `a_{4g+i}` in `a_i` of group g (the one-row kernel: row gi's
 // 64 columns from j; the two-row kernel: groups 0 and 1 row gi's 32 columns, 2 and 3 row gh's), in
-// a loop over the four groups: four inlined copies of gelu_quad, not sixteen. Each copy is ~25
-// ms of llvmpipe's JIT (on a cold Mesa shader cache); the loop's selects are a few per quad
-// against normal_cdf's arithmetic. A row past C's is skipped.
+// a loop over the four groups: four inlined copies of gelu_quad, not sixteen (llvmpipe's JIT of
+// a GELU pipeline, on a cold Mesa shader cache: 0.40–0.50 → 0.14–0.19 s). The loop's selects are
+// a few per quad against normal_cdf's arithmetic. A row past C's is skipped.
 fn gelu16(gi: u32, gh: u32, j: u32, two: bool, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, a4: vec4<f32>, a5: vec4<f32>, a6: vec4<f32>, a7: vec4<f32>, a8: vec4<f32>, a9: vec4<f32>, a10: vec4<f32>, a11: vec4<f32>, a12: vec4<f32>, a13: vec4<f32>, a14: vec4<f32>, a15: vec4<f32>) {
     // 4, written from a uniform so that the loop stays a loop (NIR unrolls a constant count).
     let groups = min(4u, mm.m + 4u);
@@ -204,8 +205,8 @@ fn norm_y(gi: u32, q: u32, x: vec4<f32>, mean: f32, r: f32) {
 // Row gi (sixteen quads: n = SG_COLS) through the LayerNorm epilogue: layer_norm4's sums in
 // its order. In loops, as gelu16: x quad by quad (stored at C by norm_x, four groups of four
 // picked by selects), then the squares and y from x read back from C (this invocation's own
-// stores). The same values in the same order as with the sixteen quads written out, which
-// cost llvmpipe's JIT ~0.4 s more per pipeline.
+// stores). The same values in the same order as with the sixteen quads written out (whose
+// pipelines took llvmpipe's JIT 0.5–0.64 s, now ~0.2 s).
 fn norm16(gi: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, a4: vec4<f32>, a5: vec4<f32>, a6: vec4<f32>, a7: vec4<f32>, a8: vec4<f32>, a9: vec4<f32>, a10: vec4<f32>, a11: vec4<f32>, a12: vec4<f32>, a13: vec4<f32>, a14: vec4<f32>, a15: vec4<f32>) {
     let nq = mm.n >> 2u;
     var t = 0.0;
@@ -374,12 +375,9 @@ fn matmul_window_subgroup(
     }
 }
 
-// Quad q (0 … 7) of eight, by selects: no array (llvmpipe keeps one in memory, and indexing it
-// by a loop counter cost the JIT more than it saved).
+// Quad q (0 … 7) of eight, by selects, as pick4.
 fn pick8(q: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, a4: vec4<f32>, a5: vec4<f32>, a6: vec4<f32>, a7: vec4<f32>) -> vec4<f32> {
-    let l = select(select(a0, a1, q == 1u), select(a2, a3, q == 3u), q >= 2u);
-    let h = select(select(a4, a5, q == 5u), select(a6, a7, q == 7u), q >= 6u);
-    return select(l, h, q >= 4u);
+    return select(pick4(q, a0, a1, a2, a3), pick4(q - 4u, a4, a5, a6, a7), q >= 4u);
 }
 
 // `matmul_window_subgroup` with two rows of C per invocation (rows gi and gi + 64 of a block of
