@@ -80,7 +80,7 @@ impl WgslLectureEngine {
 }
 
 /// Runs `ops` (drained: the caller runs none of them again) one per submission, in order,
-/// waiting for each, and prints to stderr each dispatch's time by label and shape:
+/// waiting for each, and prints to stderr each dispatch's time by label, shape and grid:
 /// `GRPO_WGSL_PROFILE=1`. Each op runs once, on the run's own values, so the run's results
 /// are unchanged and so is what each dispatch computes on (a profile that repeated each
 /// dispatch 20 times compounded the accumulating ones, `C += A·B`: downstream products then
@@ -112,7 +112,7 @@ pub(super) fn profile(
             Some(d) => match (d.slot, d.label) {
                 (Some(slot), label) => match &slots[slot as usize] {
                     StepParamsOrMm::Mm(m) | StepParamsOrMm::MmThen(m, _) => {
-                        format!("{label} {}x{}x{} b{}", m.m, m.n, m.k, m.batch)
+                        format!("{label} {}x{}x{} b{} {:?}", m.m, m.n, m.k, m.batch, d.grid)
                     }
                     StepParamsOrMm::Step(_) | StepParamsOrMm::Tf(_) => {
                         format!("{label} {:?}", d.grid)
