@@ -599,7 +599,7 @@ fn resumed_config(c: &ConfigArgs, out: &std::path::Path) -> Result<RunConfig> {
     let changed = stored.changed_for_resume(&wanted);
     if !changed.is_empty() {
         return Err(user(format!(
-            "--resume: `--set {}` would change the run ({}); only --set run.iterations=N (to extend it) and run.threads may",
+            "--resume: `--set {}` would change the run ({}); only --set run.iterations=N (to extend it), run.threads and run.engine may",
             c.sets.join(" --set "),
             changed.join(", ")
         )));

@@ -583,6 +583,112 @@ fn resume_takes_only_what_keeps_it_the_same_run() {
     assert!(stderr(&o).contains("optimizer.lr"), "{}", stderr(&o));
 }
 
+/// `--set run.engine=…` on `--resume`, like `--device`, moves a run to another engine that
+/// continues its checkpoint: the transformer from the WGSL engine (lavapipe) to the fused CPU
+/// engine and back, each leg extending the same metrics; burn's path, which cannot continue
+/// their Adam state, is refused naming the ways that can.
+#[test]
+fn resume_moves_a_run_between_the_wgsl_and_the_fused_engine() {
+    if common::wgpu_compute().is_none() {
+        return;
+    }
+    let out = temp_dir("cli-resume-engines");
+    let dir = out.to_str().unwrap();
+    let train = |extra: &[&str]| {
+        let mut a = vec!["train", "--quiet"];
+        a.extend_from_slice(extra);
+        grpo_lab(&a)
+    };
+    let mut first = vec![
+        "--preset",
+        "transformer-sort",
+        "--device",
+        "software",
+        "--out",
+        dir,
+    ];
+    for set in [
+        "run.engine=wgsl",
+        "run.iterations=2",
+        "run.checkpoint_every=1",
+        "run.eval_every=0",
+        "algorithm.prompts_per_iteration=4",
+        "sft.steps=4",
+        "sft.examples=32",
+        "sft.batch_size=16",
+    ] {
+        first.extend(["--set", set]);
+    }
+    let o = train(&first);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines = || {
+        grpo_lab::train::read_metrics(&out.join("metrics.jsonl"))
+            .unwrap()
+            .iter()
+            .map(|r| r.iteration)
+            .collect::<Vec<_>>()
+    };
+    let per = lines().len() / 2;
+    assert!(per >= 1);
+    let o = train(&[
+        "--resume",
+        dir,
+        "--device",
+        "cpu",
+        "--set",
+        "run.engine=auto",
+        "--set",
+        "run.iterations=3",
+    ]);
+    assert!(o.status.success(), "to the fused engine: {}", stderr(&o));
+    assert!(
+        stderr(&o).contains("fused CPU transformer"),
+        "{}",
+        stderr(&o)
+    );
+    let o = train(&[
+        "--resume",
+        dir,
+        "--device",
+        "software",
+        "--set",
+        "run.engine=wgsl",
+        "--set",
+        "run.iterations=4",
+    ]);
+    assert!(
+        o.status.success(),
+        "back to the WGSL engine: {}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains("WGSL transformer"), "{}", stderr(&o));
+    let its = lines();
+    assert_eq!(its.len(), 4 * per, "{its:?}");
+    assert!(its.windows(2).all(|w| w[0] <= w[1]), "{its:?}");
+    assert!(
+        std::fs::read_to_string(out.join("config.toml"))
+            .unwrap()
+            .contains("iterations = 4")
+    );
+    let o = train(&[
+        "--resume",
+        dir,
+        "--device",
+        "software",
+        "--set",
+        "run.engine=burn",
+        "--set",
+        "run.iterations=5",
+    ]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("fused_adam.bin") && err.contains("run.engine=wgsl"),
+        "{err}"
+    );
+    assert_eq!(lines().len(), 4 * per, "a refused resume writes nothing");
+}
+
 /// Every bad input is exit 2 naming what: zero or absurd sizes in `bench-rollout` (they
 /// panicked), a prompt space too small for the splits asked for (it exited 1).
 #[test]

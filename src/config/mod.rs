@@ -1092,8 +1092,10 @@ impl RunConfig {
     pub fn changed_for_resume(&self, new: &RunConfig) -> Vec<String> {
         self.differing_keys(new)
             .into_iter()
-            // The threads change no result (engine::cores): a run may go on with others.
-            .filter(|k| k != "run.iterations" && k != "run.threads")
+            // The threads change no result (engine::cores): a run may go on with others. The
+            // engine, like `--device`, says where it computes: the fused CPU and the WGSL
+            // engines share a checkpoint's format (what one cannot continue is refused by it).
+            .filter(|k| !matches!(k.as_str(), "run.iterations" | "run.threads" | "run.engine"))
             .collect()
     }
 

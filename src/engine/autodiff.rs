@@ -616,7 +616,7 @@ impl Engine for BurnEngine {
         // it here would silently restart Adam. Say where it continues instead.
         let optimizer = blob(snapshot, "optimizer.bpk").ok_or_else(|| {
             EngineError::Snapshot(if blob(snapshot, "fused_adam.bin").is_some() {
-                "this checkpoint was written by a fused CPU engine (its Adam state is fused_adam.bin): resume it with --device cpu".into()
+                "this checkpoint was written by a fused CPU or a WGSL engine (its Adam state is fused_adam.bin), which burn's path cannot continue: resume it with --device cpu, or on a wgpu device with --set run.engine=wgsl".into()
             } else {
                 "optimizer.bpk is missing".into()
             })

@@ -76,7 +76,7 @@ pub enum EngineError {
         "run.kernels = gpu needs a wgpu device, but the run is on {0}; use --kernels reference or --device software|gpu"
     )]
     KernelsNeedWgpu(String),
-    #[error("run.engine = wgsl {0}; use run.engine = auto or burn")]
+    #[error("run.engine = wgsl {0}")]
     WgslUnavailable(String),
     #[error("checkpoint: {0}")]
     Snapshot(String),
@@ -603,7 +603,7 @@ pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + S
     if config.run.engine == EngineChoice::Wgsl {
         if compute.gpu.is_none() {
             return Err(EngineError::WgslUnavailable(format!(
-                "needs a wgpu device, but the run is on {}: use --device gpu or --device software (or run.engine = auto)",
+                "needs a wgpu device, but the run is on {}: use --device gpu or --device software, or set run.engine = auto or burn",
                 compute.label
             )));
         }
@@ -615,7 +615,7 @@ pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + S
         };
         if let Some(why) = uncovered {
             return Err(EngineError::WgslUnavailable(format!(
-                "does not cover this config: {why}"
+                "does not cover this config: {why}; set run.engine = auto or burn"
             )));
         }
     }
