@@ -564,6 +564,7 @@ fn resume_takes_only_what_keeps_it_the_same_run() {
         (vec!["--set", "optimizer.lr=0.5"], "optimizer.lr=0.5"),
         (vec!["--seed", "7"], "--seed"),
         (vec!["--preset", "scaled"], "--preset"),
+        (vec!["--set", "run.iterations=2"], "below the 3 iterations"),
     ] {
         let mut a = vec!["--resume", dir];
         a.extend(args.iter().copied());

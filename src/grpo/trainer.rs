@@ -40,6 +40,10 @@ pub enum TrainError {
         "the run's config differs from the one its checkpoint was taken with, in {0}; a resumed run is the same run (only a longer run.iterations is allowed): undo the edit, or start a new run with --out"
     )]
     ConfigChanged(String),
+    #[error(
+        "run.iterations = {asked} is below the {done} iterations the checkpoint has done: nothing would run; extend the run with a larger --set run.iterations=N"
+    )]
+    ShorterThanCheckpoint { asked: usize, done: usize },
 }
 
 impl TrainError {
@@ -561,6 +565,14 @@ impl Trainer {
             ),
             None => None,
         };
+        // Fewer iterations than the checkpoint has done would run nothing and call the run
+        // completed (its metrics past them kept): refused.
+        if self.config.run.iterations < state.iteration {
+            return Err(TrainError::ShorterThanCheckpoint {
+                asked: self.config.run.iterations,
+                done: state.iteration,
+            });
+        }
         if let Some(recorded) = &recorded {
             let changed = recorded.changed_for_resume(&self.config);
             if !changed.is_empty() {

@@ -65,6 +65,7 @@ impl RunError {
                 | Self::Config(_)
                 | Self::Train(TrainError::NonFinite { .. })
                 | Self::Train(TrainError::ConfigChanged(_))
+                | Self::Train(TrainError::ShorterThanCheckpoint { .. })
                 // A prompt space too small for the splits asked for is bad input too.
                 | Self::Train(TrainError::Task(_))
         )
