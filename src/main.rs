@@ -595,12 +595,18 @@ fn resumed_config(c: &ConfigArgs, out: &std::path::Path) -> Result<RunConfig> {
         )));
     }
     let stored = RunConfig::from_file(&stored).map_err(user)?;
-    let wanted = stored.with_overrides(&c.sets).map_err(user)?;
+    // `--device`, like `run.engine`, says where the run goes on; recorded, so that a later
+    // `--resume` goes on there too.
+    let mut sets = c.sets.clone();
+    if let Some(device) = c.device {
+        sets.push(format!("run.device={}", device.name()));
+    }
+    let wanted = stored.with_overrides(&sets).map_err(user)?;
     let changed = stored.changed_for_resume(&wanted);
     if !changed.is_empty() {
         return Err(user(format!(
             "--resume: `--set {}` would change the run ({}); only --set run.iterations=N (to extend it), run.threads and run.engine may",
-            c.sets.join(" --set "),
+            sets.join(" --set "),
             changed.join(", ")
         )));
     }

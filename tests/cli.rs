@@ -647,6 +647,16 @@ fn resume_moves_a_run_between_the_wgsl_and_the_fused_engine() {
         "{}",
         stderr(&o)
     );
+    // Where it moved is recorded: a plain `--resume` goes on there, even with nothing to
+    // extend (a run already at its end continues nothing and stays as it is).
+    let o = train(&["--resume", dir]);
+    assert!(o.status.success(), "plain resume: {}", stderr(&o));
+    assert!(
+        stderr(&o).contains("fused CPU transformer"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(lines().len(), 3 * per);
     let o = train(&[
         "--resume",
         dir,
@@ -654,9 +664,15 @@ fn resume_moves_a_run_between_the_wgsl_and_the_fused_engine() {
         "software",
         "--set",
         "run.engine=wgsl",
-        "--set",
-        "run.iterations=4",
     ]);
+    assert!(
+        o.status.success(),
+        "moved back, nothing to run: {}",
+        stderr(&o)
+    );
+    let toml = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    assert!(toml.contains("engine = \"wgsl\""), "{toml}");
+    let o = train(&["--resume", dir, "--set", "run.iterations=4"]);
     assert!(
         o.status.success(),
         "back to the WGSL engine: {}",

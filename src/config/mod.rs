@@ -1087,15 +1087,21 @@ impl RunConfig {
     }
 
     /// The resume rule, one for every resume (`train --resume`, a checkpoint loaded): a resumed
-    /// run is the same run, where only `run.iterations` may change (to extend it). The keys of
+    /// run is the same run, where only `run.iterations` may change (to extend it), and where it
+    /// computes (`run.threads`, `run.engine`, `run.device`). The keys of
     /// `new` that break it; empty when `new` may continue a run recorded as `self`.
     pub fn changed_for_resume(&self, new: &RunConfig) -> Vec<String> {
         self.differing_keys(new)
             .into_iter()
             // The threads change no result (engine::cores): a run may go on with others. The
-            // engine, like `--device`, says where it computes: the fused CPU and the WGSL
-            // engines share a checkpoint's format (what one cannot continue is refused by it).
-            .filter(|k| !matches!(k.as_str(), "run.iterations" | "run.threads" | "run.engine"))
+            // engine and the device say where it computes: the fused CPU and the WGSL engines
+            // share a checkpoint's format (what one cannot continue is refused by it).
+            .filter(|k| {
+                !matches!(
+                    k.as_str(),
+                    "run.iterations" | "run.threads" | "run.engine" | "run.device"
+                )
+            })
             .collect()
     }
 

@@ -37,7 +37,7 @@ pub enum TrainError {
     #[error("sft.teacher: {0}")]
     Teacher(String),
     #[error(
-        "the run's config differs from the one its checkpoint was taken with, in {0}; a resumed run is the same run (only a longer run.iterations is allowed): undo the edit, or start a new run with --out"
+        "the run's config differs from the one its checkpoint was taken with, in {0}; a resumed run is the same run (only a longer run.iterations, and where it computes: run.device, run.engine, run.threads, may change): undo the edit, or start a new run with --out"
     )]
     ConfigChanged(String),
     #[error(

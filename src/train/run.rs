@@ -757,8 +757,9 @@ fn continue_from_checkpoint(
     // there (a deleted or shortened file is refused, not continued with a hole).
     let (keep, kept_last) =
         reconcile_metrics(&jsonl_path, trainer.iteration(), trainer.global_step())?;
-    // Extending the run (`--set run.iterations=N`) is recorded once it is sure to go on.
-    if RunConfig::from_file(&config_path)?.run.iterations != config.run.iterations {
+    // Extending the run (`--set run.iterations=N`), or where it now computes (`--device`,
+    // `run.engine`, `run.threads`), is recorded once it is sure to go on.
+    if RunConfig::from_file(&config_path)? != *config {
         super::checkpoint::write_atomic(&config_path, config.to_toml().as_bytes())
             .map_err(io(&config_path))?;
     }
