@@ -747,6 +747,21 @@ fn bad_sizes_are_refused_with_exit_2() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("distinct prompts"), "{}", stderr(&o));
+    // Refused before anything is written: the corrected command needs no --force.
+    assert!(!out.join("config.toml").exists());
+    let o = grpo_lab(&[
+        "train",
+        "--preset",
+        "random-sort",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--set",
+        "run.iterations=1",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 /// Absurd sizes are refused before anything is allocated (they aborted the process), naming

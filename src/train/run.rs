@@ -634,8 +634,10 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
             super::lock::RunLock::acquire(&out)?
         }
     };
-    let config = record_config(config, &out, opts.resume, opts.force)?;
+    // The engine first: a config it refuses (an engine that does not cover it, a task too
+    // small for its splits) writes nothing, so the corrected command needs no --force.
     let mut trainer = Trainer::new(config.clone(), compute.clone())?;
+    let config = record_config(config, &out, opts.resume, opts.force)?;
     let (mut sinks, last_kept) = if opts.resume {
         continue_from_checkpoint(&mut trainer, &config, &out, opts.sender)?
     } else {
