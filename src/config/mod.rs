@@ -767,14 +767,16 @@ impl RunConfig {
         check_keys(&table, &reference, "")?;
         // Fill missing fields from defaults, then deserialize section by section so the
         // error can name the section.
-        let mut merged = reference;
+        let mut merged = reference.clone();
         merge(&mut merged, table);
         let config: RunConfig =
-            toml::Value::Table(merged)
+            toml::Value::Table(merged.clone())
                 .try_into()
-                .map_err(|e: toml::de::Error| ConfigError::InvalidValue {
-                    key: "config".into(),
-                    reason: e.message().to_string(),
+                .map_err(|e: toml::de::Error| {
+                    // serde names no key: the first one that fails alone over the defaults.
+                    let (key, reason) = first_bad_leaf(&merged, &reference)
+                        .unwrap_or_else(|| ("config".into(), e.message().to_string()));
+                    ConfigError::InvalidValue { key, reason }
                 })?;
         config.validate()?;
         Ok(config)
@@ -1242,6 +1244,55 @@ fn check_keys(
     Ok(())
 }
 
+/// A leaf of `table` (its dotted key) that does not deserialize when set alone over
+/// `reference` (the defaults), with serde's reason.
+fn first_bad_leaf(table: &toml::Table, reference: &toml::Table) -> Option<(String, String)> {
+    let mut stack = vec![(String::new(), table)];
+    while let Some((at, t)) = stack.pop() {
+        for (k, v) in t {
+            let key = if at.is_empty() {
+                k.clone()
+            } else {
+                format!("{at}.{k}")
+            };
+            match v {
+                toml::Value::Table(sub) if !FREE_MAPS.contains(&key.as_str()) => {
+                    stack.push((key, sub));
+                }
+                _ => {
+                    // Inserted as written (set_path would convert it as `--set` does).
+                    fn insert(t: &mut toml::Table, parts: &[&str], v: toml::Value) {
+                        match parts {
+                            [last] => {
+                                t.insert(last.to_string(), v);
+                            }
+                            [first, rest @ ..] => {
+                                if let Some(toml::Value::Table(sub)) = t.get_mut(*first) {
+                                    insert(sub, rest, v);
+                                }
+                            }
+                            [] => {}
+                        }
+                    }
+                    let mut probe = reference.clone();
+                    let parts: Vec<&str> = key.split('.').collect();
+                    insert(&mut probe, &parts, v.clone());
+                    if let Err(e) = toml::Value::Table(probe).try_into::<RunConfig>() {
+                        let mut reason = e.message().to_string();
+                        if let Some(f) = FIELDS.iter().find(|f| f.key == key)
+                            && !reason.contains("expected one of")
+                        {
+                            reason.push_str(&format!("; allowed {}", f.allowed()));
+                        }
+                        return Some((key, reason));
+                    }
+                }
+            }
+        }
+    }
+    None
+}
+
 fn merge(base: &mut toml::Table, over: toml::Table) {
     for (k, v) in over {
         match (base.get_mut(&k), v) {
@@ -1407,6 +1458,27 @@ mod tests {
             e.contains("algorithm.betta") && e.contains("algorithm.beta"),
             "{e}"
         );
+    }
+
+    /// A value serde refuses in a file names its key and the allowed values, as `--set` does
+    /// (it said "invalid value for `config`").
+    #[test]
+    fn bad_value_in_file_is_named() {
+        for (text, key, needle) in [
+            ("[run]\nengine = \"wgls\"\n", "run.engine", "wgsl"),
+            (
+                "[run]\nseed = 1\n[algorithm]\nloss = 3\n",
+                "algorithm.loss",
+                "clipped",
+            ),
+            ("[task]\nn = \"four\"\n", "task.n", "1..=64"),
+        ] {
+            let e = RunConfig::from_toml_str(text, "t").unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("`{key}`")) && e.contains(needle),
+                "{text}: {e}"
+            );
+        }
     }
 
     /// Every leaf key of a config, dotted (free-form maps count as one leaf).
