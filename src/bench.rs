@@ -597,6 +597,11 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         burn_json(burn_times, burn_timed.as_ref(), &per_step, first_step_ms),
     ) {
         map.extend(burn);
+        // What `--vs-burn` timed against: burn's engine, named as the trainer names it.
+        map.insert(
+            "burn_engine".into(),
+            burn_trainer.as_ref().map(|t| t.engine_label()).into(),
+        );
     }
     if options.json {
         println!("{report}");
@@ -687,6 +692,10 @@ fn warm_burn(
 fn burn_config(config: &RunConfig) -> RunConfig {
     let mut burn = config.clone();
     burn.run.engine = crate::config::EngineChoice::Burn;
+    // On the CPU `run.engine` picks nothing (the fused engines take what they cover unless
+    // `run.fused_step = off`): without this, `--device cpu --vs-burn` timed the fused engine
+    // against itself.
+    burn.run.fused_step = crate::config::FusedChoice::Off;
     burn
 }
 
@@ -846,7 +855,8 @@ fn print_step_report(report: &serde_json::Value, sft_steps: usize) {
     }
     if let Some(b) = report["burn_ms_per_step"].as_f64() {
         println!(
-            "  burn's autodiff path on the same device: {b:.3} ms/step, first step {:.1} ms (cold start {:.1} ms); this engine is {:.1}× faster per step, {:.1}× on the first step",
+            "  burn's autodiff path on the same device ({}): {b:.3} ms/step, first step {:.1} ms (cold start {:.1} ms); this engine is {:.1}× faster per step, {:.1}× on the first step",
+            report["burn_engine"].as_str().unwrap_or("?"),
             num(&report["burn_first_step_ms"]),
             num(&report["burn_cold_start_ms"]),
             b / ms,

@@ -335,9 +335,9 @@ struct BenchArgs {
         default_value = "sizes,threads"
     )]
     axes: Vec<SweepAxis>,
-    /// Also time burn's autodiff path (`run.engine = burn`) on the same device and report the
-    /// WGSL engine's speed-up over it (a wgpu device): both warmed up, then their timed
-    /// iterations in turn.
+    /// Also time burn's autodiff path (`run.engine = burn`, `run.fused_step = off`) on the same
+    /// device and report this engine's speed-up over it (the WGSL engine's on a wgpu device,
+    /// the fused engine's on the CPU): both warmed up, then their timed iterations in turn.
     #[arg(long)]
     vs_burn: bool,
 }

@@ -325,6 +325,18 @@ fn bench_json_reports_ms_per_step() {
             "{phase}: {l}"
         );
     }
+    // `--vs-burn` on the CPU times burn's path, not the fused engine against itself.
+    let o = grpo_lab(&[&BENCH_LECTURE17[..], &["--vs-burn", "--json"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let (ours, burn) = (
+        v["engine"].as_str().unwrap(),
+        v["burn_engine"].as_str().unwrap(),
+    );
+    assert!(
+        ours.contains("fused") && burn.contains("burn") && !burn.contains("fused"),
+        "{ours} / {burn}"
+    );
 }
 
 /// `bench --scaling DIR --axes threads` sweeps the threads alone (its rows, no size axis's);
