@@ -283,6 +283,67 @@ fn ctrl_c_flushes_metrics_and_writes_a_checkpoint() {
     );
 }
 
+/// The cold start is one engine call that no step boundary interrupts: a second Ctrl-C there
+/// ends the process at once (exit 130), with the initial checkpoint and no metrics, which a
+/// resume redoes.
+#[test]
+fn a_second_ctrl_c_in_the_cold_start_stops_at_once() {
+    let out = temp_dir("cli-sigint-cold");
+    let dir = out.to_str().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
+        .args([
+            "train",
+            "--preset",
+            "transformer-sort",
+            "--set",
+            "sft.steps=20000",
+            "--device",
+            "cpu",
+            "--quiet",
+            "--out",
+            dir,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let secs = std::time::Duration::from_secs;
+    // The initial checkpoint is written right before the cold start.
+    let deadline = std::time::Instant::now() + secs(120);
+    while !out.join("checkpoints/latest").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let int = || {
+        Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap()
+    };
+    int();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    int();
+    // 20 000 supervised steps take minutes; stopped at once, it is gone within seconds.
+    let deadline = std::time::Instant::now() + secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("a second Ctrl-C in the cold start did not stop the run");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(130));
+    let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
+    assert_eq!(latest.trim(), "iter-000000");
+    assert_eq!(std::fs::read(out.join("metrics.jsonl")).unwrap().len(), 0);
+}
+
 #[test]
 fn devices_lists_adapters() {
     let o = grpo_lab(&["devices"]);

@@ -390,6 +390,11 @@ impl Trainer {
         greedy_accuracy(self.engine.as_mut(), &self.config, &heldout).map(Some)
     }
 
+    /// Whether the cold start is behind (or not asked for): the next iteration begins without it.
+    pub fn cold_start_done(&self) -> bool {
+        self.sft_done
+    }
+
     /// The supervised cold start (DeepSeek-R1's recipe): `sft.steps` Adam steps of
     /// cross-entropy on (prompt, sorted) pairs from the training prompts, `<eos>` included for
     /// the transformer. The reference then starts from the fine-tuned policy, as in R1.

@@ -106,6 +106,28 @@ pub struct RunOutcome {
 /// Ctrl-C presses since the handler was installed.
 static INTERRUPTS: AtomicUsize = AtomicUsize::new(0);
 
+/// The runs of this process under way ([`run`]; `compare` runs several), and those of them in
+/// an iteration that began with the cold start and has written no record yet. When every run
+/// is there, a second Ctrl-C ends the process at once (see the handler).
+static RUNS: AtomicUsize = AtomicUsize::new(0);
+static IN_COLD_START: AtomicUsize = AtomicUsize::new(0);
+
+/// One of [`RUNS`] while it lives.
+struct Running;
+
+impl Running {
+    fn new() -> Self {
+        RUNS.fetch_add(1, Ordering::SeqCst);
+        Running
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNS.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Install the Ctrl-C handler once (the CLI calls this; library users may not want it).
 /// Without the `native` feature (the browser) there is no Ctrl-C: this does nothing.
 pub fn install_interrupt_handler() {
@@ -117,6 +139,14 @@ pub fn install_interrupt_handler() {
                 let n = INTERRUPTS.fetch_add(1, Ordering::SeqCst) + 1;
                 if n == 1 {
                     eprintln!("\ngrpo-lab: interrupted; finishing this iteration and writing a checkpoint (Ctrl-C again to stop now)");
+                } else if IN_COLD_START.load(Ordering::SeqCst) > 0
+                    && IN_COLD_START.load(Ordering::SeqCst) == RUNS.load(Ordering::SeqCst)
+                {
+                    // The cold start is one engine call (burn's path: ~40 s on lavapipe) that
+                    // no step boundary interrupts, and nothing of the run is being written
+                    // while it runs: stopping here loses nothing a resume would not redo.
+                    eprintln!("grpo-lab: stopped in the cold start; `--resume` runs it again from the same initial weights");
+                    std::process::exit(130);
                 }
             });
         });
@@ -624,6 +654,7 @@ pub fn check_memory(config: &RunConfig) -> Result<(), RunError> {
 /// last checkpoint, on a resume), the steps, then the summary and the charts.
 pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunOutcome, RunError> {
     check_memory(&config)?;
+    let _running = Running::new();
     let out = opts.out.clone();
     // One writer per run directory, held until this function returns.
     let _lock = match opts.lock {
@@ -817,7 +848,14 @@ fn drive(
         // in the middle.
         let mut written = Ok(());
         let mut stopped = false;
+        let mut cold = !trainer.cold_start_done();
+        if cold {
+            IN_COLD_START.fetch_add(1, Ordering::SeqCst);
+        }
         let result = trainer.run_iteration(|record| {
+            if std::mem::take(&mut cold) {
+                IN_COLD_START.fetch_sub(1, Ordering::SeqCst);
+            }
             written = sinks.write(&record);
             bar.inc(1);
             if record.step_in_iteration == 0 {
@@ -833,6 +871,9 @@ fn drive(
             driven.last = Some(record);
             written.is_ok() && !stopped
         });
+        if cold {
+            IN_COLD_START.fetch_sub(1, Ordering::SeqCst);
+        }
         written.map_err(io(&jsonl_path))?;
         if let Err(e) = result {
             if let TrainError::NonFinite { step, .. } = e {
