@@ -24,7 +24,14 @@ mkdir -p "$OUT"
 $BIN devices >&2 || true
 row() { # preset device extra-args...
   local preset=$1 device=$2; shift 2
-  $BIN bench --preset "$preset" --device "$device" --iterations "$ITER" --json "$@" 2>/dev/null | tail -1
+  local err="$OUT/$preset-$device.err"
+  # A failed bench (no such device, a bad flag) ends the script naming why.
+  if ! $BIN bench --preset "$preset" --device "$device" --iterations "$ITER" --json "$@" 2>"$err" | tail -1; then
+    echo "bench/gpu.sh: grpo-lab bench --preset $preset --device $device failed:" >&2
+    tail -n 3 "$err" >&2
+    [ "$device" = gpu ] && echo "(lavapipe on a machine without a GPU: DEVICE=software bench/gpu.sh)" >&2
+    exit 2
+  fi
 }
 printf '%-10s %-44s %12s %12s %10s %12s %12s %14s %12s %7s\n' preset engine ms/step burn_ms/step speedup dispatches subs/iter first_step_ms first_vs_burn steal%
 show() { # json-file preset
