@@ -632,6 +632,15 @@ fn resume_takes_only_what_keeps_it_the_same_run() {
             .unwrap()
             .contains("iterations = 3")
     );
+    // A run at its end resumed runs nothing and keeps its summary (its time per step).
+    let summary = std::fs::read_to_string(out.join("summary.json")).unwrap();
+    let o = train(&["--resume", dir]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("NaN"), "{}", stdout(&o));
+    assert_eq!(
+        std::fs::read_to_string(out.join("summary.json")).unwrap(),
+        summary
+    );
     // Anything else is refused, naming what.
     for (args, needle) in [
         (vec!["--set", "optimizer.lr=0.5"], "optimizer.lr=0.5"),

@@ -691,7 +691,16 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
         opts.progress,
         last_kept,
     )?;
-    let summary = write_summary(&mut trainer, &config, &out, &driven, started, steps_before)?;
+    // A resume of a run already at its end ran nothing: its summary (its time per step) stays.
+    let kept = (opts.resume && trainer.global_step() == steps_before)
+        .then(|| fs::read_to_string(out.join("summary.json")).ok())
+        .flatten()
+        .and_then(|text| serde_json::from_str::<RunSummary>(&text).ok())
+        .filter(|s| s.status == "completed" && s.steps == trainer.global_step());
+    let summary = match kept {
+        Some(summary) => summary,
+        None => write_summary(&mut trainer, &config, &out, &driven, started, steps_before)?,
+    };
     let charts = if opts.charts {
         // Charts from the file, thinned to at most 600 iterations (on a 900-pixel-wide chart):
         // memory stays flat however long the run was.
