@@ -503,10 +503,23 @@ impl GrpoApp {
         } else {
             "paused"
         };
-        let line = format!(
+        let mut line = format!(
             "iteration {it}/{total} · step {} · reward {reward}",
             self.run.steps
         );
+        // The run's first step begins with the cold start, one long call (~40 s on burn's
+        // lavapipe path) that gives no record: said, so the line does not look stuck.
+        if let Some(c) = &self.running
+            && self.playing
+            && !self.finished
+            && self.run.last.is_none()
+            && c.sft.steps > 0
+        {
+            line.push_str(&format!(
+                " · cold start: {} supervised steps first",
+                c.sft.steps
+            ));
+        }
         (state, line)
     }
 
@@ -959,6 +972,36 @@ mod tests {
             app.drain_events();
         }
         assert!(app.error.is_none(), "{:?}", app.error);
+    }
+
+    /// Before the first record the status line says the cold start runs (while playing).
+    #[test]
+    fn the_status_line_names_the_cold_start_before_the_first_record() {
+        let mut config = RunConfig::preset("transformer-sort").unwrap();
+        config.run.device = DeviceChoice::Cpu;
+        let mut app = GrpoApp::new(
+            None,
+            AppOptions {
+                inline_trainer: true,
+                config: Some(config),
+                fresh: true,
+                ..Default::default()
+            },
+        );
+        let t = std::time::Instant::now();
+        while app.device.is_empty() {
+            assert!(t.elapsed().as_secs() < 60, "the trainer never started");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            app.drain_events();
+        }
+        assert!(!app.status_line().contains("cold start"), "paused");
+        app.playing = true;
+        assert!(
+            app.status_line()
+                .contains("cold start: 100 supervised steps first"),
+            "{}",
+            app.status_line()
+        );
     }
 
     /// Reset while the trainer thread plays: the old run's records still queued are dropped,
