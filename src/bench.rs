@@ -594,14 +594,13 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
     });
     if let (Some(map), serde_json::Value::Object(burn)) = (
         report.as_object_mut(),
-        burn_json(burn_times, burn_timed.as_ref(), &per_step, first_step_ms),
+        burn_json(
+            (burn_trainer.as_ref(), burn_times),
+            burn_timed.as_ref(),
+            (&per_step, first_step_ms),
+        ),
     ) {
         map.extend(burn);
-        // What `--vs-burn` timed against: burn's engine, named as the trainer names it.
-        map.insert(
-            "burn_engine".into(),
-            burn_trainer.as_ref().map(|t| t.engine_label()).into(),
-        );
     }
     if options.json {
         println!("{report}");
@@ -634,14 +633,15 @@ fn parts_json(parts: &[Timings], mu: usize) -> serde_json::Value {
 /// step, its first step and cold start (`warm`: [`warm_up`]'s times), the speed-ups, and each
 /// iteration's ratio, burn's over ours, the two timed back to back ([`time_in_turn`]).
 fn burn_json(
-    warm: Option<[f64; 3]>,
+    (trainer, warm): (Option<&Trainer>, Option<[f64; 3]>),
     timed: Option<&Timed>,
-    ours: &[f64],
-    first_step_ms: f64,
+    (ours, first_step_ms): (&[f64], f64),
 ) -> serde_json::Value {
     let burn_ms = timed.map(|b| median(&b.per_step));
     let ms = median(ours);
     serde_json::json!({
+        // What `--vs-burn` timed against, named as its trainer names it.
+        "burn_engine": trainer.map(|t| t.engine_label()),
         "burn_ms_per_step": burn_ms,
         "speedup_vs_burn": burn_ms.map(|b| b / ms),
         "speedup_vs_burn_by_iteration": timed.map(|b| {

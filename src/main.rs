@@ -605,7 +605,7 @@ fn resumed_config(c: &ConfigArgs, out: &std::path::Path) -> Result<RunConfig> {
     let changed = stored.changed_for_resume(&wanted);
     if !changed.is_empty() {
         return Err(user(format!(
-            "--resume: `--set {}` would change the run ({}); only --set run.iterations=N (to extend it), run.threads and run.engine may",
+            "--resume: `--set {}` would change the run ({}); only --set run.iterations=N (to extend it), run.threads, run.engine and --device may",
             sets.join(" --set "),
             changed.join(", ")
         )));

@@ -12,6 +12,26 @@ fn grpo_lab(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// `grpo-lab train --device cpu --quiet --out dir` with `args` (a preset, its overrides), in
+/// the background, and a SIGINT for it.
+fn spawn_train(args: &[&str], dir: &str) -> (std::process::Child, impl Fn(&std::process::Child)) {
+    let child = Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
+        .arg("train")
+        .args(args)
+        .args(["--device", "cpu", "--quiet", "--out", dir])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let int = |child: &std::process::Child| {
+        Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+    };
+    (child, int)
+}
+
 fn stdout(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -224,25 +244,17 @@ fn train_writes_the_run_and_refuses_to_overwrite() {
 fn ctrl_c_flushes_metrics_and_writes_a_checkpoint() {
     let out = temp_dir("cli-sigint");
     let dir = out.to_str().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
-        .args([
-            "train",
+    let (mut child, int) = spawn_train(
+        &[
             "--preset",
             "lecture17",
             "--set",
             "run.iterations=100000",
             "--set",
             "run.checkpoint_every=0",
-            "--device",
-            "cpu",
-            "--quiet",
-            "--out",
-            dir,
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        ],
+        dir,
+    );
     // Wait until it is training for real.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while std::fs::metadata(out.join("metrics.jsonl"))
@@ -255,10 +267,7 @@ fn ctrl_c_flushes_metrics_and_writes_a_checkpoint() {
         );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
+    int(&child);
     let status = child.wait().unwrap();
     assert_eq!(
         status.code(),
@@ -290,23 +299,10 @@ fn ctrl_c_flushes_metrics_and_writes_a_checkpoint() {
 fn a_second_ctrl_c_in_the_cold_start_stops_at_once() {
     let out = temp_dir("cli-sigint-cold");
     let dir = out.to_str().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
-        .args([
-            "train",
-            "--preset",
-            "transformer-sort",
-            "--set",
-            "sft.steps=20000",
-            "--device",
-            "cpu",
-            "--quiet",
-            "--out",
-            dir,
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (mut child, int) = spawn_train(
+        &["--preset", "transformer-sort", "--set", "sft.steps=20000"],
+        dir,
+    );
     let secs = std::time::Duration::from_secs;
     // The initial checkpoint is written right before the cold start.
     let deadline = std::time::Instant::now() + secs(120);
@@ -317,15 +313,9 @@ fn a_second_ctrl_c_in_the_cold_start_stops_at_once() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let int = || {
-        Command::new("kill")
-            .args(["-INT", &child.id().to_string()])
-            .status()
-            .unwrap()
-    };
-    int();
+    int(&child);
     std::thread::sleep(std::time::Duration::from_millis(300));
-    int();
+    int(&child);
     // 20 000 supervised steps take minutes; stopped at once, it is gone within seconds.
     let deadline = std::time::Instant::now() + secs(20);
     let status = loop {
@@ -713,16 +703,18 @@ fn resume_moves_a_run_between_the_wgsl_and_the_fused_engine() {
     };
     let per = lines().len() / 2;
     assert!(per >= 1);
-    let o = train(&[
-        "--resume",
-        dir,
-        "--device",
-        "cpu",
-        "--set",
-        "run.engine=auto",
-        "--set",
-        "run.iterations=3",
-    ]);
+    // `--resume DIR` on `device` (the recorded one where None) with `sets`.
+    let resume = |device: Option<&str>, sets: &[&str]| {
+        let mut a = vec!["--resume", dir];
+        if let Some(d) = device {
+            a.extend(["--device", d]);
+        }
+        for set in sets {
+            a.extend(["--set", set]);
+        }
+        train(&a)
+    };
+    let o = resume(Some("cpu"), &["run.engine=auto", "run.iterations=3"]);
     assert!(o.status.success(), "to the fused engine: {}", stderr(&o));
     assert!(
         stderr(&o).contains("fused CPU transformer"),
@@ -731,7 +723,7 @@ fn resume_moves_a_run_between_the_wgsl_and_the_fused_engine() {
     );
     // Where it moved is recorded: a plain `--resume` goes on there, even with nothing to
     // extend (a run already at its end continues nothing and stays as it is).
-    let o = train(&["--resume", dir]);
+    let o = resume(None, &[]);
     assert!(o.status.success(), "plain resume: {}", stderr(&o));
     assert!(
         stderr(&o).contains("fused CPU transformer"),
@@ -739,14 +731,7 @@ fn resume_moves_a_run_between_the_wgsl_and_the_fused_engine() {
         stderr(&o)
     );
     assert_eq!(lines().len(), 3 * per);
-    let o = train(&[
-        "--resume",
-        dir,
-        "--device",
-        "software",
-        "--set",
-        "run.engine=wgsl",
-    ]);
+    let o = resume(Some("software"), &["run.engine=wgsl"]);
     assert!(
         o.status.success(),
         "moved back, nothing to run: {}",
@@ -754,7 +739,7 @@ fn resume_moves_a_run_between_the_wgsl_and_the_fused_engine() {
     );
     let toml = std::fs::read_to_string(out.join("config.toml")).unwrap();
     assert!(toml.contains("engine = \"wgsl\""), "{toml}");
-    let o = train(&["--resume", dir, "--set", "run.iterations=4"]);
+    let o = resume(None, &["run.iterations=4"]);
     assert!(
         o.status.success(),
         "back to the WGSL engine: {}",
@@ -769,16 +754,7 @@ fn resume_moves_a_run_between_the_wgsl_and_the_fused_engine() {
             .unwrap()
             .contains("iterations = 4")
     );
-    let o = train(&[
-        "--resume",
-        dir,
-        "--device",
-        "software",
-        "--set",
-        "run.engine=burn",
-        "--set",
-        "run.iterations=5",
-    ]);
+    let o = resume(Some("software"), &["run.engine=burn", "run.iterations=5"]);
     assert!(!o.status.success());
     let err = stderr(&o);
     assert!(
@@ -807,42 +783,33 @@ fn bad_sizes_are_refused_with_exit_2() {
         );
     }
     let out = temp_dir("cli-small-space");
-    let o = grpo_lab(&[
-        "train",
-        "--preset",
-        "random-sort",
-        "--device",
-        "cpu",
-        "--quiet",
-        "--set",
+    let random_sort = |sets: &[&str]| {
+        let mut a = vec![
+            "train",
+            "--preset",
+            "random-sort",
+            "--device",
+            "cpu",
+            "--quiet",
+        ];
+        for set in sets {
+            a.extend(["--set", set]);
+        }
+        a.extend(["--out", out.to_str().unwrap()]);
+        grpo_lab(&a)
+    };
+    let o = random_sort(&[
         "task.n=3",
-        "--set",
         "task.vocab=3",
-        "--set",
         "task.allow_repeats=false",
-        "--set",
         "task.train_size=30",
-        "--set",
         "task.heldout_size=8",
-        "--out",
-        out.to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("distinct prompts"), "{}", stderr(&o));
     // Refused before anything is written: the corrected command needs no --force.
     assert!(!out.join("config.toml").exists());
-    let o = grpo_lab(&[
-        "train",
-        "--preset",
-        "random-sort",
-        "--device",
-        "cpu",
-        "--quiet",
-        "--set",
-        "run.iterations=1",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let o = random_sort(&["run.iterations=1"]);
     assert!(o.status.success(), "{}", stderr(&o));
 }
 

@@ -765,8 +765,8 @@ impl RunConfig {
     pub fn from_table(table: toml::Table) -> Result<Self, ConfigError> {
         let reference = toml::Table::try_from(RunConfig::default()).expect("default serializes");
         check_keys(&table, &reference, "")?;
-        // Fill missing fields from defaults, then deserialize section by section so the
-        // error can name the section.
+        // Fill missing fields from defaults, then deserialize; serde's error names no key, so
+        // the key is found by trying the values one at a time (first_bad_leaf).
         let mut merged = reference.clone();
         merge(&mut merged, table);
         let config: RunConfig =
