@@ -1244,53 +1244,57 @@ fn check_keys(
     Ok(())
 }
 
+/// Every leaf key of a config table, dotted (free-form maps count as one leaf).
+fn leaf_keys(table: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+    for (k, v) in table {
+        let path = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            toml::Value::Table(sub) if !FREE_MAPS.contains(&path.as_str()) => {
+                leaf_keys(sub, &path, out)
+            }
+            _ => out.push(path),
+        }
+    }
+}
+
+/// The value at a dotted key of `table`, replaced as written (`set_path` converts it as
+/// `--set` does); nothing where a section on the way is missing.
+fn put_path(table: &mut toml::Table, parts: &[&str], v: toml::Value) {
+    match parts {
+        [last] => {
+            table.insert(last.to_string(), v);
+        }
+        [first, rest @ ..] => {
+            if let Some(toml::Value::Table(sub)) = table.get_mut(*first) {
+                put_path(sub, rest, v);
+            }
+        }
+        [] => {}
+    }
+}
+
 /// A leaf of `table` (its dotted key) that does not deserialize when set alone over
 /// `reference` (the defaults), with serde's reason.
 fn first_bad_leaf(table: &toml::Table, reference: &toml::Table) -> Option<(String, String)> {
-    let mut stack = vec![(String::new(), table)];
-    while let Some((at, t)) = stack.pop() {
-        for (k, v) in t {
-            let key = if at.is_empty() {
-                k.clone()
-            } else {
-                format!("{at}.{k}")
-            };
-            match v {
-                toml::Value::Table(sub) if !FREE_MAPS.contains(&key.as_str()) => {
-                    stack.push((key, sub));
-                }
-                _ => {
-                    // Inserted as written (set_path would convert it as `--set` does).
-                    fn insert(t: &mut toml::Table, parts: &[&str], v: toml::Value) {
-                        match parts {
-                            [last] => {
-                                t.insert(last.to_string(), v);
-                            }
-                            [first, rest @ ..] => {
-                                if let Some(toml::Value::Table(sub)) = t.get_mut(*first) {
-                                    insert(sub, rest, v);
-                                }
-                            }
-                            [] => {}
-                        }
-                    }
-                    let mut probe = reference.clone();
-                    let parts: Vec<&str> = key.split('.').collect();
-                    insert(&mut probe, &parts, v.clone());
-                    if let Err(e) = toml::Value::Table(probe).try_into::<RunConfig>() {
-                        let mut reason = e.message().to_string();
-                        if let Some(f) = FIELDS.iter().find(|f| f.key == key)
-                            && !reason.contains("expected one of")
-                        {
-                            reason.push_str(&format!("; allowed {}", f.allowed()));
-                        }
-                        return Some((key, reason));
-                    }
-                }
-            }
+    let mut keys = Vec::new();
+    leaf_keys(table, "", &mut keys);
+    keys.into_iter().find_map(|key| {
+        let mut probe = reference.clone();
+        let parts: Vec<&str> = key.split('.').collect();
+        put_path(&mut probe, &parts, get_path(table, &key)?.clone());
+        let e = toml::Value::Table(probe).try_into::<RunConfig>().err()?;
+        let mut reason = e.message().to_string();
+        if let Some(f) = FIELDS.iter().find(|f| f.key == key)
+            && !reason.contains("expected one of")
+        {
+            reason.push_str(&format!("; allowed {}", f.allowed()));
         }
-    }
-    None
+        Some((key, reason))
+    })
 }
 
 fn merge(base: &mut toml::Table, over: toml::Table) {
@@ -1478,23 +1482,6 @@ mod tests {
                 e.contains(&format!("`{key}`")) && e.contains(needle),
                 "{text}: {e}"
             );
-        }
-    }
-
-    /// Every leaf key of a config, dotted (free-form maps count as one leaf).
-    fn leaf_keys(table: &toml::Table, prefix: &str, out: &mut Vec<String>) {
-        for (k, v) in table {
-            let path = if prefix.is_empty() {
-                k.clone()
-            } else {
-                format!("{prefix}.{k}")
-            };
-            match v {
-                toml::Value::Table(sub) if !FREE_MAPS.contains(&path.as_str()) => {
-                    leaf_keys(sub, &path, out)
-                }
-                _ => out.push(path),
-            }
         }
     }
 

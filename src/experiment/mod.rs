@@ -4,9 +4,10 @@
 //! table) describe one matrix each.
 
 use crate::config::{ConfigError, DeviceChoice, RunConfig};
-use crate::metrics::{Getter, RunSummary, StepRecord};
+use crate::metrics::{Getter, StepRecord};
 use crate::report::stats::mean_std;
 use crate::report::{Series, line_chart};
+use crate::train::run::read_summary;
 use crate::train::{self, RunOptions};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -757,12 +758,6 @@ impl Matrix {
             },
         })
     }
-}
-
-/// A run's `summary.json`, if it has one that reads.
-fn read_summary(dir: &Path) -> Option<RunSummary> {
-    let text = std::fs::read_to_string(dir.join("summary.json")).ok()?;
-    serde_json::from_str(&text).ok()
 }
 
 pub(super) fn run_dir(out: &Path, cell: &Cell, seed: u64) -> PathBuf {

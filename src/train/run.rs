@@ -693,9 +693,8 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
     )?;
     // A resume of a run already at its end ran nothing: its summary (its time per step) stays.
     let kept = (opts.resume && trainer.global_step() == steps_before)
-        .then(|| fs::read_to_string(out.join("summary.json")).ok())
+        .then(|| read_summary(&out))
         .flatten()
-        .and_then(|text| serde_json::from_str::<RunSummary>(&text).ok())
         .filter(|s| s.status == "completed" && s.steps == trainer.global_step());
     let summary = match kept {
         Some(summary) => summary,
@@ -718,6 +717,12 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
         out,
         charts,
     })
+}
+
+/// A run's `summary.json`, if it has one that reads.
+pub fn read_summary(dir: &Path) -> Option<RunSummary> {
+    let text = fs::read_to_string(dir.join("summary.json")).ok()?;
+    serde_json::from_str(&text).ok()
 }
 
 /// The config a run goes on with. A new run records it in `out` (refusing a directory that
