@@ -19,6 +19,21 @@ fn flat_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * 64u;
 }
 
+// flat_index with the workgroups folded: workgroup 2w does block w, 2w + 1 block W − 1 − w (a
+// permutation of the W blocks). For work whose cost grows along the index (causal attention
+// over position-major rows): lavapipe hands each of its N threads one contiguous run of a
+// dispatch's workgroups (W / N of them, llvmpipe's lp_cs_tpool), so in index order the thread
+// with the last positions did most of the work (attention's kernels ran at 0.6 of two threads'
+// speed on transformer-sort). Folded, every run of an even number of workgroups holds pairs
+// of cheap and dear blocks. The same invocations, so the same results.
+fn folded_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    let total = nwg.x * nwg.y;
+    let w = gid.x / 64u + gid.y * nwg.x;
+    let half = w / 2u;
+    let block = select(total - 1u - half, half, (w & 1u) == 0u);
+    return block * 64u + gid.x % 64u;
+}
+
 // The per-token GRPO objective (GRPO-SPEC §4), once for every kernel; reference:
 // objective::loss::reference (pg_term, kl_term, clip_flags), with its PgParams: the loss (0
 // naive, 1 unclipped, 2 clipped, 3 cispo, 4 sapo), the clip range [lo, hi], the dual clip c

@@ -237,8 +237,19 @@ fn matmul_window_subgroup(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
-    let gi = wid.y * WIN_ROWS + lid.x;
+    // A product of at most 64 rows (one row block, nwg.y = 1) may come cut into nwg.z
+    // workgroups of `rows_wg` rows (a multiple of 8, so whole subgroups return): lavapipe gives
+    // each of its threads one contiguous run of a dispatch's workgroups, so a single workgroup
+    // ran on one thread (∂W_o's 64 × 64 × 640, 0.55 ms a supervised step, at 0.44 of two
+    // threads' speed). The same rows, products and order: the same bits.
+    var rows_wg = WIN_ROWS;
+    if (nwg.z > 1u) {
+        rows_wg = min(WIN_ROWS, ((mm.m + nwg.z - 1u) / nwg.z + 7u) / 8u * 8u);
+    }
+    if (lid.x >= rows_wg) { return; }
+    let gi = wid.y * WIN_ROWS + wid.z * rows_wg + lid.x;
     // A subgroup whose rows are all past C's is done (the same for all its lanes, so the
     // broadcasts below stay whole): llvmpipe runs a workgroup's subgroups one after another and
     // skips the rest of a returned one, where it computed clamped rows for nothing before —

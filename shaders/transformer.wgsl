@@ -342,14 +342,14 @@ fn w4set(i: u32, v: f32) {
 // reads it: a rollout's, the reference's).
 @compute @workgroup_size(64)
 fn attention4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(gid, nwg);
+    let i = folded_index(gid, nwg);
     if (i >= range_count() * tp.h) { return; }
     attention_query4(i, true);
 }
 
 @compute @workgroup_size(64)
 fn attention4_ctx(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(gid, nwg);
+    let i = folded_index(gid, nwg);
     if (i >= range_count() * tp.h) { return; }
     attention_query4(i, false);
 }
@@ -757,7 +757,7 @@ fn attn_back_kv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
 // order per column).
 @compute @workgroup_size(64)
 fn attn_back_q4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(gid, nwg);
+    let i = folded_index(gid, nwg);
     if (i >= total_rows() * tp.h) { return; }
     let head = i % tp.h;
     let row = i / tp.h;
@@ -909,7 +909,7 @@ fn attn_back_kv_small(row: u32, head: u32, j: u32, dq: u32, out: u32) {
 
 @compute @workgroup_size(64)
 fn attn_back_kv4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(gid, nwg);
+    let i = folded_index(gid, nwg);
     if (i >= total_rows() * tp.h) { return; }
     let head = i % tp.h;
     let row = i / tp.h;

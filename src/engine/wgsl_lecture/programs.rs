@@ -291,6 +291,26 @@ impl WindowPrograms {
         }
     }
 
+    /// The grid of a window product of `m` rows and `n` columns on the kernel [`Self::rows_of`]
+    /// picked (`(two, cols, rows)`): column blocks × row blocks, and where the one-row subgroup
+    /// kernel would run fewer than 4 workgroups (a product of at most 64 rows), its row block
+    /// cut into up to 4 along z (matmul_subgroup.wgsl's `rows_wg`): lavapipe runs each of its
+    /// threads on one contiguous run of a dispatch's workgroups, so one workgroup used one core.
+    pub(super) fn grid(
+        &self,
+        m: u32,
+        n: u32,
+        (two, cols, rows): (bool, u32, u32),
+    ) -> (u32, u32, u32) {
+        let (x, y) = (n.div_ceil(cols).max(1), m.div_ceil(rows).max(1));
+        let z = if self.subgroup && !two && y == 1 && x < 4 {
+            (4 / x).min(m.div_ceil(8)).max(1)
+        } else {
+            1
+        };
+        (x, y, z)
+    }
+
     /// The pipeline at `index` (see `pipelines`), built on its first use: only the variants a
     /// run's products take are compiled (all 24 up front cost lavapipe ~0.4 s of set-up).
     /// `matmul_window` reads B entry by entry whatever VEC_B, stores C quad by quad and has one

@@ -562,17 +562,14 @@ impl Recorder {
                 Some(e) => StepParamsOrMm::MmThen(part, e),
                 None => StepParamsOrMm::Mm(part),
             });
-            let (two, cols, rows) = w.rows_of(part.m, norm);
+            let kernel = w.rows_of(part.m, norm);
+            let (two, cols, _) = kernel;
             let mode = epi.map_or(0, |e| e.mode());
             self.ops.push(Op::Window {
                 pipeline: w.pipeline(WindowPrograms::index(mode, two, window_modes(&part, cols))),
                 slot,
                 window,
-                grid: (
-                    part.n.div_ceil(cols).max(1),
-                    part.m.div_ceil(rows).max(1),
-                    1,
-                ),
+                grid: w.grid(part.m, part.n, kernel),
                 group: group.clone(),
             });
             self.dispatches += 1;
@@ -608,7 +605,7 @@ impl Recorder {
             pipeline: w.pipeline(WindowPrograms::index(programs::B_WORK, two, modes)),
             slot,
             window: 0,
-            grid: (mm.n.div_ceil(cols).max(1), mm.m.div_ceil(rows).max(1), 1),
+            grid: w.grid(mm.m, mm.n, (two, cols, rows)),
             group: group.clone(),
         });
         self.dispatches += 1;
