@@ -120,6 +120,12 @@ fn store8(at: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, a
 //         block's b₂, which the next LayerNorm used to add) stored at C, then layer_norm4's
 //         sums in its order, y = x̂·g + β at e_out (g at e_gain, β after it); with 4 also x̂
 //         at e_aux and 1/σ at e_rstd.
+//   5     GELU's backward: dh = C (+ the old value) times Φ(h) + h·φ(h), stored at C (h at
+//         e_aux, Φ(h) at e_out) — gelu_backward4's arithmetic.
+//   6     LayerNorm's backward of C's rows, C the LayerNorm's dy (the one-row kernel with n =
+//         SG_COLS, as 3 and 4): C (+ the old value) stored, then ln_backward4's sums in its
+//         order, dx = (1/σ)·(dy·g − m₁ − x̂·m₂) at e_out, added to where e_flags bit 1 says (g at
+//         e_gain, x̂ at e_aux, 1/σ at e_rstd).
 // The same operations in the same order as the dispatches they replace: the same values.
 override EPI: u32 = 0u;
 
@@ -132,6 +138,12 @@ fn gelu_quad(gi: u32, j: u32, acc: vec4<f32>) {
     let at = (mm.c_off + o) >> 2u;
     var c = acc;
     if ((mm.flags & 1u) != 0u) { c = work[at] + acc; }
+    if (EPI == 5u) {
+        let x = work[(mm.e_aux + o) >> 2u];
+        let g = work[(mm.e_out + o) >> 2u] + x * 0.3989423 * exp(-0.5 * x * x);
+        work[at] = c * g;
+        return;
+    }
     let h = c + params[(mm.e_bias + j) >> 2u];
     let p = vec4<f32>(normal_cdf(h.x), normal_cdf(h.y), normal_cdf(h.z), normal_cdf(h.w));
     if (EPI == 2u) {
@@ -229,6 +241,50 @@ fn norm16(gi: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, a
     }
     for (var q = 0u; q < nq; q++) {
         norm_y(gi, q, work[at + q], mean, r);
+    }
+}
+
+// Row gi (sixteen quads: n = SG_COLS) through LayerNorm's backward (EPI 6): C stored by norm_x
+// (no bias: e_flags bit 0 is clear), then ln_backward4's two passes over the row read back.
+fn ln_back16(gi: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, a4: vec4<f32>, a5: vec4<f32>, a6: vec4<f32>, a7: vec4<f32>, a8: vec4<f32>, a9: vec4<f32>, a10: vec4<f32>, a11: vec4<f32>, a12: vec4<f32>, a13: vec4<f32>, a14: vec4<f32>, a15: vec4<f32>) {
+    let nq = mm.n >> 2u;
+    for (var g = 0u; g < nq / 4u; g++) {
+        _ = norm_x(gi, 4u * g, pick4(g, a0, a4, a8, a12));
+        _ = norm_x(gi, 4u * g + 1u, pick4(g, a1, a5, a9, a13));
+        _ = norm_x(gi, 4u * g + 2u, pick4(g, a2, a6, a10, a14));
+        _ = norm_x(gi, 4u * g + 3u, pick4(g, a3, a7, a11, a15));
+    }
+    let at = (mm.c_off + gi * mm.c_rs) >> 2u;
+    let o = (gi * mm.c_rs) >> 2u;
+    let gq = mm.e_gain >> 2u;
+    let hq = (mm.e_aux >> 2u) + o;
+    var m1 = 0.0;
+    var m2 = 0.0;
+    for (var q = 0u; q < nq; q++) {
+        let dh = work[at + q] * params[gq + q];
+        let hv = work[hq + q];
+        m1 += dh.x;
+        m2 += dh.x * hv.x;
+        m1 += dh.y;
+        m2 += dh.y * hv.y;
+        m1 += dh.z;
+        m2 += dh.z * hv.z;
+        m1 += dh.w;
+        m2 += dh.w * hv.w;
+    }
+    m1 /= f32(mm.n);
+    m2 /= f32(mm.n);
+    let i = mm.e_rstd + gi;
+    let r = work[i >> 2u][i & 3u];
+    let add = (mm.e_flags & 2u) != 0u;
+    let xq = (mm.e_out >> 2u) + o;
+    for (var q = 0u; q < nq; q++) {
+        let dx = r * (work[at + q] * params[gq + q] - vec4<f32>(m1) - work[hq + q] * m2);
+        if (add) {
+            work[xq + q] = work[xq + q] + dx;
+        } else {
+            work[xq + q] = dx;
+        }
     }
 }
 
@@ -359,8 +415,12 @@ fn matmul_window_subgroup(
     // 1280 × 192 × 64: 1.38 → 1.03 ms), whichever path a dispatch then took.
     if (WHOLE) {
         if (gi >= mm.m) { return; }
-        if (EPI == 1u || EPI == 2u) {
+        if (EPI == 1u || EPI == 2u || EPI == 5u) {
             gelu16(gi, gi, j0, false, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15);
+            return;
+        }
+        if (EPI == 6u) {
+            ln_back16(gi, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15);
             return;
         }
         if (EPI == 3u || EPI == 4u) {
@@ -543,7 +603,7 @@ fn matmul_window_subgroup2(
         acc7 = fma(x3, b37, acc7);
         acc15 = fma(y3, b37, acc15);
     }
-    if (WHOLE && (EPI == 1u || EPI == 2u)) {
+    if (WHOLE && (EPI == 1u || EPI == 2u || EPI == 5u)) {
         gelu16(gi, gh, j0, true, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15);
         return;
     }

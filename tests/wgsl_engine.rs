@@ -104,6 +104,22 @@ fn relocate(op: HarnessOp, model: u32, work: u32, ints: u32) -> HarnessOp {
                         *o += work;
                     }
                 }
+                Epilogue::GeluBack { pre, cdf } => {
+                    *pre += work;
+                    *cdf += work;
+                }
+                Epilogue::LnBack {
+                    gain,
+                    xhat,
+                    rstd,
+                    dx,
+                    ..
+                } => {
+                    *gain += model;
+                    for o in [xhat, rstd, dx] {
+                        *o += work;
+                    }
+                }
             }
             HarnessOp::MatmulThen(mm, then)
         }
@@ -282,8 +298,10 @@ fn matmul_window_subgroup_is_bit_identical() {
 }
 
 /// matmul_subgroup.wgsl's epilogues — GELU after the product (the transformer's W₁), a
-/// LayerNorm of each row after it (W_o, W₂ and the b₂ before the next LayerNorm) — against the
-/// product's reference followed by the fused transformer engine's GELU and LayerNorm: one and
+/// LayerNorm of each row after it (W_o, W₂ and the b₂ before the next LayerNorm), and their
+/// backwards (dh = dx·W₂ᵀ times GELU's derivative; the LayerNorm's dx after the dX of the head,
+/// W₁ and W_qkv) — against the product's reference followed by the fused transformer engine's
+/// GELU, LayerNorm and their backwards: one and
 /// two rows of C an invocation (m of 1, odd, 64 and past it), B within a window or cut into
 /// ranges of k (the epilogue on the last), C accumulated or not, with and without what the
 /// backward keeps and the LayerNorm's bias.
@@ -296,7 +314,9 @@ fn matmul_epilogues_match_the_reference() {
     let mut cases = Vec::new();
     for m in [1usize, 5, 64, 65, 130] {
         for k in [4usize, 64, 260] {
-            for norm in [false, true] {
+            // GELU, LayerNorm, GELU's backward, LayerNorm's backward.
+            for kind in 0..4 {
+                let norm = kind % 2 == 1;
                 let n = if norm { 64 } else { pick(&mut rng, &[64, 128]) };
                 let (keep, accumulate) = (rng.below(2) == 0, rng.below(2) == 0);
                 let mut buf = Buffers::default();
@@ -323,7 +343,20 @@ fn matmul_epilogues_match_the_reference() {
                     reduce: false,
                     c_cs: 0,
                 };
-                let then = if norm {
+                let then = if kind == 2 {
+                    Epilogue::GeluBack {
+                        pre: out,
+                        cdf: out + m32 * n32,
+                    }
+                } else if kind == 3 {
+                    Epilogue::LnBack {
+                        gain: v,
+                        xhat: out,
+                        dx: out + m32 * n32,
+                        rstd: out + 2 * m32 * n32,
+                        add: keep,
+                    }
+                } else if norm {
                     Epilogue::Norm {
                         bias: (rng.below(2) == 0).then_some(v + 2 * n32),
                         gain: v,
@@ -369,7 +402,7 @@ fn matmul_epilogues_match_the_reference() {
             "matmul epilogues: work[{i}]: kernel {g} vs reference {r}"
         );
     }
-    eprintln!("epilogues: 30 cases, {} values compared", gpu.work.len());
+    eprintln!("epilogues: 60 cases, {} values compared", gpu.work.len());
 }
 
 /// The weight gradients' products with B read in place (matmul_subgroup.wgsl's `B_WORK`): ∂W =

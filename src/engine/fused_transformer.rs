@@ -441,7 +441,7 @@ pub(crate) fn layer_norm(
 /// LayerNorm's backward: `dx += ∂/∂x`, `dg`, `db` accumulate.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn layer_norm_backward(
+pub(crate) fn layer_norm_backward(
     dy: &[f32],
     xhat: &[f32],
     rstd: &[f32],
@@ -568,7 +568,7 @@ fn gelu_grad(x: f32) -> f32 {
 
 /// `gelu_grad` with `Φ(x)` already known (the forward keeps it).
 #[inline(always)]
-fn gelu_grad_from(x: f32, cdf: f32) -> f32 {
+pub(crate) fn gelu_grad_from(x: f32, cdf: f32) -> f32 {
     const INV_SQRT_2PI: f32 = 0.398_942_3;
     cdf + x * INV_SQRT_2PI * exp_fast(-0.5 * x * x)
 }

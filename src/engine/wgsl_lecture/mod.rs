@@ -361,7 +361,7 @@ struct WindowPrograms {
     module: wgpu::ShaderModule,
     entry: &'static str,
     pipeline_layout: wgpu::PipelineLayout,
-    /// Per `EPI` (0 … 4; or 5: none, B read in place, `B_WORK`) × 24 + two rows (0, 1) × 12 +
+    /// Per `EPI` (0 … 6; or 7: none, B read in place, `B_WORK`) × 24 + two rows (0, 1) × 12 +
     /// `WHOLE` (0, 1) × 6 + `VEC_K` (0, 1) × 3 + `VEC_B` (0, 1, 2) (see `submit::window_modes`),
     /// each built on its first use ([`WindowPrograms::index`], [`WindowPrograms::pipeline`]).
     pipelines: Vec<std::sync::OnceLock<wgpu::ComputePipeline>>,

@@ -271,7 +271,7 @@ pub(super) fn step_bind_group(
 
 /// The place of matmul_subgroup.wgsl's `B_WORK` pipelines (no epilogue, B read in place)
 /// among the `EPI` values of [`WindowPrograms::index`].
-pub(super) const B_WORK: usize = 5;
+pub(super) const B_WORK: usize = 7;
 
 impl WindowPrograms {
     /// The pipeline of `EPI` `epi` (or [`B_WORK`]), one or `two` rows of C per invocation, and
@@ -329,7 +329,7 @@ impl WindowPrograms {
                     ("WHOLE", (slot / 6 % 2) as f64),
                     ("VEC_K", (slot / 3 % 2) as f64),
                     ("VEC_B", (slot % 3) as f64),
-                    ("EPI", (epi % B_WORK) as f64),
+                    ("EPI", if epi == B_WORK { 0.0 } else { epi as f64 }),
                     ("B_WORK", (epi == B_WORK) as u32 as f64),
                 ];
                 let (entry, consts) = match (subgroup, slot % 24 >= 12) {

@@ -5,7 +5,9 @@
 
 use super::{CHUNK, Epilogue, MatmulParams, StepParams};
 use crate::config::{KlEstimator, LossMode};
-use crate::engine::fused_transformer::{layer_norm, normal_cdf};
+use crate::engine::fused_transformer::{
+    gelu_grad_from, layer_norm, layer_norm_backward, normal_cdf,
+};
 use crate::objective::loss::PgParams;
 use crate::objective::loss::reference::{clip_flags, kl_term, pg_term};
 use crate::objective::numeric::{row_entropy, row_softmax};
@@ -118,6 +120,32 @@ pub fn epilogue(buf: &mut Buffers, mm: &MatmulParams, then: &Epilogue) {
                     buf.work[at(xhat)..at(xhat) + n].copy_from_slice(&h);
                     buf.work[rstd as usize + i] = r[0];
                 }
+            }
+            Epilogue::GeluBack { pre, cdf } => {
+                for j in 0..n {
+                    let at = o + j;
+                    let g =
+                        gelu_grad_from(buf.work[pre as usize + at], buf.work[cdf as usize + at]);
+                    buf.work[row + j] *= g;
+                }
+            }
+            Epilogue::LnBack {
+                gain,
+                xhat,
+                rstd,
+                dx,
+                add,
+            } => {
+                let dy = buf.work[row..row + n].to_vec();
+                let h = buf.work[xhat as usize + o..][..n].to_vec();
+                let r = [buf.work[rstd as usize + i]];
+                let g = buf.model[gain as usize..][..n].to_vec();
+                let out = &mut buf.work[dx as usize + o..][..n];
+                if !add {
+                    out.fill(0.0);
+                }
+                let (mut dg, mut db) = (vec![0.0; n], vec![0.0; n]);
+                layer_norm_backward(&dy, &h, &r, &g, n, &mut dg, &mut db, out, &mut Vec::new());
             }
         }
     }

@@ -394,15 +394,35 @@ pub enum Epilogue {
         rstd: u32,
         keep: bool,
     },
+    /// GELU's backward: `C·(Φ(h) + h·φ(h))` stored at C, C the gradient of GELU's output
+    /// (`h` at `pre`, `Φ(h)` at `cdf`; transformer.wgsl's `gelu_backward4`).
+    GeluBack { pre: u32, cdf: u32 },
+    /// LayerNorm's backward: C (the LayerNorm's dy) stored, then each row's `dx` into `dx`
+    /// (added to where `add`), with the gain at `gain` and the forward's `x̂` at `xhat` and
+    /// `1/σ` at `rstd` (`ln_backward4`). C's rows must be whole in one invocation: n = 64.
+    LnBack {
+        gain: u32,
+        xhat: u32,
+        rstd: u32,
+        dx: u32,
+        add: bool,
+    },
 }
 
 impl Epilogue {
-    /// matmul_subgroup.wgsl's `EPI` for it (1 … 4).
+    /// matmul_subgroup.wgsl's `EPI` for it (1 … 6).
     pub(super) fn mode(&self) -> usize {
         match self {
             Self::Gelu { keep, .. } => 1 + *keep as usize,
             Self::Norm { keep, .. } => 3 + *keep as usize,
+            Self::GeluBack { .. } => 5,
+            Self::LnBack { .. } => 6,
         }
+    }
+
+    /// Whether each row of C must be whole in one invocation (the LayerNorms).
+    pub(super) fn whole_rows(&self) -> bool {
+        matches!(self, Self::Norm { .. } | Self::LnBack { .. })
     }
 
     /// Whether every vector the epilogue reads or writes starts at a multiple of 4.
@@ -417,6 +437,8 @@ impl Epilogue {
                 xhat,
                 ..
             } => quads(&[bias.unwrap_or(0), gain, y, xhat]),
+            Self::GeluBack { pre, cdf } => quads(&[pre, cdf]),
+            Self::LnBack { gain, xhat, dx, .. } => quads(&[gain, xhat, dx]),
         }
     }
 
@@ -441,6 +463,14 @@ impl Epilogue {
                 0,
                 0,
             ],
+            Self::GeluBack { pre, cdf } => [0, 0, cdf, pre, 0, 0, 0, 0],
+            Self::LnBack {
+                gain,
+                xhat,
+                rstd,
+                dx,
+                add,
+            } => [0, gain, dx, xhat, rstd, (add as u32) << 1, 0, 0],
         }
     }
 }
@@ -540,7 +570,7 @@ impl Recorder {
         };
         // Two rows of C per invocation where there are more than 64 rows (not with a
         // LayerNorm after: its rows must be whole in one invocation).
-        let norm = matches!(then, Some(Epilogue::Norm { .. }));
+        let norm = then.is_some_and(|e| e.whole_rows());
         let cols = |part: &MatmulParams| w.rows_of(part.m, norm).1;
         if let Some(e) = then {
             let whole = |part: &MatmulParams| window_modes(part, cols(part)) >= 6;

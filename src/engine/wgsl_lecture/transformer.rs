@@ -852,8 +852,9 @@ impl WgslTransformer {
         rec.tf(p, "dlogits", dl, nr);
         let out = self.over(base, (self.n - 1, at.s));
         let head = at.span((self.n - 1, at.s));
-        self.record_linear_back(rec, head, (at.af, d), (at.dl, v), wl.head, at.da);
-        self.record_ln_back(rec, out, (at.xhatf, at.rstdf), wl.lnf_g, false);
+        debug_assert_eq!(head, (out.r0 as usize, out.rn as usize));
+        let head_w = ((at.af, d), (at.dl, v), wl.head);
+        self.record_linear_ln_back(rec, out, head_w, ((at.xhatf, at.rstdf), wl.lnf_g, false));
         self.record_clear(rec, at.dx, head.0 * d);
         let layers = wl.blocks.len();
         for (l, (bl, ba)) in wl.blocks.iter().zip(&at.blocks).enumerate().rev() {
@@ -871,8 +872,9 @@ impl WgslTransformer {
             rec.tf(p, self.attention("attn_back_q"), back, nr * s.heads);
             rec.tf(p, self.attention("attn_back_kv"), back, nr * s.heads);
             let all = (0, nr);
-            self.record_linear_back(rec, all, (ba.a1, d), (at.dqkv, 3 * d), bl.wqkv, at.da);
-            self.record_ln_back(rec, base, (ba.xhat1, ba.rstd1), bl.ln1_g, true);
+            debug_assert_eq!(all, (base.r0 as usize, base.rn as usize));
+            let qkv = ((ba.a1, d), (at.dqkv, 3 * d), bl.wqkv);
+            self.record_linear_ln_back(rec, base, qkv, ((ba.xhat1, ba.rstd1), bl.ln1_g, true));
         }
         // x = tok_emb[token] + pos_emb[position]: ∂tok_emb = onehot(tokens)ᵀ·dx, ∂pos_emb[p] =
         // Σ over position p's rows of dx; the positions past S get 0.
@@ -910,22 +912,31 @@ impl WgslTransformer {
         let u = |x: usize| x as u32;
         let g = |o: usize| at.grad + o;
         self.record_col_sum(rec, base, (at.dx + first * d, count, d), d, g(bl.b2));
-        self.record_linear_back(rec, span, (ba.hact, f), (at.dx, d), bl.w2, at.dh);
-        let gelu = TfParams {
-            y: u(at.dh),
-            z: u(ba.hpre),
-            cdf: u(ba.cdf),
-            ..base
+        // dh = dx·W₂ᵀ times GELU's derivative: in the product's own dispatch where the kernel
+        // allows, else a dispatch after it.
+        let then = Epilogue::GeluBack {
+            pre: u(ba.hpre + first * f),
+            cdf: u(ba.cdf + first * f),
         };
-        if f.is_multiple_of(4) {
-            rec.tf(&self.programs, "gelu_backward4", gelu, count * f / 4);
-        } else {
-            rec.tf(&self.programs, "gelu_backward", gelu, count * f);
+        let w2 = ((ba.hact, f), (at.dx, d), bl.w2);
+        if !self.record_linear_back(rec, span, w2, at.dh, Some(then)) {
+            let gelu = TfParams {
+                y: u(at.dh),
+                z: u(ba.hpre),
+                cdf: u(ba.cdf),
+                ..base
+            };
+            if f.is_multiple_of(4) {
+                rec.tf(&self.programs, "gelu_backward4", gelu, count * f / 4);
+            } else {
+                rec.tf(&self.programs, "gelu_backward", gelu, count * f);
+            }
         }
         self.record_col_sum(rec, base, (at.dh + first * f, count, f), f, g(bl.b1));
-        self.record_linear_back(rec, span, (ba.a2, d), (at.dh, f), bl.w1, at.da);
-        self.record_ln_back(rec, base, (ba.xhat2, ba.rstd2), bl.ln2_g, true);
-        self.record_linear_back(rec, span, (ba.ctx, d), (at.dx, d), bl.wo, at.dctx);
+        let w1 = ((ba.a2, d), (at.dh, f), bl.w1);
+        self.record_linear_ln_back(rec, base, w1, ((ba.xhat2, ba.rstd2), bl.ln2_g, true));
+        let wo = ((ba.ctx, d), (at.dx, d), bl.wo);
+        self.record_linear_back(rec, span, wo, at.dctx, None);
         self.record_clear(rec, at.dctx, first * d);
     }
 
@@ -942,16 +953,16 @@ impl WgslTransformer {
 
     /// The backward of `Y = X·W` over the flat rows `first..first + count` (`X [N, k]` at
     /// `x`, `dY [N, m]` at `dy`, `W [k, m]` at `model[w..]`): `∂W = Xᵀ·dY` into the gradient,
-    /// `dX = dY·Wᵀ` into `dx`.
+    /// `dX = dY·Wᵀ` into `dx`, followed by `then` in its own dispatch where given and the
+    /// kernel allows (true: done so; false: the caller records what `then` stands for).
     fn record_linear_back(
         &self,
         rec: &mut Recorder,
         (first, nr): (usize, usize),
-        (x, k): (usize, usize),
-        (dy, m): (usize, usize),
-        w: usize,
+        ((x, k), (dy, m), w): ((usize, usize), (usize, usize), usize),
         dx: usize,
-    ) {
+        then: Option<Epilogue>,
+    ) -> bool {
         let at = &self.plan_ref().at;
         let p = &self.programs;
         let (x, dy, dx) = (x + first * k, dy + first * m, dx + first * k);
@@ -975,11 +986,12 @@ impl WgslTransformer {
         if !done {
             rec.matmul(p, (WORK, WORK), dw);
         }
-        rec.matmul(
-            p,
-            (WORK, MODEL),
-            MatmulParams::single((nr, k, m), (dy, m, 1), (w, 1, m), (dx, k), false),
-        );
+        let back = MatmulParams::single((nr, k, m), (dy, m, 1), (w, 1, m), (dx, k), false);
+        if then.is_some_and(|e| rec.matmul_then(p, back, e)) {
+            return true;
+        }
+        rec.matmul(p, (WORK, MODEL), back);
+        false
     }
 
     /// ∂W through matmul_window's windows (the kernels without `B_WORK`): the narrower of dY
@@ -1017,18 +1029,36 @@ impl WgslTransformer {
         })
     }
 
-    /// LayerNorm's backward at the positions of `base` from `da` into `dx` (added unless it is
-    /// the first), its ∂g and ∂b into the gradient (the gain at `model[gain..]`, the bias after it).
-    fn record_ln_back(
+    /// [`Self::record_linear_back`] of the rows of `base` with dX into `da`, then LayerNorm's
+    /// backward there from `da` into `dx` (added to unless `add` is false: the first) — in the
+    /// product's own dispatch where the kernel allows (`Epilogue::LnBack`), else a dispatch
+    /// after it — and its ∂g and ∂b into the gradient (the gain at `model[gain..]`, the bias
+    /// after it; the forward's x̂ and 1/σ at `xhat`, `rstd`).
+    fn record_linear_ln_back(
         &self,
         rec: &mut Recorder,
         base: TfParams,
-        (xhat, rstd): (usize, usize),
-        gain: usize,
-        add: bool,
+        linear: ((usize, usize), (usize, usize), usize),
+        ((xhat, rstd), gain, add): ((usize, usize), usize, bool),
     ) {
         let at = &self.plan_ref().at;
         let u = |x: usize| x as u32;
+        let (first, d) = (base.r0 as usize, self.shape.d_model);
+        let then = Epilogue::LnBack {
+            gain: u(gain),
+            xhat: u(xhat + first * d),
+            rstd: u(rstd + first),
+            dx: u(at.dx + first * d),
+            add,
+        };
+        // Only where dY is at most 64 wide (the head's): the epilogue needs whole rows in one
+        // invocation, so the product runs on the one-row kernel, and past that its k loop
+        // costs more than the dispatch saved (lavapipe, per supervised step of transformer-
+        // sort: W₁'s dX, k = 256, 0.96 → 1.31 ms with the epilogue; W_qkv's, k = 192, 0.81 →
+        // 0.82; the head's, k = 11, 0.43 → 0.27).
+        let then = (linear.1.1 <= 64).then_some(then);
+        let span = (first, base.rn as usize);
+        let fused = self.record_linear_back(rec, span, linear, at.da, then);
         let back = TfParams {
             y: u(at.da),
             x: u(at.dx),
@@ -1039,15 +1069,17 @@ impl WgslTransformer {
             ..base
         };
         let count = base.rn as usize;
-        let d = self.shape.d_model;
         let params = TfParams {
             z: u(at.grad + gain),
             ..back
         };
         if d.is_multiple_of(4) {
-            rec.tf(&self.programs, "ln_backward4", back, count);
+            if !fused {
+                rec.tf(&self.programs, "ln_backward4", back, count);
+            }
             rec.tf8(&self.programs, "ln_params4", params, d / 4);
         } else {
+            debug_assert!(!fused, "the epilogue takes whole quads");
             rec.tf(&self.programs, "ln_backward", back, count);
             rec.tf(&self.programs, "ln_params", params, d);
         }
