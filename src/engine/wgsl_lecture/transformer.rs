@@ -1054,8 +1054,8 @@ impl WgslTransformer {
         // Only where dY is at most 64 wide (the head's): the epilogue needs whole rows in one
         // invocation, so the product runs on the one-row kernel, and past that its k loop
         // costs more than the dispatch saved (lavapipe, per supervised step of transformer-
-        // sort: W₁'s dX, k = 256, 0.96 → 1.31 ms with the epilogue; W_qkv's, k = 192, 0.81 →
-        // 0.82; the head's, k = 11, 0.43 → 0.27).
+        // sort: W₁'s dX, k = 256, 0.98 → 1.31 ms with the epilogue; W_qkv's, k = 192, 0.83 →
+        // 0.82; the head's, k = 11, 0.40 → 0.24).
         let then = (linear.1.1 <= 64).then_some(then);
         let span = (first, base.rn as usize);
         let fused = self.record_linear_back(rec, span, linear, at.da, then);
