@@ -130,6 +130,28 @@ fn the_written_config_reads_back_to_the_same_values() {
     }
 }
 
+/// A config with a supervised cold start says to run the framework's own SFT trainer first
+/// (the verl and OpenRLHF bundles named TRL's).
+#[test]
+fn the_cold_start_names_each_frameworks_own_sft_trainer() {
+    let c = RunConfig::preset("transformer-sort").unwrap();
+    assert!(c.sft.steps > 0);
+    for (fw, trainer) in [
+        (Framework::Trl, "TRL's SFTTrainer"),
+        (Framework::Verl, "verl.trainer.fsdp_sft_trainer"),
+        (Framework::OpenRlhf, "openrlhf.cli.train_sft"),
+    ] {
+        let b = export::export(&c, fw, &lenient()).unwrap();
+        let row = b.plan.rows.iter().find(|r| r.key == "sft.steps").unwrap();
+        assert!(row.note.contains(trainer), "{}: {}", fw.name(), row.note);
+        let mapping = b.file("MAPPING.md").unwrap();
+        assert!(mapping.contains(trainer), "{}: MAPPING.md", fw.name());
+        if fw != Framework::Trl {
+            assert!(!mapping.contains("SFTTrainer"), "{}: MAPPING.md", fw.name());
+        }
+    }
+}
+
 #[test]
 fn the_batch_arithmetic_is_each_frameworks_own() {
     let c = RunConfig::preset("random-sort")

@@ -892,10 +892,18 @@ fn sft_row(x: &Ctx, key: &str) -> Mapped {
             if c.sft.steps == 0 {
                 inert(vec![], "no supervised cold start")
             } else {
+                // Each framework's own supervised trainer.
+                let sft = match x.fw {
+                    Framework::Trl => "TRL's SFTTrainer",
+                    Framework::Verl => "verl's SFT trainer (`-m verl.trainer.fsdp_sft_trainer`)",
+                    Framework::OpenRlhf => {
+                        "OpenRLHF's SFT trainer (`deepspeed --module openrlhf.cli.train_sft`)"
+                    }
+                };
                 approx(
                     vec![],
                     format!(
-                        "the {}-step supervised cold start is not part of the GRPO config: run TRL's SFTTrainer on data/train.jsonl (prompt, ground_truth) first and pass its checkpoint as --model",
+                        "the {}-step supervised cold start is not part of the GRPO config: run {sft} on data/train.jsonl (prompt, ground_truth) first and pass its checkpoint as --model",
                         c.sft.steps
                     ),
                 )
