@@ -152,6 +152,33 @@ fn the_cold_start_names_each_frameworks_own_sft_trainer() {
     }
 }
 
+/// The clipped loss's note speaks of TRL's naming only in TRL's bundle.
+#[test]
+fn the_clipped_loss_note_is_each_frameworks_own() {
+    let c = RunConfig::preset("transformer-sort").unwrap();
+    for fw in Framework::ALL {
+        let b = export::export(&c, fw, &lenient()).unwrap();
+        let row = b
+            .plan
+            .rows
+            .iter()
+            .find(|r| r.key == "algorithm.loss")
+            .unwrap();
+        assert!(
+            row.note.starts_with("PPO's clipped objective"),
+            "{}",
+            row.note
+        );
+        assert_eq!(
+            row.note.contains("TRL"),
+            fw == Framework::Trl,
+            "{}: {}",
+            fw.name(),
+            row.note
+        );
+    }
+}
+
 #[test]
 fn the_batch_arithmetic_is_each_frameworks_own() {
     let c = RunConfig::preset("random-sort")

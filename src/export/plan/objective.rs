@@ -130,7 +130,12 @@ fn loss(x: &Ctx) -> Mapped {
         ),
         LossMode::Clipped if a.importance_sampling_level == Level::Token => exact(
             theirs,
-            "PPO's clipped objective (TRL names it by its aggregation; see algorithm.loss_agg_mode)",
+            match fw {
+                Trl => {
+                    "PPO's clipped objective (TRL names it by its aggregation; see algorithm.loss_agg_mode)"
+                }
+                Verl | OpenRlhf => "PPO's clipped objective",
+            },
         ),
         LossMode::Clipped => exact(theirs, "GSPO: the sequence ratio, clipped per sequence"),
         LossMode::Cispo if fw == Verl => approx(
