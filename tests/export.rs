@@ -179,6 +179,113 @@ fn the_clipped_loss_note_is_each_frameworks_own() {
     }
 }
 
+/// Notes that held for one framework only, checked where each framework reaches them: the
+/// mapping status and what the note names.
+#[test]
+fn each_frameworks_notes_describe_that_framework() {
+    let row = |sets: &[&str], fw: Framework, key: &str| {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let c = RunConfig::preset("transformer-sort")
+            .unwrap()
+            .with_overrides(&sets)
+            .unwrap();
+        let b = export::export(&c, fw, &lenient()).unwrap();
+        let r = b.plan.rows.iter().find(|r| r.key == key).unwrap().clone();
+        (format!("{:?}", r.status), r.note)
+    };
+    let gspo = [
+        "algorithm.importance_sampling_level=sequence",
+        "algorithm.loss_agg_mode=seq-mean-token-mean",
+    ];
+    // OpenRLHF's gspo is GSPO's own sequence ratio, aggregated per sequence.
+    let (_, note) = row(
+        &gspo,
+        Framework::OpenRlhf,
+        "algorithm.importance_sampling_level",
+    );
+    assert!(
+        note.contains("OpenRLHF's gspo") && !note.contains("GSPO-token"),
+        "{note}"
+    );
+    let (_, note) = row(
+        &gspo,
+        Framework::Verl,
+        "algorithm.importance_sampling_level",
+    );
+    assert!(note.contains("GSPO-token"), "{note}");
+    let seq = [
+        "algorithm.importance_sampling_level=sequence",
+        "algorithm.loss_agg_mode=seq-mean-token-mean",
+    ];
+    let (status, note) = row(&seq, Framework::OpenRlhf, "algorithm.loss_agg_mode");
+    assert_eq!(status, "Exact", "{note}");
+    let luspo = [
+        "algorithm.importance_sampling_level=sequence",
+        "algorithm.loss_agg_mode=luspo",
+    ];
+    let (status, note) = row(&luspo, Framework::OpenRlhf, "algorithm.loss_agg_mode");
+    assert!(
+        status == "Approx" && note.contains("seq-mean-token-mean"),
+        "{status}: {note}"
+    );
+    // verl's CISPO clips below at 1 − clip_ratio_low: the written ε_low is not inert there.
+    let cispo = ["algorithm.loss=cispo"];
+    let (status, note) = row(&cispo, Framework::Verl, "algorithm.epsilon_low");
+    assert_eq!(status, "Approx", "{note}");
+    let (status, _) = row(&cispo, Framework::Trl, "algorithm.epsilon_low");
+    assert_eq!(status, "Inert");
+    // verl's clip_ratio_c acts in its vanilla loss only.
+    let (status, _) = row(
+        &["algorithm.dual_clip=3"],
+        Framework::Verl,
+        "algorithm.dual_clip",
+    );
+    assert_eq!(status, "Exact");
+    let dual_gspo = [
+        "algorithm.dual_clip=3",
+        "algorithm.importance_sampling_level=sequence",
+        "algorithm.loss_agg_mode=seq-mean-token-mean",
+    ];
+    let (status, note) = row(&dual_gspo, Framework::Verl, "algorithm.dual_clip");
+    assert!(
+        status == "Refused" && note.contains("vanilla"),
+        "{status}: {note}"
+    );
+    // verl's kl_cov is the unclipped loss: no refusal for μ > 1.
+    let kl_cov = ["algorithm.cov_penalty=kl_cov", "algorithm.loss=unclipped"];
+    let (status, note) = row(&kl_cov, Framework::Verl, "algorithm.loss");
+    assert!(
+        status == "Exact" && note.contains("kl_cov"),
+        "{status}: {note}"
+    );
+    // OpenRLHF shuffles its mini-batches as TRL does; verl keeps them in order.
+    let mini = ["algorithm.steps_per_generation=2"];
+    let (status, note) = row(&mini, Framework::OpenRlhf, "algorithm.steps_per_generation");
+    assert!(
+        status == "Approx" && note.contains("OpenRLHF shuffles"),
+        "{status}: {note}"
+    );
+    let (status, _) = row(&mini, Framework::Verl, "algorithm.steps_per_generation");
+    assert_eq!(status, "Exact");
+    // Only OpenRLHF has the dynamic-sampling filter that max_resample_rounds bounds.
+    for (fw, want) in [
+        (Framework::Trl, "Inert"),
+        (Framework::Verl, "Inert"),
+        (Framework::OpenRlhf, "Approx"),
+    ] {
+        let (status, _) = row(&[], fw, "algorithm.max_resample_rounds");
+        assert_eq!(status, want, "{}", fw.name());
+    }
+    // The critic's keys are each framework's own.
+    let gae = ["algorithm.advantage=gae"];
+    let (_, note) = row(&gae, Framework::OpenRlhf, "algorithm.value_hidden");
+    assert!(note.contains("critic.model_name_or_path"), "{note}");
+    let (_, note) = row(&gae, Framework::Verl, "algorithm.value_hidden");
+    assert!(note.contains("critic.model.path"), "{note}");
+    let (_, note) = row(&gae, Framework::OpenRlhf, "algorithm.value_epochs");
+    assert!(note.contains("train.max_epochs"), "{note}");
+}
+
 #[test]
 fn the_batch_arithmetic_is_each_frameworks_own() {
     let c = RunConfig::preset("random-sort")

@@ -696,10 +696,16 @@ fn algorithm_row(x: &Ctx, key: &str) -> Mapped {
             if !a.dynamic_sampling {
                 inert(vec![], "dynamic sampling off")
             } else {
-                approx(
-                    vec![],
-                    "no key: the frameworks keep sampling until the batch is full",
-                )
+                match fw {
+                    OpenRlhf => approx(
+                        vec![],
+                        "no key: the frameworks keep sampling until the batch is full",
+                    ),
+                    Trl | Verl => inert(
+                        vec![],
+                        "carried with algorithm.dynamic_sampling, which has no counterpart here",
+                    ),
+                }
             }
         }
         "algorithm.prompt_sampling" => {
@@ -749,9 +755,21 @@ fn algorithm_row(x: &Ctx, key: &str) -> Mapped {
                 None if fw == Trl => {
                     refused("PPO with a critic is TRL's PPOTrainer, not GRPOTrainer")
                 }
-                None => {
-                    refused("the critic's shape is the framework's critic model (critic.model)")
-                }
+                None if key == "algorithm.value_epochs" && a.value_epochs == x.s.mu => approx(
+                    vec![],
+                    "OpenRLHF's critic trains train.max_epochs = μ epochs, as here; their critic is a language model of its own",
+                ),
+                None if key == "algorithm.value_epochs" => refused(
+                    "OpenRLHF's critic trains as many epochs as the actor (train.max_epochs); it has no count of its own",
+                ),
+                None => refused(match fw {
+                    Verl => {
+                        "the critic's shape is the framework's critic model (critic.model.path)"
+                    }
+                    _ => {
+                        "the critic's shape is the framework's critic model (critic.model_name_or_path)"
+                    }
+                }),
             }
         }
         k if k.starts_with("algorithm.bugs.") => {

@@ -116,6 +116,12 @@ fn loss(x: &Ctx) -> Mapped {
         OpenRlhf => "actor.policy_loss_type".to_string(),
     };
     let theirs = vec![kv(&key, Val::str(name))];
+    if name == "kl_cov" && a.loss == LossMode::Unclipped {
+        return exact(
+            theirs,
+            "KL-Cov: verl's kl_cov is the unclipped −A·r with a |log r| penalty on the tokens of highest covariance",
+        );
+    }
     match a.loss {
         LossMode::Naive | LossMode::Unclipped if x.s.mu > 1 => refused(format!(
             "`{}` with μ = {} > 1: the frameworks' losses always have a ratio with a clip or a gate (set algorithm.loss = clipped, or μ = 1)",
@@ -173,6 +179,14 @@ fn level(x: &Ctx) -> Mapped {
             vec![kv("importance_sampling_level", Val::str(lv.name()))],
             "",
         ),
+        (OpenRlhf, _) if a.advantage == AdvantageMode::Gae => approx(
+            vec![],
+            "written in the loss name (gspo): OpenRLHF's gspo puts the sequence ratio exp(mean log r) on every token; with per-token advantages (GAE) that is not GSPO's one-advantage-per-response objective",
+        ),
+        (OpenRlhf, _) => exact(
+            vec![],
+            "written in the loss name (gspo): OpenRLHF's gspo puts the sequence ratio exp(mean log r) on every token, GSPO's objective",
+        ),
         _ if a.advantage == AdvantageMode::Gae => approx(
             vec![],
             "written in the loss name (gspo), which computes GSPO-token: with per-token advantages (GAE) its gradient differs from GSPO's",
@@ -197,6 +211,10 @@ fn epsilon_low(x: &Ctx) -> Mapped {
         OpenRlhf => vec![kv("actor.eps_clip", e)],
     };
     match a.loss {
+        LossMode::Cispo if x.fw == Verl => approx(
+            theirs,
+            "verl's CISPO clips the detached ratio below at 1 − clip_ratio_low; grpo-lab's CISPO has no lower clip (see algorithm.loss)",
+        ),
         LossMode::Cispo | LossMode::Sapo => inert(theirs, format!("{} has no lower clip", a.loss)),
         LossMode::Gmpo => exact(theirs, "GMPO's bound in log space: log r ≥ −ε_low"),
         _ => exact(theirs, ""),
@@ -242,6 +260,8 @@ fn forced_aggregation(fw: Framework, name: &str) -> Option<LossAggMode> {
         (Framework::Trl, "cispo") => Some(LossAggMode::TokenMean),
         (Framework::Trl, "sapo") => Some(LossAggMode::SeqMeanTokenMean),
         (Framework::Verl, "gspo" | "sapo" | "geo_mean") => Some(LossAggMode::SeqMeanTokenMean),
+        // OpenRLHF's PolicyLoss sets token_level_loss = False for gspo.
+        (Framework::OpenRlhf, "gspo") => Some(LossAggMode::SeqMeanTokenMean),
         _ => None,
     }
 }
@@ -259,6 +279,9 @@ fn aggregation(x: &Ctx) -> Mapped {
     let Ok(name) = loss_name(fw, c) else {
         return inert(vec![], "the loss has no twin here (see algorithm.loss)");
     };
+    if fw == OpenRlhf && forced_aggregation(fw, name) == Some(agg) {
+        return exact(vec![], format!("{name} aggregates as {agg} (no key)"));
+    }
     if let Some(theirs) = forced_aggregation(fw, name).filter(|&m| m != agg) {
         // LUSPO's × L is no length effect the lecture model's fixed length hides.
         return if fixed && agg != LossAggMode::Luspo {
@@ -332,7 +355,10 @@ fn dual_clip(x: &Ctx) -> Mapped {
             "TRL has no dual clip (its delta caps the unclipped branch on both signs: algorithm.delta)",
         ),
         Trl => exact(vec![], "no dual clip"),
-        Verl if c > 0.0 => exact(vec![kv(&format!("{A}.clip_ratio_c"), f(c))], ""),
+        Verl if c > 0.0 && vanilla => exact(vec![kv(&format!("{A}.clip_ratio_c"), f(c))], ""),
+        Verl if c > 0.0 => refused(
+            "verl applies its dual clip (clip_ratio_c) in the vanilla loss only; this loss has none",
+        ),
         Verl if vanilla => approx(
             vec![kv(&format!("{A}.clip_ratio_c"), f(3.0))],
             "verl's dual clip is always on in its vanilla loss: for A < 0 the loss is bounded by 3·|A|; grpo-lab's is off (algorithm.dual_clip = 0)",
@@ -651,7 +677,13 @@ fn steps_per_generation(x: &Ctx) -> Mapped {
                 "{split} (TRL shuffles the completions before splitting, so its mini-batches mix groups)"
             ),
         ),
-        _ => exact(vec![], split),
+        Framework::OpenRlhf => approx(
+            vec![],
+            format!(
+                "{split} (OpenRLHF shuffles its replay buffer's samples on one GPU, so its mini-batches mix groups)"
+            ),
+        ),
+        Framework::Verl => exact(vec![], split),
     }
 }
 
