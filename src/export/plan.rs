@@ -1220,7 +1220,7 @@ fn pinned(x: &Ctx) -> Vec<Pinned> {
             p(
                 &format!("{A}.shuffle"),
                 Val::Bool(false),
-                "one mini-batch per epoch",
+                "mini-batches in order",
             ),
             p(
                 &format!("{A}.use_dynamic_bsz"),
@@ -1305,7 +1305,7 @@ fn pinned(x: &Ctx) -> Vec<Pinned> {
                 Val::str("naive"),
                 "calls compute_score once per answer",
             ),
-            p("trainer.critic_warmup", i(0), "no critic in GRPO"),
+            p("trainer.critic_warmup", i(0), "no critic warm-up"),
             p(
                 "trainer.n_gpus_per_node",
                 i(1),

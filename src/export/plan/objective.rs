@@ -487,7 +487,7 @@ fn reward_aggregation(x: &Ctx) -> Mapped {
                 approx(
                     theirs,
                     format!(
-                        "TRL ends with a batch normalization, grpo-lab with advantage = {} (batch_normalized or reinforce_pp is TRL's)",
+                        "TRL ends with a batch normalization, grpo-lab with advantage = {} (TRL's form is advantage = batch_normalized)",
                         c.algorithm.advantage
                     ),
                 )
