@@ -284,6 +284,32 @@ fn each_frameworks_notes_describe_that_framework() {
     assert!(note.contains("critic.model.path"), "{note}");
     let (_, note) = row(&gae, Framework::OpenRlhf, "algorithm.value_epochs");
     assert!(note.contains("train.max_epochs"), "{note}");
+    // γ and λ written by their rows are not also listed as pinned to 1.
+    let gae_c = RunConfig::preset("transformer-sort")
+        .unwrap()
+        .with_overrides(&["algorithm.advantage=gae".to_string()])
+        .unwrap();
+    for (fw, gamma) in [
+        (Framework::Verl, "algorithm.gamma"),
+        (Framework::OpenRlhf, "algo.advantage.gamma"),
+    ] {
+        let b = export::export(&gae_c, fw, &lenient()).unwrap();
+        assert!(
+            b.plan.pinned.iter().all(|p| p.key != gamma),
+            "{}",
+            fw.name()
+        );
+        let plain = export::export(
+            &RunConfig::preset("transformer-sort").unwrap(),
+            fw,
+            &lenient(),
+        );
+        assert!(
+            plain.unwrap().plan.pinned.iter().any(|p| p.key == gamma),
+            "{}",
+            fw.name()
+        );
+    }
 }
 
 #[test]

@@ -219,7 +219,7 @@ pub fn plan(c: &RunConfig, fw: Framework, opts: &Options, p: usize, h: usize) ->
         s: Shape::of(c, p, h),
         model: opts.model.clone(),
     };
-    let rows = FIELDS
+    let rows: Vec<Row> = FIELDS
         .iter()
         .map(|field| {
             let (theirs, status, note) = row(&ctx, field.key);
@@ -232,9 +232,16 @@ pub fn plan(c: &RunConfig, fw: Framework, opts: &Options, p: usize, h: usize) ->
             }
         })
         .collect();
+    // A key a row writes is the row's, not pinned (advantage = gae writes verl's and
+    // OpenRLHF's γ and λ, pinned to 1 otherwise).
+    let written = |key: &str| rows.iter().any(|r| r.theirs.iter().any(|(k, _)| k == key));
+    let pinned = pinned(&ctx)
+        .into_iter()
+        .filter(|p| !written(&p.key))
+        .collect();
     Plan {
         rows,
-        pinned: pinned(&ctx),
+        pinned,
         shape: ctx.s,
     }
 }
