@@ -34,6 +34,23 @@ fn folded_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return block * 64u + gid.x % 64u;
 }
 
+// LayerNorm's backward sums over a row, one quad of dh = dy·g and of x̂ at a time, in order
+// (transformer.wgsl's ln_backward4 and matmul_subgroup.wgsl's epilogue): (m₁ + Σ dh,
+// m₂ + Σ dh·x̂).
+fn ln_back_sums(m: vec2<f32>, dh: vec4<f32>, hv: vec4<f32>) -> vec2<f32> {
+    var m1 = m.x;
+    var m2 = m.y;
+    m1 += dh.x;
+    m2 += dh.x * hv.x;
+    m1 += dh.y;
+    m2 += dh.y * hv.y;
+    m1 += dh.z;
+    m2 += dh.z * hv.z;
+    m1 += dh.w;
+    m2 += dh.w * hv.w;
+    return vec2<f32>(m1, m2);
+}
+
 // The per-token GRPO objective (GRPO-SPEC §4), once for every kernel; reference:
 // objective::loss::reference (pg_term, kl_term, clip_flags), with its PgParams: the loss (0
 // naive, 1 unclipped, 2 clipped, 3 cispo, 4 sapo), the clip range [lo, hi], the dual clip c

@@ -258,22 +258,12 @@ fn ln_back16(gi: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>
     let o = (gi * mm.c_rs) >> 2u;
     let gq = mm.e_gain >> 2u;
     let hq = (mm.e_aux >> 2u) + o;
-    var m1 = 0.0;
-    var m2 = 0.0;
+    var m = vec2<f32>(0.0);
     for (var q = 0u; q < nq; q++) {
-        let dh = work[at + q] * params[gq + q];
-        let hv = work[hq + q];
-        m1 += dh.x;
-        m2 += dh.x * hv.x;
-        m1 += dh.y;
-        m2 += dh.y * hv.y;
-        m1 += dh.z;
-        m2 += dh.z * hv.z;
-        m1 += dh.w;
-        m2 += dh.w * hv.w;
+        m = ln_back_sums(m, work[at + q] * params[gq + q], work[hq + q]);
     }
-    m1 /= f32(mm.n);
-    m2 /= f32(mm.n);
+    let m1 = m.x / f32(mm.n);
+    let m2 = m.y / f32(mm.n);
     let i = mm.e_rstd + gi;
     let r = work[i >> 2u][i & 3u];
     let add = (mm.e_flags & 2u) != 0u;

@@ -948,22 +948,12 @@ fn ln_backward4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     let yb = tp.y / 4u + row * dq;
     let hb = tp.xhat / 4u + row * dq;
     let xb = tp.x / 4u + row * dq;
-    var m1 = 0.0;
-    var m2 = 0.0;
+    var m = vec2<f32>(0.0);
     for (var j = 0u; j < dq; j++) {
-        let dh = work4[yb + j] * m4quad(tp.gain + 4u * j);
-        let hv = work4[hb + j];
-        m1 += dh.x;
-        m2 += dh.x * hv.x;
-        m1 += dh.y;
-        m2 += dh.y * hv.y;
-        m1 += dh.z;
-        m2 += dh.z * hv.z;
-        m1 += dh.w;
-        m2 += dh.w * hv.w;
+        m = ln_back_sums(m, work4[yb + j] * m4quad(tp.gain + 4u * j), work4[hb + j]);
     }
-    m1 /= f32(tp.d);
-    m2 /= f32(tp.d);
+    let m1 = m.x / f32(tp.d);
+    let m2 = m.y / f32(tp.d);
     let r = w4get(tp.rstd + row);
     let add = (tp.flags & 1u) != 0u;
     for (var j = 0u; j < dq; j++) {
