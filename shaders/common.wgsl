@@ -119,3 +119,9 @@ fn normal_cdf(x: f32) -> f32 {
     let half_erfc = 0.5 * t * exp(-z * z + poly);
     return select(half_erfc, 1.0 - half_erfc, x >= 0.0);
 }
+
+// GELU's derivative Φ(x) + x·φ(x) with Φ(x) known (engine::fused_transformer::gelu_grad_from):
+// transformer.wgsl's gelu_backward kernels and matmul_subgroup.wgsl's GELU-backward epilogue.
+fn gelu_grad4(x: vec4<f32>, cdf: vec4<f32>) -> vec4<f32> {
+    return cdf + x * 0.3989423 * exp(-0.5 * x * x);
+}

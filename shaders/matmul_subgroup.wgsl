@@ -139,9 +139,7 @@ fn gelu_quad(gi: u32, j: u32, acc: vec4<f32>) {
     var c = acc;
     if ((mm.flags & 1u) != 0u) { c = work[at] + acc; }
     if (EPI == 5u) {
-        let x = work[(mm.e_aux + o) >> 2u];
-        let g = work[(mm.e_out + o) >> 2u] + x * 0.3989423 * exp(-0.5 * x * x);
-        work[at] = c * g;
+        work[at] = c * gelu_grad4(work[(mm.e_aux + o) >> 2u], work[(mm.e_out + o) >> 2u]);
         return;
     }
     let h = c + params[(mm.e_bias + j) >> 2u];

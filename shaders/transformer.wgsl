@@ -634,7 +634,7 @@ fn gelu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
     if (k >= range_count() * tp.f) { return; }
     let i = range_row(0u) * tp.f + k;
     let x = work[tp.z + i];
-    let g = work[tp.cdf + i] + x * 0.3989423 * exp(-0.5 * x * x);
+    let g = gelu_grad4(vec4<f32>(x), vec4<f32>(work[tp.cdf + i])).x;
     work[tp.y + i] = work[tp.y + i] * g;
 }
 
@@ -674,7 +674,7 @@ fn gelu_backward4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
     if (k >= range_count() * tp.f / 4u) { return; }
     let i = range_row(0u) * tp.f / 4u + k;
     let x = work4[tp.z / 4u + i];
-    let g = work4[tp.cdf / 4u + i] + x * 0.3989423 * exp(-0.5 * x * x);
+    let g = gelu_grad4(x, work4[tp.cdf / 4u + i]);
     work4[tp.y / 4u + i] = work4[tp.y / 4u + i] * g;
 }
 
