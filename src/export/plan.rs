@@ -706,7 +706,7 @@ fn algorithm_row(x: &Ctx, key: &str) -> Mapped {
                 match fw {
                     OpenRlhf => approx(
                         vec![],
-                        "no key: the frameworks keep sampling until the batch is full",
+                        "no key: OpenRLHF keeps sampling until the batch is full",
                     ),
                     Trl | Verl => inert(
                         vec![],
