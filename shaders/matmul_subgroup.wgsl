@@ -283,7 +283,7 @@ fn matmul_window_subgroup(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
-    // A product of at most 64 rows (one row block, nwg.y = 1) may come cut into nwg.z
+    // A product of at most 64 rows (one row block, nwg.x = 1) may come cut into nwg.z
     // workgroups of `rows_wg` rows (a multiple of 8, so whole subgroups return): lavapipe gives
     // each of its threads one contiguous run of a dispatch's workgroups, so a single workgroup
     // ran on one thread (∂W_o's 64 × 64 × 640, 0.55 ms a supervised step, at 0.44 of two
@@ -293,14 +293,16 @@ fn matmul_window_subgroup(
         rows_wg = min(WIN_ROWS, ((mm.m + nwg.z - 1u) / nwg.z + 7u) / 8u * 8u);
     }
     if (lid.x >= rows_wg) { return; }
-    let gi = wid.y * WIN_ROWS + wid.z * rows_wg + lid.x;
+    // Row blocks along x, column blocks along y (WindowPrograms::grid: lavapipe's threads each
+    // take one contiguous run of workgroups, x fastest, so each holds whole sets of row blocks).
+    let gi = wid.x * WIN_ROWS + wid.z * rows_wg + lid.x;
     // A subgroup whose rows are all past C's is done (the same for all its lanes, so the
     // broadcasts below stay whole): llvmpipe runs a workgroup's subgroups one after another and
     // skips the rest of a returned one, where it computed clamped rows for nothing before —
     // ∂Wᵀ of the head (11 rows) ran 8 subgroups for 2, a rollout's 288 rows 384. Bits unchanged.
     if (subgroupAll(gi >= mm.m)) { return; }
     let ar = mm.a_off + min(gi, mm.m - 1u) * mm.a_rs;
-    let j0 = wid.x * SG_COLS;
+    let j0 = wid.y * SG_COLS;
     let b0 = mm.b_off + j0 * mm.b_cs;
     let b1 = b0 + 32u * mm.b_cs;
     let kl = mm.k - 1u;
@@ -455,13 +457,23 @@ fn matmul_window_subgroup2(
     @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(subgroup_invocation_id) lane: u32,
 ) {
-    let gi = wid.y * 2u * WIN_ROWS + lid.x;
-    // Done where both rows of every lane are past C's (as in the one-row kernel).
+    // Rows gi and gi + 64 of the block; in a last block of fewer than 128 rows, gi and gi + h
+    // (h the half of its rows, rounded up to whole subgroups of 8), and the lanes past h have
+    // none (their rows set past C's: nothing stored). With gi + 64 the second rows of such a
+    // block were all past C's and computed for nothing (∂W_qkvᵀ's 192 rows on transformer-
+    // sort: a quarter of the product's work). Each row's products and order are as before:
+    // the same bits.
+    let base = wid.x * 2u * WIN_ROWS;
+    let half = min(WIN_ROWS, ((mm.m - min(base, mm.m) + 1u) / 2u + 7u) / 8u * 8u);
+    let live = lid.x < half;
+    let gi = select(mm.m, base + lid.x, live);
+    // Done where both rows of every lane are past C's (as in the one-row kernel): on llvmpipe
+    // (subgroups of 8) the lanes past h are whole subgroups.
     if (subgroupAll(gi >= mm.m)) { return; }
-    let gh = gi + WIN_ROWS;
+    let gh = select(mm.m, gi + half, live);
     let ar = mm.a_off + min(gi, mm.m - 1u) * mm.a_rs;
     let ah = mm.a_off + min(gh, mm.m - 1u) * mm.a_rs;
-    let j0 = wid.x * SG2_COLS;
+    let j0 = wid.y * SG2_COLS;
     let b0 = mm.b_off + j0 * mm.b_cs;
     let kl = mm.k - 1u;
     let quad = min(lane, 7u);

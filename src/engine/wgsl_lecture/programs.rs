@@ -292,10 +292,16 @@ impl WindowPrograms {
     }
 
     /// The grid of a window product of `m` rows and `n` columns on the kernel [`Self::rows_of`]
-    /// picked (`(two, cols, rows)`): column blocks × row blocks, and where the one-row subgroup
-    /// kernel would run fewer than 4 workgroups (a product of at most 64 rows), its row block
-    /// cut into up to 4 along z (matmul_subgroup.wgsl's `rows_wg`): lavapipe runs each of its
-    /// threads on one contiguous run of a dispatch's workgroups, so one workgroup used one core.
+    /// picked (`(two, cols, rows)`). Lavapipe runs each of its threads on one contiguous run of
+    /// a dispatch's workgroups (x fastest), so:
+    /// - matmul_subgroup.wgsl's kernels take the row blocks along x and the column blocks along
+    ///   y: each thread's run then holds whole sets of row blocks, the last (short) one among
+    ///   them, where column blocks along x gave one thread the full blocks' workgroups and the
+    ///   other the short one's (∂W_qkvᵀ on transformer-sort, 192 rows = 128 + 64 on the
+    ///   two-row kernel: 4 workgroups). `matmul_window` takes column blocks × row blocks.
+    /// - where the one-row subgroup kernel would run fewer than 4 workgroups (a product of at
+    ///   most 64 rows), its row block is cut into up to 4 along z (matmul_subgroup.wgsl's
+    ///   `rows_wg`): one workgroup used one core.
     pub(super) fn grid(
         &self,
         m: u32,
@@ -303,12 +309,15 @@ impl WindowPrograms {
         (two, cols, rows): (bool, u32, u32),
     ) -> (u32, u32, u32) {
         let (x, y) = (n.div_ceil(cols).max(1), m.div_ceil(rows).max(1));
-        let z = if self.subgroup && !two && y == 1 && x < 4 {
+        if !self.subgroup {
+            return (x, y, 1);
+        }
+        let z = if !two && y == 1 && x < 4 {
             (4 / x).min(m.div_ceil(8)).max(1)
         } else {
             1
         };
-        (x, y, z)
+        (y, x, z)
     }
 
     /// The pipeline at `index` (see `pipelines`), built on its first use: only the variants a
