@@ -273,13 +273,13 @@ struct CompareArgs {
     #[arg(long)]
     out: PathBuf,
     /// Parallel runs (default: the number of cores).
-    #[arg(long, value_parser = at_least_one())]
+    #[arg(long, value_parser = at_least_one)]
     jobs: Option<usize>,
     /// Discard finished runs in --out and start over.
     #[arg(long)]
     force: bool,
     /// Override every run's iteration count (a smoke test of the matrix).
-    #[arg(long, value_parser = at_least_one())]
+    #[arg(long, value_parser = at_least_one)]
     iterations: Option<usize>,
     /// Reward threshold for "iterations to reach".
     #[arg(long)]
@@ -289,8 +289,12 @@ struct CompareArgs {
 }
 
 /// A count that must be ≥ 1 (refused with exit 2 naming the argument otherwise).
-fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
-    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+/// A count of at least one (clap's own range parser would say "not in 1..18446744073709551615").
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{s}: allowed an integer ≥ 1")),
+    }
 }
 
 /// An axis of `bench --scaling`.
@@ -305,7 +309,7 @@ struct BenchArgs {
     #[command(flatten)]
     config: ConfigArgs,
     /// Iterations to time (after one warm-up iteration).
-    #[arg(long, default_value_t = 10, value_parser = at_least_one())]
+    #[arg(long, default_value_t = 10, value_parser = at_least_one)]
     iterations: usize,
     #[arg(long)]
     json: bool,
@@ -319,7 +323,7 @@ struct BenchArgs {
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// Threads for PyTorch alone, overriding `--threads` (default: `--threads`, else 1).
-    #[arg(long, value_parser = at_least_one())]
+    #[arg(long, value_parser = at_least_one)]
     pytorch_threads: Option<usize>,
     /// Scaling curves instead: step time as B×G, n and D grow around the preset, a log-log
     /// chart and a table written to this directory.
@@ -622,8 +626,32 @@ fn lock_run_dir(out: &std::path::Path) -> Result<train::RunLock> {
 }
 
 fn train_cmd(args: TrainArgs) -> Result<()> {
-    if args.dry_run && args.resume.is_none() {
-        let config = build_config(&args.config)?;
+    if let Some(Some(dir)) = &args.resume {
+        if let Some(out) = args.out.as_ref().filter(|out| *out != dir) {
+            return Err(user(format!(
+                "--resume {} continues the run there, --out {} names another directory: give one (--resume DIR, or --out DIR --resume)",
+                dir.display(),
+                out.display()
+            )));
+        }
+    }
+    if args.resume.is_some() && args.force {
+        return Err(user(
+            "--force starts a run over and --resume continues it: give one of them",
+        ));
+    }
+    if args.dry_run {
+        let config = match &args.resume {
+            None => build_config(&args.config)?,
+            Some(dir) => {
+                let Some(dir) = dir.as_ref().or(args.out.as_ref()) else {
+                    return Err(user(
+                        "--resume needs a directory: --resume DIR or --out DIR --resume",
+                    ));
+                };
+                resumed_config(&args.config, dir)?
+            }
+        };
         let e = grpo_lab::estimate::estimate(&config);
         println!(
             "{} is valid. Memory estimate:\n{}",
@@ -662,6 +690,10 @@ fn train_cmd(args: TrainArgs) -> Result<()> {
         build_config(&args.config)?
     };
     train::run::check_memory(&config).map_err(user)?;
+    // Refused before the device opens and the start line prints (train::run refuses it too).
+    if !resume && !args.force && train::run::is_run_dir(&out) {
+        return Err(user(train::run::RunError::OutExists(out)));
+    }
     let lock = match early_lock {
         Some(lock) => lock,
         None => lock_run_dir(&out)?,
@@ -902,6 +934,38 @@ fn devices_cmd(json: bool) -> Result<()> {
 
 fn gradient_lab_cmd(args: GradientLabArgs) -> Result<()> {
     use grpo_lab::lab::gradient;
+    // The lab computes on the CPU (the exact gradient and the fused engines), whatever device.
+    if let Some(d) = args
+        .config
+        .device
+        .filter(|d| matches!(d, DeviceChoice::Gpu | DeviceChoice::Software))
+    {
+        return Err(user(format!(
+            "--device {}: the gradient lab computes on the CPU (the exact ∇J and the fused engines); drop --device or give --device cpu",
+            d.name()
+        )));
+    }
+    if args.config.kernels == Some(KernelChoice::Gpu) {
+        return Err(user(
+            "--kernels gpu: the gradient lab computes on the CPU; drop --kernels or give --kernels reference",
+        ));
+    }
+    if args.checkpoint.is_some() {
+        let refused: Vec<&str> = [
+            ("--preset", args.config.preset.is_some()),
+            ("--config", args.config.config.is_some()),
+            ("--seed", args.config.seed.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect();
+        if !refused.is_empty() {
+            return Err(user(format!(
+                "--checkpoint takes the run's own config; {} would not apply (only --set does)",
+                refused.join(", ")
+            )));
+        }
+    }
     let (config, checkpoint) = match &args.checkpoint {
         Some(dir) => {
             let (ckpt, stored) = gradient::checkpoint_of(dir).map_err(user)?;
@@ -924,10 +988,16 @@ fn gradient_lab_cmd(args: GradientLabArgs) -> Result<()> {
         ..defaults
     };
     if !args.group_sizes.is_empty() {
+        // Ascending, each once: the report reads its columns from the smallest G to the largest.
         lab.group_sizes = args.group_sizes;
+        lab.group_sizes.sort_unstable();
+        lab.group_sizes.dedup();
     }
     if !args.modes.is_empty() {
-        lab.modes = args.modes.clone();
+        let mut modes = args.modes.clone();
+        let mut seen = std::collections::HashSet::new();
+        modes.retain(|m| seen.insert(m.name()));
+        lab.modes = modes;
     }
     let lab = lab.off_policy_defaults(!args.modes.is_empty());
     gradient::check(&config, &lab).map_err(user)?;
@@ -970,6 +1040,11 @@ fn gradient_lab_cmd(args: GradientLabArgs) -> Result<()> {
 fn bench_cmd(args: BenchArgs) -> Result<()> {
     let mut config = build_config(&args.config)?;
     if let Some(n) = args.threads {
+        if n > 1024 {
+            return Err(user(format!(
+                "--threads {n}: allowed 0..=1024 (0 = every core), as run.threads"
+            )));
+        }
         config.run.threads = n;
     }
     let both = args.threads.map(grpo_lab::engine::cores::resolve);
@@ -997,6 +1072,13 @@ fn bench_rollout_cmd(a: BenchRolloutArgs) -> Result<()> {
         DeviceChoice::Auto => Compute::select(DeviceChoice::Gpu)
             .or_else(|_| Compute::select(DeviceChoice::Software))
             .map_err(user)?,
+        DeviceChoice::Gpu => Compute::select(DeviceChoice::Gpu).map_err(|e| match e {
+            // Its own advice, not the trainer's (`--device cpu` has no adapter to time).
+            grpo_lab::gpu::DeviceError::NoGpu { seen } => user(format!(
+                "--device gpu: no hardware GPU adapter found (adapters seen: {seen}); use --device software (lavapipe)"
+            )),
+            e => user(e),
+        })?,
         other => open_device(other)?,
     };
     bench::bench_rollout(

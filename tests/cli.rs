@@ -164,6 +164,83 @@ fn bad_input_is_named_with_exit_code_2() {
     assert!(!std::path::Path::new(out).join("metrics.jsonl").exists());
 }
 
+/// Values serde cannot read, a section given a value, counts past what a machine can start,
+/// and flags a command would ignore: each refused with exit 2, naming what is allowed, before
+/// anything runs (a thread count past the OS's limits aborted the process).
+#[test]
+fn bad_values_and_ignored_flags_are_refused_naming_what_is_allowed() {
+    let out = temp_dir("cli-bad-values");
+    let dir = out.to_str().unwrap();
+    let train = |set: &str| {
+        grpo_lab(&[
+            "train",
+            "--preset",
+            "lecture17",
+            "--device",
+            "cpu",
+            "--quiet",
+            "--set",
+            set,
+            "--out",
+            dir,
+        ])
+    };
+    for (set, needles) in [
+        ("algorithm.mu=abc", &["algorithm.mu", "allowed"][..]),
+        ("run.iterations=-5", &["run.iterations", "allowed"][..]),
+        ("algorithm=1", &["a section", "algorithm.advantage"][..]),
+        ("run.threads=100000", &["run.threads", "1024"][..]),
+    ] {
+        let o = train(set);
+        assert_eq!(o.status.code(), Some(2), "{set}: {}", stderr(&o));
+        for needle in needles {
+            assert!(stderr(&o).contains(needle), "{set}: {}", stderr(&o));
+        }
+    }
+    assert!(!out.join("config.toml").exists());
+    for (args, needle) in [
+        (
+            vec![
+                "bench",
+                "--preset",
+                "lecture17",
+                "--device",
+                "cpu",
+                "--threads",
+                "100000",
+            ],
+            "allowed 0..=1024",
+        ),
+        (
+            vec!["bench", "--preset", "lecture17", "--iterations", "0"],
+            "allowed an integer ≥ 1",
+        ),
+        (vec!["bench-rollout", "--vocab", "1"], "allowed 2..=1024"),
+        (
+            vec!["gradient-lab", "--preset", "lecture17", "--budget", "0"],
+            "--budget 0",
+        ),
+        (
+            vec![
+                "gradient-lab",
+                "--preset",
+                "lecture17",
+                "--device",
+                "software",
+            ],
+            "on the CPU",
+        ),
+        (
+            vec!["gradient-lab", "--preset", "lecture17", "--kernels", "gpu"],
+            "on the CPU",
+        ),
+    ] {
+        let o = grpo_lab(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+    }
+}
+
 #[test]
 fn train_writes_the_run_and_refuses_to_overwrite() {
     let out = temp_dir("cli-train");
@@ -627,16 +704,37 @@ fn resume_takes_only_what_keeps_it_the_same_run() {
     let o = train(&["--resume", dir]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(!stdout(&o).contains("NaN"), "{}", stdout(&o));
+    assert!(stderr(&o).contains("nothing to run"), "{}", stderr(&o));
     assert_eq!(
         std::fs::read_to_string(out.join("summary.json")).unwrap(),
         summary
     );
-    // Anything else is refused, naming what.
+    // --dry-run validates the resumed config and changes nothing (it trained before).
+    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let o = train(&["--resume", dir, "--set", "run.iterations=5", "--dry-run"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("is valid"), "{}", stdout(&o));
+    assert_eq!(
+        std::fs::read_to_string(out.join("metrics.jsonl")).unwrap(),
+        metrics
+    );
+    assert!(
+        std::fs::read_to_string(out.join("config.toml"))
+            .unwrap()
+            .contains("iterations = 3")
+    );
+    // Anything else is refused, naming what: flags that would not apply too.
+    let other = temp_dir("cli-resume-flags-other");
     for (args, needle) in [
         (vec!["--set", "optimizer.lr=0.5"], "optimizer.lr=0.5"),
         (vec!["--seed", "7"], "--seed"),
         (vec!["--preset", "scaled"], "--preset"),
         (vec!["--set", "run.iterations=2"], "below the 3 iterations"),
+        (vec!["--force"], "--force"),
+        (
+            vec!["--out", other.to_str().unwrap()],
+            "names another directory",
+        ),
     ] {
         let mut a = vec!["--resume", dir];
         a.extend(args.iter().copied());
@@ -644,6 +742,11 @@ fn resume_takes_only_what_keeps_it_the_same_run() {
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
         assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
     }
+    assert!(!other.join("config.toml").exists());
+    assert_eq!(
+        std::fs::read_to_string(out.join("metrics.jsonl")).unwrap(),
+        metrics
+    );
     // A hand edit of the stored config: refused against the checkpoint, naming the field.
     let toml = std::fs::read_to_string(out.join("config.toml")).unwrap();
     std::fs::write(
@@ -948,6 +1051,17 @@ fn gradient_lab_reports_every_estimator_against_the_exact_gradient() {
     let o = grpo_lab(&args);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("truth: exact"), "{}", stdout(&o));
+    // θ_old is named at the checkpoint's iteration (it said iteration 0).
+    assert!(
+        stdout(&o).contains("θ_old at iteration 2"),
+        "{}",
+        stdout(&o)
+    );
+    // The run's own config: a preset would not apply.
+    args.extend_from_slice(&["--preset", "scaled"]);
+    let o = grpo_lab(&args);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--preset"), "{}", stderr(&o));
     let o = grpo_lab(&["gradient-lab", "--preset", "lecture17", "--dry-run"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("gradient evaluations") && stdout(&o).contains("MiB"));

@@ -1170,13 +1170,27 @@ fn apply_sets(table: &mut toml::Table, sets: &[String]) -> Result<(), ConfigErro
             .map(|(k, _)| k.trim())
             .unwrap_or("");
         if let Some(v) = get_path(table, key).cloned() {
+            if let (Some(toml::Value::Table(section)), false) =
+                (get_path(&reference, key), v.is_table())
+            {
+                let keys: Vec<String> = section.keys().map(|k| format!("{key}.{k}")).collect();
+                let shown = keys.iter().take(6).cloned().collect::<Vec<_>>().join(", ");
+                return bad(
+                    key,
+                    format!(
+                        "a section, not a value: set one of its {} keys ({shown}{}; `grpo-lab config-docs` lists them)",
+                        keys.len(),
+                        if keys.len() > 6 { ", …" } else { "" }
+                    ),
+                );
+            }
             let mut probe = reference.clone();
             set_path(&mut probe, &reference, key, v)?;
             toml::Value::Table(probe)
                 .try_into::<RunConfig>()
                 .map_err(|e| ConfigError::InvalidValue {
                     key: key.into(),
-                    reason: e.message().to_string(),
+                    reason: with_allowed(key, e.message().to_string()),
                 })?;
         }
     }
@@ -1287,14 +1301,20 @@ fn first_bad_leaf(table: &toml::Table, reference: &toml::Table) -> Option<(Strin
         let parts: Vec<&str> = key.split('.').collect();
         put_path(&mut probe, &parts, get_path(table, &key)?.clone());
         let e = toml::Value::Table(probe).try_into::<RunConfig>().err()?;
-        let mut reason = e.message().to_string();
-        if let Some(f) = FIELDS.iter().find(|f| f.key == key)
-            && !reason.contains("expected one of")
-        {
-            reason.push_str(&format!("; allowed {}", f.allowed()));
-        }
+        let reason = with_allowed(&key, e.message().to_string());
         Some((key, reason))
     })
+}
+
+/// serde's reason for a value of `key` it could not read, with the field's allowed values
+/// (serde names the Rust type: "expected usize").
+fn with_allowed(key: &str, mut reason: String) -> String {
+    if let Some(f) = FIELDS.iter().find(|f| f.key == key)
+        && !reason.contains("expected one of")
+    {
+        reason.push_str(&format!("; allowed {}", f.allowed()));
+    }
+    reason
 }
 
 fn merge(base: &mut toml::Table, over: toml::Table) {

@@ -147,6 +147,12 @@ pub fn check(c: &RunConfig, a: &LabArgs) -> Result<(), String> {
     if a.batches < 2 {
         return Err("--batches must be at least 2 (a variance needs two)".into());
     }
+    if a.budget < 2 {
+        return Err(format!(
+            "--budget {}: at least 2 answers per prompt (one group of G ≥ 2)",
+            a.budget
+        ));
+    }
     if let Some(g) = a
         .group_sizes
         .iter()
@@ -248,6 +254,8 @@ pub struct Setup {
     pub policy: Box<dyn Studied>,
     pub prompts: Vec<Vec<u32>>,
     pub reward: RewardFn,
+    /// The iteration θ_old is at: `at_iteration`, or a checkpoint's own (later) one.
+    pub iteration: usize,
 }
 
 /// The fused lecture policy holding `flat` weights in the lecture's layout
@@ -308,6 +316,7 @@ impl Setup {
         while trainer.iteration() < target || !trainer.at_iteration_boundary() {
             trainer.step().map_err(|e| e.to_string())?;
         }
+        let iteration = trainer.iteration();
         let c = trainer.config.clone();
         let prompts = trainer.prompts.train.clone();
         let old = trainer.engine().flat_weights();
@@ -342,6 +351,7 @@ impl Setup {
             reward: trainer.reward_fn.clone(),
             prompts,
             config: c,
+            iteration,
         })
     }
 
@@ -636,7 +646,7 @@ impl Measure {
         let b = c.batch_prompts(self.setup.prompts.len());
         Report {
             exact: truth.exact,
-            at_iteration: a.at_iteration,
+            at_iteration: self.setup.iteration,
             mu_step: a.mu_step,
             batches: self.batch,
             budget: a.budget,
@@ -979,13 +989,19 @@ impl Report {
     /// The claims, read off this report (where it has the estimators they need), each
     /// with its verdict here: a bias counts as seen when it is over twice its noise floor.
     pub fn checks(&self) -> Vec<String> {
-        let seen = |bias: f64, floor: f64| {
-            if bias > 2.0 * floor {
-                "seen here"
+        // A bias counts past twice its floor; NaN (no spread in any group: every baseline 0/0)
+        // says nothing either way.
+        let judged = |bias: f64, floor: f64, yes: &'static str, no: &'static str| {
+            if !(bias.is_finite() && floor.is_finite()) {
+                "no estimate: NaN, every group's rewards equal?"
+            } else if bias > 2.0 * floor {
+                yes
             } else {
-                "within the noise here"
+                no
             }
         };
+        let seen =
+            |bias: f64, floor: f64| judged(bias, floor, "seen here", "within the noise here");
         use AdvantageMode::*;
         let mut out = Vec::new();
         let gs: Vec<usize> = {
@@ -1005,7 +1021,7 @@ impl Report {
                 "rloo is unbiased: bias {:.3} against a floor of {:.3} ({}), at the scale of raw rewards ({:.5} vs raw {:.5})",
                 rloo.bias,
                 rloo.bias_floor,
-                if rloo.bias > 2.0 * rloo.bias_floor { "a bias: more batches?" } else { "none seen" },
+                judged(rloo.bias, rloo.bias_floor, "a bias: more batches?", "none seen"),
                 rloo.scale,
                 raw.scale
             ));

@@ -615,7 +615,7 @@ fn write_checkpoint(trainer: &Trainer, out: &Path) -> Result<(), RunError> {
     Ok(())
 }
 
-fn is_run_dir(out: &Path) -> bool {
+pub fn is_run_dir(out: &Path) -> bool {
     out.join("config.toml").exists() || out.join("metrics.jsonl").exists()
 }
 
@@ -696,6 +696,13 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
         .then(|| read_summary(&out))
         .flatten()
         .filter(|s| s.status == "completed" && s.steps == trainer.global_step());
+    if kept.is_some() {
+        eprintln!(
+            "grpo-lab: {} is complete at its {} iterations: nothing to run (--set run.iterations=N extends it)",
+            out.display(),
+            trainer.iteration()
+        );
+    }
     let summary = match kept {
         Some(summary) => summary,
         None => write_summary(&mut trainer, &config, &out, &driven, started, steps_before)?,
