@@ -626,14 +626,14 @@ fn lock_run_dir(out: &std::path::Path) -> Result<train::RunLock> {
 }
 
 fn train_cmd(args: TrainArgs) -> Result<()> {
-    if let Some(Some(dir)) = &args.resume {
-        if let Some(out) = args.out.as_ref().filter(|out| *out != dir) {
-            return Err(user(format!(
-                "--resume {} continues the run there, --out {} names another directory: give one (--resume DIR, or --out DIR --resume)",
-                dir.display(),
-                out.display()
-            )));
-        }
+    if let Some(Some(dir)) = &args.resume
+        && let Some(out) = args.out.as_ref().filter(|out| *out != dir)
+    {
+        return Err(user(format!(
+            "--resume {} continues the run there, --out {} names another directory: give one (--resume DIR, or --out DIR --resume)",
+            dir.display(),
+            out.display()
+        )));
     }
     if args.resume.is_some() && args.force {
         return Err(user(
