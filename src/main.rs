@@ -1301,7 +1301,26 @@ fn quiet_window_system_probing() {
     }
 }
 
+/// Output piped into a reader that stops early (`grpo-lab config-docs | head`) ends the
+/// process quietly, as other command-line tools do: Rust ignores SIGPIPE, so the next print
+/// panicked with "failed printing to stdout: Broken pipe" and a backtrace.
+fn default_sigpipe() {
+    #[cfg(target_os = "linux")]
+    {
+        unsafe extern "C" {
+            fn signal(signum: i32, handler: usize) -> usize;
+        }
+        const SIGPIPE: i32 = 13;
+        const SIG_DFL: usize = 0;
+        // SAFETY: restores the default disposition of one signal, before any other thread.
+        unsafe {
+            signal(SIGPIPE, SIG_DFL);
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    default_sigpipe();
     quiet_window_system_probing();
     grpo_lab::engine::cores::keep_freed_memory();
     let cli = Cli::parse();

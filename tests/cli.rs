@@ -241,6 +241,25 @@ fn bad_values_and_ignored_flags_are_refused_naming_what_is_allowed() {
     }
 }
 
+/// Output into a reader that stops early (`grpo-lab config-docs | head -1`) ends the process
+/// quietly, by SIGPIPE as other tools do, where it panicked with a backtrace.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_closed_pipe_ends_the_output_without_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
+        .arg("config-docs")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader gone before the first line (the whole text would fit in the pipe's buffer).
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    assert_eq!(o.status.signal(), Some(13), "{:?}", o.status);
+}
+
 #[test]
 fn train_writes_the_run_and_refuses_to_overwrite() {
     let out = temp_dir("cli-train");
