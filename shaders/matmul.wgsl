@@ -30,9 +30,10 @@ struct Mm {
     c_off: u32, c_rs: u32, c_bs: u32, flags: u32,
     // matmul_subgroup.wgsl's epilogues (its EPI pipelines; zero and unread elsewhere): the
     // offsets of a bias and a LayerNorm gain in the model, of the outputs in `work`, and e_flags
-    // bit 0: add the bias.
+    // bit 0: add the bias. Its B_WORK products: e_flags bit 2, each row's sum of A into
+    // work[e_sum + row] (a bias's gradient).
     e_bias: u32, e_gain: u32, e_out: u32, e_aux: u32,
-    e_rstd: u32, e_flags: u32, e_pad0: u32, e_pad1: u32,
+    e_rstd: u32, e_flags: u32, e_sum: u32, e_pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> mm: Mm;

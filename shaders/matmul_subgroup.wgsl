@@ -32,6 +32,17 @@ override WHOLE: bool = false;
 // lost by the storage buffer (measured standalone on lavapipe: as fast or faster).
 override B_WORK: bool = false;
 
+// Row `row`'s sum of A (its entries in k order, A's zeros past k added as nothing changes) into
+// work[e_sum + row] where the host asks (B_WORK products, e_flags bit 2; the column blocks'
+// first workgroups): ∂b = Σ_t dY[t] of a weight gradient ∂Wᵀ = dYᵀ·X, A = dYᵀ — what
+// transformer.wgsl's col_sum4 added in its own dispatch, in the same order: the same bits.
+fn row_sum(row: u32, col0: u32, sum: f32) {
+    if (B_WORK && (mm.e_flags & 4u) != 0u && col0 == 0u && row < mm.m) {
+        let i = mm.e_sum + row;
+        work[i >> 2u][i & 3u] = sum;
+    }
+}
+
 // Quad i of B's source.
 fn b_src(i: u32) -> vec4<f32> {
     if (B_WORK) { return work[i]; }
@@ -325,8 +336,10 @@ fn matmul_window_subgroup(
     var acc13 = vec4<f32>(0.0);
     var acc14 = vec4<f32>(0.0);
     var acc15 = vec4<f32>(0.0);
+    var sa = 0.0;
     for (var k = 0u; k < mm.k; k += 4u) {
         let av = a_quad(ar, k, kl);
+        if (B_WORK) { sa = sum4(sa, av); }
         let r = b_block(b0, k, kl, quad);
         let s = b_block(b1, k, kl, quad);
         let x0 = vec4<f32>(av.x);
@@ -403,6 +416,7 @@ fn matmul_window_subgroup(
     // store_quad in the pipeline at all. With store_quad's tests and element-wise fallback
     // compiled in, llvmpipe ran the whole kernel ~25 % slower (640 × 256 × 64: 0.94 → 0.72 ms;
     // 1280 × 192 × 64: 1.38 → 1.03 ms), whichever path a dispatch then took.
+    row_sum(gi, j0, sa);
     if (WHOLE) {
         if (gi >= mm.m) { return; }
         if (EPI == 1u || EPI == 2u || EPI == 5u) {
@@ -494,9 +508,15 @@ fn matmul_window_subgroup2(
     var acc13 = vec4<f32>(0.0);
     var acc14 = vec4<f32>(0.0);
     var acc15 = vec4<f32>(0.0);
+    var sa = 0.0;
+    var sh = 0.0;
     for (var k = 0u; k < mm.k; k += 4u) {
         let av = a_quad(ar, k, kl);
         let ah4 = a_quad(ah, k, kl);
+        if (B_WORK) {
+            sa = sum4(sa, av);
+            sh = sum4(sh, ah4);
+        }
         let r = b_block(b0, k, kl, quad);
         let x0 = vec4<f32>(av.x);
         let y0 = vec4<f32>(ah4.x);
@@ -603,6 +623,8 @@ fn matmul_window_subgroup2(
         acc7 = fma(x3, b37, acc7);
         acc15 = fma(y3, b37, acc15);
     }
+    row_sum(gi, j0, sa);
+    row_sum(gh, j0, sh);
     if (WHOLE && (EPI == 1u || EPI == 2u || EPI == 5u)) {
         gelu16(gi, gh, j0, true, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15);
         return;

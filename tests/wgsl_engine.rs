@@ -72,11 +72,11 @@ fn relocate(op: HarnessOp, model: u32, work: u32, ints: u32) -> HarnessOp {
             mm.c[0] += work;
             HarnessOp::Matmul(mm, src)
         }
-        HarnessOp::MatmulInWork(mut mm) => {
+        HarnessOp::MatmulInWork(mut mm, sums) => {
             mm.a[0] += work;
             mm.b[0] += work;
             mm.c[0] += work;
-            HarnessOp::MatmulInWork(mm)
+            HarnessOp::MatmulInWork(mm, sums.map(|s| s + work))
         }
         HarnessOp::MatmulThen(mut mm, mut then) => {
             mm.a[0] += work;
@@ -165,7 +165,20 @@ fn apply_reference(buf: &mut Buffers, op: &HarnessOp) {
             reference::matmul(buf, mm, (1, 0));
             reference::epilogue(buf, mm, then);
         }
-        HarnessOp::MatmulInWork(mm) => reference::matmul(buf, mm, (1, 1)),
+        HarnessOp::MatmulInWork(mm, sums) => {
+            reference::matmul(buf, mm, (1, 1));
+            // Each row's sum of A, in k order (col_sum4's sums over dY's rows).
+            if let Some(dst) = sums {
+                for i in 0..mm.m as usize {
+                    let mut total = 0.0f32;
+                    for k in 0..mm.k as usize {
+                        total += buf.work
+                            [mm.a[0] as usize + i * mm.a[1] as usize + k * mm.a[2] as usize];
+                    }
+                    buf.work[*dst as usize + i] = total;
+                }
+            }
+        }
         HarnessOp::Step(e, p, _) => reference::step_kernel(e, p, buf),
     }
 }
@@ -408,8 +421,8 @@ fn matmul_epilogues_match_the_reference() {
 /// The weight gradients' products with B read in place (matmul_subgroup.wgsl's `B_WORK`): ∂W =
 /// Xᵀ·dY and ∂Wᵀ = dYᵀ·X at the transformer's shapes and odd ones — N (k here) of 4 to past
 /// several windows, C of one row to two workgroups of two rows, row-major or transposed,
-/// accumulated or not, B row-major (`VEC_B` 1) or along k (`VEC_B` 2), A along k or across —
-/// against the reference.
+/// accumulated or not, B row-major (`VEC_B` 1) or along k (`VEC_B` 2), A along k or across,
+/// with each row's sum of A (a bias's gradient) or without — against the reference.
 #[test]
 fn matmul_with_b_in_work_matches_the_reference() {
     let Some(h) = harness_with(MatmulKernel::WindowSubgroup) else {
@@ -448,9 +461,15 @@ fn matmul_with_b_in_work_matches_the_reference() {
                 (c_rs, c_cs),
                 accumulate,
             );
+            // Row sums after B, at an offset that is not a multiple of 4 half the time.
+            let sums = (rng.below(2) == 0).then(|| {
+                let at = buf.work.len() + rng.below(2) as usize;
+                buf.work.resize(at + m, 7.0);
+                at as u32
+            });
             cases.push(Case {
                 buf,
-                op: HarnessOp::MatmulInWork(mm),
+                op: HarnessOp::MatmulInWork(mm, sums),
             });
         }
     }

@@ -12,8 +12,9 @@ pub enum HarnessOp {
     /// (matmul_subgroup.wgsl; `run` errs where the kernel does not take it).
     MatmulThen(MatmulParams, Epilogue),
     /// A product with A and B in `work`, B read in place (matmul_subgroup.wgsl's `B_WORK`, the
-    /// weight gradients; `run` errs where the kernel does not take it).
-    MatmulInWork(MatmulParams),
+    /// weight gradients; `run` errs where the kernel does not take it), and each row's sum of A
+    /// into `work[dst + row]` where given.
+    MatmulInWork(MatmulParams, Option<u32>),
     /// An entry point of lecture_step.wgsl over `count` invocations (`reduce` runs
     /// reduce_partial and reduce_final).
     Step(&'static str, StepParams, usize),
@@ -79,9 +80,9 @@ impl KernelHarness {
                         return Err(kerr("harness", format!("no epilogue for {mm:?}, {then:?}")));
                     }
                 }
-                HarnessOp::MatmulInWork(mm) => {
+                HarnessOp::MatmulInWork(mm, sums) => {
                     let group = rec.window.clone();
-                    if !group.is_some_and(|g| rec.matmul_b_work(&self.programs, &g, mm)) {
+                    if !group.is_some_and(|g| rec.matmul_b_work(&self.programs, &g, mm, sums)) {
                         return Err(kerr("harness", format!("no B_WORK product for {mm:?}")));
                     }
                 }

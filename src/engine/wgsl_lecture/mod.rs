@@ -1028,6 +1028,8 @@ enum StepParamsOrMm {
     Mm(MatmulParams),
     /// A window product with an epilogue.
     MmThen(MatmulParams, Epilogue),
+    /// A `B_WORK` product that also sums each row of A into `work[dst + row]` (`Mm`'s e_sum).
+    MmRowSums(MatmulParams, u32),
     /// A dispatch of transformer.wgsl.
     Tf(transformer::TfParams),
 }
@@ -1039,6 +1041,9 @@ impl StepParamsOrMm {
             Self::Step(p) => pod_bytes(p),
             Self::Mm(m) => u32_bytes(&m.words()),
             Self::MmThen(m, e) => u32_bytes(&[&m.words()[..], &e.words()[..]].concat()),
+            Self::MmRowSums(m, dst) => {
+                u32_bytes(&[&m.words()[..], &[0, 0, 0, 0, 0, 4, *dst, 0]].concat())
+            }
             Self::Tf(p) => pod_bytes(p),
         };
         bytes.resize(SLOT as usize, 0);

@@ -111,7 +111,9 @@ pub(super) fn profile(
         let what = match op.dispatch(group) {
             Some(d) => match (d.slot, d.label) {
                 (Some(slot), label) => match &slots[slot as usize] {
-                    StepParamsOrMm::Mm(m) | StepParamsOrMm::MmThen(m, _) => {
+                    StepParamsOrMm::Mm(m)
+                    | StepParamsOrMm::MmThen(m, _)
+                    | StepParamsOrMm::MmRowSums(m, _) => {
                         format!("{label} {}x{}x{} b{} {:?}", m.m, m.n, m.k, m.batch, d.grid)
                     }
                     StepParamsOrMm::Step(_) | StepParamsOrMm::Tf(_) => {
@@ -610,12 +612,14 @@ impl Recorder {
     /// `mm` through matmul_subgroup.wgsl's kernels with B read from the work buffer (`B_WORK`:
     /// `mm.b` counts in `work`, as A does), all of k in one dispatch: the weight gradients,
     /// whose B spans many windows. False (nothing recorded) where the kernels are others or B's
-    /// strides do not allow whole-quad reads (`VEC_B` 1 or 2).
+    /// strides do not allow whole-quad reads (`VEC_B` 1 or 2). With `row_sums`, each row's sum
+    /// of A (in k order) into `work[row_sums + row]` too: a bias's gradient where A = dYᵀ.
     pub(super) fn matmul_b_work(
         &mut self,
         p: &Programs,
         group: &wgpu::BindGroup,
         mm: MatmulParams,
+        row_sums: Option<u32>,
     ) -> bool {
         let Some(w) = p.window.as_ref().filter(|w| w.subgroup) else {
             return false;
@@ -630,7 +634,10 @@ impl Recorder {
             return false;
         }
         let slot = self.slots.len() as u32;
-        self.slots.push(StepParamsOrMm::Mm(mm));
+        self.slots.push(match row_sums {
+            Some(dst) => StepParamsOrMm::MmRowSums(mm, dst),
+            None => StepParamsOrMm::Mm(mm),
+        });
         self.ops.push(Op::Window {
             pipeline: w.pipeline(WindowPrograms::index(programs::B_WORK, two, modes)),
             slot,

@@ -853,7 +853,7 @@ impl WgslTransformer {
         let out = self.over(base, (self.n - 1, at.s));
         let head = at.span((self.n - 1, at.s));
         debug_assert_eq!(head, (out.r0 as usize, out.rn as usize));
-        let head_w = ((at.af, d), (at.dl, v), wl.head);
+        let head_w = (((at.af, d), (at.dl, v), wl.head), None);
         self.record_linear_ln_back(rec, out, head_w, ((at.xhatf, at.rstdf), wl.lnf_g, false));
         self.record_clear(rec, at.dx, head.0 * d);
         let layers = wl.blocks.len();
@@ -874,6 +874,7 @@ impl WgslTransformer {
             let all = (0, nr);
             debug_assert_eq!(all, (base.r0 as usize, base.rn as usize));
             let qkv = ((ba.a1, d), (at.dqkv, 3 * d), bl.wqkv);
+            let qkv = (qkv, None);
             self.record_linear_ln_back(rec, base, qkv, ((ba.xhat1, ba.rstd1), bl.ln1_g, true));
         }
         // x = tok_emb[token] + pos_emb[position]: ∂tok_emb = onehot(tokens)ᵀ·dx, ∂pos_emb[p] =
@@ -919,7 +920,10 @@ impl WgslTransformer {
             cdf: u(ba.cdf + first * f),
         };
         let w2 = ((ba.hact, f), (at.dx, d), bl.w2);
-        if !self.record_linear_back(rec, span, w2, at.dh, Some(then)) {
+        if !self
+            .record_linear_back(rec, span, w2, at.dh, (Some(then), None))
+            .0
+        {
             let gelu = TfParams {
                 y: u(at.dh),
                 z: u(ba.hpre),
@@ -932,11 +936,11 @@ impl WgslTransformer {
                 rec.tf(&self.programs, "gelu_backward", gelu, count * f);
             }
         }
-        self.record_col_sum(rec, base, (at.dh + first * f, count, f), f, g(bl.b1));
-        let w1 = ((ba.a2, d), (at.dh, f), bl.w1);
+        // ∂b₁ = Σ_t dh[t] in ∂W₁'s product where the kernel allows (its col_sum4 otherwise).
+        let w1 = (((ba.a2, d), (at.dh, f), bl.w1), Some(bl.b1));
         self.record_linear_ln_back(rec, base, w1, ((ba.xhat2, ba.rstd2), bl.ln2_g, true));
         let wo = ((ba.ctx, d), (at.dx, d), bl.wo);
-        self.record_linear_back(rec, span, wo, at.dctx, None);
+        self.record_linear_back(rec, span, wo, at.dctx, (None, None));
         self.record_clear(rec, at.dctx, first * d);
     }
 
@@ -954,15 +958,17 @@ impl WgslTransformer {
     /// The backward of `Y = X·W` over the flat rows `first..first + count` (`X [N, k]` at
     /// `x`, `dY [N, m]` at `dy`, `W [k, m]` at `model[w..]`): `∂W = Xᵀ·dY` into the gradient,
     /// `dX = dY·Wᵀ` into `dx`, followed by `then` in its own dispatch where given and the
-    /// kernel allows (true: done so; false: the caller records what `then` stands for).
+    /// kernel allows, and `∂b = Σ_t dY[t]` into the gradient at `bias` in ∂W's product where
+    /// given and it runs as `∂Wᵀ = dYᵀ·X` in place (its rows' sums of A). Returns whether
+    /// `then` and `∂b` were done so (where not, the caller records what they stand for).
     fn record_linear_back(
         &self,
         rec: &mut Recorder,
         (first, nr): (usize, usize),
         ((x, k), (dy, m), w): ((usize, usize), (usize, usize), usize),
         dx: usize,
-        then: Option<Epilogue>,
-    ) -> bool {
+        (then, bias): (Option<Epilogue>, Option<usize>),
+    ) -> (bool, bool) {
         let at = &self.plan_ref().at;
         let p = &self.programs;
         let (x, dy, dx) = (x + first * k, dy + first * m, dx + first * k);
@@ -975,23 +981,23 @@ impl WgslTransformer {
         let plan = self.plan_ref();
         // Through matmul_subgroup.wgsl with B read in place (all of N in one dispatch): B the
         // narrower of dY and X, or X where dY's rows do not start at quads (the head's logits).
-        let in_place = if m > k || !m.is_multiple_of(4) {
-            dwt
-        } else {
-            dw
-        };
-        let done = (plan.window.as_ref())
-            .is_some_and(|group| rec.matmul_b_work(p, group, in_place))
-            || self.record_dw_windows(rec, nr, (x, k), (dy, m), (dw, dwt));
+        let transposed = m > k || !m.is_multiple_of(4);
+        let in_place = if transposed { dwt } else { dw };
+        // ∂b as the rows' sums of A = dYᵀ, where ∂Wᵀ runs in place.
+        let sums = bias.filter(|_| transposed).map(|b| (at.grad + b) as u32);
+        let in_work =
+            (plan.window.as_ref()).is_some_and(|group| rec.matmul_b_work(p, group, in_place, sums));
+        let done = in_work || self.record_dw_windows(rec, nr, (x, k), (dy, m), (dw, dwt));
         if !done {
             rec.matmul(p, (WORK, WORK), dw);
         }
+        let summed = in_work && sums.is_some();
         let back = MatmulParams::single((nr, k, m), (dy, m, 1), (w, 1, m), (dx, k), false);
         if then.is_some_and(|e| rec.matmul_then(p, back, e)) {
-            return true;
+            return (true, summed);
         }
         rec.matmul(p, (WORK, MODEL), back);
-        false
+        (false, summed)
     }
 
     /// ∂W through matmul_window's windows (the kernels without `B_WORK`): the narrower of dY
@@ -1038,7 +1044,7 @@ impl WgslTransformer {
         &self,
         rec: &mut Recorder,
         base: TfParams,
-        linear: ((usize, usize), (usize, usize), usize),
+        (linear, bias): (((usize, usize), (usize, usize), usize), Option<usize>),
         ((xhat, rstd), gain, add): ((usize, usize), usize, bool),
     ) {
         let at = &self.plan_ref().at;
@@ -1058,7 +1064,11 @@ impl WgslTransformer {
         // 0.82; the head's, k = 11, 0.40 → 0.24).
         let then = (linear.1.1 <= 64).then_some(then);
         let span = (first, base.rn as usize);
-        let fused = self.record_linear_back(rec, span, linear, at.da, then);
+        let (fused, summed) = self.record_linear_back(rec, span, linear, at.da, (then, bias));
+        if let (Some(b), false) = (bias, summed) {
+            let ((_, _), (dy, m), _) = linear;
+            self.record_col_sum(rec, base, (dy + first * m, span.1, m), m, at.grad + b);
+        }
         let back = TfParams {
             y: u(at.da),
             x: u(at.dx),
