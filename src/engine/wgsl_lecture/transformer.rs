@@ -892,10 +892,8 @@ impl WgslTransformer {
         } else {
             rec.tf(p, "pos_grad", pos, at.s * d);
         }
-        let rest = (s.context - at.s) * d;
-        if rest > 0 {
-            self.record_col_sum(rec, base, (at.dx, 0, 0), rest, g(wl.pos_emb + at.s * d));
-        }
+        // The positions past S get 0: a clear of the buffer, not a dispatch.
+        self.record_clear(rec, g(wl.pos_emb + at.s * d), (s.context - at.s) * d);
     }
 
     /// A block's backward at the positions of `base` from dx down to d ctx (in `dctx`; 0 at
