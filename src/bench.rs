@@ -562,11 +562,7 @@ fn bench_step(mut config: RunConfig, compute: &Compute, options: &BenchOptions) 
         "ms_per_step": ms,
         "ms_per_step_p10": quantile(&per_step, 0.1),
         "ms_per_step_p90": quantile(&per_step, 0.9),
-        // null, not 0, where the steps are shorter than the kernel's accounting shows
-        // (lecture17's ~15 µs: the threads' run time is counted at switches and ticks).
-        "cpu_ms_per_step": (!cpu_per_step.is_empty())
-            .then(|| median(&cpu_per_step))
-            .filter(|&ms| ms > 0.0),
+        "cpu_ms_per_step": Some(median(&cpu_per_step)).filter(|&ms| ms > 0.0), // 0: too short
         "first_step_ms": first_step_ms,
         "setup_ms": setup_ms,
         "dispatches_per_step": counts.map(|c| c.dispatches_per_step),

@@ -625,7 +625,8 @@ fn lock_run_dir(out: &std::path::Path) -> Result<train::RunLock> {
     })
 }
 
-fn train_cmd(args: TrainArgs) -> Result<()> {
+/// `train`'s flags that contradict `--resume` (a run continues where it is, as it is).
+fn check_resume_flags(args: &TrainArgs) -> Result<()> {
     if let Some(Some(dir)) = &args.resume
         && let Some(out) = args.out.as_ref().filter(|out| *out != dir)
     {
@@ -640,31 +641,42 @@ fn train_cmd(args: TrainArgs) -> Result<()> {
             "--force starts a run over and --resume continues it: give one of them",
         ));
     }
+    Ok(())
+}
+
+/// `train --dry-run`: the config (a new run's, or with `--resume` the run's own with its
+/// allowed overrides) checked and its memory estimate printed; nothing written.
+fn train_dry_run(args: &TrainArgs) -> Result<()> {
+    let config = match &args.resume {
+        None => build_config(&args.config)?,
+        Some(dir) => {
+            let Some(dir) = dir.as_ref().or(args.out.as_ref()) else {
+                return Err(user(
+                    "--resume needs a directory: --resume DIR or --out DIR --resume",
+                ));
+            };
+            resumed_config(&args.config, dir)?
+        }
+    };
+    let e = grpo_lab::estimate::estimate(&config);
+    println!(
+        "{} is valid. Memory estimate:\n{}",
+        config.run.name,
+        e.table()
+    );
+    match train::run::memory_cap(&config) {
+        Some((cap, from)) => {
+            println!("cap: {cap:.0} MiB ({from})");
+            train::run::check_memory(&config).map_err(user)
+        }
+        None => Ok(()),
+    }
+}
+
+fn train_cmd(args: TrainArgs) -> Result<()> {
+    check_resume_flags(&args)?;
     if args.dry_run {
-        let config = match &args.resume {
-            None => build_config(&args.config)?,
-            Some(dir) => {
-                let Some(dir) = dir.as_ref().or(args.out.as_ref()) else {
-                    return Err(user(
-                        "--resume needs a directory: --resume DIR or --out DIR --resume",
-                    ));
-                };
-                resumed_config(&args.config, dir)?
-            }
-        };
-        let e = grpo_lab::estimate::estimate(&config);
-        println!(
-            "{} is valid. Memory estimate:\n{}",
-            config.run.name,
-            e.table()
-        );
-        return match train::run::memory_cap(&config) {
-            Some((cap, from)) => {
-                println!("cap: {cap:.0} MiB ({from})");
-                train::run::check_memory(&config).map_err(user)
-            }
-            None => Ok(()),
-        };
+        return train_dry_run(&args);
     }
     train::install_interrupt_handler();
     let resume_dir = args.resume.clone();
@@ -932,9 +944,9 @@ fn devices_cmd(json: bool) -> Result<()> {
     Ok(())
 }
 
-fn gradient_lab_cmd(args: GradientLabArgs) -> Result<()> {
-    use grpo_lab::lab::gradient;
-    // The lab computes on the CPU (the exact gradient and the fused engines), whatever device.
+/// `gradient-lab`'s flags that would not apply: it computes on the CPU (the exact gradient
+/// and the fused engines), and a checkpoint brings its run's own config.
+fn check_lab_flags(args: &GradientLabArgs) -> Result<()> {
     if let Some(d) = args
         .config
         .device
@@ -966,6 +978,12 @@ fn gradient_lab_cmd(args: GradientLabArgs) -> Result<()> {
             )));
         }
     }
+    Ok(())
+}
+
+fn gradient_lab_cmd(args: GradientLabArgs) -> Result<()> {
+    use grpo_lab::lab::gradient;
+    check_lab_flags(&args)?;
     let (config, checkpoint) = match &args.checkpoint {
         Some(dir) => {
             let (ckpt, stored) = gradient::checkpoint_of(dir).map_err(user)?;

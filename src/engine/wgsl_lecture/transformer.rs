@@ -853,8 +853,8 @@ impl WgslTransformer {
         let out = self.over(base, (self.n - 1, at.s));
         let head = at.span((self.n - 1, at.s));
         debug_assert_eq!(head, (out.r0 as usize, out.rn as usize));
-        let head_w = (((at.af, d), (at.dl, v), wl.head), None);
-        self.record_linear_ln_back(rec, out, head_w, ((at.xhatf, at.rstdf), wl.lnf_g, false));
+        let (head_w, lnf) = (((at.af, d), (at.dl, v), wl.head), (at.xhatf, at.rstdf));
+        self.record_linear_ln_back(rec, out, head_w, None, (lnf, wl.lnf_g, false));
         self.record_clear(rec, at.dx, head.0 * d);
         let layers = wl.blocks.len();
         for (l, (bl, ba)) in wl.blocks.iter().zip(&at.blocks).enumerate().rev() {
@@ -874,8 +874,8 @@ impl WgslTransformer {
             let all = (0, nr);
             debug_assert_eq!(all, (base.r0 as usize, base.rn as usize));
             let qkv = ((ba.a1, d), (at.dqkv, 3 * d), bl.wqkv);
-            let qkv = (qkv, None);
-            self.record_linear_ln_back(rec, base, qkv, ((ba.xhat1, ba.rstd1), bl.ln1_g, true));
+            let ln1 = ((ba.xhat1, ba.rstd1), bl.ln1_g, true);
+            self.record_linear_ln_back(rec, base, qkv, None, ln1);
         }
         // x = tok_emb[token] + pos_emb[position]: ∂tok_emb = onehot(tokens)ᵀ·dx, ∂pos_emb[p] =
         // Σ over position p's rows of dx; the positions past S get 0.
@@ -935,8 +935,8 @@ impl WgslTransformer {
             }
         }
         // ∂b₁ = Σ_t dh[t] in ∂W₁'s product where the kernel allows (its col_sum4 otherwise).
-        let w1 = (((ba.a2, d), (at.dh, f), bl.w1), Some(bl.b1));
-        self.record_linear_ln_back(rec, base, w1, ((ba.xhat2, ba.rstd2), bl.ln2_g, true));
+        let (w1, ln2) = (((ba.a2, d), (at.dh, f), bl.w1), (ba.xhat2, ba.rstd2));
+        self.record_linear_ln_back(rec, base, w1, Some(bl.b1), (ln2, bl.ln2_g, true));
         let wo = ((ba.ctx, d), (at.dx, d), bl.wo);
         self.record_linear_back(rec, span, wo, at.dctx, (None, None));
         self.record_clear(rec, at.dctx, first * d);
@@ -1042,7 +1042,8 @@ impl WgslTransformer {
         &self,
         rec: &mut Recorder,
         base: TfParams,
-        (linear, bias): (((usize, usize), (usize, usize), usize), Option<usize>),
+        linear: ((usize, usize), (usize, usize), usize),
+        bias: Option<usize>,
         ((xhat, rstd), gain, add): ((usize, usize), usize, bool),
     ) {
         let at = &self.plan_ref().at;
@@ -1445,9 +1446,8 @@ impl WgslTransformer {
                 lr: lr as f32,
                 ..self.adam_params(&at, k as i32 + 1)
             };
-            // No clip and no finite check here, as the fused engine's supervised Adam: adam
-            // reads a squared norm of 0 (a 4-byte clear) where summing the gradient's squares
-            // took two dispatches (~0.5 ms of a ~24 ms supervised step on lavapipe).
+            // No clip and no finite check, as the fused engine's supervised Adam: a squared norm
+            // of 0 (a 4-byte clear) where its sum took two dispatches (~0.5 ms a step, lavapipe).
             self.record_clear(&mut rec, at.sums + 6, 1);
             rec.step(&self.programs, "adam", adam, p.div_ceil(4));
             let reads: &[(Reads, usize, usize)] = if k + 1 == batches.len() {
