@@ -167,6 +167,22 @@ struct ConfigArgs {
     kernels: Option<KernelChoice>,
 }
 
+impl ConfigArgs {
+    /// The flags given that define a run (`--preset`, `--config`, `--seed`, and with `kernels`
+    /// `--kernels`): what a run continued or studied from its own config refuses.
+    fn run_defining_flags(&self, kernels: bool) -> Vec<&'static str> {
+        [
+            ("--preset", self.preset.is_some()),
+            ("--config", self.config.is_some()),
+            ("--seed", self.seed.is_some()),
+            ("--kernels", kernels && self.kernels.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
+    }
+}
+
 #[derive(Args)]
 struct GradientLabArgs {
     #[command(flatten)]
@@ -583,15 +599,7 @@ fn resumed_config(c: &ConfigArgs, out: &std::path::Path) -> Result<RunConfig> {
             out.display()
         )));
     }
-    let refused: Vec<&str> = [
-        ("--preset", c.preset.is_some()),
-        ("--config", c.config.is_some()),
-        ("--seed", c.seed.is_some()),
-        ("--kernels", c.kernels.is_some()),
-    ]
-    .into_iter()
-    .filter_map(|(flag, given)| given.then_some(flag))
-    .collect();
+    let refused = c.run_defining_flags(true);
     if !refused.is_empty() {
         return Err(user(format!(
             "--resume continues the run as recorded; {} would change it (start a new run with --out, or extend this one with --set run.iterations=N)",
@@ -963,14 +971,7 @@ fn check_lab_flags(args: &GradientLabArgs) -> Result<()> {
         ));
     }
     if args.checkpoint.is_some() {
-        let refused: Vec<&str> = [
-            ("--preset", args.config.preset.is_some()),
-            ("--config", args.config.config.is_some()),
-            ("--seed", args.config.seed.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(flag, given)| given.then_some(flag))
-        .collect();
+        let refused = args.config.run_defining_flags(false);
         if !refused.is_empty() {
             return Err(user(format!(
                 "--checkpoint takes the run's own config; {} would not apply (only --set does)",

@@ -241,20 +241,26 @@ fn bad_values_and_ignored_flags_are_refused_naming_what_is_allowed() {
     }
 }
 
-/// Output into a reader that stops early (`grpo-lab config-docs | head -1`) ends the process
+/// Output into a reader that stops early (`grpo-lab advantages … | head -1`) ends the process
 /// quietly, by SIGPIPE as other tools do, where it panicked with a backtrace.
 #[cfg(target_os = "linux")]
 #[test]
 fn a_closed_pipe_ends_the_output_without_a_panic() {
+    use std::io::Read;
     use std::os::unix::process::ExitStatusExt;
+    // ~1 MB of output: far past a pipe's buffer, so the writer is still writing when the
+    // reader goes.
+    let rewards: Vec<String> = (0..20_000).map(|i| (i % 5).to_string()).collect();
     let mut child = Command::new(env!("CARGO_BIN_EXE_grpo-lab"))
-        .arg("config-docs")
+        .args(["advantages", "--rewards", &rewards.join(",")])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // The reader gone before the first line (the whole text would fit in the pipe's buffer).
-    drop(child.stdout.take());
+    let mut first = [0u8; 64];
+    let mut out = child.stdout.take().unwrap();
+    out.read_exact(&mut first).unwrap();
+    drop(out);
     let o = child.wait_with_output().unwrap();
     assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
     assert_eq!(o.status.signal(), Some(13), "{:?}", o.status);
