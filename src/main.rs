@@ -304,12 +304,12 @@ struct CompareArgs {
     quiet: bool,
 }
 
-/// A count that must be ≥ 1 (refused with exit 2 naming the argument otherwise).
-/// A count of at least one (clap's own range parser would say "not in 1..18446744073709551615").
+/// A count that must be ≥ 1 (refused with exit 2 naming the argument otherwise; clap's own
+/// range parser said "0 is not in 1..18446744073709551615").
 fn at_least_one(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!("{s}: allowed an integer ≥ 1")),
+        _ => Err("allowed an integer ≥ 1".into()),
     }
 }
 

@@ -1172,6 +1172,7 @@ fn apply_sets(table: &mut toml::Table, sets: &[String]) -> Result<(), ConfigErro
         if let Some(v) = get_path(table, key).cloned() {
             if let (Some(toml::Value::Table(section)), false) =
                 (get_path(&reference, key), v.is_table())
+                && !FREE_MAPS.contains(&key)
             {
                 let keys: Vec<String> = section.keys().map(|k| format!("{key}.{k}")).collect();
                 let shown = keys.iter().take(6).cloned().collect::<Vec<_>>().join(", ");
