@@ -939,9 +939,21 @@ fn attn_back_kv4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
 }
 
 // ln_backward where D is a multiple of 4, through `work4`: the same sums in the same order.
+// With flags bit 1, the workgroups past the rows' (the rows rounded up to whole workgroups) sum
+// ∂g and ∂β into z as ln_params4 does, eight column quads a workgroup (its first 8 lanes): the
+// two read dy and x̂ and write apart (dx, the gradient), so they share one dispatch — a
+// dispatch of lavapipe's costs ~40 µs before any work, and ln_params4's two 8-wide workgroups
+// ran 0.13–0.18 ms each, four a supervised step of transformer-sort. The same sums in the same
+// order: the same bits.
 @compute @workgroup_size(64)
 fn ln_backward4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(gid, nwg);
+    let rows = (range_count() + 63u) / 64u * 64u;
+    if ((tp.flags & 2u) != 0u && i >= rows) {
+        let l = (i - rows) % 64u;
+        if (l < 8u) { ln_params_quad((i - rows) / 64u * 8u + l); }
+        return;
+    }
     if (i >= range_count()) { return; }
     let row = range_row(i);
     let dq = tp.d / 4u;
@@ -989,7 +1001,11 @@ fn w4set4(i: u32, v: vec4<f32>) {
 // ln_params where D is a multiple of 4.
 @compute @workgroup_size(8)
 fn ln_params4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let jq = flat8(gid, nwg);
+    ln_params_quad(flat8(gid, nwg));
+}
+
+// ∂g and ∂β of column quad jq: Σ over the range's rows of dy·x̂ and of dy, in row order.
+fn ln_params_quad(jq: u32) {
     let dq = tp.d / 4u;
     if (jq >= dq) { return; }
     var dg = vec4<f32>(0.0);

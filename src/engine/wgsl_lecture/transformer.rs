@@ -1068,28 +1068,26 @@ impl WgslTransformer {
             let ((_, _), (dy, m), _) = linear;
             self.record_col_sum(rec, base, (dy + first * m, span.1, m), m, at.grad + b);
         }
-        let back = TfParams {
+        // The backward's (no z) and the ∂g, ∂β sums' (into z; flags bit 1 for both at once).
+        let params = TfParams {
             y: u(at.da),
             x: u(at.dx),
             xhat: u(xhat),
             rstd: u(rstd),
             gain: u(gain),
-            flags: add as u32,
+            z: u(at.grad + gain),
+            flags: add as u32 | 2,
             ..base
         };
         let count = base.rn as usize;
-        let params = TfParams {
-            z: u(at.grad + gain),
-            ..back
-        };
-        if d.is_multiple_of(4) {
-            if !fused {
-                rec.tf(&self.programs, "ln_backward4", back, count);
-            }
+        if d.is_multiple_of(4) && fused {
             rec.tf8(&self.programs, "ln_params4", params, d / 4);
+        } else if d.is_multiple_of(4) {
+            let wgs = count.div_ceil(64) + (d / 4).div_ceil(8);
+            rec.tf(&self.programs, "ln_backward4", params, wgs * 64);
         } else {
             debug_assert!(!fused, "the epilogue takes whole quads");
-            rec.tf(&self.programs, "ln_backward", back, count);
+            rec.tf(&self.programs, "ln_backward", params, count);
             rec.tf(&self.programs, "ln_params", params, d);
         }
     }
