@@ -45,7 +45,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Every advantage mode for one group of rewards.
+    /// The advantage modes computed from one group's rewards alone (the six group modes).
     Advantages {
         /// Comma-separated rewards, e.g. 1,2,2,5
         #[arg(long, allow_hyphen_values = true)]
@@ -120,11 +120,12 @@ struct ExportLogArgs {
     out: Option<PathBuf>,
     /// TensorBoard tags: trl (train/reward, ...; x = optimizer step), verl (critic/score/mean,
     /// ...; x = iteration) or grpo-lab. Metrics without a counterpart go under grpo_lab/.
-    #[arg(long, default_value = "trl")]
-    names: String,
-    /// UNIPO: logged groups per step to include (UNIPO shows three).
-    #[arg(long, default_value_t = 3)]
-    prompts: usize,
+    /// [default: trl]
+    #[arg(long)]
+    names: Option<String>,
+    /// UNIPO: logged groups per step to include (UNIPO shows three). [default: 3]
+    #[arg(long)]
+    prompts: Option<usize>,
 }
 
 #[derive(Args)]
@@ -362,13 +363,21 @@ struct BenchArgs {
     vs_burn: bool,
 }
 
-fn parse_list(s: &str) -> Result<Vec<u32>, String> {
+/// Token ids `a,b,…` up to `max` (an empty string is no tokens).
+fn parse_list(s: &str, max: u32) -> Result<Vec<u32>, String> {
+    if s.trim().is_empty() {
+        return Ok(vec![]);
+    }
     s.split(',')
-        .filter(|x| !x.trim().is_empty())
         .map(|x| {
-            x.trim()
+            let v = x
+                .trim()
                 .parse::<u32>()
-                .map_err(|e| format!("`{x}`: {e} (expected e.g. 3,1,0,2)"))
+                .map_err(|e| format!("`{x}`: {e} (expected e.g. 3,1,0,2)"))?;
+            if v > max {
+                return Err(format!("{v}: allowed 0..={max}"));
+            }
+            Ok(v)
         })
         .collect()
 }
@@ -382,6 +391,10 @@ fn parse_floats(s: &str) -> Result<Vec<f32>, String> {
                 .map_err(|e| format!("`{x}`: {e} (expected e.g. 1,2,2,5)"))?;
             if v.is_finite() {
                 Ok(v)
+            } else if x.trim().parse::<f64>().is_ok_and(f64::is_finite) {
+                Err(format!(
+                    "`{x}` is outside f32's range (allowed |x| ≤ 3.4e38)"
+                ))
             } else {
                 Err(format!("`{x}` is not finite"))
             }
@@ -450,6 +463,17 @@ fn export_cmd(a: ExportArgs) -> Result<()> {
             RunConfig::layered(preset.as_deref(), file.as_deref(), &a.sets).map_err(user)?
         }
     };
+    if a.model.trim().is_empty() {
+        return Err(user(
+            "--model is empty: allowed a Hugging Face model id or a local path",
+        ));
+    }
+    if a.out.exists() && !a.out.is_dir() {
+        return Err(user(format!(
+            "--out {}: a file; allowed a directory (new or holding an export)",
+            a.out.display()
+        )));
+    }
     if a.out.join("MAPPING.md").exists() && !a.force {
         return Err(user(format!(
             "{} already holds an export; --force overwrites it",
@@ -471,7 +495,9 @@ fn export_cmd(a: ExportArgs) -> Result<()> {
         Err(e @ export::ExportError::Io { .. }) => return Err(e.into()),
         Err(e) => return Err(user(e)),
     };
-    bundle.write(&a.out)?;
+    bundle
+        .write(&a.out)
+        .map_err(|e| user(format!("--out {}: {e}", a.out.display())))?;
     let (version, _) = a.to.version();
     println!(
         "exported `{}` to {version} in {}:",
@@ -498,12 +524,29 @@ fn export_log_cmd(a: ExportLogArgs) -> Result<()> {
     }
     let records =
         train::read_metrics(&metrics).map_err(|e| user(format!("{}: {e}", metrics.display())))?;
+    let gaps =
+        logs::check_steps(&records).map_err(|e| user(format!("{}: {e}", metrics.display())))?;
+    if gaps > 0 {
+        eprintln!(
+            "warning: {}: {gaps} steps missing between its records (lost lines); exported as they are",
+            metrics.display()
+        );
+    }
+    // Each flag belongs to one format: given to the other it would be ignored.
+    for (flag, given, to) in [
+        ("--names", a.names.is_some(), "tensorboard"),
+        ("--prompts", a.prompts.is_some(), "unipo"),
+    ] {
+        if given && a.to != to && matches!(a.to.as_str(), "tensorboard" | "unipo") {
+            return Err(user(format!("{flag} applies to --to {to} only")));
+        }
+    }
     match a.to.as_str() {
         "tensorboard" => {
-            let names = logs::Names::parse(&a.names).ok_or_else(|| {
+            let name = a.names.as_deref().unwrap_or("trl");
+            let names = logs::Names::parse(name).ok_or_else(|| {
                 user(format!(
-                    "unknown --names `{}`; allowed: {}",
-                    a.names,
+                    "unknown --names `{name}`; allowed: {}",
                     logs::Names::NAMES.join(", ")
                 ))
             })?;
@@ -519,10 +562,16 @@ fn export_log_cmd(a: ExportLogArgs) -> Result<()> {
                 .sum();
             let start = end - total;
             let dir = a.out.unwrap_or_else(|| a.run_dir.join("tensorboard"));
-            std::fs::create_dir_all(&dir)?;
             let path = dir.join(logs::event_file_name(start, "grpo-lab"));
             let bytes = logs::tensorboard(&records, names, start);
-            std::fs::write(&path, &bytes)?;
+            std::fs::create_dir_all(&dir)
+                .and_then(|_| std::fs::write(&path, &bytes))
+                .map_err(|e| {
+                    user(format!(
+                        "--out {}: {e} (allowed a directory)",
+                        dir.display()
+                    ))
+                })?;
             let events = logs::read_events(&bytes).map_err(anyhow::Error::msg)?;
             println!(
                 "wrote {} ({} events, {} steps): tensorboard --logdir {}",
@@ -536,11 +585,19 @@ fn export_log_cmd(a: ExportLogArgs) -> Result<()> {
             let config_path = a.run_dir.join("config.toml");
             let config = RunConfig::from_file(&config_path).map_err(user)?;
             let path = a.out.unwrap_or_else(|| a.run_dir.join("unipo.json"));
-            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent)?;
-            }
-            let json = logs::unipo(&config, &records, a.prompts);
-            std::fs::write(&path, serde_json::to_string(&json)? + "\n")?;
+            let json =
+                serde_json::to_string(&logs::unipo(&config, &records, a.prompts.unwrap_or(3)))?
+                    + "\n";
+            let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+            parent
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|_| std::fs::write(&path, json))
+                .map_err(|e| {
+                    user(format!(
+                        "--out {}: {e} (allowed a file path)",
+                        path.display()
+                    ))
+                })?;
             println!(
                 "wrote {} ({} entries, algorithm {})",
                 path.display(),
@@ -775,10 +832,16 @@ fn train_cmd(args: TrainArgs) -> Result<()> {
 }
 
 fn score_cmd(reward: RewardKind, prompt: &str, response: &str, json: bool) -> Result<()> {
-    let prompt = parse_list(prompt).map_err(|e| user(format!("--prompt: {e}")))?;
-    let response = parse_list(response).map_err(|e| user(format!("--response: {e}")))?;
-    if prompt.is_empty() {
-        return Err(user("--prompt is empty"));
+    // Numbers the tokenizer holds: below 1024, task.vocab's most (the verifiers score numbers;
+    // a response's <eos> is the trainer's to strip).
+    let max = grpo_lab::task::tokenizer::MAX_NUMBERS - 1;
+    let prompt = parse_list(prompt, max).map_err(|e| user(format!("--prompt: {e}")))?;
+    let response = parse_list(response, max).map_err(|e| user(format!("--response: {e}")))?;
+    if prompt.is_empty() || prompt.len() > 64 {
+        return Err(user(format!(
+            "--prompt has {} numbers: allowed 1..=64 (task.n)",
+            prompt.len()
+        )));
     }
     let r = RewardFn::single(reward).score(&prompt, &response);
     if json {
@@ -806,6 +869,17 @@ fn advantages_cmd(rewards: &str, json: bool) -> Result<()> {
     }
     let g = rewards.len();
     let all = advantage::all_advantages(&rewards, g);
+    // The advantages are computed in f32, as the trainer does: a group whose deviations from
+    // the mean square past f32's range (|r − mean| ≳ 1.8e19) has no finite std to divide by.
+    let s = all.groups[0];
+    let finite = [s.mean, s.std].iter().all(|v| v.is_finite())
+        && all.by_mode.values().flatten().all(|v| v.is_finite());
+    if !finite {
+        return Err(user(format!(
+            "--rewards: the group's mean or std overflows f32 (mean {}, std {}); allowed: rewards whose deviations from their mean stay under ~1e19, as the trainer computes advantages in f32 too",
+            s.mean, s.std
+        )));
+    }
     if json {
         println!("{}", serde_json::to_string(&all.by_mode)?);
     } else {
@@ -866,6 +940,27 @@ struct ObjectiveArgs {
 
 fn objective_cmd(a: ObjectiveArgs) -> Result<()> {
     use grpo_lab::objective::calculator;
+    // Only the objective's own keys mean anything here; --loss and the level have their flags.
+    for set in &a.sets {
+        let key = set.split_once('=').map_or(set.as_str(), |(k, _)| k).trim();
+        if !key.starts_with("algorithm.") {
+            return Err(user(format!(
+                "--set {key}: one response's objective reads only algorithm.* keys (allowed: algorithm.KEY=VALUE; `grpo-lab config-docs` lists them)"
+            )));
+        }
+        if let Some(flag) = [
+            ("algorithm.loss", "--loss"),
+            (
+                "algorithm.importance_sampling_level",
+                "--importance-sampling-level",
+            ),
+        ]
+        .iter()
+        .find_map(|(k, flag)| (*k == key).then_some(flag))
+        {
+            return Err(user(format!("--set {key}: given by {flag}; set it there")));
+        }
+    }
     let mut sets = vec![
         format!("algorithm.loss={}", a.loss),
         format!(
@@ -1162,6 +1257,13 @@ fn compare_cmd(a: CompareArgs) -> Result<()> {
     train::install_interrupt_handler();
     let mut matrix = match &a.experiment {
         Some(name) => {
+            let given = a.config.run_defining_flags(true);
+            if !given.is_empty() {
+                return Err(user(format!(
+                    "{} with --experiment: the experiment file brings its own config and seeds (change them with --set KEY=VALUE and --seeds)",
+                    given.join(", ")
+                )));
+            }
             let mut m = Matrix::from_experiment(name).map_err(user)?;
             m.base = m.base.with_overrides(&a.config.sets).map_err(user)?;
             m

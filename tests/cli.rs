@@ -78,6 +78,25 @@ fn score_json_gives_reward_and_parts() {
         "0,1,2,3",
     ]);
     assert!(stdout(&o).contains("exact: 1"), "{}", stdout(&o));
+    // Tokens the tokenizer does not hold, an empty number, a prompt past task.n's 64: refused.
+    for (prompt, response, needle) in [
+        ("1024,7", "7,1024", "allowed 0..=1023"),
+        ("1,,2", "1,2", "--prompt"),
+        ("1,2", "1,1024", "--response: 1024: allowed 0..=1023"),
+        (&["1"; 65].join(","), "1", "allowed 1..=64"),
+    ] {
+        let o = grpo_lab(&[
+            "score",
+            "--reward",
+            "exact",
+            "--prompt",
+            prompt,
+            "--response",
+            response,
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{prompt}");
+        assert!(stderr(&o).contains(needle), "{prompt}: {}", stderr(&o));
+    }
 }
 
 #[test]
@@ -100,6 +119,57 @@ fn advantages_json_gives_every_mode() {
     let o = grpo_lab(&["advantages", "--rewards", "-1,-3,-1", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["rloo"][1], -2.0);
+    // Rewards whose std overflows f32 are refused, not printed as an infinite std and zeros.
+    let o = grpo_lab(&["advantages", "--rewards", "1e20,2e20,3e20"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    assert!(stderr(&o).contains("overflows f32"), "{}", stderr(&o));
+    assert!(
+        grpo_lab(&["advantages", "--rewards", "1e15,2e15,3e15"])
+            .status
+            .success()
+    );
+}
+
+#[test]
+fn objective_refuses_what_it_would_ignore_or_cannot_mean() {
+    let o = grpo_lab(&[
+        "objective",
+        "--loss",
+        "clipped",
+        "--logp",
+        "0.5,-1",
+        "--old-logp",
+        "-1,-1",
+        "--advantage",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("--logp: token 0 has 0.5"),
+        "{}",
+        stderr(&o)
+    );
+    // Keys outside the objective, or the loss given twice: refused, naming the flag.
+    for (set, needle) in [
+        ("task.n=3", "only algorithm.* keys"),
+        ("algorithm.loss=naive", "given by --loss"),
+    ] {
+        let o = grpo_lab(&[
+            "objective",
+            "--loss",
+            "clipped",
+            "--logp",
+            "-1",
+            "--old-logp",
+            "-1",
+            "--advantage",
+            "1",
+            "--set",
+            set,
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{set}");
+        assert!(stderr(&o).contains(needle), "{set}: {}", stderr(&o));
+    }
 }
 
 #[test]
@@ -979,8 +1049,14 @@ fn absurd_sizes_are_refused_by_their_memory_estimate() {
             "--force",
         ]);
         assert_eq!(o.status.code(), Some(2), "{set}: {}", stderr(&o));
+        // More random prompts than exist is refused before the estimate, by the same field.
+        let why = if field == "task.train_size" {
+            "distinct prompts"
+        } else {
+            "MiB"
+        };
         assert!(
-            stderr(&o).contains(field) && stderr(&o).contains("MiB"),
+            stderr(&o).contains(field) && stderr(&o).contains(why),
             "{set}: {}",
             stderr(&o)
         );

@@ -179,6 +179,27 @@ fn bad_vary_keys_and_values_are_refused_before_any_run() {
         );
         assert!(!out.join("runs").exists(), "{vary}: nothing may run");
     }
+    // An experiment file brings its own config and seeds: the flags that would be ignored are
+    // refused by name.
+    for flag in [["--preset", "random-sort"], ["--seed", "3"]] {
+        let mut args = vec![
+            "compare",
+            "--experiment",
+            "kl-beta",
+            "--out",
+            dir,
+            "--quiet",
+        ];
+        args.extend(flag);
+        let o = grpo_lab(&args);
+        assert_eq!(o.status.code(), Some(2), "{flag:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(flag[0]) && err.contains("--experiment"),
+            "{err}"
+        );
+        assert!(!out.join("runs").exists(), "{flag:?}: nothing may run");
+    }
 }
 
 /// Ambiguous matrices are refused before any run, naming what repeats: a key on two axes (its

@@ -442,6 +442,144 @@ fn export_cli_writes_the_bundle_and_refuses_by_name() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// Python blocks without Python: each line that opens a block (ends with `:` outside a comment)
+/// is followed by a more indented one, and no line inside a bracket sits at column 0.
+fn python_blocks_indented(name: &str, text: &str) {
+    // Triple-quoted strings (docstrings) as empty ones: their lines are text, not code.
+    let mut flat = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(r#"""""#).or_else(|| rest.find("'''")) {
+        let q = &rest[at..at + 3];
+        flat.push_str(&rest[..at + 3]);
+        let end = rest[at + 3..].find(q).map_or(rest.len(), |e| at + 3 + e);
+        rest = &rest[end..];
+    }
+    flat.push_str(rest);
+    let lines: Vec<&str> = flat.lines().filter(|l| !l.trim().is_empty()).collect();
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let mut open = 0i32;
+    // A line's code: up to a `#` outside a string, with the strings' contents left out.
+    let code_of = |l: &str| {
+        let (mut code, mut quote, mut escaped) = (String::new(), None, false);
+        for c in l.chars() {
+            match quote {
+                Some(q) => {
+                    if !escaped && c == q {
+                        quote = None;
+                        code.push(c);
+                    }
+                    escaped = !escaped && c == '\\';
+                }
+                None if c == '#' => break,
+                None => {
+                    if c == '"' || c == '\'' {
+                        quote = Some(c);
+                    }
+                    code.push(c);
+                }
+            }
+        }
+        code.trim_end().to_string()
+    };
+    for (i, l) in lines.iter().enumerate() {
+        let code = code_of(l);
+        if code.trim().is_empty() {
+            continue;
+        }
+        if open > 0 {
+            assert!(
+                indent(l) > 0 || code.starts_with(')'),
+                "{name}: `{l}` inside a bracket at column 0"
+            );
+        }
+        if code.ends_with(':') {
+            let next = lines.get(i + 1).copied().unwrap_or("");
+            assert!(
+                indent(next) > indent(l),
+                "{name}: `{l}` opens a block, `{next}` is not indented"
+            );
+        }
+        for c in code.chars() {
+            open += match c {
+                '(' | '[' | '{' => 1,
+                ')' | ']' | '}' => -1,
+                _ => 0,
+            };
+        }
+    }
+}
+
+/// Every exported script is well formed whatever the run's name holds (quotes, `$`, braces,
+/// brackets, backquotes): Python's blocks indented (checked here; compiled by python3 where
+/// present), the shell scripts parsed by `bash -n`, and the name read back from each
+/// framework's config as written.
+#[test]
+fn the_exported_scripts_are_well_formed() {
+    let out = temp_dir("export-scripts");
+    let name = "it's $HOME {a,b} [x] `id`";
+    let mut sets = WINNER.map(String::from).to_vec();
+    sets.push(format!("run.name={name}"));
+    let c = RunConfig::preset("lecture17")
+        .unwrap()
+        .with_overrides(&sets)
+        .unwrap();
+    assert_eq!(c.run.name, name);
+    let python = Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    for fw in Framework::ALL {
+        let dir = out.join(fw.name());
+        let b = export::export(&c, fw, &lenient()).unwrap();
+        b.write(&dir).unwrap();
+        let written = export::parse_written(fw, b.file(fw.config_file()).unwrap());
+        assert!(
+            written.iter().any(|(_, v)| *v == Val::Str(name.into())),
+            "{}: the run's name is not read back: {written:?}",
+            fw.name()
+        );
+        let mut files = vec![];
+        for sub in [dir.clone(), dir.join("data")] {
+            for e in std::fs::read_dir(&sub).into_iter().flatten().flatten() {
+                files.push(e.path());
+            }
+        }
+        let (mut py, mut sh) = (0, 0);
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap_or_default();
+            let shown = f.display().to_string();
+            let check = |cmd: &str, args: &[&str]| {
+                let o = Command::new(cmd).args(args).arg(&f).output().unwrap();
+                assert!(
+                    o.status.success(),
+                    "{shown}: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+            };
+            match f.extension().and_then(|e| e.to_str()) {
+                Some("py") => {
+                    py += 1;
+                    python_blocks_indented(&shown, &text);
+                    if python {
+                        check("python3", &["-m", "py_compile"]);
+                    }
+                }
+                Some("sh") => {
+                    sh += 1;
+                    check("bash", &["-n"]);
+                }
+                _ => {}
+            }
+        }
+        assert!(
+            py >= 1 && py + sh >= 2,
+            "{}: {py} Python files, {sh} shell scripts",
+            fw.name()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// A two-iteration lecture17 run (logged groups included).
 fn short_run(name: &str) -> std::path::PathBuf {
     let out = temp_dir(name);
@@ -594,6 +732,46 @@ fn export_log_writes_tensorboard_events_that_decode_and_unipo_json() {
     }
     assert!(entries[0].get("prompts").is_none());
     let o = grpo_lab(&["export-log", "--to", "wandb", run.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    // --out where a file is wanted and a directory is there: named, exit 2.
+    let o = grpo_lab(&[
+        "export-log",
+        "--to",
+        "unipo",
+        run.to_str().unwrap(),
+        "--out",
+        run.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("--out") && stderr(&o).contains("a directory"),
+        "{}",
+        stderr(&o)
+    );
+    // A log whose steps repeat (two logs joined) is refused; one with a lost line warns.
+    let metrics = run.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    std::fs::write(&metrics, format!("{text}{}\n", lines[..2].join("\n"))).unwrap();
+    let o = grpo_lab(&["export-log", "--to", "unipo", run.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("repeats or reorders steps"),
+        "{}",
+        stderr(&o)
+    );
+    let kept: Vec<&str> = lines
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 2)
+        .map(|(_, l)| *l)
+        .collect();
+    std::fs::write(&metrics, kept.join("\n") + "\n").unwrap();
+    let o = grpo_lab(&["export-log", "--to", "unipo", run.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("1 steps missing"), "{}", stderr(&o));
+    std::fs::write(&metrics, "").unwrap();
+    let o = grpo_lab(&["export-log", "--to", "unipo", run.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     let _ = std::fs::remove_dir_all(&run);
 }

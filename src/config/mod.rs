@@ -116,6 +116,22 @@ pub struct TaskConfig {
     pub reward_aggregation: RewardAggregation,
 }
 
+impl TaskConfig {
+    /// How many distinct prompts exist for n and vocab (saturating).
+    pub fn prompt_space(&self) -> u128 {
+        let mut total: u128 = 1;
+        for i in 0..self.n {
+            let choices = if self.allow_repeats {
+                self.vocab as u128
+            } else {
+                (self.vocab as u128).saturating_sub(i as u128)
+            };
+            total = total.saturating_mul(choices);
+        }
+        total
+    }
+}
+
 impl Default for TaskConfig {
     fn default() -> Self {
         Self {
@@ -834,6 +850,16 @@ impl RunConfig {
         self.validate_algorithm()?;
         self.validate_objective()?;
         let r = &self.run;
+        // The name heads charts, reports and the exported scripts' comments: one line of text.
+        if r.name.trim().is_empty() || r.name.chars().any(char::is_control) {
+            return bad(
+                "run.name",
+                format!(
+                    "{:?}: allowed one line of text (not empty, no control characters)",
+                    r.name
+                ),
+            );
+        }
         if r.pass_samples != 0 && r.pass_samples < r.pass_k {
             return bad(
                 "run.pass_samples",
@@ -901,6 +927,26 @@ impl RunConfig {
             return bad(
                 "task.train_size",
                 "must be ≥ 1 when task.prompts is empty".into(),
+            );
+        }
+        // Random prompts are drawn distinct, training and held-out apart (PromptSet::build).
+        let space = t.prompt_space();
+        let wanted = t.train_size as u128 + t.heldout_size as u128;
+        if t.prompts.is_empty() && wanted > space {
+            return bad(
+                "task.train_size",
+                format!(
+                    "{} + task.heldout_size {} = {wanted} distinct prompts, but only {space} exist for n = {}, vocab = {}{}: allowed a sum ≤ {space}",
+                    t.train_size,
+                    t.heldout_size,
+                    t.n,
+                    t.vocab,
+                    if t.allow_repeats {
+                        ""
+                    } else {
+                        " without repeats"
+                    }
+                ),
             );
         }
         for (k, w) in &t.reward_weights {
@@ -1158,6 +1204,11 @@ impl RunConfig {
 /// deserialized alone over the table as it was).
 fn apply_sets(table: &mut toml::Table, sets: &[String]) -> Result<(), ConfigError> {
     let reference = table.clone();
+    // A type error is put on a set's key by trying that key alone over the table it came to;
+    // where that table fails already (a config file's bad value), from_table names the key.
+    let reference_reads = toml::Value::Table(reference.clone())
+        .try_into::<RunConfig>()
+        .is_ok();
     for assignment in sets {
         let (key, raw) = assignment
             .split_once('=')
@@ -1184,6 +1235,9 @@ fn apply_sets(table: &mut toml::Table, sets: &[String]) -> Result<(), ConfigErro
                         if keys.len() > 6 { ", …" } else { "" }
                     ),
                 );
+            }
+            if !reference_reads {
+                continue;
             }
             let mut probe = reference.clone();
             set_path(&mut probe, &reference, key, v)?;
@@ -1744,6 +1798,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("algorithm.mu") && e.contains("1..=1000"), "{e}");
+        // More random prompts than exist for n and vocab: refused here (a dry run says so),
+        // not when the run builds its prompts.
+        let sets = [
+            "task.prompts=[]",
+            "task.train_size=100",
+            "task.heldout_size=100",
+        ];
+        let e = RunConfig::layered(Some("lecture17"), None, &sets.map(String::from))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("task.train_size") && e.contains("only 125 exist"),
+            "{e}"
+        );
+        // A file's value of the wrong type is named, not the key a --set (or --device) touched.
+        std::fs::write(&file, "[algorithm]\nnum_generations = \"ten\"\n").unwrap();
+        let e = RunConfig::layered(Some("lecture17"), Some(&file), &["run.device=cpu".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("algorithm.num_generations") && !e.contains("run.device"),
+            "{e}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

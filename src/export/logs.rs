@@ -600,6 +600,27 @@ fn flatten(
     }
 }
 
+/// A log to export holds records, one per optimizer step in order: a repeated or backward
+/// step (two logs joined, a copy) is an error; returns the steps missing between records
+/// (lost lines), which export as they are.
+pub fn check_steps(records: &[StepRecord]) -> Result<usize, String> {
+    if records.is_empty() {
+        return Err("no records to export".into());
+    }
+    let mut gaps = 0;
+    for (k, pair) in records.windows(2).enumerate() {
+        let (before, step) = (pair[0].step, pair[1].step);
+        if step <= before {
+            return Err(format!(
+                "record {} is step {step} after step {before}: the log repeats or reorders steps (allowed: one record per step, in order)",
+                k + 2
+            ));
+        }
+        gaps += step - before - 1;
+    }
+    Ok(gaps)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

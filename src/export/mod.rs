@@ -273,11 +273,19 @@ fn header(c: &RunConfig, fw: Framework, opts: &Options) -> String {
     } else {
         format!("; made by `{}`", opts.command)
     };
-    format!(
+    let line = format!(
         "grpo-lab {} export of run `{}` for {version} (keys from {source}){cmd}",
         env!("CARGO_PKG_VERSION"),
         c.run.name
-    )
+    );
+    // A comment line in every file: a line break in the command (an argument's) would end the
+    // comment and run the rest as code.
+    line.chars()
+        .flat_map(|c| match c.is_control() {
+            true => c.escape_default().collect::<Vec<_>>(),
+            false => vec![c],
+        })
+        .collect()
 }
 
 /// The data files: one JSON object per prompt.
@@ -389,7 +397,7 @@ REPORT_TO = ["tensorboard"] if importlib.util.find_spec("tensorboard") else "non
 
 def load(path):
     with open(os.path.join(HERE, path)) as f:
-return Dataset.from_list([json.loads(line) for line in f])
+        return Dataset.from_list([json.loads(line) for line in f])
 
 
 config = GRPOConfig(
@@ -410,17 +418,17 @@ if __name__ == "__main__":
     cli = argparse.ArgumentParser(description="GRPO in TRL, as the grpo-lab run")
     cli.add_argument("--model", default=MODEL, help="a hub name or a local directory")
     cli.add_argument("--max-steps", type=int, default=config.max_steps,
-             help="stop after this many optimizer steps")
+                     help="stop after this many optimizer steps")
     cli.add_argument("--output-dir", default=config.output_dir)
     args = cli.parse_args()
     # As GRPOConfig's own __post_init__ would have taken them.
     config.max_steps, config.output_dir = args.max_steps, os.path.expanduser(args.output_dir)
     assert config.reward_weights == reward.REWARD_WEIGHTS, "reward.py and the config disagree"
     trainer = GRPOTrainer(
-model=args.model,
-reward_funcs=reward.REWARD_FUNCS,
-args=config,
-train_dataset=load("data/train.jsonl"),
+        model=args.model,
+        reward_funcs=reward.REWARD_FUNCS,
+        args=config,
+        train_dataset=load("data/train.jsonl"),
     )
     trainer.train()
 "#,
@@ -434,10 +442,32 @@ fn verl_script(settings: &[(String, Val)], header: &str) -> String {
         "#!/usr/bin/env bash\n# {header}\n# Every main_ppo key that decides the algorithm is written out; MAPPING.md says where each\n# comes from. Run: python3 data/make_parquet.py && bash run_verl.sh  (pip install \"verl==0.7.0\")\nset -euo pipefail\ncd \"$(dirname \"$0\")\"\npython3 -m verl.trainer.main_ppo \\\n"
     );
     for (k, v) in settings {
-        out.push_str(&format!("    {k}={} \\\n", v.hydra()));
+        out.push_str(&format!(
+            "    {} \\\n",
+            shell_word(&format!("{k}={}", v.hydra()))
+        ));
     }
     out.push_str("    \"$@\"\n");
     out
+}
+
+/// `word` as one bash word: as it is where every character is plain, else single-quoted (a `'`
+/// inside as `'\''`) — a Hydra value's own quotes, `$`, globs and braces reach Hydra as written.
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./:=,+@%".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// What [`shell_word`] wrote.
+fn unshell_word(word: &str) -> String {
+    match word.strip_prefix('\'').and_then(|w| w.strip_suffix('\'')) {
+        Some(inner) => inner.replace(r"'\''", "'"),
+        None => word.to_string(),
+    }
 }
 
 /// `run_openrlhf.sh`: `train_ppo_ray` with every setting as a flag (off switches as comments).
@@ -511,7 +541,7 @@ pub fn parse_written(fw: Framework, text: &str) -> Vec<(String, Val)> {
                 let Some(l) = line.strip_suffix(" \\") else {
                     continue;
                 };
-                if let Some((k, v)) = l.trim().split_once('=')
+                if let Some((k, v)) = unshell_word(l.trim()).split_once('=')
                     && let Some(v) = Val::parse_literal(v)
                 {
                     out.push((k.to_string(), v));
@@ -536,13 +566,17 @@ pub fn parse_written(fw: Framework, text: &str) -> Vec<(String, Val)> {
                 let Some(flag) = l.strip_prefix("--") else {
                     continue;
                 };
-                let mut words = flag.split(' ');
-                let k = words.next().unwrap_or("").to_string();
-                let rest: Vec<&str> = words.collect();
+                let words = shell_words(flag);
+                let k = words.first().map(|w| w.0.clone()).unwrap_or_default();
+                let rest = &words[words.len().min(1)..];
                 let v = match rest.len() {
                     0 => Val::Bool(true),
-                    1 => parse_word(rest[0]),
-                    _ => Val::List(rest.iter().map(|w| parse_word(w)).collect()),
+                    1 => parse_word(&rest[0]),
+                    _ => Val::List(
+                        rest.iter()
+                            .map(|(w, q)| parse_word(&(w.clone(), *q)))
+                            .collect(),
+                    ),
                 };
                 out.push((k, v));
             }
@@ -551,11 +585,38 @@ pub fn parse_written(fw: Framework, text: &str) -> Vec<(String, Val)> {
     out
 }
 
-fn parse_word(w: &str) -> Val {
-    let w = w
-        .strip_prefix('\'')
-        .and_then(|x| x.strip_suffix('\''))
-        .unwrap_or(w);
+/// A command line's words as bash splits them (single quotes and `\'`), each with whether
+/// any part of it was quoted: what [`Val::cli`] wrote.
+fn shell_words(line: &str) -> Vec<(String, bool)> {
+    let (mut words, mut word, mut quoted, mut inside) = (vec![], None::<String>, false, false);
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                inside = !inside;
+                quoted = true;
+                word.get_or_insert_with(String::new);
+            }
+            '\\' if !inside => word.get_or_insert_with(String::new).extend(chars.next()),
+            ' ' if !inside => {
+                if let Some(w) = word.take() {
+                    words.push((w, quoted));
+                }
+                quoted = false;
+            }
+            c => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    words.extend(word.map(|w| (w, quoted)));
+    words
+}
+
+/// A word of [`shell_words`] as a value: a quoted one is a string as written.
+fn parse_word((w, quoted): &(String, bool)) -> Val {
+    if *quoted {
+        return Val::Str(w.clone());
+    }
+    let w = w.as_str();
     match Val::parse_literal(w) {
         Some(Val::Bool(b)) => Val::Str(b.to_string()),
         Some(Val::None) => Val::Str(w.to_string()),

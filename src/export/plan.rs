@@ -706,7 +706,7 @@ fn algorithm_row(x: &Ctx, key: &str) -> Mapped {
                 match fw {
                     OpenRlhf => approx(
                         vec![],
-                        "no key: OpenRLHF keeps sampling until the batch is full",
+                        "no key: OpenRLHF sends a new prompt for each group it filters out until the batch is full or the prompts run out (its vLLM sampler's `_generate_vllm`); grpo-lab replaces them for at most this many rounds, then keeps the groups still flat (their advantage 0)",
                     ),
                     Trl | Verl => inert(
                         vec![],

@@ -54,28 +54,8 @@ pub fn calculate(
     adv: f32,
 ) -> Result<Calculation, CalcError> {
     config.validate()?;
+    check_inputs(logp, old_logp, ref_logp, sampler_logp, adv)?;
     let n = logp.len();
-    if n == 0 {
-        return Err(CalcError::Input("--logp is empty".into()));
-    }
-    if old_logp.len() != n {
-        return Err(CalcError::Input(format!(
-            "--old-logp has {} values, --logp {n}: one per token each",
-            old_logp.len()
-        )));
-    }
-    if let Some(r) = sampler_logp.filter(|r| r.len() != n) {
-        return Err(CalcError::Input(format!(
-            "--sampler-logp has {} values, --logp {n}",
-            r.len()
-        )));
-    }
-    if let Some(r) = ref_logp.filter(|r| r.len() != n) {
-        return Err(CalcError::Input(format!(
-            "--ref-logp has {} values, --logp {n}",
-            r.len()
-        )));
-    }
     let s = LossSettings::of(config);
     if s.kl_on() && ref_logp.is_none() {
         return Err(CalcError::Input(
@@ -119,7 +99,13 @@ pub fn calculate(
     };
     let tokens = (0..n)
         .map(|i| TokenRow {
-            objective: -(t.term[i] + beta * t.kl_tokens[i]),
+            // β = 0 leaves the KL out (its estimate may overflow where log π is far below).
+            objective: -(t.term[i]
+                + if beta == 0.0 {
+                    0.0
+                } else {
+                    beta * t.kl_tokens[i]
+                }),
             dlogp: t.dlogp[i],
             ratio: ratio[i],
             loss_term: t.term[i],
@@ -134,6 +120,64 @@ pub fn calculate(
         clip_low: t.clip_low,
         clip_high: t.clip_high,
     })
+}
+
+/// The inputs' lengths agree and each is what it stands for: log-probabilities ≤ 0, a finite
+/// advantage.
+fn check_inputs(
+    logp: &[f32],
+    old_logp: &[f32],
+    ref_logp: Option<&[f32]>,
+    sampler_logp: Option<&[f32]>,
+    adv: f32,
+) -> Result<(), CalcError> {
+    let n = logp.len();
+    if n == 0 {
+        return Err(CalcError::Input("--logp is empty".into()));
+    }
+    if old_logp.len() != n {
+        return Err(CalcError::Input(format!(
+            "--old-logp has {} values, --logp {n}: one per token each",
+            old_logp.len()
+        )));
+    }
+    if let Some(r) = sampler_logp.filter(|r| r.len() != n) {
+        return Err(CalcError::Input(format!(
+            "--sampler-logp has {} values, --logp {n}",
+            r.len()
+        )));
+    }
+    if let Some(r) = ref_logp.filter(|r| r.len() != n) {
+        return Err(CalcError::Input(format!(
+            "--ref-logp has {} values, --logp {n}",
+            r.len()
+        )));
+    }
+    // A log-probability is at most 0 (a probability at most 1): a positive one is a typo or a
+    // logit, and the ratios it makes (e^{log π − log π_old}) describe no policy.
+    for (flag, values) in [
+        ("--logp", Some(logp)),
+        ("--old-logp", Some(old_logp)),
+        ("--ref-logp", ref_logp),
+        ("--sampler-logp", sampler_logp),
+    ] {
+        if let Some((i, v)) = values
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .find(|(_, v)| !v.is_finite() || **v > 0.0)
+        {
+            return Err(CalcError::Input(format!(
+                "{flag}: token {i} has {v}; a log-probability is at most 0 (allowed: finite values ≤ 0)"
+            )));
+        }
+    }
+    if !adv.is_finite() {
+        return Err(CalcError::Input(format!(
+            "--advantage {adv}: allowed a finite value (an f32)"
+        )));
+    }
+    Ok(())
 }
 
 impl Calculation {
@@ -238,5 +282,30 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("--ref-logp"), "{e}");
+        // A log-probability above 0 names its flag and token; 0 itself (p = 1) is allowed.
+        let c = config(&[]);
+        let e = calculate(&c, &[-1.0, 0.5], &[-1.0, -1.0], None, None, 1.0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--logp: token 1 has 0.5") && e.contains("≤ 0"),
+            "{e}"
+        );
+        let e = calculate(&c, &[-1.0], &[-1.0], None, Some(&[0.1]), 1.0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--sampler-logp: token 0"), "{e}");
+        assert!(calculate(&c, &[0.0], &[-0.0], None, None, 1.0).is_ok());
+        // A non-finite advantage is refused; a token far below π_old has a finite objective
+        // where β = 0 (its KL estimate overflows, and is not in the loss).
+        let e = calculate(&c, &[-1.0], &[-1.0], None, None, f32::INFINITY)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--advantage"), "{e}");
+        let got = calculate(&c, &[-1.0, -1000.0], &[-1.0, -1.0], None, None, 1.0).unwrap();
+        assert!(
+            got.tokens.iter().all(|t| t.objective.is_finite()),
+            "{got:?}"
+        );
     }
 }

@@ -48,25 +48,11 @@ pub fn with_sorted<R>(prompt: &[u32], f: impl FnOnce(&[u32]) -> R) -> R {
     }
 }
 
-/// How many distinct prompts exist (saturating).
-pub fn prompt_space(n: usize, vocab: usize, allow_repeats: bool) -> u128 {
-    let mut total: u128 = 1;
-    for i in 0..n {
-        let choices = if allow_repeats {
-            vocab as u128
-        } else {
-            (vocab as u128).saturating_sub(i as u128)
-        };
-        total = total.saturating_mul(choices);
-    }
-    total
-}
-
 impl PromptSet {
     /// Build the prompt set of a task; a pure function of the config and the seed.
     pub fn build(task: &TaskConfig, seed: u64) -> Result<Self, TaskError> {
         let mut rng = SplitMix64::for_stream(seed, "prompts");
-        let possible = prompt_space(task.n, task.vocab, task.allow_repeats);
+        let possible = task.prompt_space();
         let fixed: Vec<Vec<u32>> = task.prompts.clone();
         let random_train = if fixed.is_empty() { task.train_size } else { 0 };
         let exclude: HashSet<Vec<u32>> = fixed.iter().cloned().collect();
