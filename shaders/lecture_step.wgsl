@@ -263,12 +263,15 @@ fn adam(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let i0 = flat_index(gid, nwg) * 4u;
     if (i0 >= lp.p_count) { return; }
     // A gradient whose squared norm is not finite (exponent bits all ones) changes nothing, as
-    // on the fused engines (the trainer then stops the run).
-    let sq = work[lp.sums_off + 6u];
-    if ((bitcast<u32>(sq) & 0x7f800000u) == 0x7f800000u) { return; }
-    let norm = sqrt(sq);
+    // on the fused engines (the trainer then stops the run). A max_norm below 0: no norm at all
+    // (the transformer's cold start, as the fused engine's supervised Adam: no clip, no check).
     var scale = 1.0;
-    if (lp.max_norm > 0.0 && norm > lp.max_norm) { scale = lp.max_norm / norm; }
+    if (lp.max_norm >= 0.0) {
+        let sq = work[lp.sums_off + 6u];
+        if ((bitcast<u32>(sq) & 0x7f800000u) == 0x7f800000u) { return; }
+        let norm = sqrt(sq);
+        if (lp.max_norm > 0.0 && norm > lp.max_norm) { scale = lp.max_norm / norm; }
+    }
     // No subnormal enters or leaves the moments (objective::adam's `element`: llvmpipe, as
     // the x86 cores it runs on, is ~100× slower on them; GPUs mostly flush them anyway).
     let tiny_m = F32_MIN_NORMAL / (1.0 - lp.b1);

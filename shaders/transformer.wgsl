@@ -1034,7 +1034,12 @@ fn col_sum4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 fn pos_grad4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat8(gid, nwg);
     let dq = tp.d / 4u;
-    if (i >= tp.s * dq) { return; }
+    // The positions from S to the model's context (tp.cols): 0, here rather than by a clear of
+    // their own (~0.06 ms a step on lavapipe).
+    if (i >= tp.s * dq) {
+        if (i < tp.cols * dq) { w4set4(tp.z + 4u * i, vec4<f32>(0.0)); }
+        return;
+    }
     let p = i / dq;
     let jq = i % dq;
     var acc = vec4<f32>(0.0);

@@ -887,13 +887,15 @@ impl WgslTransformer {
             z: u(g(wl.pos_emb)),
             ..base
         };
+        // The positions past S get 0: in pos_grad4's dispatch, else a clear of the buffer.
         if d.is_multiple_of(4) {
-            rec.tf8(p, "pos_grad4", pos, at.s * d / 4);
+            let mut all = pos;
+            all.cols = u(s.context);
+            rec.tf8(p, "pos_grad4", all, s.context * d / 4);
         } else {
             rec.tf(p, "pos_grad", pos, at.s * d);
+            self.record_clear(rec, g(wl.pos_emb + at.s * d), (s.context - at.s) * d);
         }
-        // The positions past S get 0: a clear of the buffer, not a dispatch.
-        self.record_clear(rec, g(wl.pos_emb + at.s * d), (s.context - at.s) * d);
     }
 
     /// A block's backward at the positions of `base` from dx down to d ctx (in `dctx`; 0 at
@@ -1440,13 +1442,12 @@ impl WgslTransformer {
             let adam = StepParams {
                 am_off: 4 * p as u32,
                 av_off: 5 * p as u32,
-                max_norm: 0.0,
+                // No clip and no finite check, as the fused engine's supervised Adam: no norm
+                // (its sum took two dispatches, ~0.5 ms a step on lavapipe; its clear 0.06).
+                max_norm: -1.0,
                 lr: lr as f32,
                 ..self.adam_params(&at, k as i32 + 1)
             };
-            // No clip and no finite check, as the fused engine's supervised Adam: a squared norm
-            // of 0 (a 4-byte clear) where its sum took two dispatches (~0.5 ms a step, lavapipe).
-            self.record_clear(&mut rec, at.sums + 6, 1);
             rec.step(&self.programs, "adam", adam, p.div_ceil(4));
             let reads: &[(Reads, usize, usize)] = if k + 1 == batches.len() {
                 &[(Reads::Work, at.logp, tokens)]
