@@ -975,6 +975,21 @@ impl RunConfig {
     /// The algorithm's prompt sampling and the SFT teacher.
     fn validate_algorithm(&self) -> Result<(), ConfigError> {
         let a = &self.algorithm;
+        // More prompts an iteration than there are would be cut to them without a word, the
+        // run's config still saying otherwise.
+        let (train, from) = match self.task.prompts.len() {
+            0 => (self.task.train_size, "task.train_size"),
+            fixed => (fixed, "the prompts of task.prompts"),
+        };
+        if a.prompts_per_iteration > train {
+            return bad(
+                "algorithm.prompts_per_iteration",
+                format!(
+                    "{} > the {train} training prompts ({from}): allowed 0 (every prompt) or at most {train}",
+                    a.prompts_per_iteration
+                ),
+            );
+        }
         if a.prompt_sampling != PromptSampling::Uniform && a.prompts_per_iteration == 0 {
             return bad(
                 "algorithm.prompt_sampling",
@@ -1812,6 +1827,12 @@ mod tests {
             e.contains("task.train_size") && e.contains("only 125 exist"),
             "{e}"
         );
+        // More prompts an iteration than the task has: refused, not cut without a word.
+        let sets = ["algorithm.prompts_per_iteration=10".to_string()];
+        let e = RunConfig::layered(Some("lecture17"), None, &sets)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the 3 training prompts"), "{e}");
         // A file's value of the wrong type is named, not the key a --set (or --device) touched.
         std::fs::write(&file, "[algorithm]\nnum_generations = \"ten\"\n").unwrap();
         let e = RunConfig::layered(Some("lecture17"), Some(&file), &["run.device=cpu".into()])

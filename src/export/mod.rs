@@ -282,7 +282,7 @@ fn header(c: &RunConfig, fw: Framework, opts: &Options) -> String {
     // comment and run the rest as code.
     line.chars()
         .flat_map(|c| match c.is_control() {
-            true => c.escape_default().collect::<Vec<_>>(),
+            true => c.escape_default().collect(),
             false => vec![c],
         })
         .collect()
@@ -572,11 +572,7 @@ pub fn parse_written(fw: Framework, text: &str) -> Vec<(String, Val)> {
                 let v = match rest.len() {
                     0 => Val::Bool(true),
                     1 => parse_word(&rest[0]),
-                    _ => Val::List(
-                        rest.iter()
-                            .map(|(w, q)| parse_word(&(w.clone(), *q)))
-                            .collect(),
-                    ),
+                    _ => Val::List(rest.iter().map(parse_word).collect()),
                 };
                 out.push((k, v));
             }
