@@ -458,15 +458,7 @@ fn shell_word(word: &str) -> String {
     if !word.is_empty() && word.chars().all(plain) {
         word.to_string()
     } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
-    }
-}
-
-/// What [`shell_word`] wrote.
-fn unshell_word(word: &str) -> String {
-    match word.strip_prefix('\'').and_then(|w| w.strip_suffix('\'')) {
-        Some(inner) => inner.replace(r"'\''", "'"),
-        None => word.to_string(),
+        value::single_quoted(word)
     }
 }
 
@@ -541,7 +533,8 @@ pub fn parse_written(fw: Framework, text: &str) -> Vec<(String, Val)> {
                 let Some(l) = line.strip_suffix(" \\") else {
                     continue;
                 };
-                if let Some((k, v)) = unshell_word(l.trim()).split_once('=')
+                let word = shell_words(l.trim()).into_iter().next().map(|w| w.0);
+                if let Some((k, v)) = word.as_deref().and_then(|w| w.split_once('='))
                     && let Some(v) = Val::parse_literal(v)
                 {
                     out.push((k.to_string(), v));
@@ -582,7 +575,7 @@ pub fn parse_written(fw: Framework, text: &str) -> Vec<(String, Val)> {
 }
 
 /// A command line's words as bash splits them (single quotes and `\'`), each with whether
-/// any part of it was quoted: what [`Val::cli`] wrote.
+/// any part of it was quoted: what [`Val::cli`] and [`shell_word`] wrote.
 fn shell_words(line: &str) -> Vec<(String, bool)> {
     let (mut words, mut word, mut quoted, mut inside) = (vec![], None::<String>, false, false);
     let mut chars = line.chars();

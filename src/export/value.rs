@@ -80,7 +80,7 @@ impl Val {
             {
                 s.clone()
             }
-            Val::Str(s) => format!("'{}'", s.replace('\'', r"'\''")),
+            Val::Str(s) => single_quoted(s),
             other => other.hydra(),
         }
     }
@@ -97,6 +97,11 @@ impl Val {
         let name = names.iter().copied().find(|n| *n == text.trim());
         name.map(Val::Expr).or_else(|| Self::parse_literal(text))
     }
+}
+
+/// `s` in bash's single quotes, a `'` inside as `'\''` (one word, nothing expanded).
+pub fn single_quoted(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 /// A float with a `.` in its mantissa (`1.0e-8`, not `1e-8`): YAML 1.1 (PyYAML) reads
