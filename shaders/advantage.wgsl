@@ -58,7 +58,8 @@ fn group_advantages(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
         mx = max(mx, r);
         mn = min(mn, r);
     }
-    let mean = sum / f32(g);
+    // A flat group's mean is its value (the sum can round a ulp off it; objective::advantage).
+    let mean = select(sum / f32(g), mx, mx == mn);
     var q = 0.0;
     for (var i = 0u; i < g; i++) { let d = rewards[base + i] - mean; q += d * d; }
     let sd = select(0.0, sqrt(q / f32(g - 1u)), g > 1u);

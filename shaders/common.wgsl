@@ -98,11 +98,11 @@ fn kl_term(estimator: u32, l: f32, rf: f32, beta: f32) -> vec2<f32> {
 }
 
 // Whether the clip is active on a token, low and high, as 0/1: the ratio below lo with a < 0,
-// or above hi with a > 0; CISPO: above its cap with a > 0; SAPO never (reference:
-// objective::loss::reference::clip_flags).
+// or above hi with a > 0; CISPO: above its cap with a > 0; SAPO, naive and unclipped never
+// (reference: objective::loss::reference::clip_flags).
 fn clip_flags(p: Pg, ratio: f32, a: f32) -> vec2<f32> {
     if (p.mode == 3u) { return vec2<f32>(0.0, select(0.0, 1.0, ratio > p.cispo_cap && a > 0.0)); }
-    if (p.mode == 4u) { return vec2<f32>(0.0, 0.0); }
+    if (p.mode == 4u || p.mode <= 1u) { return vec2<f32>(0.0, 0.0); }
     return vec2<f32>(select(0.0, 1.0, ratio < p.lo && a < 0.0), select(0.0, 1.0, ratio > p.hi && a > 0.0));
 }
 

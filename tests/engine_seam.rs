@@ -290,6 +290,37 @@ fn every_estimator_drives_the_step_with_its_own_values() {
     }
 }
 
+/// GDPO (`task.reward_aggregation = normalize_then_sum`) with a single reward: that reward
+/// normalized in its group, (r − mean)/(std + 1e-5), is what the advantage mode reads — not the
+/// raw reward (it was, where the one term made no mixture to split).
+#[test]
+fn gdpo_normalizes_a_single_reward_too() {
+    use grpo_lab::config::{AdvantageMode, RewardAggregation};
+    use grpo_lab::objective::advantage::advantages;
+    use grpo_lab::task::reward::{RewardFn, score_batch};
+    let mut c = RunConfig::preset("lecture17").unwrap();
+    (c.run.iterations, c.algorithm.mu, c.run.eval_every) = (1, 1, 0);
+    c.algorithm.advantage = AdvantageMode::Centered;
+    c.task.reward_aggregation = RewardAggregation::NormalizeThenSum;
+    let f = RewardFn::from_task(&c.task);
+    assert_eq!(f.terms(), 1);
+    let fake = Fake::default();
+    let seen = fake.seen.clone();
+    let mut t = Trainer::with_engine(c.clone(), Box::new(fake)).unwrap();
+    t.step().unwrap();
+    let seen = seen.lock().unwrap();
+    let g = c.algorithm.num_generations;
+    let prompts: Vec<&[u32]> = seen.prompts.iter().map(|p| p.as_slice()).collect();
+    let (rewards, _) = score_batch(&f, &c, &prompts, &seen.rows, g);
+    let normalized = advantages(AdvantageMode::Normalized, &rewards, g);
+    let want = advantages(AdvantageMode::Centered, &normalized, g);
+    let raw = advantages(AdvantageMode::Centered, &rewards, g);
+    assert!(want.iter().zip(&raw).any(|(a, b)| (a - b).abs() > 1e-3));
+    for (x, y) in seen.advantages[0].iter().zip(&want) {
+        assert!((x - y).abs() < 1e-5, "{:?} vs {want:?}", seen.advantages[0]);
+    }
+}
+
 /// DAPO's overlong filtering: the responses that came back cut leave the step's loss mask
 /// whole; the others keep theirs; the advantages still read every reward.
 #[test]

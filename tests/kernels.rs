@@ -261,12 +261,24 @@ fn advantage_kernel_matches_reference() {
         let rewards: Vec<f32> = match rng.below(4) {
             0 => (0..b * g).map(|_| rng.below(6) as f32).collect(), // integer rewards, many ties
             1 => (0..b * g).map(|_| (rng.normal() * 3.0) as f32).collect(), // negative too
-            2 => (0..b * g).map(|i| ((i / g) % 3) as f32).collect(), // every group all-equal
+            // every group all-equal (0.56568925: a value whose f32 mean rounds off it)
+            2 => (0..b * g)
+                .map(|i| ((i / g) % 3) as f32 * 0.565_689_25)
+                .collect(),
             _ => (0..b * g)
                 .map(|_| if rng.below(2) == 0 { 1.0 } else { 0.0 })
                 .collect(), // sparse 0/1
         };
         let out = k.advantages(&rewards, g).unwrap();
+        for (bi, group) in rewards.chunks(g).enumerate() {
+            if group.iter().all(|&r| r == group[0]) {
+                // A flat group: exactly 0 under every centered mode (raw, max keep r).
+                for m in [1, 2, 4, 5] {
+                    let a = &out.by_mode[m][bi * g..(bi + 1) * g];
+                    assert!(a.iter().all(|&x| x == 0.0), "case {case} mode {m}: {a:?}");
+                }
+            }
+        }
         for (m, mode) in AdvantageMode::GROUP.iter().enumerate() {
             let want = advantage::advantages(*mode, &rewards, g);
             for (i, (x, y)) in out.by_mode[m].iter().zip(&want).enumerate() {

@@ -43,6 +43,8 @@ impl RunConfig {
         let key_level = "algorithm.importance_sampling_level";
         match level {
             ImportanceSamplingLevel::Token => {}
+            // GMPO's own reason comes after.
+            _ if a.loss == LossMode::Gmpo => {}
             ImportanceSamplingLevel::Sequence if !SEQUENCE_LOSSES.contains(&a.loss) => {
                 return bad(
                     key_level,
@@ -66,23 +68,6 @@ impl RunConfig {
             _ => {}
         }
         let agg = a.loss_agg_mode;
-        let seq_aggs = [LossAggMode::SeqMeanTokenMean, LossAggMode::Luspo];
-        if level == ImportanceSamplingLevel::Sequence && !seq_aggs.contains(&agg) {
-            return bad(
-                "algorithm.loss_agg_mode",
-                format!(
-                    "{agg} with algorithm.importance_sampling_level = sequence: one ratio per response is averaged over responses — seq-mean-token-mean (GSPO) or luspo (× length); a token sum would weigh a response by its length twice"
-                ),
-            );
-        }
-        if agg == LossAggMode::Luspo && level != ImportanceSamplingLevel::Sequence {
-            return bad(
-                "algorithm.loss_agg_mode",
-                format!(
-                    "luspo with algorithm.importance_sampling_level = {level}: LUSPO scales a sequence-level loss by its length (set the level to sequence)"
-                ),
-            );
-        }
         if a.loss == LossMode::Gmpo {
             if level != ImportanceSamplingLevel::Token {
                 return bad(
@@ -100,6 +85,23 @@ impl RunConfig {
                     ),
                 );
             }
+        }
+        let seq_aggs = [LossAggMode::SeqMeanTokenMean, LossAggMode::Luspo];
+        if level == ImportanceSamplingLevel::Sequence && !seq_aggs.contains(&agg) {
+            return bad(
+                "algorithm.loss_agg_mode",
+                format!(
+                    "{agg} with algorithm.importance_sampling_level = sequence: one ratio per response is averaged over responses — seq-mean-token-mean (GSPO) or luspo (× length); a token sum would weigh a response by its length twice"
+                ),
+            );
+        }
+        if agg == LossAggMode::Luspo && level != ImportanceSamplingLevel::Sequence {
+            return bad(
+                "algorithm.loss_agg_mode",
+                format!(
+                    "luspo with algorithm.importance_sampling_level = {level}: LUSPO scales a sequence-level loss by its length (set the level to sequence)"
+                ),
+            );
         }
         self.validate_clip_knobs()?;
         self.validate_advantage()?;
@@ -368,6 +370,19 @@ mod tests {
             .with_overrides(&sets)
             .unwrap_err()
             .to_string()
+    }
+
+    /// GMPO at a sequence level is refused for GMPO's own reason (the generic one, "needs a
+    /// ratio whose gradient flows", said something false of it).
+    #[test]
+    fn gmpo_at_a_sequence_level_gets_its_own_reason() {
+        for level in ["sequence", "sequence_token"] {
+            let e = refusal(&[
+                "algorithm.loss=gmpo",
+                &format!("algorithm.importance_sampling_level={level}"),
+            ]);
+            assert!(e.contains("sequence-level already"), "{level}: {e}");
+        }
     }
 
     #[test]

@@ -145,7 +145,7 @@ impl Trainer {
         // estimator drives the update.
         let penalized =
             kl_in_reward.then(|| self.kl_penalized(&scored.rewards, &batch, &old_logp, &ref_logp));
-        let parts = self.reward_parts(&indices, &scored.rows);
+        let parts = self.reward_parts(&indices, &scored.rows, gdpo);
         let normalized_sum = parts
             .as_ref()
             .filter(|_| gdpo)
@@ -173,6 +173,7 @@ impl Trainer {
         }
         let collapsed = parts
             .as_ref()
+            .filter(|p| p.len() > 1)
             .map_or(f32::NAN, |p| advantage::collapsed_pairs(p, &driving, g));
         laps.lap(&mut self.timings.advantages);
 
@@ -233,13 +234,19 @@ impl Trainer {
 
     /// Each reward apart (`reward_components`) where the reward is a mixture — several
     /// verifiers, or (the transformer) a format or length term beside the verifier — for GDPO
-    /// and the record's collapse count; `None` for a single reward.
-    fn reward_parts(&self, indices: &[usize], rows: &[Vec<u32>]) -> Option<Vec<(f32, Vec<f32>)>> {
+    /// and the record's collapse count; for GDPO (`gdpo`) a single reward too (its one term,
+    /// normalized in its group as TRL's `normalize_then_sum` does); else `None` for one.
+    fn reward_parts(
+        &self,
+        indices: &[usize],
+        rows: &[Vec<u32>],
+        gdpo: bool,
+    ) -> Option<Vec<(f32, Vec<f32>)>> {
         let t = &self.config.task;
         let shaped = self.is_autoregressive()
             && (t.format_reward != 0.0 || t.length_reward != crate::config::LengthReward::None);
         let g = self.config.algorithm.num_generations;
-        (self.reward_fn.terms() > 1 || shaped).then(|| {
+        (self.reward_fn.terms() > 1 || shaped || gdpo).then(|| {
             let prompts = self.prompts_of(indices);
             reward_components(&self.reward_fn, &self.config, &prompts, rows, g)
         })

@@ -26,14 +26,20 @@ pub struct GroupStats {
 impl GroupStats {
     pub fn of(group: &[f32]) -> Self {
         let g = group.len();
-        let mean = group.iter().sum::<f32>() / g as f32;
+        let max = group.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let min = group.iter().copied().fold(f32::INFINITY, f32::min);
+        // A flat group's mean is its value: the f32 sum can round a ulp off it (ten 0.56568925
+        // did), and the normalized modes would blow that up to ~6e-8 / 1e-5 ≈ 0.006.
+        let mean = if max == min {
+            max
+        } else {
+            group.iter().sum::<f32>() / g as f32
+        };
         let var = if g > 1 {
             group.iter().map(|r| (r - mean) * (r - mean)).sum::<f32>() / (g - 1) as f32
         } else {
             0.0
         };
-        let max = group.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let min = group.iter().copied().fold(f32::INFINITY, f32::min);
         Self {
             mean,
             std: var.sqrt(),
@@ -239,7 +245,9 @@ pub fn estimate(mode: AdvantageMode, x: &Rollouts) -> Vec<f32> {
             .zip(x.lengths.chunks(g))
             .flat_map(|(r, l)| {
                 let lsum: f32 = l.iter().map(|&v| v as f32).sum();
-                let b = if lsum > 0.0 {
+                let b = if GroupStats::of(r).zero_std {
+                    r[0] // a flat group: exactly 0, as GroupStats' mean
+                } else if lsum > 0.0 {
                     r.iter().zip(l).map(|(r, &l)| r * l as f32).sum::<f32>() / lsum
                 } else {
                     0.0
@@ -455,6 +463,14 @@ mod tests {
             close(&a[..3], &[0.0, 0.0, 0.0]);
             assert!(a[3..].iter().any(|x| *x != 0.0));
         }
+        // Exactly 0 where the f32 sum of a flat group is a ulp off its value (ten 0.56568925
+        // summed and divided give 0.5656893: normalized said 0.0059 for each).
+        let flat = [0.565_689_25_f32; 10];
+        assert_ne!(flat.iter().sum::<f32>() / 10.0, flat[0]);
+        for m in [Centered, Normalized, Rloo, BatchNormalized] {
+            assert!(advantages(m, &flat, 10).iter().all(|&a| a == 0.0), "{m:?}");
+        }
+        assert_eq!(GroupStats::of(&flat).std, 0.0);
         assert_eq!(frac_zero_std(&r, 3), 0.5);
         let all = all_advantages(&r, 3);
         assert!(all.groups[0].zero_std && !all.groups[1].zero_std);

@@ -713,7 +713,7 @@ fn aggregate(s: &LossSettings, x: &TokenInputs, out: &mut TokenTerms) -> SpanSum
     let flagged = out.clipped_ratio(s);
     let (low, high) = match p.mode {
         LossMode::Cispo => clip_counts::<true>(&p, flagged, adv, mask),
-        LossMode::Sapo => (0, 0),
+        LossMode::Sapo | LossMode::Naive | LossMode::Unclipped => (0, 0),
         _ => clip_counts::<false>(&p, flagged, adv, mask),
     };
     SpanSums {
@@ -1034,14 +1034,14 @@ pub mod reference {
     /// Whether the clip is active on a token, low and high: the ratio below `lo` with `a < 0`,
     /// or above `hi` with `a > 0` (where the clipped objective's gradient is 0; GMPO's `lo`,
     /// `hi` are `e^∓ε`, on each token's own ratio). CISPO: the ratio above its cap with `a > 0`
-    /// (TRL's `cispo_clip_ratio`), never low; SAPO's gate never clips. The clip fractions every
-    /// engine logs count these (`common.wgsl` mirrors it).
+    /// (TRL's `cispo_clip_ratio`), never low; SAPO's gate, the naive and the unclipped loss
+    /// never clip. The clip fractions every engine logs count these (`common.wgsl` mirrors it).
     #[inline(always)]
     pub fn clip_flags(p: &super::PgParams, ratio: f32, adv: f32) -> (bool, bool) {
         use crate::config::LossMode;
         match p.mode {
             LossMode::Cispo => (false, ratio > p.cispo_cap && adv > 0.0),
-            LossMode::Sapo => (false, false),
+            LossMode::Sapo | LossMode::Naive | LossMode::Unclipped => (false, false),
             _ => (ratio < p.lo && adv < 0.0, ratio > p.hi && adv > 0.0),
         }
     }
@@ -1186,6 +1186,22 @@ mod tests {
         );
         // k3 ≥ 0 always, and 0 at Δ = 0.
         assert_eq!(kl(-1.0, -1.0).2, 0.0);
+    }
+
+    /// Only a loss that clips flags a token: naive, unclipped and SAPO never (the naive arm of
+    /// loss-family logged clip_ratio/low 0.005 and high 0.005 from the clip range it ignores).
+    #[test]
+    fn clip_flags_come_from_the_loss_that_clips() {
+        use reference::*;
+        for p in pg_cases() {
+            let flags: Vec<(bool, bool)> = [(0.1f32, -1.0f32), (9.0, 1.0)]
+                .iter()
+                .map(|&(r, a)| clip_flags(&p, r, a))
+                .collect();
+            let any = flags.iter().any(|&(l, h)| l || h);
+            let clips = matches!(p.mode, LossMode::Clipped | LossMode::Gmpo | LossMode::Cispo);
+            assert_eq!(any, clips, "{p:?}: {flags:?}");
+        }
     }
 
     #[test]
