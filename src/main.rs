@@ -299,7 +299,7 @@ struct CompareArgs {
     #[arg(long, value_parser = at_least_one)]
     iterations: Option<usize>,
     /// Reward threshold for "iterations to reach".
-    #[arg(long)]
+    #[arg(long, value_parser = finite)]
     threshold: Option<f64>,
     #[arg(long)]
     quiet: bool,
@@ -311,6 +311,14 @@ fn at_least_one(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n) if n >= 1 => Ok(n),
         _ => Err("allowed an integer ≥ 1".into()),
+    }
+}
+
+/// A finite number (`nan` and `inf` parse as f64 but mean nothing as a threshold).
+fn finite(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() => Ok(x),
+        _ => Err("allowed a finite number".into()),
     }
 }
 
@@ -800,6 +808,9 @@ fn train_cmd(args: TrainArgs) -> Result<()> {
     )
     .map_err(|e| if e.is_user_error() { user(e) } else { e.into() })?;
     let s = &outcome.summary;
+    if s.status == "completed" {
+        train::mark_complete();
+    }
     println!(
         "{}: final reward {:.3} (max {}), train accuracy {:.2}{}, {:.2} ms/step, {}",
         s.name,
@@ -1269,6 +1280,11 @@ fn compare_cmd(a: CompareArgs) -> Result<()> {
             m
         }
         None => {
+            if a.config.seed.is_some() {
+                return Err(user(
+                    "--seed with compare: each run's seed comes from --seeds (default 0..5; one seed: --seeds N)",
+                ));
+            }
             let base = build_config(&a.config)?;
             Matrix {
                 name: base.run.name.clone(),
@@ -1471,7 +1487,7 @@ fn main() -> ExitCode {
     };
     match result {
         // Stopped by Ctrl-C, its metrics and checkpoint written: the shell's convention.
-        Ok(()) if train::interrupted() => ExitCode::from(130),
+        Ok(()) if train::run::stopped_short() => ExitCode::from(130),
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.downcast_ref::<UserError>().is_some() => {
             eprintln!("error: {e}");

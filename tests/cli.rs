@@ -412,56 +412,64 @@ fn train_writes_the_run_and_refuses_to_overwrite() {
     );
 }
 
+/// Ctrl-C, and SIGTERM as a scheduler or `timeout` sends it (SIGHUP too), finish the iteration,
+/// keep its metrics and write a checkpoint; exit 130.
 #[test]
 fn ctrl_c_flushes_metrics_and_writes_a_checkpoint() {
-    let out = temp_dir("cli-sigint");
-    let dir = out.to_str().unwrap();
-    let (mut child, int) = spawn_train(
-        &[
-            "--preset",
-            "lecture17",
-            "--set",
-            "run.iterations=100000",
-            "--set",
-            "run.checkpoint_every=0",
-        ],
-        dir,
-    );
-    // Wait until it is training for real.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while std::fs::metadata(out.join("metrics.jsonl"))
-        .map(|m| m.len() < 2000)
-        .unwrap_or(true)
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the run never started"
+    for signal in ["INT", "TERM"] {
+        let out = temp_dir(&format!("cli-sig{signal}"));
+        let dir = out.to_str().unwrap();
+        let (mut child, _) = spawn_train(
+            &[
+                "--preset",
+                "lecture17",
+                "--set",
+                "run.iterations=100000",
+                "--set",
+                "run.checkpoint_every=0",
+            ],
+            dir,
         );
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        // Wait until it is training for real.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while std::fs::metadata(out.join("metrics.jsonl"))
+            .map(|m| m.len() < 2000)
+            .unwrap_or(true)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the run never started"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Command::new("kill")
+            .args([format!("-{signal}"), child.id().to_string()])
+            .status()
+            .unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(
+            status.code(),
+            Some(130),
+            "SIG{signal}: an interrupted run exits 130 once it has saved"
+        );
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap())
+                .unwrap();
+        assert_eq!(summary["status"], "interrupted");
+        let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
+        let iteration = summary["iterations"].as_u64().unwrap();
+        assert!(iteration > 0);
+        assert_eq!(latest.trim(), format!("iter-{iteration:06}"));
+        let lines = std::fs::read_to_string(out.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .count();
+        assert_eq!(
+            lines as u64,
+            iteration * 10,
+            "SIG{signal}: metrics must cover every finished iteration"
+        );
     }
-    int(&child);
-    let status = child.wait().unwrap();
-    assert_eq!(
-        status.code(),
-        Some(130),
-        "an interrupted run exits 130 once it has saved"
-    );
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
-    assert_eq!(summary["status"], "interrupted");
-    let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
-    let iteration = summary["iterations"].as_u64().unwrap();
-    assert!(iteration > 0);
-    assert_eq!(latest.trim(), format!("iter-{iteration:06}"));
-    let lines = std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .count();
-    assert_eq!(
-        lines as u64,
-        iteration * 10,
-        "metrics must cover every finished iteration"
-    );
 }
 
 /// The cold start is one engine call that no step boundary interrupts: a second Ctrl-C there

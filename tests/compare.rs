@@ -224,6 +224,13 @@ fn duplicate_axes_values_and_seeds_are_refused_by_name() {
             "the value `raw` twice",
         ),
         (vec!["--seeds", "1,1,1"], "seed 1 is listed twice"),
+        (vec!["--seeds", "3..1"], "the range is empty"),
+        // Refused at once (a quadratic check over a million seeds hung with nothing printed).
+        (vec!["--seeds", "0..1000000"], "at most 10000"),
+        // compare's runs take their seeds from --seeds: --seed was silently overridden.
+        (vec!["--seed", "3"], "--seed with compare"),
+        (vec!["--threshold", "nan"], "allowed a finite number"),
+        (vec!["--threshold", "inf"], "allowed a finite number"),
         (vec!["--iterations", "0"], "--iterations <ITERATIONS>"),
     ] {
         let mut all = vec!["compare", "--preset", "lecture17", "--out", dir, "--quiet"];

@@ -348,6 +348,7 @@ fn resume_survives_a_broken_latest_and_a_torn_last_line() {
         ("torn-line", ""),
         ("empty-latest", "latest"),
         ("no-state", "state"),
+        ("escaping-latest", "escape"),
     ] {
         let part = crashed(name);
         let ck = part.join("checkpoints");
@@ -358,6 +359,14 @@ fn resume_survives_a_broken_latest_and_a_torn_last_line() {
             "state" => {
                 std::fs::create_dir_all(ck.join("iter-000004")).unwrap();
                 std::fs::write(ck.join("latest"), "iter-000004").unwrap();
+            }
+            // latest names another run's checkpoint (it verifies, and is further on): passed
+            // over, as a name of one path component is all `latest` may hold.
+            "escape" => {
+                let other = full.file_name().unwrap().to_str().unwrap();
+                let name = format!("../../{other}/checkpoints/iter-000006");
+                assert!(ck.join(&name).join("state.json").exists() || ck.join(&name).is_dir());
+                std::fs::write(ck.join("latest"), name).unwrap();
             }
             _ => {}
         }

@@ -35,6 +35,8 @@ pub enum ExperimentError {
     BadReport(String),
     #[error("--seeds `{0}`: expected A..B (e.g. 0..20) or a list (e.g. 1,5,9)")]
     BadSeeds(String),
+    #[error("--seeds `{0}`: {1}")]
+    SeedsOutOfRange(String, String),
     #[error("the matrix is ambiguous: {0}; each key may vary on one axis, each value once")]
     Duplicate(String),
     #[error("--iterations 0: a run needs at least one iteration")]
@@ -122,8 +124,18 @@ pub fn parse_seeds(s: &str) -> Result<Vec<u64>, ExperimentError> {
     if let Some((a, b)) = s.split_once("..") {
         let a: u64 = a.trim().parse().map_err(|_| bad())?;
         let b: u64 = b.trim().parse().map_err(|_| bad())?;
+        let range = |why: String| ExperimentError::SeedsOutOfRange(s.into(), why);
         if b <= a {
-            return Err(bad());
+            return Err(range(format!(
+                "the range is empty (A..B runs A up to B − 1: B must be above A, e.g. {a}..{})",
+                a.saturating_add(5)
+            )));
+        }
+        if b - a > MAX_SEEDS as u64 {
+            return Err(range(format!(
+                "{} seeds; at most {MAX_SEEDS} in one matrix",
+                b - a
+            )));
         }
         return Ok((a..b).collect());
     }
@@ -131,6 +143,12 @@ pub fn parse_seeds(s: &str) -> Result<Vec<u64>, ExperimentError> {
         .split(',')
         .map(|x| x.trim().parse().map_err(|_| bad()))
         .collect::<Result<_, _>>()?;
+    if seeds.len() > MAX_SEEDS {
+        return Err(ExperimentError::SeedsOutOfRange(
+            s.into(),
+            format!("{} seeds; at most {MAX_SEEDS} in one matrix", seeds.len()),
+        ));
+    }
     if let Some(dup) = first_repeat(&seeds) {
         return Err(ExperimentError::Duplicate(format!(
             "seed {dup} is listed twice"
@@ -139,12 +157,13 @@ pub fn parse_seeds(s: &str) -> Result<Vec<u64>, ExperimentError> {
     Ok(seeds)
 }
 
-/// The first element that occurs twice.
-fn first_repeat<T: PartialEq + Clone>(xs: &[T]) -> Option<T> {
-    xs.iter()
-        .enumerate()
-        .find(|(i, x)| xs[..*i].contains(x))
-        .map(|(_, x)| x.clone())
+/// The most seeds `--seeds` takes (a matrix's runs are cells × seeds, each a directory).
+pub const MAX_SEEDS: usize = 10_000;
+
+/// The first element that occurs twice (in one pass: a list of seeds can be long).
+fn first_repeat<T: Eq + std::hash::Hash + Clone>(xs: &[T]) -> Option<T> {
+    let mut seen = std::collections::HashSet::with_capacity(xs.len());
+    xs.iter().find(|x| !seen.insert(*x)).cloned()
 }
 
 /// One cell of the matrix (one combination of axis values), over every seed.
@@ -776,7 +795,34 @@ mod tests {
         assert_eq!(a.values.len(), 2);
         assert_eq!(parse_seeds("0..20").unwrap().len(), 20);
         assert_eq!(parse_seeds("1,5").unwrap(), vec![1, 5]);
-        assert!(parse_seeds("5..1").is_err());
+        assert!(
+            parse_seeds("5..1")
+                .unwrap_err()
+                .to_string()
+                .contains("empty")
+        );
+        assert!(
+            parse_seeds("0..0")
+                .unwrap_err()
+                .to_string()
+                .contains("empty")
+        );
+        // A huge range is refused at once (it was collected, then checked for repeats in
+        // quadratic time: 0..1000000 hung with nothing printed).
+        let e = parse_seeds("0..1000000").unwrap_err().to_string();
+        assert!(
+            e.contains("1000000 seeds") && e.contains("at most 10000"),
+            "{e}"
+        );
+        assert_eq!(parse_seeds("0..10000").unwrap().len(), 10_000);
+        let list: Vec<String> = (0..10_000).rev().map(|i| i.to_string()).collect();
+        assert_eq!(parse_seeds(&list.join(",")).unwrap().len(), 10_000);
+        assert!(
+            parse_seeds("4,1,4")
+                .unwrap_err()
+                .to_string()
+                .contains("seed 4")
+        );
         assert!(Axis::parse("nokey").is_err());
     }
 

@@ -222,12 +222,17 @@ pub(super) fn summarise(
     let mut summaries = Vec::new();
     let mut overlays: BTreeMap<String, Vec<Series>> = BTreeMap::new();
     let mut scatter = Vec::new();
+    let mut finished = 0;
     for cell in cells {
         let seeds: Vec<SeedStats> = matrix
             .seeds
             .iter()
             .filter_map(|&seed| read_seed(matrix, &run_dir(&opts.out, cell, seed)))
             .collect();
+        finished += seeds
+            .iter()
+            .filter(|s| s.summary.status == "completed" || s.summary.status.starts_with("diverged"))
+            .count();
         summaries.push(cell_summary(matrix, cell, &seeds));
         let records: Vec<Vec<StepRecord>> = seeds.into_iter().map(|s| s.records).collect();
         if let Some(s) = scatter_series(matrix, &cell.label, &records) {
@@ -245,6 +250,15 @@ pub(super) fn summarise(
     std::fs::write(&csv_path, summary_csv(matrix, &summaries)).map_err(io(&csv_path))?;
     let md_path = out.join("summary.md");
     let mut md = summary_md(matrix, &summaries);
+    let planned = cells.len() * matrix.seeds.len();
+    if finished < planned {
+        // An interrupted matrix: its table holds what the finished and stopped runs wrote.
+        let note = format!(
+            "**Partial: {finished} of {planned} runs finished** (the matrix was stopped; the same command finishes it).\n\n"
+        );
+        let at = md.find("\n\n").map_or(md.len(), |i| i + 2);
+        md.insert_str(at, &note);
+    }
     if let Some(from) = &matrix.card.part_from {
         md.push_str(&parting_md(matrix, cells, from, &opts.out));
     }
@@ -401,14 +415,22 @@ fn summary_csv(matrix: &Matrix, summaries: &[CellSummary]) -> String {
     }
     csv.push('\n');
     for s in summaries {
+        // One seed: the std and the interval left empty (undefined).
+        let spread = |x: f64| {
+            if s.seeds > 1 {
+                format!("{x:.4}")
+            } else {
+                String::new()
+            }
+        };
         csv.push_str(&format!(
-            "\"{}\",{},{:.4},{:.4},{:.4},{:.4},{},{},{:.4},{:.4},{:.4},{:.4},{:.3},{:.3},{:.3},{:.3}",
+            "\"{}\",{},{:.4},{},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{:.3},{:.3},{:.3},{:.3}",
             s.label,
             s.seeds,
             s.final_reward.0,
-            s.final_reward.1,
-            s.ci95.0,
-            s.ci95.1,
+            spread(s.final_reward.1),
+            spread(s.ci95.0),
+            spread(s.ci95.1),
             s.reached,
             s.iterations_to_threshold
                 .map(|x| format!("{x:.1}"))
@@ -462,13 +484,18 @@ fn summary_md(matrix: &Matrix, summaries: &[CellSummary]) -> String {
         } else {
             String::new()
         };
+        // One seed has no spread and no interval (its std is undefined, not 0).
+        let (reward, interval) = if s.seeds > 1 {
+            (
+                format!("{:.3} ± {:.3}", s.final_reward.0, s.final_reward.1),
+                format!("[{:.3}, {:.3}]", s.ci95.0, s.ci95.1),
+            )
+        } else {
+            (format!("{:.3} (one seed)", s.final_reward.0), "–".into())
+        };
         md.push_str(&format!(
-            "| {} | {:.3} ± {:.3} | [{:.3}, {:.3}] | {} | {:.3} | {:.1} % | {:.3} |{extra} {:.2} s |\n",
+            "| {} | {reward} | {interval} | {} | {:.3} | {:.1} % | {:.3} |{extra} {:.2} s |\n",
             s.label,
-            s.final_reward.0,
-            s.final_reward.1,
-            s.ci95.0,
-            s.ci95.1,
             match (matrix.threshold, s.iterations_to_threshold) {
                 (None, _) => "–".to_string(),
                 (Some(_), Some(x)) => format!("{x:.1} ({}/{})", s.reached, s.seeds),

@@ -109,9 +109,9 @@ pub fn run_matrix(
         "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} runs (eta {eta}) {msg}",
     );
     bar.set_message(|| format!("{total_steps} steps, {skipped} runs already done"));
-    run_all(&todo, &computes, opts.jobs, &bar)?;
+    // The runs that reached their end (a Ctrl-C leaves the rest for the next call).
+    let ran = run_all(&todo, &computes, opts.jobs, &bar)?;
     bar.finish_and_clear();
-    let ran = todo.len();
     summarise(matrix, &cells, opts).map(|(cells, summary_md, charts)| CompareOutcome {
         cells,
         summary_md,
@@ -172,8 +172,9 @@ fn run_all(
     computes: &[crate::gpu::Compute],
     jobs: usize,
     bar: &train::run::Progress,
-) -> Result<(), ExperimentError> {
+) -> Result<usize, ExperimentError> {
     let next = AtomicUsize::new(0);
+    let finished = AtomicUsize::new(0);
     let errors: Mutex<Vec<ExperimentError>> = Mutex::new(Vec::new());
     let jobs = jobs.max(1).min(todo.len().max(1));
     // Cells in parallel share the cores: `run.threads = 0` becomes each one's share.
@@ -207,11 +208,15 @@ fn run_all(
                         },
                     );
                     match result {
-                        Ok(_) => bar.inc(1),
+                        Ok(o) if o.summary.status == "interrupted" => {}
                         // A diverged run is a result.
-                        Err(train::RunError::Train(crate::grpo::TrainError::NonFinite {
+                        Ok(_)
+                        | Err(train::RunError::Train(crate::grpo::TrainError::NonFinite {
                             ..
-                        })) => bar.inc(1),
+                        })) => {
+                            finished.fetch_add(1, Ordering::SeqCst);
+                            bar.inc(1)
+                        }
                         // A cell another process writes: the user's error, as for `--out`.
                         Err(train::RunError::Lock(e)) => errors
                             .lock()
@@ -235,6 +240,6 @@ fn run_all(
         .next()
     {
         Some(e) => Err(e),
-        None => Ok(()),
+        None => Ok(finished.into_inner()),
     }
 }

@@ -180,6 +180,10 @@ pub struct Moments([(f64, f64); 3]);
 
 impl Moments {
     pub fn add(&mut self, weight: f64, k: [f64; 3]) {
+        // An answer of probability 0 adds nothing, even where its ratio overflowed (0·∞).
+        if weight == 0.0 {
+            return;
+        }
         for (m, v) in self.0.iter_mut().zip(k) {
             m.0 += weight * v;
             m.1 += weight * v * v;
@@ -190,7 +194,9 @@ impl Moments {
     fn of(&self, total: f64) -> [(f64, f64); 3] {
         self.0.map(|(s1, s2)| {
             let mean = s1 / total;
-            (mean, (s2 / total - mean * mean).max(0.0).sqrt())
+            // NaN stays NaN (`f64::max` would make it 0: "std 0.000" of an overflowed sum).
+            let var = s2 / total - mean * mean;
+            (mean, if var < 0.0 { 0.0 } else { var.sqrt() })
         })
     }
 }
@@ -407,6 +413,21 @@ mod tests {
         let (v, n, d) = (c.task.vocab, c.task.n, c.model.d_model);
         let w = LectureWeights::init(v, n, d, c.model.init_scale, 7);
         (c.clone(), FusedLecture::new(&w, v, n, d, &c))
+    }
+
+    /// An answer of probability 0 adds nothing even where its k3 overflowed (0·∞ made every
+    /// moment NaN), and a NaN spread stays NaN (it printed as std 0).
+    #[test]
+    fn moments_skip_impossible_answers_and_keep_nan() {
+        let mut m = Moments::default();
+        m.add(0.5, [1.0, 2.0, 3.0]);
+        m.add(0.0, [f64::INFINITY; 3]);
+        m.add(0.5, [3.0, 2.0, 1.0]);
+        let [(m1, s1), (m2, s2), _] = m.of(1.0);
+        assert_eq!((m1, s1, m2, s2), (2.0, 1.0, 2.0, 0.0));
+        let mut m = Moments::default();
+        m.add(1.0, [f64::NAN; 3]);
+        assert!(m.of(1.0).iter().all(|(a, b)| a.is_nan() && b.is_nan()));
     }
 
     /// The enumerated ∇J is the derivative of the enumerated J: central differences along

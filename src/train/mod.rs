@@ -6,5 +6,6 @@ pub mod run;
 
 pub use lock::{LockError, RunLock};
 pub use run::{
-    RunError, RunOptions, RunOutcome, install_interrupt_handler, interrupted, read_metrics, run,
+    RunError, RunOptions, RunOutcome, install_interrupt_handler, interrupted, mark_complete,
+    read_metrics, run,
 };

@@ -128,7 +128,9 @@ impl Drop for Running {
     }
 }
 
-/// Install the Ctrl-C handler once (the CLI calls this; library users may not want it).
+/// Install the Ctrl-C handler once (the CLI calls this; library users may not want it); it
+/// takes SIGTERM and SIGHUP the same way (ctrlc's `termination`: a scheduler's or a closed
+/// terminal's stop keeps the iteration's metrics and writes a checkpoint, as Ctrl-C does).
 /// Without the `native` feature (the browser) there is no Ctrl-C: this does nothing.
 pub fn install_interrupt_handler() {
     #[cfg(feature = "native")]
@@ -156,6 +158,19 @@ pub fn install_interrupt_handler() {
 /// Whether Ctrl-C has been seen.
 pub fn interrupted() -> bool {
     INTERRUPTS.load(Ordering::SeqCst) > 0
+}
+
+/// A run that ran to its end although Ctrl-C came during its last iteration ([`mark_complete`]).
+static COMPLETE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `train`'s run finished every iteration: the process ends as a success even after a Ctrl-C.
+pub fn mark_complete() {
+    COMPLETE.store(true, Ordering::SeqCst);
+}
+
+/// Whether Ctrl-C stopped the work short (the CLI's exit code 130).
+pub fn stopped_short() -> bool {
+    interrupted() && !COMPLETE.load(Ordering::SeqCst)
 }
 
 /// A terminal progress bar (indicatif) with the `native` feature; without it (the
@@ -555,10 +570,26 @@ fn checkpoint_dir(out: &Path, iteration: usize) -> PathBuf {
 /// a file cut, edited or deleted since).
 pub(crate) fn latest_checkpoint(out: &Path) -> Option<PathBuf> {
     let root = out.join("checkpoints");
-    let named = fs::read_to_string(root.join("latest"))
-        .ok()
-        .map(|name| root.join(name.trim()))
-        .filter(|dir| dir.is_dir() && dir.starts_with(&root));
+    // `latest` names one directory beside it: one plain path component (not `../other-run`).
+    let written = fs::read_to_string(root.join("latest")).ok();
+    let named = written
+        .as_deref()
+        .map(str::trim)
+        .filter(|name| {
+            let mut parts = Path::new(name).components();
+            matches!(
+                (parts.next(), parts.next()),
+                (Some(std::path::Component::Normal(_)), None)
+            )
+        })
+        .map(|name| root.join(name))
+        .filter(|dir| dir.is_dir());
+    if let (Some(text), None) = (&written, &named) {
+        eprintln!(
+            "grpo-lab: passing over checkpoints/latest: it names {:?}, not a checkpoint directory of this run",
+            text.trim()
+        );
+    }
     let mut all: Vec<PathBuf> = fs::read_dir(&root)
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -919,7 +950,8 @@ fn drive(
         } else {
             sinks.flush().map_err(io(&jsonl_path))?;
         }
-        if interrupts > 0 {
+        // Stopped after the last iteration: the run is complete.
+        if interrupts > 0 && !trainer.is_done() {
             driven.status = "interrupted".into();
             break;
         }
