@@ -316,10 +316,8 @@ fn at_least_one(s: &str) -> Result<usize, String> {
 
 /// A finite number (`nan` and `inf` parse as f64 but mean nothing as a threshold).
 fn finite(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(x) if x.is_finite() => Ok(x),
-        _ => Err("allowed a finite number".into()),
-    }
+    let x = s.parse::<f64>().ok().filter(|x| x.is_finite());
+    x.ok_or_else(|| "allowed a finite number".into())
 }
 
 /// An axis of `bench --scaling`.
@@ -343,8 +341,8 @@ struct BenchArgs {
     #[arg(long, value_name = "PYTHON")]
     pytorch: Option<String>,
     /// Threads for both sides: `run.threads` of the fused CPU engines (0 = every core) and
-    /// PyTorch's `torch.set_num_threads` (default: 1 each — the engines' `run.threads` as
-    /// configured).
+    /// PyTorch's `torch.set_num_threads` (default: the config's `run.threads` for the engines,
+    /// every core where it is 0; 1 for PyTorch).
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// Threads for PyTorch alone, overriding `--threads` (default: `--threads`, else 1).

@@ -246,7 +246,7 @@ impl Agg {
         match self {
             Agg::Mean => "mean over the run",
             Agg::Last10 => "mean, last 10 it.",
-            Agg::Final => "final",
+            Agg::Final => "last record",
             Agg::Max => "max over the run",
             Agg::Min => "min over the run",
             Agg::First => "first",

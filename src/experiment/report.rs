@@ -249,7 +249,7 @@ pub(super) fn summarise(
     let csv_path = out.join("summary.csv");
     std::fs::write(&csv_path, summary_csv(matrix, &summaries)).map_err(io(&csv_path))?;
     let md_path = out.join("summary.md");
-    let mut md = summary_md(matrix, &summaries);
+    let mut md = summary_md(matrix, cells, &summaries);
     let planned = cells.len() * matrix.seeds.len();
     if finished < planned {
         // An interrupted matrix: its table holds what the finished and stopped runs wrote.
@@ -453,16 +453,26 @@ fn summary_csv(matrix: &Matrix, summaries: &[CellSummary]) -> String {
 }
 
 /// `summary.md`: the matrix, the table of cells, the card's claim and its report.
-fn summary_md(matrix: &Matrix, summaries: &[CellSummary]) -> String {
+fn summary_md(matrix: &Matrix, cells: &[Cell], summaries: &[CellSummary]) -> String {
+    // The reward's maximum, per cell where an axis changes the reward.
+    let maxes: Vec<f32> = cells
+        .iter()
+        .map(|c| crate::task::reward::max_reward_of(&c.config))
+        .collect();
+    let max = if maxes.iter().all(|&m| m == maxes[0]) {
+        format!("max {}", maxes.first().copied().unwrap_or(0.0))
+    } else {
+        let each: Vec<String> = maxes.iter().map(|m| m.to_string()).collect();
+        format!("max by cell, in the table's order: {}", each.join(" / "))
+    };
     let mut md = format!("# {}\n\n", matrix.name);
     if !matrix.description.is_empty() {
         md.push_str(&format!("{}\n\n", matrix.description.trim()));
     }
     md.push_str(&format!(
-        "Base preset with {} · seeds {} · final reward = mean reward of the last iteration's rollouts (max {}).\n\n",
+        "Base preset with {} · seeds {} · final reward = mean reward of the last iteration's rollouts ({max}).\n\n",
         if matrix.axes.is_empty() { "no axes".to_string() } else { matrix.axes.iter().map(|a| format!("`{}` ∈ {{{}}}", a.key, a.values.join(", "))).collect::<Vec<_>>().join(" × ") },
         if matrix.seeds.len() > 3 { format!("{}–{} ({} seeds)", matrix.seeds[0], matrix.seeds[matrix.seeds.len() - 1], matrix.seeds.len()) } else { format!("{:?}", matrix.seeds) },
-        crate::task::reward::max_reward_of(&matrix.base)
     ));
     let th = matrix
         .threshold
@@ -472,7 +482,7 @@ fn summary_md(matrix: &Matrix, summaries: &[CellSummary]) -> String {
     let lengths = matrix.base.model.kind == crate::config::ModelKind::Transformer;
     md.push_str(&format!(
         "| cell | final reward (mean ± std) | 95 % interval | {th} | final entropy | zero-std groups | greedy train accuracy |{} wall time |\n|---|---|---|---|---|---|---|{}---|\n",
-        if lengths { " held-out accuracy | length, last 10 it. (all / correct / wrong) |" } else { "" },
+        if lengths { " held-out accuracy after the last update | length, last 10 it. (all / correct / wrong) |" } else { "" },
         if lengths { "---|---|" } else { "" },
     ));
     for s in summaries {
