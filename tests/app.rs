@@ -446,7 +446,8 @@ fn the_token_view_and_formula_card_fit_and_explain_a_token() {
     h.run();
     // The whole quantity menu, with the ones this run has.
     for q in Quantity::ALL {
-        assert!(h.query_by_label(q.name()).is_some(), "{}", q.name());
+        let label = grpo_lab::app::tokens::quantity_label(q);
+        assert!(h.query_by_label(label).is_some(), "{label}");
     }
     // Entropy is recorded by the fused lecture engine: colour by it.
     let (_, groups) = h.state().run.groups.last().unwrap().clone();
@@ -654,4 +655,190 @@ fn each_plot_s_question_mark_says_how_to_read_it() {
     h.get_all_by_label("?").nth(5).unwrap().click();
     h.run();
     assert!(h.query_by_label_contains("Unhealthy").is_none());
+}
+
+/// The config panel keeps its width while the search box has text (it grew on every frame:
+/// a row sized from the panel's width widened the panel), and after the search is cleared.
+#[test]
+fn the_config_panel_keeps_its_width_while_searching() {
+    let mut h = harness(short_config());
+    h.run();
+    let panel_right = |h: &Harness<'static, GrpoApp>| h.get_by_label("Live plots").rect().left();
+    let before = panel_right(&h);
+    let mut widths = Vec::new();
+    // A few words, then every key (each shows its own rows), then none.
+    let mut searches = vec!["a", "clip", "learning rate"];
+    searches.extend(grpo_lab::config::FIELDS.iter().map(|f| f.key));
+    searches.push("");
+    for search in searches {
+        h.state_mut().config_panel.search = search.into();
+        for _ in 0..4 {
+            h.step();
+            widths.push((search, panel_right(&h)));
+        }
+    }
+    for (search, w) in &widths {
+        assert!(
+            (w - before).abs() < 1.0,
+            "searching {search:?}: the panel's edge moved from {before} to {w}: {widths:?}"
+        );
+    }
+}
+
+/// +1 Step while paused, on the trainer's own thread (as the app runs): the step's record
+/// arrives between frames, and the window is woken to draw it without any input.
+#[test]
+fn a_step_taken_while_paused_is_drawn_without_input() {
+    let mut h = Harness::builder()
+        .with_size([1280.0, 800.0])
+        .wgpu()
+        .build_eframe(|cc| {
+            GrpoApp::new(
+                Some(cc),
+                AppOptions {
+                    config: Some(short_config()),
+                    fresh: true,
+                    ..Default::default()
+                },
+            )
+        });
+    // The run starts on the thread; frames until it has.
+    let started = std::time::Instant::now();
+    while h.state().device.is_empty() && started.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        h.step();
+    }
+    h.run();
+    assert_eq!(h.state().run.steps, 0);
+    assert!(!h.ctx.has_requested_repaint(), "the window is idle");
+    // What +1 Step sends, without a frame (a click's own frames may draw the record
+    // themselves); from here no input: only a repaint the trainer asks for draws the step.
+    h.state_mut().send(grpo_lab::app::worker::Command::Step);
+    let started = std::time::Instant::now();
+    let mut woken = false;
+    while started.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        if h.ctx.has_requested_repaint() {
+            woken = true;
+            h.step();
+            if h.state().run.steps == 1 {
+                break;
+            }
+        }
+    }
+    assert!(
+        woken,
+        "the trainer's step never asked the window to repaint"
+    );
+    assert_eq!(h.state().run.steps, 1);
+    assert!(
+        h.query_by_label_contains("paused · iteration 1/4 · step 1 ·")
+            .is_some(),
+        "the status line shows the step"
+    );
+}
+
+/// A group size of 0 typed into its field is refused there with the reason (the field's
+/// range clamped typed text: 0 silently became 1).
+#[test]
+fn a_typed_group_size_of_0_is_refused_at_its_field() {
+    let mut h = harness(short_config());
+    h.run();
+    // The field (labelled by its label: the node with a value), clicked: it edits as text,
+    // all selected; typed text goes to the focused widget.
+    h.get_all_by_label("G (group size)")
+        .find(|n| n.value().as_deref() == Some("10"))
+        .expect("the G field")
+        .click();
+    h.run();
+    assert!(
+        h.get_all_by_label("G (group size)").any(|n| n.is_focused()),
+        "the G field has the keyboard"
+    );
+    h.get_all_by_label("G (group size)")
+        .next()
+        .unwrap()
+        .type_text("0");
+    h.run();
+    h.key_press(egui::Key::Enter);
+    h.run();
+    assert_eq!(h.state().draft.algorithm.num_generations, 0);
+    assert_eq!(
+        h.state().field_error.as_ref().map(|e| e.0.as_str()),
+        Some("algorithm.num_generations")
+    );
+    assert!(
+        h.query_by_label_contains("✖ invalid value for `algorithm.num_generations`")
+            .is_some()
+    );
+    assert_eq!(
+        h.state()
+            .running
+            .as_ref()
+            .unwrap()
+            .algorithm
+            .num_generations,
+        10,
+        "the trainer keeps its config"
+    );
+}
+
+/// The controls stay one line however long the status is: the bar's height is the same while
+/// training at 5-digit iterations as when paused at the start.
+#[test]
+fn the_controls_bar_stays_one_line() {
+    let mut h = harness(short_config());
+    h.run();
+    let bar = |h: &Harness<'static, GrpoApp>| h.get_by_label("Live plots").rect().top();
+    let before = bar(&h);
+    h.state_mut().device = "a very long engine label, ".repeat(8);
+    h.run();
+    assert_eq!(
+        bar(&h),
+        before,
+        "the tabs moved: the bar took a second line"
+    );
+    assert!(h.query_by_label("Save PNG").is_some());
+    assert_fits(&h, 1280.0, "the controls bar");
+}
+
+/// The guided iteration frames what its text describes: with the inspector scrolled down past
+/// the responses table, steps 2–4 bring the table back into view and frame it, inside the
+/// inspector (not over the top bar).
+#[test]
+fn the_tour_frames_the_responses_table_in_view() {
+    let mut h = harness(short_config());
+    h.run();
+    h.get_by_label("▶▶ Walk me through").click();
+    h.run();
+    h.run();
+    assert_eq!(h.state().tour.step, Some(0));
+    // Scroll the inspector to its end (the responses table above the view).
+    let rows = h.get_by_label_contains("response 2: ").rect();
+    for _ in 0..10 {
+        h.hover_at(egui::pos2(rows.center().x, 700.0));
+        h.event(egui::Event::MouseWheel {
+            unit: egui::MouseWheelUnit::Point,
+            delta: egui::vec2(0.0, -400.0),
+            phase: egui::TouchPhase::Move,
+            source: egui::MouseWheelSource::Unknown,
+            modifiers: egui::Modifiers::default(),
+        });
+        h.run();
+    }
+    let tabs = h.get_by_label("Group inspector").rect();
+    for k in 1..4 {
+        h.get_by_label("Next ▶").click();
+        h.run();
+        assert_eq!(h.state().tour.step, Some(k));
+        let frame = h.state().tour.highlighted().expect("a framed panel");
+        let header = h
+            .get_by_label_contains("Responses: reward, its parts")
+            .rect();
+        assert!(
+            frame.top() > tabs.bottom() && frame.intersects(header),
+            "step {}: the frame {frame:?} is not on the responses table {header:?} below the tabs {tabs:?}",
+            k + 1
+        );
+    }
 }

@@ -102,15 +102,26 @@ pub fn fields_ui(
 ) {
     ui.horizontal(|ui| {
         let l = ui.label("Search");
-        ui.add(
-            egui::TextEdit::singleline(&mut panel.search)
-                .hint_text(format!("search {} keys", FIELDS.len()))
-                .desired_width(ui.available_width() - 30.0),
-        )
-        .labelled_by(l.id);
-        if !panel.search.is_empty() && ui.small_button("✖").clicked() {
-            panel.search.clear();
-        }
+        // Right to left: the ✖ first, then the box takes exactly the width left. (A box sized
+        // `available_width() - 30` with the ✖ after it overflowed the row by a few points, the
+        // resizable panel took the overflow as its new width, and the next frame's box was
+        // that much wider again: the panel grew on every frame while the search had text.)
+        ui.with_layout(egui::Layout::right_to_left(egui::Align::Center), |ui| {
+            if !panel.search.is_empty()
+                && ui
+                    .small_button("✖")
+                    .on_hover_text("Clear the search")
+                    .clicked()
+            {
+                panel.search.clear();
+            }
+            ui.add(
+                egui::TextEdit::singleline(&mut panel.search)
+                    .hint_text(format!("search {} keys", FIELDS.len()))
+                    .desired_width(ui.available_width()),
+            )
+            .labelled_by(l.id);
+        });
     });
     ui.horizontal(|ui| {
         if ui
@@ -251,15 +262,9 @@ fn widget(ui: &mut egui::Ui, table: &mut toml::Table, f: &Field, label: egui::Id
         (Range::Int { min, max }, toml::Value::Integer(i)) => {
             let mut v = *i;
             let hi = max.map_or(i64::MAX, |m| m.min(i64::MAX as u64) as i64);
-            // Not clamped on display: an out-of-range value stays, and validation names it.
-            ui.add(
-                egui::DragValue::new(&mut v)
-                    .range(*min as i64..=hi)
-                    .clamp_existing_to_range(false),
-            )
-            .labelled_by(label)
-            .changed()
-            .then_some(toml::Value::Integer(v))
+            let r = ui.add(egui::DragValue::new(&mut v)).labelled_by(label);
+            drag_clamped(&r, &mut v, *min as i64, hi);
+            r.changed().then_some(toml::Value::Integer(v))
         }
         (Range::Float { low, high }, toml::Value::Float(x)) => {
             let mut v = *x;
@@ -272,17 +277,16 @@ fn widget(ui: &mut egui::Ui, table: &mut toml::Table, f: &Field, label: egui::Id
                 _ => f64::INFINITY,
             };
             let speed = (v.abs() * 0.01).max(1e-4);
-            ui.add(
-                egui::DragValue::new(&mut v)
-                    .range(lo..=hi)
-                    .clamp_existing_to_range(false)
-                    .speed(speed)
-                    .custom_formatter(|x, _| float_text(x))
-                    .custom_parser(|s| s.trim().parse().ok()),
-            )
-            .labelled_by(label)
-            .changed()
-            .then_some(toml::Value::Float(v))
+            let r = ui
+                .add(
+                    egui::DragValue::new(&mut v)
+                        .speed(speed)
+                        .custom_formatter(|x, _| float_text(x))
+                        .custom_parser(|s| s.trim().parse().ok()),
+                )
+                .labelled_by(label);
+            drag_clamped(&r, &mut v, lo, hi);
+            r.changed().then_some(toml::Value::Float(v))
         }
         (_, toml::Value::String(s)) => {
             let mut s = s.clone();
@@ -300,6 +304,20 @@ fn widget(ui: &mut egui::Ui, table: &mut toml::Table, f: &Field, label: egui::Id
             true
         }
         None => false,
+    }
+}
+
+/// A number's range for its drag alone. A `DragValue`'s own `range` clamps typed text too: a
+/// typed G = 0 became 1 without a word. Without it a typed value outside the range reaches the
+/// draft, and the draft's validation refuses it at its field with the reason (as for any bad
+/// value); a drag stays inside the range.
+fn drag_clamped<T: PartialOrd + Copy>(r: &egui::Response, v: &mut T, lo: T, hi: T) {
+    if r.changed() && r.dragged() {
+        if *v < lo {
+            *v = lo;
+        } else if *v > hi {
+            *v = hi;
+        }
     }
 }
 

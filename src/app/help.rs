@@ -22,7 +22,7 @@ pub const PLOTS: &[PlotHelp] = &[
     },
     PlotHelp {
         id: "groups",
-        definition: "Every sampled response's reward, one colour per prompt (the inspector's first groups; every other prompt in grey), iteration by iteration.",
+        definition: "Every sampled response's reward, iteration by iteration. Where the prompts come back every iteration (a fixed prompt list), one colour per prompt (the inspector's first groups; every other prompt in grey); where each iteration draws new prompts, one colour per group slot (group #k: the inspector's group k of each iteration).",
         read: "Each column of dots is one iteration; a prompt's G dots spread vertically when its answers differ. GRPO learns only from that spread: a group whose G rewards are equal has all-zero advantages.",
         healthy: "Groups spread early (there is something to compare), then climb together to the top reward.",
         unhealthy: "Groups that are flat from the start (too hard or too easy: no learning signal), or that collapse to one value below the top (every response the same wrong answer).",

@@ -139,9 +139,39 @@ pub fn card_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     });
 }
 
+/// The x axis of the lab's plots: log₂ G, each tick labelled with its G (`2`, `4`, … `256`),
+/// none past the largest G (the room kept there for the legend).
+fn g_axis<'a>(g_max: usize) -> egui_plot::AxisHints<'a> {
+    egui_plot::AxisHints::new_x()
+        .label("G (group size, log scale)")
+        // A tick every doubling: at ~50 points apart they are labelled (the default needs 60).
+        .label_spacing(24.0..=40.0)
+        .formatter(move |mark, _| {
+            let g = mark.value.exp2();
+            let whole = (mark.value - mark.value.round()).abs() < 1e-9;
+            if whole && mark.value >= 0.0 && g <= g_max as f64 + 0.5 {
+                format!("{}", g.round() as u64)
+            } else {
+                String::new()
+            }
+        })
+}
+
+/// The x axis of plots `w` points wide: log₂ G from the smallest group (at most 1) to past the
+/// largest, leaving room on the right for the legend (~185 points); and the largest G.
+fn g_range(r: &Report, w: f32) -> (f64, f64, usize) {
+    let logs = || r.estimators.iter().map(|e| (e.g.max(1) as f64).log2());
+    let g_lo = logs().fold(f64::INFINITY, f64::min).min(1.0);
+    let g_max_log = logs().fold(f64::NEG_INFINITY, f64::max).max(g_lo + 1.0);
+    let room = (185.0 / w as f64).min(0.6);
+    let g_hi = g_lo + (g_max_log - g_lo) / (1.0 - room);
+    (g_lo, g_hi, g_max_log.exp2().round() as usize)
+}
+
 fn report_ui(r: &Report, ui: &mut egui::Ui) {
     let names = r.estimator_names();
     let w = ((ui.available_width() - 24.0) / 2.0).max(200.0);
+    let (g_lo, g_hi, g_max) = g_range(r, w);
     ui.horizontal(|ui| {
         for (title, get) in [
             (
@@ -155,8 +185,15 @@ fn report_ui(r: &Report, ui: &mut egui::Ui) {
                 Plot::new(("gradient-lab", title))
                     .width(w)
                     .height(170.0)
-                    .x_axis_label("log₂ G")
+                    .custom_x_axes(vec![g_axis(g_max)])
+                    .x_grid_spacer(egui_plot::uniform_grid_spacer(|_| [1.0, 2.0, 4.0]))
+                    .y_grid_spacer(super::plots::nice_grid_spacer)
+                    .y_axis_formatter(super::plots::tick_text)
                     .legend(Legend::default())
+                    // Room on the right for the legend (~170 points): the curves end left of
+                    // it instead of running under it.
+                    .include_x(g_lo)
+                    .include_x(g_hi)
                     .allow_scroll(false)
                     .show(ui, |p| {
                         for (k, name) in names.iter().enumerate() {

@@ -567,7 +567,11 @@ impl GrpoApp {
     }
 
     fn controls_ui(&mut self, ui: &mut egui::Ui) {
-        ui.horizontal_wrapped(|ui| {
+        // One line whatever the status says: the buttons, then the status in the width left
+        // (cut with "…", whole on hover), Save PNG at the right end. (Wrapped, a long status
+        // — "· N steps/s" while training, a 5-digit iteration, the transformer's engine —
+        // took a second line, and everything under the bar jumped as training started.)
+        ui.horizontal(|ui| {
             if self.playing {
                 if ui
                     .button("‖ Pause")
@@ -621,14 +625,19 @@ impl GrpoApp {
                 tour::start(self);
             }
             ui.separator();
-            mono::label(ui, &self.status_line(), mono::Look::PLAIN);
-            if ui
-                .button("Save PNG")
-                .on_hover_text("Save the whole window as grpo-lab-window.png")
-                .clicked()
-            {
-                plots::save_screenshot(ui.ctx(), None, "grpo-lab-window.png".into());
-            }
+            ui.with_layout(egui::Layout::right_to_left(egui::Align::Center), |ui| {
+                if ui
+                    .button("Save PNG")
+                    .on_hover_text("Save the whole window as grpo-lab-window.png")
+                    .clicked()
+                {
+                    plots::save_screenshot(ui.ctx(), None, "grpo-lab-window.png".into());
+                }
+                ui.with_layout(egui::Layout::left_to_right(egui::Align::Center), |ui| {
+                    let w = ui.available_width();
+                    mono::truncated(ui, &self.status_line(), mono::Look::PLAIN, w);
+                });
+            });
         });
         if let Some(e) = &self.error {
             ui.colored_label(egui::Color32::from_rgb(200, 60, 60), format!("⚠ {e}"));
@@ -704,6 +713,8 @@ impl GrpoApp {
             // The browser: the trainer runs here, between frames' drawing, for a bounded time.
             self.worker.pump_for(budget);
         }
+        // The trainer thread wakes the window when a step the user asked for arrives.
+        self.worker.set_repaint(ui.ctx());
         self.drain_events();
         self.drops.collect(ui.ctx());
         if let Some((name, text)) = self.drops.take() {

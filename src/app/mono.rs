@@ -112,6 +112,57 @@ pub fn label(ui: &mut egui::Ui, text: &str, look: Look) -> egui::Response {
     r
 }
 
+/// `text` as one monospace line `width` points wide at most: cut at a piece with "…" where
+/// it does not fit, the whole text on hover then (a line that changes length — the status —
+/// then never wraps, and what is under it never jumps).
+pub fn truncated(ui: &mut egui::Ui, text: &str, look: Look, width: f32) -> egui::Response {
+    let parts: Vec<Arc<Galley>> = pieces(text)
+        .into_iter()
+        .map(|p| galley(ui, p, look))
+        .collect();
+    let ellipsis = galley(ui, "…", look);
+    let line_h = parts
+        .iter()
+        .map(|g| g.size().y)
+        .fold(ellipsis.size().y, f32::max);
+    let total: f32 = parts.iter().map(|g| g.size().x).sum();
+    let width = width.max(ellipsis.size().x);
+    // The pieces that fit, with the ellipsis after them where some do not.
+    let (shown, cut) = if total <= width {
+        (parts.len(), false)
+    } else {
+        let mut x = ellipsis.size().x;
+        let n = parts
+            .iter()
+            .take_while(|g| {
+                x += g.size().x;
+                x <= width
+            })
+            .count();
+        (n, true)
+    };
+    let (rect, r) = ui.allocate_exact_size(egui::vec2(width, line_h), egui::Sense::hover());
+    r.widget_info(|| egui::WidgetInfo::labeled(egui::Role::Label, true, text));
+    if ui.is_rect_visible(rect) {
+        let colour = look.colour.unwrap_or_else(|| ui.visuals().text_color());
+        let painter = ui.painter();
+        let mut x = rect.min.x;
+        let cut_piece = cut.then_some(ellipsis);
+        for g in parts.into_iter().take(shown).chain(cut_piece) {
+            let w = g.size().x;
+            painter.galley(egui::pos2(x, rect.min.y), g, colour);
+            x += w;
+        }
+    }
+    if cut {
+        r.on_hover_ui(|ui| {
+            ui.label(text);
+        })
+    } else {
+        r
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,7 +18,8 @@ pub(super) const PALETTE: [Color32; 8] = [
     Color32::from_rgb(148, 103, 189),
     Color32::from_rgb(140, 86, 75),
     Color32::from_rgb(227, 119, 194),
-    Color32::from_rgb(127, 127, 127),
+    // Cyan, not Tableau's grey: grey is the plots' "other prompts" and reference lines.
+    Color32::from_rgb(23, 190, 207),
 ];
 use PALETTE as COLORS;
 

@@ -35,6 +35,56 @@ impl Default for TokenView {
     }
 }
 
+/// The token view's name of `q`. The first quantity is coloured by what the step does to the
+/// token (see [`token_value`]), not by its share of the loss the quantity's own name says.
+pub fn quantity_label(q: Quantity) -> &'static str {
+    match q {
+        Quantity::Contribution => "update: −∂L/∂log π",
+        q => q.name(),
+    }
+}
+
+/// The number a token is coloured by under `q`: `value` (the quantity's own) except for the
+/// objective, coloured by `update` = −∂L/∂log π_t, the step's push on the token's log-prob.
+///
+/// Not by the sign of its contribution w·ℓ: that sign says nothing of the direction. The naive
+/// loss ℓ = −A·log π is positive for a token with A > 0 (log π < 0) — one the step makes
+/// likelier — and so is the clipped loss's −ρ·A for one with A < 0 — one it makes less likely.
+/// −∂L/∂log π is positive exactly when a gradient step raises log π (the token gets likelier)
+/// under every loss: the weight, the clip (0 where it holds), the KL's pull and a sequence
+/// ratio's coupling are in it. (The entropy bonus acts through the whole distribution, not
+/// through this token's log π: it is not.)
+pub fn token_value(q: Quantity, terms: &GroupTerms, i: usize, t: usize, cov: &[Vec<f32>]) -> f32 {
+    match (q, terms.at(i, t)) {
+        (Quantity::Contribution, Some(k)) => update(terms, k),
+        (Quantity::Contribution, None) => f32::NAN,
+        (q, _) => terms.value(q, i, t, cov),
+    }
+}
+
+/// −∂L/∂log π_t at `[G·T]` index `k` (0 where the loss has no derivative recorded).
+fn update(terms: &GroupTerms, k: usize) -> f32 {
+    terms.terms.dlogp.get(k).map_or(0.0, |d| -d)
+}
+
+/// The colour scale's end for `q`: the group's largest |value| of what the tokens are coloured
+/// by (for the ratio, the largest |log ρ|).
+pub fn colour_scale(q: Quantity, terms: &GroupTerms, cov: &[Vec<f32>]) -> f32 {
+    if q != Quantity::Contribution {
+        return terms.scale(q, cov);
+    }
+    let mut m = 0.0f32;
+    for (i, &len) in terms.lengths.iter().enumerate() {
+        for t in 0..len {
+            let v = token_value(q, terms, i, t, cov);
+            if v.is_finite() {
+                m = m.max(v.abs());
+            }
+        }
+    }
+    m.max(1e-12)
+}
+
 /// A token's colour for `x` in [−1, 1] (of the group's largest) under `q`.
 pub fn colour(q: Quantity, x: f32) -> Color32 {
     if !x.is_finite() {
@@ -42,8 +92,8 @@ pub fn colour(q: Quantity, x: f32) -> Color32 {
     }
     let a = (x.abs().clamp(0.0, 1.0) * 170.0) as u8;
     let (pos, neg) = match q {
-        // Raises the loss (the update makes the token less likely) / lowers it.
-        Quantity::Contribution => ((220, 50, 47), (38, 139, 210)),
+        // −∂L/∂log π > 0: the step makes the token likelier (blue) / less likely (red).
+        Quantity::Contribution => ((38, 139, 210), (220, 50, 47)),
         Quantity::Advantage => ((40, 160, 60), (220, 50, 47)),
         // Likelier than at the rollout / less likely.
         Quantity::Ratio => ((230, 140, 20), (120, 80, 200)),
@@ -60,7 +110,7 @@ pub fn colour(q: Quantity, x: f32) -> Color32 {
 fn reading(q: Quantity) -> &'static str {
     match q {
         Quantity::Contribution => {
-            "red raises the loss (the update makes that token less likely), blue lowers it (likelier); pale: little weight or a clipped token"
+            "blue: the step makes the token likelier (−∂L/∂log π > 0), red: less likely; pale: little weight, or a clipped token (no gradient)"
         }
         Quantity::Advantage => {
             "green: better than the group (A > 0), red: worse; every token of a response shares its A (except GAE)"
@@ -151,7 +201,10 @@ pub fn token_view_ui(
                 Quantity::Covariance => !g.cov_terms.is_empty(),
                 _ => true,
             };
-            let r = ui.add_enabled(known, egui::RadioButton::new(view.quantity == q, q.name()));
+            let r = ui.add_enabled(
+                known,
+                egui::RadioButton::new(view.quantity == q, quantity_label(q)),
+            );
             let r = if known {
                 r
             } else {
@@ -169,7 +222,7 @@ pub fn token_view_ui(
         }
     });
     let q = view.quantity;
-    let scale = terms.scale(q, &g.cov_terms);
+    let scale = colour_scale(q, &terms, &g.cov_terms);
     legend(ui, q, scale);
     let sel = view
         .selected
@@ -253,7 +306,7 @@ fn row_items(
             items.push((None, text, gl, Color32::TRANSPARENT));
             continue;
         }
-        let v = terms.value(q, i, t, &g.cov_terms);
+        let v = token_value(q, terms, i, t, &g.cov_terms);
         let x = if q == Quantity::Ratio { v.ln() } else { v } / row.scale;
         let shown = if terms.clipped(s, i, t) {
             format!(" {text}✂")
@@ -368,8 +421,18 @@ fn hover(
         out += " ✂ clipped: no gradient through the ratio";
     }
     out += &format!(
-        "\nA {:+.4}\nℓ_t {:+.5}  ∂ℓ {:+.4}\nweight w_t {:.3e}\ncontribution {:+.3e}",
-        x.adv[k], x.term[k], x.dterm[k], x.weight[k], terms.contribution[k]
+        "\nA {:+.4}\nℓ_t {:+.5}  ∂ℓ {:+.4}\nweight w_t {:.3e}\ncontribution {:+.3e}\nupdate −∂L/∂log π {:+.3e} ({})",
+        x.adv[k],
+        x.term[k],
+        x.dterm[k],
+        x.weight[k],
+        terms.contribution[k],
+        update(terms, k),
+        match update(terms, k) {
+            u if u > 0.0 => "the step makes it likelier",
+            u if u < 0.0 => "the step makes it less likely",
+            _ => "the step leaves it",
+        }
     );
     if terms.has_ref {
         out += &format!(
@@ -390,11 +453,10 @@ fn hover(
 fn legend(ui: &mut egui::Ui, q: Quantity, scale: f32) {
     ui.horizontal_wrapped(|ui| {
         let (lo, hi) = match q {
-            Quantity::Ratio => (
-                format!("{:.3}", (-scale).exp()),
-                format!("{:.3}", scale.exp()),
-            ),
+            Quantity::Ratio => ratio_ends(scale),
             Quantity::Entropy => ("0".to_string(), format!("{scale:.3}")),
+            // The scale's floor: every token's value is 0 (a group with no learning signal).
+            _ if scale <= 1e-12 => ("0".to_string(), "0 (every token)".to_string()),
             _ => (format!("{:+.3e}", -scale), format!("{:+.3e}", scale)),
         };
         ui.small(lo);
@@ -413,6 +475,20 @@ fn legend(ui: &mut egui::Ui, q: Quantity, scale: f32) {
         ui.small(hi);
         ui.small(RichText::new(reading(q)).weak());
     });
+}
+
+/// The ratio scale's two ends, ρ = e^(∓scale), with enough digits to tell them from 1 and
+/// from each other (`{:.3}` read "1.000 … 1.000" once every ratio was within 1e-3 of 1).
+fn ratio_ends(scale: f32) -> (String, String) {
+    let scale = scale as f64;
+    if scale < 1e-9 {
+        // The scale's floor: every ratio is 1 (a first step, before θ moved).
+        return ("1".into(), "1 (every ρ = 1)".into());
+    }
+    // Digits after the point: enough for the scale's first two significant digits.
+    let digits = (1.0 - scale.log10().floor()).clamp(3.0, 9.0) as usize;
+    let (lo, hi) = ((-scale).exp(), scale.exp());
+    (format!("{lo:.digits$}"), format!("{hi:.digits$}"))
 }
 
 /// The clicked token's formula card, and the compared objective's beside it.
@@ -530,5 +606,81 @@ fn number(v: f32) -> String {
         format!("{v:+.4e}")
     } else {
         format!("{v:+.4}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::LossMode;
+
+    /// Two one-token responses, A = +1 and A = −1, under `loss`, at ρ = `ratio`: each token's
+    /// colour value under the objective.
+    fn update_values(loss: LossMode, ratio: f32) -> Vec<f32> {
+        let mut c = RunConfig::preset("lecture17").unwrap();
+        c.algorithm.loss = loss;
+        c.algorithm.beta = 0.0;
+        c.algorithm.entropy_coef = 0.0;
+        let s = LossSettings::of(&c);
+        let old = (0.5f32).ln();
+        let logp = vec![vec![old + ratio.ln()]; 2];
+        let old_logp = vec![vec![old]; 2];
+        let terms = GroupTerms::of(
+            &s,
+            &GroupInputs {
+                logp: &logp,
+                old_logp: &old_logp,
+                ref_logp: &[],
+                entropy: &[],
+                advantages: &[1.0, -1.0],
+            },
+            BatchShape {
+                responses: 2,
+                tokens: 2,
+            },
+        );
+        (0..2)
+            .map(|i| token_value(Quantity::Contribution, &terms, i, 0, &[]))
+            .collect()
+    }
+
+    /// The objective's colour is the step's direction on the token, the same for every loss:
+    /// blue (likelier) for A > 0, red (less likely) for A < 0. The sign of the contribution
+    /// w·ℓ it was coloured by before is the opposite for the naive loss (ℓ = −A·log π > 0 for
+    /// A > 0) and the direction for the clipped one (ℓ = −ρ·A < 0): not a direction.
+    #[test]
+    fn the_objective_colour_is_the_update_direction_for_every_loss() {
+        let blue = colour(Quantity::Contribution, 1.0);
+        let red = colour(Quantity::Contribution, -1.0);
+        assert!(blue.b() > blue.r() && red.r() > red.b(), "{blue:?} {red:?}");
+        for loss in [
+            LossMode::Naive,
+            LossMode::Clipped,
+            LossMode::Unclipped,
+            LossMode::Cispo,
+        ] {
+            let v = update_values(loss, 1.0);
+            assert!(v[0] > 0.0 && v[1] < 0.0, "{loss:?}: {v:?}");
+            let scale = v[0].abs().max(v[1].abs());
+            assert_eq!(colour(Quantity::Contribution, v[0] / scale), blue);
+            assert_eq!(colour(Quantity::Contribution, v[1] / scale), red);
+        }
+        // Past the clip (ρ = 2 > 1 + ε for A > 0) the clipped loss gives the token no push:
+        // no colour; the naive loss has no clip.
+        let clipped = update_values(LossMode::Clipped, 2.0);
+        assert_eq!(clipped[0], 0.0);
+        assert!(update_values(LossMode::Naive, 2.0)[0] > 0.0);
+    }
+
+    /// The ratio scale's ends are readable however close to 1 every ratio is.
+    #[test]
+    fn the_ratio_legend_shows_enough_digits() {
+        assert_eq!(ratio_ends(0.3), ("0.741".into(), "1.350".into()));
+        let (lo, hi) = ratio_ends(4e-4);
+        assert_eq!((lo.as_str(), hi.as_str()), ("0.99960", "1.00040"));
+        let (lo, hi) = ratio_ends(2e-6);
+        assert_ne!(lo, hi);
+        assert!(hi.starts_with("1.000002"), "{hi}");
+        assert_eq!(ratio_ends(1e-12).0, "1");
     }
 }

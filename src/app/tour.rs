@@ -28,7 +28,9 @@ impl Tour {
         self.step.is_some()
     }
 
-    /// A panel drew at `rect` this frame (kept only while a tour runs).
+    /// A panel drew at `rect` this frame (kept only while a tour runs). A panel in a scroll
+    /// area marks the part of it in view (`Rect::NOTHING` when none is): the frame is drawn on
+    /// the window's top layer and would otherwise sit over whatever covers the rest.
     pub fn mark(&mut self, name: &'static str, rect: Rect) {
         if self.step.is_none() {
             return;
@@ -54,6 +56,13 @@ impl Tour {
             .find(|(n, _)| *n == name)
             .map(|(_, r)| *r)
     }
+
+    /// The rectangle the current step frames (`None`: no tour, or its panel is not drawn or
+    /// is scrolled out of view).
+    pub fn highlighted(&self) -> Option<Rect> {
+        let step = STEPS.get(self.step?)?;
+        self.target(step.target).filter(|r| r.is_positive())
+    }
 }
 
 /// One step of the walk: its title, the tab it shows, the panel it highlights, the token
@@ -73,14 +82,19 @@ pub const STEPS: &[TourStep] = &[
         target: "prompts",
         quantity: None,
         text: |c| {
+            let drawn = c.batch_prompts(train_prompts(c));
             format!(
-                "Each iteration draws its batch of prompts ({}; sampling: {}). The inspector shows the first run.log_groups = {} of them: click one to see its group. ∅ marks a group with no learning signal.",
+                "Each iteration draws its batch of prompts ({}; sampling: {}). The inspector shows {}: click one to see its group. ∅ marks a group with no learning signal.",
                 match c.algorithm.prompts_per_iteration {
-                    0 => "every training prompt".to_string(),
+                    0 => format!("every training prompt, {drawn}"),
                     b => format!("B = {b}"),
                 },
                 c.algorithm.prompt_sampling,
-                c.run.log_groups
+                if c.run.log_groups >= drawn {
+                    format!("all {drawn} of them")
+                } else {
+                    format!("the first {} of them (run.log_groups)", c.run.log_groups)
+                }
             )
         },
     },
@@ -139,7 +153,7 @@ pub const STEPS: &[TourStep] = &[
         quantity: Some(Quantity::Contribution),
         text: |c| {
             format!(
-                "Each token adds w_t·(ℓ_t + β·KL_t − c·H_t) to the loss: loss {}, aggregation {}. Click a token and its formula fills with its numbers; \"compare with\" puts another objective beside it.",
+                "Each token adds w_t·(ℓ_t + β·KL_t − c·H_t) to the loss: loss {}, aggregation {}. The colours say what the step does to each token: blue likelier, red less likely. Click a token and its formula fills with its numbers; \"compare with\" puts another objective beside it.",
                 c.algorithm.loss, c.algorithm.loss_agg_mode
             )
         },
@@ -167,6 +181,14 @@ pub const STEPS: &[TourStep] = &[
     },
 ];
 
+/// The task's training prompts: its fixed list, else its generated training set.
+fn train_prompts(c: &RunConfig) -> usize {
+    match c.task.prompts.len() {
+        0 => c.task.train_size,
+        n => n,
+    }
+}
+
 /// Start the tour on the app: one iteration first where none has been logged.
 pub fn start(app: &mut GrpoApp) {
     app.tour.start();
@@ -193,7 +215,7 @@ pub fn tour_ui(app: &mut GrpoApp, ctx: &egui::Context) {
     };
     let s = &STEPS[k];
     let config = app.running.clone().unwrap_or_default();
-    if let Some(rect) = app.tour.target(s.target) {
+    if let Some(rect) = app.tour.highlighted() {
         ctx.layer_painter(egui::LayerId::new(
             egui::Order::Foreground,
             egui::Id::NULL.with("tour highlight"),

@@ -173,7 +173,8 @@ pub fn inspector_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
         .show(ui, |ui| {
             // Folded by default (each token row says its reward and A; at 1280×800 the token
             // view and the formula card are on screen whole); the guided iteration opens it.
-            let open = app.tour.take_scroll("responses").then_some(true);
+            let to_responses = app.tour.take_scroll("responses");
+            let open = to_responses.then_some(true);
             let grid = egui::CollapsingHeader::new(
                 "Responses: reward, its parts, the advantage A under every mode",
             )
@@ -184,10 +185,18 @@ pub fn inspector_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                     .id_salt("inspector grid")
                     .show(ui, |ui| responses_grid(ui, g, &config, &reward_fn));
             });
+            let responses = grid.header_response.rect.union(
+                grid.body_response
+                    .map_or(grid.header_response.rect, |b| b.rect),
+            );
             ui.separator();
             let (tokens, formula) =
                 super::tokens::token_view_ui(&mut app.token_view, ui, g, &config, batch);
-            // The guided iteration brings its panel into view.
+            // The guided iteration brings its panel into view (the responses table from its
+            // header down: it opens over the next frames).
+            if to_responses {
+                ui.scroll_to_rect(grid.header_response.rect, Some(egui::Align::TOP));
+            }
             for (name, rect) in [("tokens", tokens), ("formula", formula)] {
                 if let Some(r) = rect
                     && app.tour.take_scroll(name)
@@ -195,19 +204,15 @@ pub fn inspector_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
                     ui.scroll_to_rect(r, Some(egui::Align::TOP));
                 }
             }
+            // What of each panel is in view: the tour frames that, never the part scrolled
+            // under the tabs or the top bar.
+            let clip = ui.clip_rect();
             [
-                (
-                    "responses",
-                    Some(
-                        grid.header_response.rect.union(
-                            grid.body_response
-                                .map_or(grid.header_response.rect, |b| b.rect),
-                        ),
-                    ),
-                ),
+                ("responses", Some(responses)),
                 ("tokens", tokens),
                 ("formula", formula),
             ]
+            .map(|(name, r)| (name, r.map(|r| r.intersect(clip))))
         })
         .inner;
     for (name, rect) in marks {
@@ -707,10 +712,13 @@ fn band_plot(pl: Plot<'_>, ui: &mut egui::Ui, metric: &str, cells: &crate::exper
             let xs: Vec<f64> = pts.iter().map(|p| p.0).collect();
             let lo: Vec<f64> = pts.iter().map(|p| p.1 - p.2).collect();
             let hi: Vec<f64> = pts.iter().map(|p| p.1 + p.2).collect();
-            // The band under the line's name: one legend entry per cell shows or hides both.
+            // The band unnamed but with the line's id: the legend lists the line alone (in its
+            // colour; two items of one name and two colours grey its dot), and its one entry
+            // per cell shows or hides both.
             p.add(
-                egui_plot::FilledArea::new(cell.clone(), &xs, &lo, &hi)
-                    .fill_color(color.gamma_multiply(0.15)),
+                egui_plot::FilledArea::new("", &xs, &lo, &hi)
+                    .fill_color(color.gamma_multiply(0.15))
+                    .id(cell.as_str()),
             );
             p.line(line(cell, pts.iter().map(|p| [p.0, p.1]).collect(), color));
         }

@@ -195,6 +195,9 @@ pub struct Worker {
     tx: Sender<Command>,
     pub events: Receiver<Event>,
     thread: Option<JoinHandle<()>>,
+    /// The window to wake when the thread has news the window would otherwise not draw
+    /// until the next input: a paused run's requested step, a command's answer.
+    repaint: std::sync::Arc<std::sync::OnceLock<egui::Context>>,
     /// Inline mode: the trainer runs inside `pump`, on the caller's thread.
     inline: Option<(Core, Receiver<Command>, Sender<Event>)>,
 }
@@ -204,9 +207,16 @@ impl Worker {
     pub fn spawn() -> Self {
         let (tx, rx) = channel::<Command>();
         let (etx, erx) = channel::<Event>();
+        let repaint = std::sync::Arc::new(std::sync::OnceLock::<egui::Context>::new());
+        let window = repaint.clone();
         let thread = std::thread::Builder::new()
             .name("grpo-trainer".into())
             .spawn(move || {
+                let wake = || {
+                    if let Some(ctx) = window.get() {
+                        ctx.request_repaint();
+                    }
+                };
                 let mut core = Core::new();
                 loop {
                     // Drain commands without blocking while there is work, block otherwise.
@@ -226,9 +236,16 @@ impl Worker {
                         if !core.handle(c, &etx) {
                             return;
                         }
+                        wake();
                         continue;
                     }
                     core.do_step(&etx);
+                    // A step the user asked for while paused (+1 Step, +μ Iteration), or the
+                    // last one (finished, failed): the window draws it now. While playing,
+                    // the window repaints on its own (capped, so the trainer keeps the cores).
+                    if !core.playing {
+                        wake();
+                    }
                 }
             })
             .expect("spawn trainer thread");
@@ -236,6 +253,7 @@ impl Worker {
             tx,
             events: erx,
             thread: Some(thread),
+            repaint,
             inline: None,
         }
     }
@@ -248,7 +266,16 @@ impl Worker {
             tx,
             events: erx,
             thread: None,
+            repaint: Default::default(),
             inline: Some((Core::new(), rx, etx)),
+        }
+    }
+
+    /// Wake `ctx`'s window when the trainer thread delivers what the window would not
+    /// otherwise draw until the next input (set once; later calls are no-ops).
+    pub fn set_repaint(&self, ctx: &egui::Context) {
+        if self.repaint.get().is_none() {
+            let _ = self.repaint.set(ctx.clone());
         }
     }
 

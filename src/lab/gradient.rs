@@ -989,7 +989,7 @@ impl Report {
     /// The claims, read off this report (where it has the estimators they need), each
     /// with its verdict here: a bias counts as seen when it is over twice its noise floor.
     pub fn checks(&self) -> Vec<String> {
-        if !(self.true_grad_norm > 1e-9) {
+        if self.true_grad_norm.is_nan() || self.true_grad_norm <= 1e-9 {
             // A saturated policy: every answer all but certain, ∇J ≈ 0 — the biases and
             // scales below would be ratios of nothing to nothing.
             return vec![
