@@ -15,14 +15,20 @@ fn short_config() -> RunConfig {
 }
 
 fn harness(config: RunConfig) -> Harness<'static, GrpoApp> {
+    harness_of([1280.0, 800.0], config, true)
+}
+
+/// The app at `size` (points) on `config`, its trainer inline (in the frames) or on its own
+/// thread as the desktop app runs it.
+fn harness_of(size: [f32; 2], config: RunConfig, inline: bool) -> Harness<'static, GrpoApp> {
     Harness::builder()
-        .with_size([1280.0, 800.0])
+        .with_size(size)
         .wgpu()
         .build_eframe(move |cc| {
             GrpoApp::new(
                 Some(cc),
                 AppOptions {
-                    inline_trainer: true,
+                    inline_trainer: inline,
                     config: Some(config),
                     fresh: true,
                     ..Default::default()
@@ -555,16 +561,22 @@ fn click_at(h: &mut Harness<'static, GrpoApp>, pos: egui::Pos2) {
     h.run();
 }
 
-/// The guided iteration (#28 §3): eight steps in GRPO-SPEC §2's order, each on its tab with its
-/// panel highlighted; Next / Back / End.
-#[test]
-fn the_guided_iteration_walks_the_spec_s_steps() {
+/// The app with the guided iteration started: its first step showing.
+fn touring() -> Harness<'static, GrpoApp> {
     let mut h = harness(short_config());
     h.run();
     h.get_by_label("▶▶ Walk me through").click();
     h.run();
     h.run();
     assert_eq!(h.state().tour.step, Some(0));
+    h
+}
+
+/// The guided iteration (#28 §3): eight steps in GRPO-SPEC §2's order, each on its tab with its
+/// panel highlighted; Next / Back / End.
+#[test]
+fn the_guided_iteration_walks_the_spec_s_steps() {
+    let mut h = touring();
     assert!(
         !h.state().run.groups.is_empty(),
         "the tour runs an iteration first"
@@ -593,20 +605,7 @@ fn the_guided_iteration_walks_the_spec_s_steps() {
 /// The config panel is the field table (#28 §6): every key, by section, with a search box.
 #[test]
 fn the_config_panel_shows_every_key_and_searches() {
-    let mut h = Harness::builder()
-        .with_size([1280.0, 4200.0])
-        .wgpu()
-        .build_eframe(|cc| {
-            GrpoApp::new(
-                Some(cc),
-                AppOptions {
-                    inline_trainer: true,
-                    config: Some(short_config()),
-                    fresh: true,
-                    ..Default::default()
-                },
-            )
-        });
+    let mut h = harness_of([1280.0, 4200.0], short_config(), true);
     h.run();
     h.get_by_label("⊞ all").click();
     h.run();
@@ -689,19 +688,7 @@ fn the_config_panel_keeps_its_width_while_searching() {
 /// arrives between frames, and the window is woken to draw it without any input.
 #[test]
 fn a_step_taken_while_paused_is_drawn_without_input() {
-    let mut h = Harness::builder()
-        .with_size([1280.0, 800.0])
-        .wgpu()
-        .build_eframe(|cc| {
-            GrpoApp::new(
-                Some(cc),
-                AppOptions {
-                    config: Some(short_config()),
-                    fresh: true,
-                    ..Default::default()
-                },
-            )
-        });
+    let mut h = harness_of([1280.0, 800.0], short_config(), false);
     // The run starts on the thread; frames until it has.
     let started = std::time::Instant::now();
     while h.state().device.is_empty() && started.elapsed().as_secs() < 60 {
@@ -807,12 +794,7 @@ fn the_controls_bar_stays_one_line() {
 /// inspector (not over the top bar).
 #[test]
 fn the_tour_frames_the_responses_table_in_view() {
-    let mut h = harness(short_config());
-    h.run();
-    h.get_by_label("▶▶ Walk me through").click();
-    h.run();
-    h.run();
-    assert_eq!(h.state().tour.step, Some(0));
+    let mut h = touring();
     // Scroll the inspector to its end (the responses table above the view).
     let rows = h.get_by_label_contains("response 2: ").rect();
     for _ in 0..10 {

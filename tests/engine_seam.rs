@@ -230,6 +230,15 @@ fn a_frame_loop_steps_within_its_budget() {
 /// Each 2025–26 estimator drives the step with `objective::advantage::estimate`'s values for
 /// the rollout's rewards (ReMax's baseline: the greedy answers', the engine's own), W-REINFORCE's
 /// weight applied after.
+/// One step of `c` on the fake engine: what the engine saw (the rollout, the step's advantages).
+fn one_step(c: &RunConfig) -> Seen {
+    let fake = Fake::default();
+    let seen = fake.seen.clone();
+    let mut t = Trainer::with_engine(c.clone(), Box::new(fake)).unwrap();
+    t.step().unwrap();
+    std::mem::take(&mut *seen.lock().unwrap())
+}
+
 #[test]
 fn every_estimator_drives_the_step_with_its_own_values() {
     use grpo_lab::config::AdvantageMode::*;
@@ -251,11 +260,7 @@ fn every_estimator_drives_the_step_with_its_own_values() {
         c.algorithm.advantage = mode;
         c.algorithm.passk_advantage_k = 3;
         c.algorithm.negative_weight = 0.5;
-        let fake = Fake::default();
-        let seen = fake.seen.clone();
-        let mut t = Trainer::with_engine(c.clone(), Box::new(fake)).unwrap();
-        t.step().unwrap();
-        let seen = seen.lock().unwrap();
+        let seen = one_step(&c);
         let g = c.algorithm.num_generations;
         let prompts: Vec<&[u32]> = seen.prompts.iter().map(|p| p.as_slice()).collect();
         let f = RewardFn::from_task(&c.task);
@@ -304,11 +309,7 @@ fn gdpo_normalizes_a_single_reward_too() {
     c.task.reward_aggregation = RewardAggregation::NormalizeThenSum;
     let f = RewardFn::from_task(&c.task);
     assert_eq!(f.terms(), 1);
-    let fake = Fake::default();
-    let seen = fake.seen.clone();
-    let mut t = Trainer::with_engine(c.clone(), Box::new(fake)).unwrap();
-    t.step().unwrap();
-    let seen = seen.lock().unwrap();
+    let seen = one_step(&c);
     let g = c.algorithm.num_generations;
     let prompts: Vec<&[u32]> = seen.prompts.iter().map(|p| p.as_slice()).collect();
     let (rewards, _) = score_batch(&f, &c, &prompts, &seen.rows, g);
