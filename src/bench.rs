@@ -839,7 +839,7 @@ fn print_step_report(report: &serde_json::Value, sft_steps: usize) {
         println!("{line}");
     }
     println!(
-        "  first step (kernel compilation): {:.1} ms, of which the cold start ({sft_steps} supervised steps) {:.1} ms; building the engine (the WGSL engine compiles its shaders there) {:.1} ms",
+        "  first step (its first-use costs included: a device's kernel compilation): {:.1} ms, of which the cold start ({sft_steps} supervised steps) {:.1} ms; building the engine (the WGSL engine compiles its shaders there) {:.1} ms",
         num(&report["first_step_ms"]),
         num(&report["cold_start_ms"]),
         num(&report["setup_ms"])

@@ -140,7 +140,7 @@ struct BenchRolloutArgs {
     vocab: usize,
     #[arg(long, default_value_t = 7)]
     repeats: usize,
-    /// gpu or software (the kernels need a wgpu adapter)
+    /// auto, gpu or software (the kernels need a wgpu adapter; auto: a hardware one, else lavapipe)
     #[arg(long, value_parser = parse_device, default_value = "auto")]
     device: DeviceChoice,
     #[arg(long)]
