@@ -4,6 +4,36 @@
 
 use super::*;
 
+/// The largest seed a config holds: `i64::MAX`. A run's `config.toml` (and every config file)
+/// stores the seed as a TOML integer, which is an i64, so a larger seed could be run but never
+/// written down and resumed. The CLI's `--seed` / `--seeds` take the same bound.
+pub const MAX_SEED: u64 = i64::MAX as u64;
+
+/// Why `v` cannot be a float key's value although its f64 is finite: every float key is
+/// computed in f32, where a magnitude above `f32::MAX` is ±∞ and a non-zero one below f32's
+/// smallest normal number rounds to 0 or loses its precision — the run would die of a NaN at
+/// its first step, naming no key. `zero_ok`: whether the key's range allows 0 (said in the
+/// advice). The reason ends before "; allowed …", which the caller adds.
+pub(super) fn f32_problem(v: f64, zero_ok: bool) -> Option<String> {
+    // As the other range errors show a number (serde_json's shortest form: 1e300, not 301 digits).
+    let v_shown = serde_json::Number::from_f64(v).map_or_else(|| v.to_string(), |n| n.to_string());
+    if (v as f32).is_infinite() {
+        return Some(format!(
+            "{v_shown} overflows f32 (every float key is computed in f32, whose largest magnitude is {:e})",
+            f32::MAX
+        ));
+    }
+    if v != 0.0 && v.abs() < f64::from(f32::MIN_POSITIVE) {
+        return Some(format!(
+            "{v_shown} underflows f32 (every float key is computed in f32, whose smallest normal magnitude is {:e}: it would round to 0 or lose its precision; use |x| ≥ {:e}{})",
+            f32::MIN_POSITIVE,
+            f32::MIN_POSITIVE,
+            if zero_ok { " or 0" } else { "" }
+        ));
+    }
+    None
+}
+
 /// One bound of a number's range.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Bound {
@@ -241,14 +271,15 @@ pub const FIELDS: &[Field] = &[
         "Random training prompts (disjoint from the held-out ones), used when task.prompts is empty. Usual 64..=100000; train_size + heldout_size must not exceed the distinct prompts that exist for n and vocab.")
         .rule("≥ 1 when task.prompts is empty"),
     Field::new("task.heldout_size", "held-out prompts", Range::ANY_INT,
-        "Prompts never trained on, for greedy held-out accuracy (0 = none; usual 32..=1024). verl: data.val_files."),
+        "Prompts never trained on, for greedy held-out accuracy (0 = none; usual 32..=1024). verl: data.val_files.")
+        .rule("with task.prompts: ≤ the prompts that exist outside them; random prompts: task.train_size + heldout_size ≤ the prompts that exist"),
     Field::new("task.allow_repeats", "repeats", Range::Bool,
         "Whether random prompts may repeat a number ([2,2,0]).")
         .rule("false needs task.vocab ≥ task.n"),
     Field::new("task.reward", "Reward", Range::Choice(RewardKind::NAMES),
         "The verifier (GRPO-SPEC §1). distance: positions equal to sorted(prompt). inclusion_ordering: prompt numbers found + non-decreasing neighbours (can be gamed: [0,0,0] scores high). exact: 1 if sorted, else 0 (the RLVR indicator). TRL: reward_funcs."),
     Field::new("task.reward_weights", "reward weights", Range::Other("a table verifier = weight (distance, inclusion_ordering, exact), finite weights"),
-        "A weighted sum of verifiers, e.g. { exact = 1.0, distance = 0.25 }; overrides task.reward when not empty. Dense terms keep a sparse exact reward learnable. TRL: reward_funcs with reward_weights."),
+        "A weighted sum of verifiers, e.g. { exact = 1.0, distance = 0.25 }; overrides task.reward when not empty. Dense terms keep a sparse exact reward learnable. The map is one value: a config file's reward_weights (a [task.reward_weights] table or an inline one) replaces the preset's whole map, as --set task.reward_weights={…} does ({} clears it); only --set task.reward_weights.NAME=W changes one weight and keeps the others. TRL: reward_funcs with reward_weights."),
     Field::new("task.max_len", "max_len", Range::ANY_INT,
         "Longest response in tokens, <eos> included (0 = n + 1). Responses that reach it without <eos> are truncated. Transformer only. TRL: max_completion_length; verl: data.max_response_length.")
         .rule("0 or ≥ task.n (transformer); 0 or task.n (lecture)"),
@@ -463,8 +494,8 @@ pub const FIELDS: &[Field] = &[
     // run
     Field::new("run.name", "Name", Range::Text,
         "Name used in run directories and chart titles."),
-    Field::new("run.seed", "Seed", Range::ANY_INT,
-        "The run is a pure function of its config and this seed. TRL: seed; verl: data.seed."),
+    Field::new("run.seed", "Seed", Range::int(0, MAX_SEED),
+        "The run is a pure function of its config and this seed (at most i64::MAX: a run's config.toml holds it as a TOML integer). TRL: seed; verl: data.seed."),
     Field::new("run.iterations", "Iterations", Range::at_least(1),
         "GRPO iterations (the lecture's \"epochs\": 100): a rollout, then μ optimizer steps. verl: trainer.total_training_steps (iterations); TRL: max_steps (optimizer steps: iterations·μ)."),
     Field::new("run.checkpoint_every", "Checkpoint every", Range::ANY_INT,
@@ -504,7 +535,9 @@ pub fn config_docs() -> String {
         "# grpo-lab config reference\n\n\
          Every key of a run's TOML config (`--config FILE`, `--set key=value`), generated \
          from the field table in `src/config/fields.rs` (`grpo-lab config-docs`). `validate` checks \
-         these ranges; the app shows the same text as tooltips.\n",
+         these ranges; the app shows the same text as tooltips. Float keys are computed in f32: \
+         each also needs |x| ≤ 3.4028235e38 and, unless it is 0, |x| ≥ 1.1754944e-38 \
+         (f32's smallest normal number).\n",
     );
     let mut section = "";
     for f in FIELDS {

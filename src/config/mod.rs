@@ -11,11 +11,14 @@
 mod fields;
 mod objective;
 mod share;
+mod toml_layers;
 use fields::json_path;
 pub use fields::*;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use thiserror::Error;
+pub use toml_layers::get_path;
+use toml_layers::*;
 
 /// A problem with a config: names the field and, where there is a choice, the allowed values.
 #[derive(Debug, Error)]
@@ -130,6 +133,25 @@ impl TaskConfig {
         }
         total
     }
+
+    /// How many distinct prompts the held-out split may draw: those of the prompt space that
+    /// are not fixed training prompts (the whole space with random prompts, which then share
+    /// it with `train_size`). A fixed prompt outside the space (a repeat with
+    /// `allow_repeats = false`) takes nothing from it.
+    pub fn heldout_room(&self) -> u128 {
+        let fixed: std::collections::HashSet<&Vec<u32>> = self
+            .prompts
+            .iter()
+            .filter(|p| self.allow_repeats || distinct(p))
+            .collect();
+        self.prompt_space().saturating_sub(fixed.len() as u128)
+    }
+}
+
+/// Whether a prompt's numbers are all different.
+fn distinct(p: &[u32]) -> bool {
+    let mut seen = std::collections::HashSet::new();
+    p.iter().all(|x| seen.insert(x))
 }
 
 impl Default for TaskConfig {
@@ -761,11 +783,7 @@ impl RunConfig {
     }
 
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        let value: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: origin.into(),
-            reason: e.message().to_string(),
-        })?;
-        Self::from_table(value)
+        Self::from_table(parse_toml(text, origin)?)
     }
 
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
@@ -798,8 +816,14 @@ impl RunConfig {
         Ok(config)
     }
 
+    /// The config as a TOML file's text, ending with a newline as a text file's last line does
+    /// (a run's `config.toml`, an export's `grpo-lab.toml`).
     pub fn to_toml(&self) -> String {
-        toml::to_string_pretty(self).expect("config serializes")
+        let mut text = toml::to_string_pretty(self).expect("config serializes");
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text
     }
 
     /// Apply `key=value` overrides (dotted keys, TOML values; bare words are strings).
@@ -813,6 +837,13 @@ impl RunConfig {
     /// file's keys over it (section by section, key by key), then `--set key=value`
     /// overrides, then one validation of the result. Each layer may leave keys out; only
     /// the whole must be valid. Errors name the preset, the file or the key.
+    ///
+    /// A free map ([`FREE_MAPS`]: `task.reward_weights`) is one value, not a section: a
+    /// file's map replaces the preset's whole, as `--set task.reward_weights={…}` does, and
+    /// only `--set task.reward_weights.NAME=W` changes one entry. A file is often a whole
+    /// config (a run's `config.toml`), which must read back as it was over any preset: its
+    /// `{ exact = 1.0 }` must not gain the preset's `distance`, its `{}` must clear the map;
+    /// TOML cannot tell `[task.reward_weights]` from an inline table, so both replace.
     pub fn layered(
         preset: Option<&str>,
         file: Option<&Path>,
@@ -828,10 +859,7 @@ impl RunConfig {
                 path: path.display().to_string(),
                 source,
             })?;
-            let over: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
-                path: path.display().to_string(),
-                reason: e.message().to_string(),
-            })?;
+            let over = parse_toml(&text, &path.display().to_string())?;
             let reference =
                 toml::Table::try_from(RunConfig::default()).expect("default serializes");
             check_keys(&over, &reference, "")?;
@@ -902,6 +930,12 @@ impl RunConfig {
                     format!("{shown} is out of range; allowed {}", f.allowed()),
                 );
             }
+            if let (Range::Float { .. }, Some(v)) = (f.range, value.as_f64()) {
+                let zero_ok = f.range.contains(&serde_json::json!(0.0));
+                if let Some(why) = f32_problem(v, zero_ok) {
+                    return bad(f.key, format!("{why}; allowed {}", f.allowed()));
+                }
+            }
         }
         Ok(())
     }
@@ -949,27 +983,61 @@ impl RunConfig {
                 ),
             );
         }
-        for (k, w) in &t.reward_weights {
-            if RewardKind::parse(k).is_none() {
-                return bad(
-                    &format!("task.reward_weights.{k}"),
-                    format!("unknown reward; allowed: {}", RewardKind::NAMES.join(", ")),
-                );
-            }
-            if !w.is_finite() {
-                return bad(
-                    &format!("task.reward_weights.{k}"),
-                    "weight must be finite".into(),
-                );
-            }
-        }
+        self.validate_reward_weights()?;
         if !t.allow_repeats && t.vocab < t.n {
             return bad(
                 "task.allow_repeats",
                 format!("false needs task.vocab ≥ task.n ({} < {})", t.vocab, t.n),
             );
         }
+        self.validate_heldout()
+    }
+
+    /// Each weight of the free map `task.reward_weights`: a known verifier, a number f32
+    /// holds (the map has no row of its own in [`FIELDS`], so `validate_ranges` misses it).
+    fn validate_reward_weights(&self) -> Result<(), ConfigError> {
+        for (k, w) in &self.task.reward_weights {
+            let key = format!("task.reward_weights.{k}");
+            if RewardKind::parse(k).is_none() {
+                return bad(
+                    &key,
+                    format!("unknown reward; allowed: {}", RewardKind::NAMES.join(", ")),
+                );
+            }
+            if !w.is_finite() {
+                return bad(&key, "weight must be finite".into());
+            }
+            if let Some(why) = f32_problem(*w, true) {
+                return bad(&key, format!("{why}; allowed a finite weight"));
+            }
+        }
         Ok(())
+    }
+
+    /// With fixed training prompts, the held-out prompts are drawn among the others: more than
+    /// exist would be cut to them (`PromptSet::build`) while the run's config.toml still
+    /// recorded the size asked for. (Random prompts are checked with `task.train_size`.)
+    fn validate_heldout(&self) -> Result<(), ConfigError> {
+        let t = &self.task;
+        let room = t.heldout_room();
+        if t.prompts.is_empty() || t.heldout_size as u128 <= room {
+            return Ok(());
+        }
+        bad(
+            "task.heldout_size",
+            format!(
+                "{} held-out prompts, but only {room} of the {} prompts for n = {}, vocab = {}{} lie outside task.prompts; allowed 0..={room}",
+                t.heldout_size,
+                t.prompt_space(),
+                t.n,
+                t.vocab,
+                if t.allow_repeats {
+                    ""
+                } else {
+                    " without repeats"
+                }
+            ),
+        )
     }
 
     /// The algorithm's prompt sampling and the SFT teacher.
@@ -1212,264 +1280,6 @@ impl RunConfig {
     pub fn total_steps(&self) -> usize {
         self.run.iterations * self.algorithm.steps_per_iteration()
     }
-}
-
-/// Apply `key=value` assignments to a whole config's table. A bad key is refused with the
-/// keys allowed there; a value of the wrong kind names its key (each assignment is
-/// deserialized alone over the table as it was).
-fn apply_sets(table: &mut toml::Table, sets: &[String]) -> Result<(), ConfigError> {
-    let reference = table.clone();
-    // A type error is put on a set's key by trying that key alone over the table it came to;
-    // where that table fails already (a config file's bad value), from_table names the key.
-    let reference_reads = toml::Value::Table(reference.clone())
-        .try_into::<RunConfig>()
-        .is_ok();
-    for assignment in sets {
-        let (key, raw) = assignment
-            .split_once('=')
-            .ok_or_else(|| ConfigError::BadAssignment(assignment.clone()))?;
-        set_path(table, &reference, key.trim(), parse_value(raw.trim()))?;
-    }
-    for assignment in sets {
-        let key = assignment
-            .split_once('=')
-            .map(|(k, _)| k.trim())
-            .unwrap_or("");
-        if let Some(v) = get_path(table, key).cloned() {
-            if let (Some(toml::Value::Table(section)), false) =
-                (get_path(&reference, key), v.is_table())
-                && !FREE_MAPS.contains(&key)
-            {
-                let keys: Vec<String> = section.keys().map(|k| format!("{key}.{k}")).collect();
-                let shown = keys.iter().take(6).cloned().collect::<Vec<_>>().join(", ");
-                return bad(
-                    key,
-                    format!(
-                        "a section, not a value: set one of its {} keys ({shown}{}; `grpo-lab config-docs` lists them)",
-                        keys.len(),
-                        if keys.len() > 6 { ", …" } else { "" }
-                    ),
-                );
-            }
-            if !reference_reads {
-                continue;
-            }
-            let mut probe = reference.clone();
-            set_path(&mut probe, &reference, key, v)?;
-            toml::Value::Table(probe)
-                .try_into::<RunConfig>()
-                .map_err(|e| ConfigError::InvalidValue {
-                    key: key.into(),
-                    reason: with_allowed(key, e.message().to_string()),
-                })?;
-        }
-    }
-    Ok(())
-}
-
-/// The error of a field with a value it does not allow.
-fn bad(key: &str, reason: String) -> Result<(), ConfigError> {
-    Err(ConfigError::InvalidValue {
-        key: key.into(),
-        reason,
-    })
-}
-
-fn parse_value(raw: &str) -> toml::Value {
-    // A TOML literal if it parses as one (numbers, booleans, arrays, inline tables), else a string.
-    let doc = format!("v = {raw}");
-    match toml::from_str::<toml::Table>(&doc) {
-        Ok(mut t) => t.remove("v").unwrap_or(toml::Value::String(raw.into())),
-        Err(_) => toml::Value::String(raw.to_string()),
-    }
-}
-
-fn allowed_keys(table: &toml::Table, prefix: &str) -> String {
-    table
-        .keys()
-        .map(|k| {
-            if prefix.is_empty() {
-                k.clone()
-            } else {
-                format!("{prefix}.{k}")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// Keys whose values are free-form maps (any key allowed).
-const FREE_MAPS: &[&str] = &["task.reward_weights"];
-
-fn check_keys(
-    table: &toml::Table,
-    reference: &toml::Table,
-    prefix: &str,
-) -> Result<(), ConfigError> {
-    for (key, value) in table {
-        let path = if prefix.is_empty() {
-            key.clone()
-        } else {
-            format!("{prefix}.{key}")
-        };
-        let Some(ref_value) = reference.get(key) else {
-            return Err(ConfigError::UnknownKey {
-                key: path,
-                allowed: allowed_keys(reference, prefix),
-            });
-        };
-        if FREE_MAPS.contains(&path.as_str()) {
-            continue;
-        }
-        if let (toml::Value::Table(sub), toml::Value::Table(ref_sub)) = (value, ref_value) {
-            check_keys(sub, ref_sub, &path)?;
-        }
-    }
-    Ok(())
-}
-
-/// Every leaf key of a config table, dotted (free-form maps count as one leaf).
-fn leaf_keys(table: &toml::Table, prefix: &str, out: &mut Vec<String>) {
-    for (k, v) in table {
-        let path = if prefix.is_empty() {
-            k.clone()
-        } else {
-            format!("{prefix}.{k}")
-        };
-        match v {
-            toml::Value::Table(sub) if !FREE_MAPS.contains(&path.as_str()) => {
-                leaf_keys(sub, &path, out)
-            }
-            _ => out.push(path),
-        }
-    }
-}
-
-/// The value at a dotted key of `table`, replaced as written (`set_path` converts it as
-/// `--set` does); nothing where a section on the way is missing.
-fn put_path(table: &mut toml::Table, parts: &[&str], v: toml::Value) {
-    match parts {
-        [last] => {
-            table.insert(last.to_string(), v);
-        }
-        [first, rest @ ..] => {
-            if let Some(toml::Value::Table(sub)) = table.get_mut(*first) {
-                put_path(sub, rest, v);
-            }
-        }
-        [] => {}
-    }
-}
-
-/// A leaf of `table` (its dotted key) that does not deserialize when set alone over
-/// `reference` (the defaults), with serde's reason.
-fn first_bad_leaf(table: &toml::Table, reference: &toml::Table) -> Option<(String, String)> {
-    let mut keys = Vec::new();
-    leaf_keys(table, "", &mut keys);
-    keys.into_iter().find_map(|key| {
-        let mut probe = reference.clone();
-        let parts: Vec<&str> = key.split('.').collect();
-        put_path(&mut probe, &parts, get_path(table, &key)?.clone());
-        let e = toml::Value::Table(probe).try_into::<RunConfig>().err()?;
-        let reason = with_allowed(&key, e.message().to_string());
-        Some((key, reason))
-    })
-}
-
-/// serde's reason for a value of `key` it could not read, with the field's allowed values
-/// (serde names the Rust type: "expected usize").
-fn with_allowed(key: &str, mut reason: String) -> String {
-    if let Some(f) = FIELDS.iter().find(|f| f.key == key)
-        && !reason.contains("expected one of")
-    {
-        reason.push_str(&format!("; allowed {}", f.allowed()));
-    }
-    reason
-}
-
-fn merge(base: &mut toml::Table, over: toml::Table) {
-    for (k, v) in over {
-        match (base.get_mut(&k), v) {
-            (Some(toml::Value::Table(b)), toml::Value::Table(o))
-                if !FREE_MAPS.iter().any(|f| f.ends_with(&k)) =>
-            {
-                merge(b, o)
-            }
-            (_, v) => {
-                base.insert(k, v);
-            }
-        }
-    }
-}
-
-/// The value at a dotted key of a config table.
-pub fn get_path<'a>(table: &'a toml::Table, key: &str) -> Option<&'a toml::Value> {
-    let mut parts = key.split('.');
-    let mut cur = table.get(parts.next()?)?;
-    for p in parts {
-        cur = cur.as_table()?.get(p)?;
-    }
-    Some(cur)
-}
-
-fn set_path(
-    table: &mut toml::Table,
-    reference: &toml::Table,
-    key: &str,
-    value: toml::Value,
-) -> Result<(), ConfigError> {
-    let parts: Vec<&str> = key.split('.').collect();
-    let mut cur = table;
-    let mut cur_ref = reference;
-    let mut free = false;
-    for (i, part) in parts.iter().enumerate() {
-        let prefix = parts[..i].join(".");
-        let last = i + 1 == parts.len();
-        if !free && !cur_ref.contains_key(*part) {
-            return Err(ConfigError::UnknownKey {
-                key: key.into(),
-                allowed: allowed_keys(cur_ref, &prefix),
-            });
-        }
-        if last {
-            let mut value = value;
-            // Keep the value's type where TOML would read a bare word differently
-            // (e.g. `run.name=123` stays a string).
-            if let Some(toml::Value::String(_)) = cur_ref.get(*part)
-                && !value.is_str()
-            {
-                value = toml::Value::String(value.to_string());
-            }
-            if let (Some(toml::Value::Float(_)), toml::Value::Integer(i)) =
-                (cur_ref.get(*part), &value)
-            {
-                value = toml::Value::Float(*i as f64);
-            }
-            cur.insert(part.to_string(), value);
-            return Ok(());
-        }
-        let path_so_far = parts[..=i].join(".");
-        if FREE_MAPS.contains(&path_so_far.as_str()) {
-            free = true;
-        }
-        let entry = cur
-            .entry(part.to_string())
-            .or_insert_with(|| toml::Value::Table(Default::default()));
-        let Some(next) = entry.as_table_mut() else {
-            return Err(ConfigError::UnknownKey {
-                key: key.into(),
-                allowed: format!("`{path_so_far}` is a value, not a section"),
-            });
-        };
-        cur = next;
-        if !free {
-            cur_ref = cur_ref
-                .get(*part)
-                .and_then(|v| v.as_table())
-                .expect("checked above");
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -1843,5 +1653,273 @@ mod tests {
             "{e}"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The error of a layered config: its key and reason.
+    fn refusal(preset: Option<&str>, file: Option<&str>, sets: &[&str]) -> (String, String) {
+        // One file per call: the tests run in parallel.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = file.map(|text| {
+            let name = format!("grpo-lab-refusal-{}-{call}.toml", std::process::id());
+            let path = std::env::temp_dir().join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        });
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let result = RunConfig::layered(preset, path.as_deref(), &sets);
+        if let Some(path) = &path {
+            let _ = std::fs::remove_file(path);
+        }
+        match result {
+            Err(ConfigError::InvalidValue { key, reason }) => (key, reason),
+            Err(e) => ("(not InvalidValue)".into(), e.to_string()),
+            Ok(_) => ("(accepted)".into(), String::new()),
+        }
+    }
+
+    /// A float whose f64 is finite but whose f32 is ±∞, or 0 where "> 0" is asked, passed
+    /// validation and killed the run with a NaN at step 1, naming no key.
+    #[test]
+    fn float_keys_must_fit_in_f32() {
+        for set in [
+            "sampling.temperature=1e-50",
+            "algorithm.beta=1e300",
+            "algorithm.entropy_coef=1e300",
+            "algorithm.positive_weight=1e300",
+            "algorithm.sapo_temperature_pos=1e-50",
+            "algorithm.sapo_temperature_pos=1e300",
+            "optimizer.eps=1e-40",
+            "task.reward_weights.exact=1e300",
+            "task.reward_weights.exact=-1e300",
+        ] {
+            let (key, reason) = refusal(None, None, &[set]);
+            assert_eq!(key, set.split('=').next().unwrap(), "{set}: {reason}");
+            assert!(
+                reason.contains("f32") && reason.contains("; allowed"),
+                "{set}: {reason}"
+            );
+            assert!(reason.len() < 400, "the number in its short form: {reason}");
+            let limit = if set.contains("e-") {
+                "1.1754944e-38"
+            } else {
+                "3.4028235e38"
+            };
+            assert!(reason.contains(limit), "{set}: {reason}");
+        }
+        // What f32 holds still passes, 0 included where the range allows it.
+        for set in [
+            "sampling.temperature=1e-30",
+            "algorithm.beta=3e38",
+            "algorithm.beta=0",
+            "task.reward_weights.exact=0",
+        ] {
+            assert!(
+                RunConfig::layered(None, None, &[set.into()]).is_ok(),
+                "{set}"
+            );
+        }
+    }
+
+    /// TOML integers are i64: a seed above i64::MAX cannot be written into a run's
+    /// config.toml, so it is refused as out of range, from --set, from a file or in code.
+    #[test]
+    fn seeds_stop_at_i64_max() {
+        assert_eq!(MAX_SEED, i64::MAX as u64);
+        let range = "0..=9223372036854775807";
+        assert_eq!(field_info("run.seed").unwrap().allowed(), range);
+        for set in [
+            "run.seed=9223372036854775808",
+            "run.seed=18446744073709551615",
+        ] {
+            let (key, reason) = refusal(None, None, &[set]);
+            assert_eq!(key, "run.seed", "{reason}");
+            assert!(
+                reason.contains(range) && reason.contains("out of range"),
+                "{reason}"
+            );
+        }
+        let file = "[run]\nname = \"x\"\nseed = 9223372036854775808\n";
+        let (key, reason) = refusal(Some("lecture17"), Some(file), &[]);
+        assert_eq!(key, "run.seed", "{reason}");
+        assert!(reason.contains(range), "{reason}");
+        let max = format!("run.seed={}", i64::MAX);
+        assert!(RunConfig::layered(None, None, &[max]).is_ok());
+        let mut c = RunConfig::default();
+        c.run.seed = MAX_SEED + 1;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("`run.seed`") && e.contains(range), "{e}");
+    }
+
+    /// `steps_per_generation` must cut B into equal mini-batches: 2 over lecture17's three
+    /// prompts ran with mini-batches of 1 and 2 groups.
+    #[test]
+    fn mini_batches_divide_the_iterations_prompts() {
+        let key = "algorithm.steps_per_generation";
+        let (k, reason) = refusal(
+            Some("lecture17"),
+            None,
+            &["algorithm.steps_per_generation=2"],
+        );
+        assert_eq!(k, key, "{reason}");
+        assert!(
+            reason.contains("algorithm.prompts_per_iteration = 0")
+                && reason.contains("task.prompts")
+                && reason.contains("allowed a divisor of 3: 1, 3"),
+            "{reason}"
+        );
+        let (k, reason) = refusal(
+            Some("random-sort"),
+            None,
+            &["algorithm.steps_per_generation=3"],
+        );
+        assert_eq!(k, key, "{reason}");
+        assert!(reason.contains("1, 2, 4, 8, 16, 32, 64"), "{reason}");
+        let sets = [
+            "algorithm.prompts_per_iteration=0",
+            "algorithm.steps_per_generation=3",
+        ];
+        let (k, reason) = refusal(Some("random-sort"), None, &sets);
+        assert_eq!(k, key, "{reason}");
+        assert!(reason.contains("task.train_size, B = 512"), "{reason}");
+        for (preset, s) in [
+            ("lecture17", 3),
+            ("random-sort", 4),
+            ("transformer-sort", 32),
+        ] {
+            let set = format!("{key}={s}");
+            assert!(
+                RunConfig::layered(Some(preset), None, &[set]).is_ok(),
+                "{preset}"
+            );
+        }
+    }
+
+    /// A syntax error says where it is, on one line ("duplicate key" said nothing more).
+    #[test]
+    fn toml_syntax_errors_say_where() {
+        for (text, needle) in [
+            (
+                "[task]\nn = 3\nn = 4\n",
+                "duplicate key at line 3, column 1: `n = 4`",
+            ),
+            ("[task\n", "at line 1, column 6: `[task`"),
+            (
+                "[run]\nseed = 1\nname = = \"a\"\n",
+                "at line 3, column 8: `name = = \"a\"`",
+            ),
+        ] {
+            let (key, reason) = refusal(None, Some(text), &[]);
+            assert_eq!(key, "(not InvalidValue)", "{reason}");
+            assert!(
+                reason.contains("is not valid TOML") && reason.contains(needle),
+                "{text:?}: {reason}"
+            );
+            assert!(!reason.contains('\n'), "one line: {reason}");
+            let e = RunConfig::from_toml_str(text, "t").unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+        }
+    }
+
+    /// Held-out prompts beside fixed training prompts were cut to what exists without a word
+    /// (the run's config.toml still asking for more); now refused with the largest size.
+    #[test]
+    fn heldout_beyond_the_prompts_left_is_refused() {
+        let (key, reason) = refusal(Some("lecture17"), None, &["task.heldout_size=1000000"]);
+        assert_eq!(key, "task.heldout_size", "{reason}");
+        assert!(
+            reason.contains("only 122 of the 125 prompts") && reason.contains("allowed 0..=122"),
+            "{reason}"
+        );
+        let ok = RunConfig::layered(Some("lecture17"), None, &["task.heldout_size=122".into()]);
+        assert_eq!(ok.unwrap().task.heldout_room(), 122);
+        // A fixed prompt the space does not hold (a repeat, allow_repeats = false) leaves it whole.
+        let t = TaskConfig {
+            prompts: vec![vec![2, 2, 0], vec![1, 0, 2]],
+            allow_repeats: false,
+            ..TaskConfig::default()
+        };
+        assert_eq!((t.prompt_space(), t.heldout_room()), (60, 59));
+    }
+
+    /// A free map is one value: a file's `[task.reward_weights]` replaces the preset's whole,
+    /// as `--set task.reward_weights={…}` does, so a run's config.toml reads back as it was
+    /// over any preset; `--set task.reward_weights.NAME=W` changes one weight. The docs say so.
+    #[test]
+    fn reward_weights_are_one_value_in_a_file_and_in_a_whole_set() {
+        let weights = |c: RunConfig| c.task.reward_weights.into_iter().collect::<Vec<_>>();
+        let dir = std::env::temp_dir().join(format!("grpo-lab-weights-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("w.toml");
+        std::fs::write(&file, "[task.reward_weights]\nexact = 1.0\n").unwrap();
+        let from_file = RunConfig::layered(Some("random-sort"), Some(&file), &[]).unwrap();
+        let whole = RunConfig::layered(
+            Some("random-sort"),
+            None,
+            &["task.reward_weights={exact=1.0}".into()],
+        )
+        .unwrap();
+        assert_eq!(weights(from_file), vec![("exact".to_string(), 1.0)]);
+        assert_eq!(weights(whole), vec![("exact".to_string(), 1.0)]);
+        let one = RunConfig::layered(
+            Some("random-sort"),
+            None,
+            &["task.reward_weights.exact=2.0".into()],
+        )
+        .unwrap();
+        assert_eq!(
+            weights(one),
+            vec![("distance".to_string(), 0.25), ("exact".to_string(), 2.0)]
+        );
+        // A saved config without weights, given over a preset with some, reads back as saved.
+        let saved = RunConfig::preset("lecture17").unwrap();
+        std::fs::write(&file, saved.to_toml()).unwrap();
+        let back = RunConfig::layered(Some("random-sort"), Some(&file), &[]).unwrap();
+        assert_eq!(back, saved);
+        let help = field_info("task.reward_weights").unwrap().help;
+        assert!(
+            help.contains("replaces the preset's whole map")
+                && help.contains("task.reward_weights.NAME=W"),
+            "{help}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `[[task]]` or `task = 3` said "expected usize" / "expected struct TaskConfig": now the
+    /// key is called a section and its keys are listed.
+    #[test]
+    fn a_section_given_a_value_lists_its_keys() {
+        for (text, key, got) in [
+            ("[[task]]\nn = 3\n", "task", "an array"),
+            ("task = 3\n", "task", "the integer `3`"),
+            (
+                "[algorithm]\nbugs = true\n",
+                "algorithm.bugs",
+                "the boolean `true`",
+            ),
+        ] {
+            let (k, reason) = refusal(None, Some(text), &[]);
+            assert_eq!(k, key, "{text:?}: {reason}");
+            let listed = FIELDS
+                .iter()
+                .filter(|f| f.key.strip_prefix(key).is_some_and(|k| k.starts_with('.')))
+                .all(|f| reason.contains(f.key));
+            assert!(
+                reason.contains("a section") && reason.contains(got) && listed,
+                "{text:?}: {reason}"
+            );
+        }
+        let e = RunConfig::from_toml_str("task = 3\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("task.reward_aggregation"), "{e}");
+    }
+
+    #[test]
+    fn saved_configs_end_with_a_newline() {
+        for (name, _) in PRESETS {
+            let text = RunConfig::preset(name).unwrap().to_toml();
+            assert!(text.ends_with('\n') && !text.ends_with("\n\n"), "{name}");
+        }
     }
 }

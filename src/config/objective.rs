@@ -217,21 +217,7 @@ impl RunConfig {
                 ),
             );
         }
-        let known_b = match (a.prompts_per_iteration, self.task.prompts.len()) {
-            (0, 0) => self.task.train_size,
-            (0, p) => p,
-            (b, 0) => b.min(self.task.train_size),
-            (b, p) => b.min(p),
-        };
-        if a.steps_per_generation > known_b.max(1) {
-            return bad(
-                "algorithm.steps_per_generation",
-                format!(
-                    "{} with {known_b} prompts per iteration (algorithm.prompts_per_iteration, or the training set): each mini-batch needs at least one whole group",
-                    a.steps_per_generation
-                ),
-            );
-        }
+        self.validate_mini_batches()?;
         if a.replay_buffer > 0 {
             if self.records_sampler_logp() {
                 return bad(
@@ -258,6 +244,39 @@ impl RunConfig {
             }
         }
         Ok(())
+    }
+
+    /// `steps_per_generation` cuts the iteration's B groups into equal mini-batches of whole
+    /// groups: the frameworks it mirrors need equal ones (verl's `ppo_mini_batch_size` =
+    /// B / S, TRL's `steps_per_generation`), and unequal ones would weigh a group by the size
+    /// of the mini-batch it fell in. B is what [`RunConfig::batch_prompts`] draws:
+    /// `prompts_per_iteration`, or every training prompt when it is 0
+    /// (`validate_algorithm` has refused a B above the training prompts).
+    fn validate_mini_batches(&self) -> Result<(), ConfigError> {
+        let s = self.algorithm.steps_per_generation;
+        let (b, from) = match (
+            self.algorithm.prompts_per_iteration,
+            self.task.prompts.len(),
+        ) {
+            (0, 0) => (self.task.train_size, "0: every prompt of task.train_size"),
+            (0, _) => (self.task.prompts.len(), "0: every prompt of task.prompts"),
+            (b, _) => (b, ""),
+        };
+        if b == 0 || b.is_multiple_of(s) {
+            return Ok(());
+        }
+        let from = if from.is_empty() {
+            b.to_string()
+        } else {
+            format!("{from}, B = {b}")
+        };
+        bad(
+            "algorithm.steps_per_generation",
+            format!(
+                "{s} does not divide the iteration's prompts B (algorithm.prompts_per_iteration = {from}): the mini-batches of whole groups must be equal; allowed a divisor of {b}: {}",
+                divisors_up_to(b, 1000)
+            ),
+        )
     }
 
     /// The mismatch lab: the corrections' band and level, and the kept sampling mask's needs.
@@ -357,6 +376,15 @@ impl RunConfig {
         }
         Ok(())
     }
+}
+
+/// The divisors of `b` up to `max` (the field's own bound), in order, as a list for a message.
+fn divisors_up_to(b: usize, max: usize) -> String {
+    let shown: Vec<String> = (1..=b.min(max))
+        .filter(|d| b.is_multiple_of(*d))
+        .map(|d| d.to_string())
+        .collect();
+    shown.join(", ")
 }
 
 #[cfg(test)]

@@ -137,7 +137,9 @@ pub fn parse_seeds(s: &str) -> Result<Vec<u64>, ExperimentError> {
                 b - a
             )));
         }
-        return Ok((a..b).collect());
+        let seeds: Vec<u64> = (a..b).collect();
+        check_seeds_fit(s, &seeds)?;
+        return Ok(seeds);
     }
     let seeds: Vec<u64> = s
         .split(',')
@@ -154,7 +156,20 @@ pub fn parse_seeds(s: &str) -> Result<Vec<u64>, ExperimentError> {
             "seed {dup} is listed twice"
         )));
     }
+    check_seeds_fit(s, &seeds)?;
     Ok(seeds)
+}
+
+/// Every seed fits a TOML integer (i64): each run's `config.toml` must read back (`--config`,
+/// `--resume`).
+fn check_seeds_fit(s: &str, seeds: &[u64]) -> Result<(), ExperimentError> {
+    match seeds.iter().find(|&&x| x > i64::MAX as u64) {
+        Some(x) => Err(ExperimentError::SeedsOutOfRange(
+            s.into(),
+            format!("seed {x} is past {} (run.seed is a TOML integer)", i64::MAX),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The most seeds `--seeds` takes (a matrix's runs are cells × seeds, each a directory).

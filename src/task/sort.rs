@@ -56,8 +56,10 @@ impl PromptSet {
         let fixed: Vec<Vec<u32>> = task.prompts.clone();
         let random_train = if fixed.is_empty() { task.train_size } else { 0 };
         let exclude: HashSet<Vec<u32>> = fixed.iter().cloned().collect();
-        let available = possible.saturating_sub(exclude.len() as u128);
-        // Fixed prompts take what held-out prompts are left; random sets must fit whole.
+        let available = task.heldout_room();
+        // Random sets must fit whole. Beside fixed prompts the held-out split takes what is
+        // left: `validate` refuses a larger task.heldout_size (naming the room), so the cut
+        // below only meets a config built in code and never validated.
         let heldout_want = if fixed.is_empty() {
             task.heldout_size
         } else {
@@ -232,6 +234,28 @@ mod tests {
         assert!(
             e.to_string().contains("12") && e.to_string().contains("9"),
             "{e}"
+        );
+    }
+
+    /// Beside fixed prompts the held-out split may take every prompt left, the room that
+    /// `validate` allows: a fixed prompt outside the space (a repeat with
+    /// `allow_repeats = false`) takes nothing from it.
+    #[test]
+    fn heldout_takes_exactly_the_room_validate_allows() {
+        let t = TaskConfig {
+            prompts: vec![vec![2, 2, 0], vec![1, 0, 2]],
+            allow_repeats: false,
+            heldout_size: 59,
+            ..TaskConfig::default()
+        };
+        assert_eq!(t.heldout_room(), 59);
+        let set = PromptSet::build(&t, 3).unwrap();
+        assert_eq!(set.heldout.len(), 59);
+        let all: HashSet<_> = set.heldout.iter().chain(&set.train).collect();
+        assert_eq!(
+            all.len(),
+            61,
+            "held-out prompts repeat or meet the training ones"
         );
     }
 }
