@@ -369,7 +369,6 @@ pub struct GroupRecord {
     pub cov_terms: Vec<Vec<f32>>,
 }
 
-/// Scalar columns of the CSV sink, in order, with a getter each.
 /// A scalar of a record, if it was logged.
 pub type Getter = fn(&StepRecord) -> Option<f32>;
 
@@ -381,6 +380,10 @@ pub fn getter(name: &str) -> Option<Getter> {
         .map(|(_, get)| *get)
 }
 
+/// The run's scalars by metric name, in the CSV's order, with a getter each: the list the
+/// charts, the app, `compare` and `export-log` iterate. `iteration` and `step` lead it (those
+/// readers skip them by name); `step_in_iteration` is a position within the iteration, not a
+/// metric, so it is only in the CSV ([`csv_columns`]).
 pub const CSV_COLUMNS: &[(&str, Getter)] = &[
     ("iteration", |r| Some(r.iteration as f32)),
     ("step", |r| Some(r.step as f32)),
@@ -461,8 +464,95 @@ pub const CSV_COLUMNS: &[(&str, Getter)] = &[
     ("reward/collapsed_pairs", |r| Some(r.reward_collapsed_pairs)),
 ];
 
+/// Metrics that are fractions or probabilities, in [0, 1] by construction: a chart clamps a
+/// mean ± std band of them to that interval (a band below 0 would draw accuracies no run can
+/// have).
+const UNIT_INTERVAL: &[&str] = &[
+    "frac_reward_zero_std",
+    "reward/exact_match",
+    "reward/collapsed_pairs",
+    "completions/clipped_ratio",
+    "completions/wrong_longer_frac",
+    "sampling/zero_std_first_draw",
+    "sampling/is_effective_sample_size",
+    "sampling/is_masked_fraction",
+    "clip_ratio/low",
+    "clip_ratio/high",
+    "cispo_clip_ratio",
+    "accuracy/train",
+    "accuracy/heldout",
+    "eval/pass@1",
+    "eval/pass@4",
+    "eval/pass@k",
+];
+
+/// Whether the metric `name` is a fraction, bounded to [0, 1] (see `UNIT_INTERVAL`).
+pub fn in_unit_interval(name: &str) -> bool {
+    UNIT_INTERVAL.contains(&name)
+}
+
+/// `step_in_iteration`, the CSV's third column (after `iteration` and `step`, as in the JSONL).
+static STEP_IN_ITERATION: (&str, Getter) =
+    ("step_in_iteration", |r| Some(r.step_in_iteration as f32));
+
+/// The columns of `metrics.csv`: [`CSV_COLUMNS`] with `step_in_iteration` after `step`, so
+/// the CSV carries every scalar of the JSONL (a reader can tell the μ steps of an iteration
+/// apart) without it becoming a metric the charts or `compare` would offer.
+pub fn csv_columns() -> impl Iterator<Item = &'static (&'static str, Getter)> {
+    let (index, metrics) = CSV_COLUMNS.split_at(2);
+    index
+        .iter()
+        .chain(std::iter::once(&STEP_IN_ITERATION))
+        .chain(metrics)
+}
+
+/// One CSV cell. The JSONL writes a non-finite value as `null` (JSON has no NaN) and leaves
+/// an unlogged one out, so "not measured" and "not finite" are one thing there; the CSV says
+/// it the same way, always with an empty cell (which pandas and spreadsheets read as missing),
+/// never `NaN` in some columns and empty in others. A finite value is written in full
+/// (shortest form that reads back as the same `f32`, as in the JSONL).
+fn csv_cell(v: Option<f32>) -> String {
+    v.filter(|v| v.is_finite())
+        .map(|v| v.to_string())
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_columns_put_step_in_iteration_after_step_and_nowhere_else() {
+        let names: Vec<&str> = csv_columns().map(|(n, _)| *n).collect();
+        assert_eq!(names[..3], ["iteration", "step", "step_in_iteration"]);
+        assert_eq!(names.len(), CSV_COLUMNS.len() + 1);
+        // Not a metric: the charts, the app and `compare` look metrics up by name.
+        assert!(getter("step_in_iteration").is_none());
+    }
+
+    #[test]
+    fn the_unit_interval_metrics_are_metrics() {
+        for name in UNIT_INTERVAL {
+            assert!(getter(name).is_some(), "{name}");
+        }
+    }
+
+    #[test]
+    fn csv_cells_are_empty_exactly_where_the_jsonl_has_null() {
+        for v in [
+            None,
+            Some(f32::NAN),
+            Some(f32::INFINITY),
+            Some(f32::NEG_INFINITY),
+        ] {
+            assert_eq!(csv_cell(v), "", "{v:?}");
+            assert_eq!(serde_json::to_string(&v).unwrap(), "null", "{v:?}");
+        }
+        for v in [0.0f32, -1.5, 3.0, 1e-7, 0.6666667, 6297670.0] {
+            assert_eq!(csv_cell(Some(v)).parse::<f32>().unwrap(), v);
+        }
+    }
+
     #[test]
     fn non_finite_values_survive_a_round_trip_as_nan() {
         let line = r#"{"iteration":0,"step":1,"step_in_iteration":0,"reward/mean":1.0,"reward/std":0.0,"reward/min":1.0,"reward/max":1.0,"frac_reward_zero_std":1.0,"reward/exact_match":0.0,"advantage/mean_abs":0.0,"completions/mean_length":3.0,"completions/min_length":3.0,"completions/max_length":3.0,"loss":0.0,"kl":null,"entropy":0.1,"clip_ratio/low":0.0,"clip_ratio/high":0.0,"ratio/mean":1.0,"grad_norm":0.0,"lr":0.001,"accuracy/train":0.0,"accuracy/heldout":null,"step_time_secs":0.1,"tokens_per_second":1.0}"#;
@@ -473,18 +563,16 @@ mod tests {
 }
 
 impl StepRecord {
+    /// The header of `metrics.csv`: the names of [`csv_columns`], in order.
     pub fn csv_header() -> String {
-        CSV_COLUMNS
-            .iter()
-            .map(|(n, _)| *n)
-            .collect::<Vec<_>>()
-            .join(",")
+        csv_columns().map(|(n, _)| *n).collect::<Vec<_>>().join(",")
     }
 
+    /// One line of `metrics.csv`, cell for cell what `metrics.jsonl` holds: a value the JSONL
+    /// writes as `null` or leaves out is an empty cell (see [`csv_cell`]).
     pub fn csv_row(&self) -> String {
-        CSV_COLUMNS
-            .iter()
-            .map(|(_, get)| get(self).map(|v| v.to_string()).unwrap_or_default())
+        csv_columns()
+            .map(|(_, get)| csv_cell(get(self)))
             .collect::<Vec<_>>()
             .join(",")
     }
