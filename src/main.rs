@@ -1,14 +1,15 @@
 //! The `grpo-lab` command line. Library errors are handled here, once: user errors
 //! (bad config, bad arguments, an existing run directory, a diverged run) exit with 2.
 
+mod commands;
+
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 // A user error (bad config, bad arguments, ...): printed as is, exit code 2.
+use commands::{ObjectiveArgs, advantages_cmd, devices_cmd, objective_cmd, score_cmd};
 use grpo_lab::bench::{self, UserError, user};
 use grpo_lab::config::{AdvantageMode, DeviceChoice, KernelChoice, RewardKind, RunConfig};
 use grpo_lab::gpu::Compute;
-use grpo_lab::objective::advantage;
-use grpo_lab::task::{RewardFn, SortTokenizer};
 use grpo_lab::train::{self, RunOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,6 +35,7 @@ enum Command {
     Compare(CompareArgs),
     /// Score one response with a verifier: the reward and its parts.
     Score {
+        /// The verifier: distance, inclusion_ordering or exact.
         #[arg(long, value_parser = parse_reward)]
         reward: RewardKind,
         /// Comma-separated numbers, e.g. 3,1,0,2
@@ -158,7 +160,8 @@ struct ConfigArgs {
     /// Override one key, e.g. --set algorithm.advantage=centered (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     sets: Vec<String>,
-    #[arg(long)]
+    /// The run's seed (run.seed): the run is a function of its config and seed.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(..=i64::MAX as u64))]
     seed: Option<u64>,
     /// auto | gpu | software | cpu
     #[arg(long, value_parser = parse_device)]
@@ -256,7 +259,7 @@ struct AppArgs {
 struct TrainArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// Run directory.
+    /// Run directory (required, unless --resume DIR names it).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Continue the run in DIR (or in --out) from its last checkpoint, as recorded (only
@@ -269,7 +272,9 @@ struct TrainArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
-    /// Validate the config, print its memory estimate against the cap, and exit (2 if over).
+    /// Validate the config, open its device and name the engine that would run (refusing
+    /// what that engine cannot run there, as the run would), print its memory estimate
+    /// against the cap, and exit (2 if refused or over the cap). Nothing is written.
     #[arg(long)]
     dry_run: bool,
 }
@@ -389,12 +394,15 @@ fn parse_list(s: &str, max: u32) -> Result<Vec<u32>, String> {
 }
 
 fn parse_floats(s: &str) -> Result<Vec<f32>, String> {
+    if s.trim().is_empty() {
+        return Err("no numbers: give them comma-separated, e.g. 1,2,2,5 or -1.0,-2.1".into());
+    }
     s.split(',')
         .map(|x| {
             let v = x
                 .trim()
                 .parse::<f32>()
-                .map_err(|e| format!("`{x}`: {e} (expected e.g. 1,2,2,5)"))?;
+                .map_err(|e| format!("`{x}`: {e} (expected comma-separated numbers)"))?;
             if v.is_finite() {
                 Ok(v)
             } else if x.trim().parse::<f64>().is_ok_and(f64::is_finite) {
@@ -645,9 +653,11 @@ fn open_device(choice: DeviceChoice) -> Result<Compute> {
 }
 
 /// The device for a config: `auto` picks the fastest engine on this machine; one line on
-/// stderr says which engine runs and why.
+/// stderr says which engine runs and why. A config its engine cannot run there is refused
+/// first (before the run's set-up says anything).
 fn open_device_for(choice: DeviceChoice, config: &RunConfig) -> Result<Compute> {
     let (compute, why) = grpo_lab::engine::select(choice, config).map_err(user)?;
+    grpo_lab::engine::check(config, &compute).map_err(user)?;
     eprintln!("grpo-lab: {why}");
     Ok(compute)
 }
@@ -685,6 +695,7 @@ fn resumed_config(c: &ConfigArgs, out: &std::path::Path) -> Result<RunConfig> {
             changed.join(", ")
         )));
     }
+    train::check_resume(out, &wanted).map_err(user)?;
     Ok(wanted)
 }
 
@@ -692,6 +703,16 @@ fn resumed_config(c: &ConfigArgs, out: &std::path::Path) -> Result<RunConfig> {
 fn lock_run_dir(out: &std::path::Path) -> Result<train::RunLock> {
     train::RunLock::acquire(out).map_err(|e| match e {
         train::LockError::Held { .. } => user(e),
+        // `--out` names something that cannot be a directory (a file, a path under one, a
+        // place the user may not write): the user's to change.
+        train::LockError::Io { path, source }
+            if path == out && source.kind() != std::io::ErrorKind::StorageFull =>
+        {
+            user(format!(
+                "--out {}: cannot be the run's directory ({source})",
+                out.display()
+            ))
+        }
         e => e.into(),
     })
 }
@@ -729,6 +750,9 @@ fn train_dry_run(args: &TrainArgs) -> Result<()> {
             resumed_config(&args.config, dir)?
         }
     };
+    // The device opens as for the run (a missing adapter, an engine that does not cover the
+    // config are refused here too), and the line says which engine would run.
+    open_device_for(args.config.device.unwrap_or(config.run.device), &config)?;
     let e = grpo_lab::estimate::estimate(&config);
     println!(
         "{} is valid. Memory estimate:\n{}",
@@ -810,7 +834,7 @@ fn train_cmd(args: TrainArgs) -> Result<()> {
         train::mark_complete();
     }
     println!(
-        "{}: final reward {:.3} (max {}), train accuracy {:.2}{}, {:.2} ms/step, {}",
+        "{}: final reward {:.3} (max {}), train accuracy {:.2}{} after the last update, {:.2} ms/step, {}",
         s.name,
         s.final_reward_mean,
         s.max_reward,
@@ -836,222 +860,6 @@ fn train_cmd(args: TrainArgs) -> Result<()> {
         .filter(|p| p.extension().is_some_and(|e| e == "png"))
     {
         println!("chart:         {}", chart.display());
-    }
-    Ok(())
-}
-
-fn score_cmd(reward: RewardKind, prompt: &str, response: &str, json: bool) -> Result<()> {
-    // Numbers the tokenizer holds: below 1024, task.vocab's most (the verifiers score numbers;
-    // a response's <eos> is the trainer's to strip).
-    let max = grpo_lab::task::tokenizer::MAX_NUMBERS - 1;
-    let prompt = parse_list(prompt, max).map_err(|e| user(format!("--prompt: {e}")))?;
-    let response = parse_list(response, max).map_err(|e| user(format!("--response: {e}")))?;
-    if prompt.is_empty() || prompt.len() > 64 {
-        return Err(user(format!(
-            "--prompt has {} numbers: allowed 1..=64 (task.n)",
-            prompt.len()
-        )));
-    }
-    let r = RewardFn::single(reward).score(&prompt, &response);
-    if json {
-        println!("{}", serde_json::to_string(&r)?);
-    } else {
-        let tok = SortTokenizer::load()?;
-        println!("prompt   {}", tok.decode(&prompt));
-        println!("response {}", tok.decode(&response));
-        println!(
-            "truth    {}",
-            tok.decode(&grpo_lab::task::sort::sorted(&prompt))
-        );
-        println!("{}: {}", reward.name(), r.reward);
-        for (k, v) in &r.parts {
-            println!("  {k}: {v}");
-        }
-    }
-    Ok(())
-}
-
-fn advantages_cmd(rewards: &str, json: bool) -> Result<()> {
-    let rewards = parse_floats(rewards).map_err(|e| user(format!("--rewards: {e}")))?;
-    if rewards.is_empty() {
-        return Err(user("--rewards is empty"));
-    }
-    let g = rewards.len();
-    let all = advantage::all_advantages(&rewards, g);
-    // The advantages are computed in f32, as the trainer does: a group whose deviations from
-    // the mean square past f32's range (|r − mean| ≳ 1.8e19) has no finite std to divide by.
-    let s = all.groups[0];
-    let finite = [s.mean, s.std].iter().all(|v| v.is_finite())
-        && all.by_mode.values().flatten().all(|v| v.is_finite());
-    if !finite {
-        return Err(user(format!(
-            "--rewards: the group's mean or std overflows f32 (mean {}, std {}); allowed: rewards whose deviations from their mean stay under ~1e19, as the trainer computes advantages in f32 too",
-            s.mean, s.std
-        )));
-    }
-    if json {
-        println!("{}", serde_json::to_string(&all.by_mode)?);
-    } else {
-        let s = all.groups[0];
-        println!(
-            "rewards {rewards:?}: mean {:.4}, std (unbiased) {:.4}, max {}{}",
-            s.mean,
-            s.std,
-            s.max,
-            if s.zero_std {
-                " — all equal: no learning signal"
-            } else {
-                ""
-            }
-        );
-        for m in AdvantageMode::GROUP {
-            let v: Vec<String> = all.by_mode[m.name()]
-                .iter()
-                .map(|x| format!("{x:.4}"))
-                .collect();
-            println!("{:>17}: [{}]", m.name(), v.join(", "));
-        }
-    }
-    Ok(())
-}
-
-#[derive(Args)]
-struct ObjectiveArgs {
-    /// The loss (algorithm.loss): naive, unclipped, clipped, cispo, sapo, gmpo.
-    #[arg(long)]
-    loss: String,
-    /// Where the ratio lives (algorithm.importance_sampling_level): token, sequence, sequence_token.
-    #[arg(long, default_value = "token")]
-    importance_sampling_level: String,
-    /// Comma-separated log π of each token, e.g. -1.0,-2.1,-0.4
-    #[arg(long, allow_hyphen_values = true)]
-    logp: String,
-    /// Comma-separated log π_old, one per token.
-    #[arg(long, allow_hyphen_values = true)]
-    old_logp: String,
-    /// Comma-separated log π_ref (needed where algorithm.beta > 0).
-    #[arg(long, allow_hyphen_values = true)]
-    ref_logp: Option<String>,
-    /// Comma-separated log π of the sampler that drew the tokens (the mismatch lab's
-    /// algorithm.is_correction; log π_old where absent).
-    #[arg(long, allow_hyphen_values = true)]
-    sampler_logp: Option<String>,
-    /// The response's advantage.
-    #[arg(long, allow_hyphen_values = true)]
-    advantage: f32,
-    /// Any other algorithm key, e.g. --set algorithm.epsilon_high=0.28 (repeatable).
-    #[arg(long = "set")]
-    sets: Vec<String>,
-    /// `{"tokens": [{"objective", "dlogp", "ratio", "loss_term", "kl", "weight", "is_weight"}, ..], "loss", ..}`
-    #[arg(long)]
-    json: bool,
-}
-
-fn objective_cmd(a: ObjectiveArgs) -> Result<()> {
-    use grpo_lab::objective::calculator;
-    // Only the objective's own keys mean anything here; --loss and the level have their flags.
-    for set in &a.sets {
-        let key = set.split_once('=').map_or(set.as_str(), |(k, _)| k).trim();
-        if !key.starts_with("algorithm.") {
-            return Err(user(format!(
-                "--set {key}: one response's objective reads only algorithm.* keys (allowed: algorithm.KEY=VALUE; `grpo-lab config-docs` lists them)"
-            )));
-        }
-        if let Some(flag) = [
-            ("algorithm.loss", "--loss"),
-            (
-                "algorithm.importance_sampling_level",
-                "--importance-sampling-level",
-            ),
-        ]
-        .iter()
-        .find_map(|(k, flag)| (*k == key).then_some(flag))
-        {
-            return Err(user(format!("--set {key}: given by {flag}; set it there")));
-        }
-    }
-    let mut sets = vec![
-        format!("algorithm.loss={}", a.loss),
-        format!(
-            "algorithm.importance_sampling_level={}",
-            a.importance_sampling_level
-        ),
-    ];
-    sets.extend(a.sets.iter().cloned());
-    let config = RunConfig::default()
-        .with_overrides(&sets)
-        .map_err(|e| user(e.to_string()))?;
-    let floats = |flag: &str, s: &str| parse_floats(s).map_err(|e| user(format!("{flag}: {e}")));
-    let logp = floats("--logp", &a.logp)?;
-    let old = floats("--old-logp", &a.old_logp)?;
-    let refl = a
-        .ref_logp
-        .as_deref()
-        .map(|s| floats("--ref-logp", s))
-        .transpose()?;
-    let sampler = a
-        .sampler_logp
-        .as_deref()
-        .map(|s| floats("--sampler-logp", s))
-        .transpose()?;
-    let got = calculator::calculate(
-        &config,
-        &logp,
-        &old,
-        refl.as_deref(),
-        sampler.as_deref(),
-        a.advantage,
-    )
-    .map_err(|e| user(e.to_string()))?;
-    if a.json {
-        println!("{}", serde_json::to_string(&got)?);
-    } else {
-        print!("{}", got.table(&config));
-    }
-    Ok(())
-}
-
-fn devices_cmd(json: bool) -> Result<()> {
-    let adapters = grpo_lab::gpu::context::list_adapters();
-    if json {
-        println!("{}", serde_json::to_string_pretty(&adapters)?);
-        return Ok(());
-    }
-    if adapters.is_empty() {
-        println!(
-            "no wgpu adapter found (install lavapipe: apt-get install -y mesa-vulkan-drivers libvulkan1)"
-        );
-    }
-    for (i, a) in adapters.iter().enumerate() {
-        println!(
-            "[{i}] {} — {} {} ({})",
-            a.name, a.backend, a.device_type, a.driver
-        );
-        println!(
-            "    max storage binding {} MiB, max buffer {} MiB, workgroup ≤ {} invocations, {} workgroups/dim, {} storage buffers/stage",
-            a.max_storage_buffer_binding_size >> 20,
-            a.max_buffer_size >> 20,
-            a.max_compute_invocations_per_workgroup,
-            a.max_compute_workgroups_per_dimension,
-            a.max_storage_buffers_per_shader_stage
-        );
-        match a.subgroup_sizes {
-            Some((lo, hi)) => println!("    subgroups of {lo}..{hi} invocations"),
-            None => println!("    no subgroup operations"),
-        }
-    }
-    println!("cpu — burn's pure-Rust CPU backend (--device cpu), always available");
-    let hw = adapters
-        .iter()
-        .find(|a| !a.is_software())
-        .map(|a| a.name.as_str());
-    for preset in ["lecture17", "transformer-sort"] {
-        let config = RunConfig::preset(preset).map_err(user)?;
-        let (choice, why) = grpo_lab::engine::auto_device(&config, hw);
-        println!(
-            "--device auto picks for {preset}: {} ({why})",
-            choice.name()
-        );
     }
     Ok(())
 }
@@ -1492,8 +1300,22 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", chain_text(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes, each said once: errors that print their cause in their own text
+/// (`{path}: {source}`) are not followed by it again.
+fn chain_text(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !text.contains(&c) {
+            text.push_str(": ");
+            text.push_str(&c);
+        }
+    }
+    text
 }

@@ -2,7 +2,7 @@
 //! each panel after a short deterministic run, and interaction tests.
 
 use egui_kittest::Harness;
-use egui_kittest::kittest::Queryable;
+use egui_kittest::kittest::{NodeT, Queryable};
 use grpo_lab::app::{AppOptions, GrpoApp, Tab, tour};
 use grpo_lab::config::{AdvantageMode, DeviceChoice, RunConfig};
 use grpo_lab::objective::explain::Quantity;
@@ -725,10 +725,8 @@ fn a_step_taken_while_paused_is_drawn_without_input() {
     );
 }
 
-/// A group size of 0 typed into its field is refused there with the reason (the field's
-/// range clamped typed text: 0 silently became 1).
-#[test]
-fn a_typed_group_size_of_0_is_refused_at_its_field() {
+/// The app with `text` typed into the G field and Enter pressed.
+fn typed_into_g(text: &str) -> Harness<'static, GrpoApp> {
     let mut h = harness(short_config());
     h.run();
     // The field (labelled by its label: the node with a value), clicked: it edits as text,
@@ -745,10 +743,19 @@ fn a_typed_group_size_of_0_is_refused_at_its_field() {
     h.get_all_by_label("G (group size)")
         .next()
         .unwrap()
-        .type_text("0");
+        .type_text(text);
     h.run();
     h.key_press(egui::Key::Enter);
     h.run();
+    h.run();
+    h
+}
+
+/// A group size of 0 typed into its field is refused there with the reason (the field's
+/// range clamped typed text: 0 silently became 1).
+#[test]
+fn a_typed_group_size_of_0_is_refused_at_its_field() {
+    let h = typed_into_g("0");
     assert_eq!(h.state().draft.algorithm.num_generations, 0);
     assert_eq!(
         h.state().field_error.as_ref().map(|e| e.0.as_str()),
@@ -767,6 +774,35 @@ fn a_typed_group_size_of_0_is_refused_at_its_field() {
             .num_generations,
         10,
         "the trainer keeps its config"
+    );
+}
+
+/// A negative whole number typed where the draft holds an unsigned one (G = −3) is refused at
+/// its field, naming the key and the range, and nothing applies (it reverted without a word).
+#[test]
+fn a_typed_negative_group_size_is_refused_at_its_field() {
+    let h = typed_into_g("-3");
+    assert_eq!(h.state().draft.algorithm.num_generations, 10);
+    assert_eq!(
+        h.state()
+            .config_panel
+            .typed_error
+            .as_ref()
+            .map(|e| e.0.as_str()),
+        Some("algorithm.num_generations")
+    );
+    let shown =
+        "✖ invalid value for `algorithm.num_generations`: -3 is out of range; allowed 1..=4096";
+    assert!(h.query_by_label_contains(shown).is_some(), "{shown}");
+    assert!(
+        h.query_by_label_contains("Not applied: invalid value")
+            .is_some()
+    );
+    assert!(
+        h.get_by_label("Reset with this config")
+            .accesskit_node()
+            .is_disabled(),
+        "nothing applies while the field is refused"
     );
 }
 

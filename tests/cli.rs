@@ -32,6 +32,13 @@ fn spawn_train(args: &[&str], dir: &str) -> (std::process::Child, impl Fn(&std::
     (child, int)
 }
 
+/// `grpo-lab train --quiet --device cpu` with `extra`.
+fn train_cpu(extra: &[&str]) -> std::process::Output {
+    let mut a = vec!["train", "--quiet", "--device", "cpu"];
+    a.extend_from_slice(extra);
+    grpo_lab(&a)
+}
+
 fn stdout(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -472,6 +479,54 @@ fn ctrl_c_flushes_metrics_and_writes_a_checkpoint() {
     }
 }
 
+/// Ctrl-C during the last iteration: the iteration finishes, and so has the run — completed,
+/// exit 0, its every step and its last checkpoint written (not "interrupted", exit 130).
+#[test]
+fn ctrl_c_in_the_last_iteration_completes_the_run() {
+    let out = temp_dir("cli-sig-last");
+    let dir = out.to_str().unwrap();
+    // One iteration of 1 000 steps over groups of 4 096: the signal comes inside it.
+    let (child, int) = spawn_train(
+        &[
+            "--preset",
+            "lecture17",
+            "--set",
+            "run.iterations=1",
+            "--set",
+            "algorithm.mu=1000",
+            "--set",
+            "algorithm.num_generations=4096",
+        ],
+        dir,
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::fs::metadata(out.join("metrics.jsonl")).map_or(true, |m| m.len() == 0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    int(&child);
+    let o = child.wait_with_output().unwrap();
+    assert!(
+        stderr(&o).contains("finishing this iteration"),
+        "the signal came after the run: {}",
+        stderr(&o)
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["status"], "completed");
+    let lines = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .count();
+    assert_eq!(lines, 1000);
+    let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
+    assert_eq!(latest.trim(), "iter-000001");
+}
+
 /// The cold start is one engine call that no step boundary interrupts: a second Ctrl-C there
 /// ends the process at once (exit 130), with the initial checkpoint and no metrics, which a
 /// resume redoes.
@@ -524,6 +579,21 @@ fn devices_lists_adapters() {
         "noisy probing: {}",
         stderr(&o)
     );
+    // --json: the adapters, and auto's pick for each model's preset with the line's reason.
+    let o = grpo_lab(&["devices", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(v["adapters"].is_array(), "{v}");
+    let text = stdout(&grpo_lab(&["devices"]));
+    for preset in ["lecture17", "transformer-sort"] {
+        let (device, why) = (&v["auto"][preset]["device"], &v["auto"][preset]["why"]);
+        let line = format!(
+            "picks for {preset}: {} ({})",
+            device.as_str().unwrap(),
+            why.as_str().unwrap()
+        );
+        assert!(text.contains(&line), "{line} not in {text}");
+    }
 }
 
 /// `bench` on lecture17, the CPU, two iterations.
@@ -770,11 +840,7 @@ fn no_adapter_falls_back_to_the_cpu_backend_with_one_line() {
 fn resume_takes_only_what_keeps_it_the_same_run() {
     let out = temp_dir("cli-resume-flags");
     let dir = out.to_str().unwrap();
-    let train = |extra: &[&str]| {
-        let mut a = vec!["train", "--quiet", "--device", "cpu"];
-        a.extend_from_slice(extra);
-        grpo_lab(&a)
-    };
+    let train = train_cpu;
     let o = train(&[
         "--preset",
         "lecture17",
@@ -844,6 +910,12 @@ fn resume_takes_only_what_keeps_it_the_same_run() {
         let o = train(&a);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
         assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+        // Refused before the run's banner: nothing was set up.
+        assert!(
+            !stderr(&o).contains(" steps → "),
+            "{args:?}: {}",
+            stderr(&o)
+        );
     }
     assert!(!other.join("config.toml").exists());
     assert_eq!(
@@ -860,6 +932,42 @@ fn resume_takes_only_what_keeps_it_the_same_run() {
     let o = train(&["--resume", dir]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("optimizer.lr"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains(" steps → "), "{}", stderr(&o));
+}
+
+/// A resume says where it goes on from, and how many records logged past that checkpoint it
+/// redoes (they were dropped without a word).
+#[test]
+fn resume_says_where_it_goes_on_and_what_it_redoes() {
+    let out = temp_dir("cli-resume-says");
+    let dir = out.to_str().unwrap();
+    let run = train_cpu;
+    let o = run(&[
+        "--preset",
+        "lecture17",
+        "--set",
+        "run.iterations=3",
+        "--set",
+        "run.checkpoint_every=1",
+        "--out",
+        dir,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::remove_dir_all(out.join("checkpoints/iter-000003")).unwrap();
+    let o = run(&["--resume", dir]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "resuming after iteration 2 (step 20); the 10 records logged after that checkpoint are redone"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    let lines = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .count();
+    assert_eq!(lines, 30);
 }
 
 /// `--set run.engine=…` on `--resume`, like `--device`, moves a run to another engine that
@@ -1087,6 +1195,75 @@ fn absurd_sizes_are_refused_by_their_memory_estimate() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("run.max_memory_mib"), "{}", stderr(&o));
+}
+
+/// What the engine cannot run on the device, and an `--out` that cannot be a directory, are
+/// refused with exit 2 before the run says anything or writes a file, by `--dry-run` as by the
+/// run; `--dry-run` names the engine that would run.
+#[test]
+fn refusals_come_before_the_run_starts() {
+    // What the engine cannot run on the device is refused by --dry-run as by the run: exit 2,
+    // before the run says anything or writes a file (the run exited 1 after its start line).
+    let engine_out = temp_dir("cli-engine-refused");
+    let engine_dir = engine_out.to_str().unwrap();
+    for (args, why) in [
+        (
+            &["--device", "cpu", "--set", "run.engine=wgsl"][..],
+            "needs a wgpu device",
+        ),
+        (
+            &[
+                "--device",
+                "software",
+                "--set",
+                "run.engine=wgsl",
+                "--set",
+                "algorithm.loss=gmpo",
+            ][..],
+            "does not cover this config",
+        ),
+    ] {
+        for dry in [true, false] {
+            let mut a = vec!["train", "--preset", "lecture17", "--out", engine_dir];
+            a.extend(args);
+            if dry {
+                a.push("--dry-run");
+            }
+            let o = grpo_lab(&a);
+            assert_eq!(o.status.code(), Some(2), "{a:?}: {}", stderr(&o));
+            assert!(stderr(&o).contains(why), "{a:?}: {}", stderr(&o));
+            assert!(!stderr(&o).contains(" steps → "), "{a:?}: {}", stderr(&o));
+            assert!(!engine_out.join("config.toml").exists(), "{a:?}");
+        }
+    }
+    // An --out that cannot be a directory is the user's to change (exit 2, --out named), its
+    // OS error said once (it was printed twice, exit 1).
+    let file = engine_out.join("a-file");
+    std::fs::create_dir_all(&engine_out).unwrap();
+    std::fs::write(&file, "hi").unwrap();
+    let o = grpo_lab(&[
+        "train",
+        "--preset",
+        "lecture17",
+        "--out",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--out"), "{}", stderr(&o));
+    assert_eq!(stderr(&o).matches("os error").count(), 1, "{}", stderr(&o));
+    let o = grpo_lab(&[
+        "train",
+        "--preset",
+        "lecture17",
+        "--device",
+        "cpu",
+        "--dry-run",
+    ]);
+    assert!(
+        stderr(&o).contains("engine: fused CPU lecture step"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// The gradient lab as the issue asks for it: `--json` with `"exact": true` on lecture17,

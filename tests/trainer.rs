@@ -190,7 +190,16 @@ fn diverging_run_stops_and_keeps_metrics_and_checkpoint() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("step 1"), "{e}");
-    assert!(dir.join("metrics.jsonl").exists());
+    // The diverged step's record is logged, its loss null: what blew up shows.
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    assert_eq!(lines[0]["step"], 1);
+    assert!(lines[0]["loss"].is_null(), "{}", lines[0]);
+    assert!(lines[0]["reward/mean"].is_number(), "{}", lines[0]);
     assert!(dir.join("checkpoints/latest").exists());
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
@@ -596,4 +605,104 @@ fn run_iteration_and_single_steps_give_the_same_records() {
         assert_eq!(iterated.len(), config.total_steps(), "fused_step = {fused}");
         assert_eq!(iterated, stepped, "fused_step = {fused}");
     }
+}
+
+/// `metrics.csv` of the run in `dir` against its `metrics.jsonl`, cell for cell: every scalar
+/// key of the JSONL is a column (`step_in_iteration` too), a number equals the JSONL's as an
+/// `f32`, and a cell is empty exactly where the JSONL has `null` or leaves the key out.
+/// Returns the CSV's rows without its wall-clock columns.
+fn csv_checked_against_jsonl(dir: &std::path::Path) -> Vec<Vec<String>> {
+    let csv = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    let jsonl = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let records: Vec<serde_json::Value> = jsonl
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), records.len());
+    for (i, (row, record)) in rows.iter().zip(&records).enumerate() {
+        assert_eq!(row.len(), header.len(), "row {i}");
+        let record = record.as_object().unwrap();
+        for (key, value) in record {
+            if !value.is_array() && !value.is_object() {
+                assert!(header.contains(&key.as_str()), "{key} is not in the CSV");
+            }
+        }
+        for (name, cell) in header.iter().zip(row) {
+            match record.get(*name) {
+                None | Some(serde_json::Value::Null) => {
+                    assert_eq!(*cell, "", "row {i} {name}: null in the JSONL")
+                }
+                Some(v) => {
+                    let want = v.as_f64().unwrap() as f32;
+                    let got: f32 = cell
+                        .parse()
+                        .unwrap_or_else(|e| panic!("row {i} {name}: {cell:?}: {e}"));
+                    assert_eq!(got, want, "row {i} {name}");
+                }
+            }
+        }
+    }
+    let timing = |name: &&str| matches!(*name, "step_time_secs" | "tokens_per_second");
+    rows.iter()
+        .map(|row| {
+            header
+                .iter()
+                .zip(row)
+                .filter(|(n, _)| !timing(n))
+                .map(|(_, c)| c.to_string())
+                .collect()
+        })
+        .collect()
+}
+
+/// A lecture17 run logs values that were not measured (no correct answer yet, no critic,
+/// pass@k on its eval iterations only, a replay buffer's): `metrics.csv` leaves them empty as
+/// the JSONL writes them `null`, in every column alike, and carries `step_in_iteration`. A
+/// resumed run rebuilds its CSV from the JSONL: the same CSV as the uninterrupted run's.
+#[test]
+fn metrics_csv_says_what_the_jsonl_says_cell_for_cell() {
+    let mut config = short_lecture(6);
+    config.algorithm.replay_buffer = 4;
+    config.run.eval_every = 4;
+    config.run.checkpoint_every = 3;
+    let full = temp_dir("csv-full");
+    run_to(config.clone(), Compute::cpu(), &full);
+    let want = csv_checked_against_jsonl(&full);
+    let csv = std::fs::read_to_string(full.join("metrics.csv")).unwrap();
+    assert!(
+        csv.starts_with("iteration,step,step_in_iteration,"),
+        "{csv}"
+    );
+    assert!(!csv.contains("NaN"), "{csv}");
+    // Both kinds of missing value occur, and so the check above covered them.
+    let jsonl = std::fs::read_to_string(full.join("metrics.jsonl")).unwrap();
+    assert!(jsonl.contains("\"completions/mean_length_correct\":null"));
+    assert!(jsonl.contains("\"replay/size\""));
+    assert!(!jsonl.lines().all(|l| l.contains("\"eval/pass@1\"")));
+
+    let part = temp_dir("csv-part");
+    let mut short = config.clone();
+    short.run.iterations = 3;
+    run_to(short, Compute::cpu(), &part);
+    std::fs::write(part.join("config.toml"), config.to_toml()).unwrap();
+    resume_in(&config, Compute::cpu(), &part).unwrap();
+    assert_eq!(csv_checked_against_jsonl(&part), want);
+
+    // A diverged run's values that are really not finite: empty cells as well.
+    let diverged = temp_dir("csv-diverged");
+    let mut config = short_lecture(3);
+    config.model.init_scale = 1e30;
+    train::run(
+        config,
+        Compute::cpu(),
+        RunOptions {
+            out: diverged.clone(),
+            ..Default::default()
+        },
+    )
+    .unwrap_err();
+    csv_checked_against_jsonl(&diverged);
 }

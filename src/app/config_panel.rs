@@ -22,6 +22,9 @@ pub struct ConfigPanel {
     cached: Option<(RunConfig, toml::Table)>,
     /// The sections matching the search, for the search they match (it changes on typing).
     found: Option<(String, Vec<Section>)>,
+    /// A typed value the draft cannot hold (a negative whole number where the field is
+    /// unsigned): its key and the refusal, shown at the field until the field reads again.
+    pub typed_error: Option<(String, String)>,
 }
 
 /// A section's name and its fields (those matching the search).
@@ -156,7 +159,8 @@ pub fn fields_ui(
     if found.is_empty() {
         ui.label(RichText::new("no key matches").weak());
     }
-    let mut changed = false;
+    let mut changed = None;
+    let shown = panel.typed_error.clone().or_else(|| error.clone());
     for (section, fields) in found.iter().map(|(s, f)| (*s, f)) {
         let header =
             egui::CollapsingHeader::new(format!("{} ({})", section_title(section), fields.len()))
@@ -168,14 +172,39 @@ pub fn fields_ui(
         };
         header.show(ui, |ui| {
             for f in fields {
-                changed |= field_row(ui, table, f, draft, error, &mut panel.row_h);
+                if field_row(ui, table, f, draft, &shown, &mut panel.row_h) {
+                    changed = Some(*f);
+                }
             }
         });
     }
-    // Not `from_table`: it validates, and an invalid draft must reach the panel to be shown
-    // at its field.
-    if changed && let Ok(c) = toml::Value::Table(table.clone()).try_into::<RunConfig>() {
-        *draft = c;
+    if let Some(f) = changed {
+        panel.typed_error = read_back(table, f, draft).err();
+    }
+}
+
+/// The edited table into the draft. Not `from_table`: it validates, and an invalid draft must
+/// reach the panel to be shown at its field. A value the draft's type cannot hold (a negative
+/// G) is refused here, at field `f`, the one edited.
+fn read_back(
+    table: &toml::Table,
+    f: &Field,
+    draft: &mut RunConfig,
+) -> Result<(), (String, String)> {
+    match toml::Value::Table(table.clone()).try_into::<RunConfig>() {
+        Ok(c) => {
+            *draft = c;
+            Ok(())
+        }
+        Err(_) => {
+            let value = get(table, f.key).map_or(String::new(), |v| v.to_string());
+            let why = format!(
+                "invalid value for `{}`: {value} is out of range; allowed {}",
+                f.key,
+                f.allowed()
+            );
+            Err((f.key.to_string(), why))
+        }
     }
 }
 

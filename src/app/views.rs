@@ -43,7 +43,9 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     // Validate the draft: a bad value is refused at its field, and the trainer keeps running.
     app.revalidate();
     ui.separator();
-    let valid = app.field_error.is_none();
+    let refusal = app.config_panel.typed_error.clone();
+    let refusal = refusal.or_else(|| app.field_error.clone());
+    let valid = refusal.is_none();
     let needs_reset = app.needs_reset();
     ui.horizontal(|ui| {
         if ui
@@ -65,7 +67,7 @@ pub fn config_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
     if needs_reset {
         ui.label(RichText::new("Task, model, seed or device changed: needs a reset").italics());
     }
-    if let Some((_, msg)) = &app.field_error {
+    if let Some((_, msg)) = &refusal {
         ui.label(
             RichText::new(format!("Not applied: {msg}"))
                 .color(ERROR)

@@ -595,8 +595,10 @@ pub fn kind_for(config: &RunConfig, compute: &Compute) -> EngineKind {
     }
 }
 
-/// Build the engine for a config.
-pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + Send>, EngineError> {
+/// Whether `config` can run on `compute` at all: the kernels or the engine it asks for need a
+/// wgpu device, or the WGSL engine it asks for does not cover it. The CLI asks before its run
+/// (and `--dry-run`) says anything; [`build`] asks again.
+pub fn check(config: &RunConfig, compute: &Compute) -> Result<(), EngineError> {
     if config.run.kernels == crate::config::KernelChoice::Gpu && compute.gpu.is_none() {
         return Err(EngineError::KernelsNeedWgpu(compute.label.clone()));
     }
@@ -619,6 +621,12 @@ pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + S
             )));
         }
     }
+    Ok(())
+}
+
+/// Build the engine for a config.
+pub fn build(config: &RunConfig, compute: &Compute) -> Result<Box<dyn Engine + Send>, EngineError> {
+    check(config, compute)?;
     Ok(match kind_for(config, compute) {
         EngineKind::Wgsl => {
             let gpu = compute.gpu.clone().expect("kind_for: a wgpu device");

@@ -103,14 +103,17 @@ pub fn run_matrix(
         computes.push(compute);
     }
     let total_steps: u64 = todo.iter().map(|(c, _, _)| c.total_steps() as u64).sum();
+    // Counted in steps, as each run makes them (counted in runs, a matrix of long runs sat
+    // at 0/N for hours).
     let bar = train::run::Progress::new(
         opts.progress,
-        todo.len() as u64,
-        "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} runs (eta {eta}) {msg}",
+        total_steps,
+        "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps (eta {eta}) {msg}",
     );
-    bar.set_message(|| format!("{total_steps} steps, {skipped} runs already done"));
+    let runs = todo.len();
+    bar.set_message(|| format!("0 of {runs} runs done, {skipped} done before"));
     // The runs that reached their end (a Ctrl-C leaves the rest for the next call).
-    let ran = run_all(&todo, &computes, opts.jobs, &bar)?;
+    let ran = run_all(&todo, &computes, opts.jobs, &bar, skipped)?;
     bar.finish_and_clear();
     summarise(matrix, &cells, opts).map(|(cells, summary_md, charts)| CompareOutcome {
         cells,
@@ -172,16 +175,24 @@ fn run_all(
     computes: &[crate::gpu::Compute],
     jobs: usize,
     bar: &train::run::Progress,
+    skipped: usize,
 ) -> Result<usize, ExperimentError> {
-    let next = AtomicUsize::new(0);
-    let finished = AtomicUsize::new(0);
-    let errors: Mutex<Vec<ExperimentError>> = Mutex::new(Vec::new());
+    let (next, finished) = (&AtomicUsize::new(0), &AtomicUsize::new(0));
+    let errors: &Mutex<Vec<ExperimentError>> = &Mutex::new(Vec::new());
     let jobs = jobs.max(1).min(todo.len().max(1));
     // Cells in parallel share the cores: `run.threads = 0` becomes each one's share.
     let share = (crate::engine::cores::available() / jobs).max(1);
+    // Every run's records, to move the bar step by step.
+    let (steps, records) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
+        s.spawn(move || {
+            records
+                .iter()
+                .for_each(|_: crate::metrics::StepRecord| bar.inc(1))
+        });
         for _ in 0..jobs {
-            s.spawn(|| {
+            let steps = steps.clone();
+            s.spawn(move || {
                 loop {
                     let i = next.fetch_add(1, Ordering::SeqCst);
                     let Some((config, dir, resume)) = todo.get(i) else {
@@ -202,7 +213,7 @@ fn run_all(
                             resume: *resume,
                             force: false,
                             progress: false,
-                            sender: None,
+                            sender: Some(steps.clone()),
                             charts: false,
                             lock: None,
                         },
@@ -214,8 +225,11 @@ fn run_all(
                         | Err(train::RunError::Train(crate::grpo::TrainError::NonFinite {
                             ..
                         })) => {
-                            finished.fetch_add(1, Ordering::SeqCst);
-                            bar.inc(1)
+                            let done = finished.fetch_add(1, Ordering::SeqCst) + 1;
+                            let runs = todo.len();
+                            bar.set_message(|| {
+                                format!("{done} of {runs} runs done, {skipped} done before")
+                            });
                         }
                         // A cell another process writes: the user's error, as for `--out`.
                         Err(train::RunError::Lock(e)) => errors
@@ -232,14 +246,14 @@ fn run_all(
                 }
             });
         }
+        // The workers hold the senders now: the counter ends with the last of them.
+        drop(steps);
     });
-    match errors
-        .into_inner()
-        .unwrap_or_else(|e| e.into_inner())
+    match std::mem::take(&mut *errors.lock().unwrap_or_else(|e| e.into_inner()))
         .into_iter()
         .next()
     {
         Some(e) => Err(e),
-        None => Ok(finished.into_inner()),
+        None => Ok(finished.load(Ordering::SeqCst)),
     }
 }

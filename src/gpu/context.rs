@@ -19,11 +19,11 @@ const LAVAPIPE_HINT: &str = "install Mesa's software Vulkan driver (lavapipe): a
 #[derive(Debug, Error, Clone)]
 pub enum DeviceError {
     #[error(
-        "--device gpu: no hardware GPU adapter found (adapters seen: {seen}); use --device software or --device cpu"
+        "--device gpu (or run.device = gpu): no hardware GPU adapter found (adapters seen: {seen}); use --device software or --device cpu"
     )]
     NoGpu { seen: String },
     #[error(
-        "--device software: no CPU (software) adapter such as lavapipe found (adapters seen: {seen}); {hint}"
+        "--device software (or run.device = software): no CPU (software) adapter such as lavapipe found (adapters seen: {seen}); {hint}"
     )]
     NoSoftware { seen: String, hint: &'static str },
     #[error("could not open the wgpu device on {adapter}: {reason}")]

@@ -708,7 +708,8 @@ impl Trainer {
         self.timings.step += step_started.elapsed().as_secs_f64();
         let sc = out.scalars;
         let step = self.global_step + 1;
-        finite(&sc, step, self.iteration)?;
+        // A diverged step still makes its record (the error carries it, to be logged).
+        let diverged = finite(&sc, step, self.iteration).err();
         self.entropy_control.update(sc.entropy as f64, a);
         let part_rows = part.map(|p| p.rows);
         let frozen = self.frozen.as_mut().expect("rolled out above");
@@ -736,6 +737,9 @@ impl Trainer {
         if a.entropy_bonus() {
             record.entropy_coef = Some(self.entropy_control.coef as f32);
         }
+        if let Some(e) = diverged {
+            return Err(with_record(e, record));
+        }
         self.advance(step);
         Ok(record)
     }
@@ -751,6 +755,24 @@ impl Trainer {
             self.pending.clear();
             self.engine.end_iteration();
         }
+    }
+}
+
+/// A diverged step's error, carrying the step's record (the run logs it).
+fn with_record(e: TrainError, record: crate::metrics::StepRecord) -> TrainError {
+    match e {
+        TrainError::NonFinite {
+            step,
+            iteration,
+            value,
+            ..
+        } => TrainError::NonFinite {
+            step,
+            iteration,
+            value,
+            record: Some(Box::new(record)),
+        },
+        e => e,
     }
 }
 
@@ -772,6 +794,7 @@ fn finite(
         step,
         iteration,
         value,
+        record: None,
     })
 }
 

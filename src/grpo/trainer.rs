@@ -29,6 +29,10 @@ pub enum TrainError {
         step: usize,
         iteration: usize,
         value: f32,
+        /// The diverged step's record (its rollout's figures, the loss and norm that went
+        /// non-finite): the run logs it, so what blew up first can be seen. None in the cold
+        /// start.
+        record: Option<Box<crate::metrics::StepRecord>>,
     },
     #[error(transparent)]
     Engine(#[from] EngineError),
@@ -440,6 +444,7 @@ impl Trainer {
                 step: 0,
                 iteration: 0,
                 value: last_loss,
+                record: None,
             });
         }
         Ok(last_loss)

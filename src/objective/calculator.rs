@@ -15,9 +15,10 @@ pub struct TokenRow {
     pub dlogp: f32,
     /// The ratio the token's term uses (the response's at the sequence level).
     pub ratio: f32,
-    /// The policy-gradient term `ℓ_t` and the KL estimate `KL_t`.
+    /// The policy-gradient term `ℓ_t`.
     pub loss_term: f32,
-    pub kl: f32,
+    /// The KL estimate `KL_t` against π_ref (`None`, JSON null, without `--ref-logp`).
+    pub kl: Option<f32>,
     /// The aggregation's weight of the token.
     pub weight: f32,
     /// The mismatch lab's weight `ω_t` on `ℓ_t` (1 without `algorithm.is_correction`).
@@ -78,7 +79,16 @@ pub fn calculate(
         ));
     }
     let refl = ref_logp.unwrap_or(old_logp);
-    let (mask, advantages) = (vec![1.0; n], [adv]);
+    // The sign's weights (NSR/PSR: algorithm.negative_weight, positive_weight) scale the
+    // advantage as the trainer does, after its estimator.
+    let mut advantages = [adv];
+    let a = &config.algorithm;
+    super::advantage::weight_by_sign(
+        &mut advantages,
+        a.positive_weight as f32,
+        a.negative_weight as f32,
+    );
+    let mask = vec![1.0; n];
     let x = TokenInputs {
         logp,
         old_logp,
@@ -109,11 +119,25 @@ pub fn calculate(
             dlogp: t.dlogp[i],
             ratio: ratio[i],
             loss_term: t.term[i],
-            kl: t.kl_tokens[i],
+            kl: ref_logp.map(|_| t.kl_tokens[i]),
             weight: t.weight[i],
             is_weight: t.is_weight.get(i).copied().unwrap_or(1.0),
         })
-        .collect();
+        .collect::<Vec<TokenRow>>();
+    // f32, as the engines compute: a ratio e^{log π − log π_old} past ~3.4e38 is infinite.
+    let bad = tokens.iter().position(|r| {
+        ![r.objective, r.dlogp, r.ratio]
+            .iter()
+            .all(|v| v.is_finite())
+    });
+    if let Some(i) = bad.or((!t.loss.is_finite()).then_some(0)) {
+        return Err(CalcError::Input(format!(
+            "token {i}: the objective is not finite in f32 (ratio {}, ∂L/∂log π {}; log π − log π_old = {}): allowed log-ratios whose exponential f32 holds (below ~88), as the engines compute in f32 too",
+            tokens[i].ratio,
+            tokens[i].dlogp,
+            logp[i] - old_logp[i]
+        )));
+    }
     Ok(Calculation {
         tokens,
         loss: t.loss,
@@ -193,6 +217,12 @@ impl Calculation {
             a.epsilon_high,
             a.beta
         );
+        if a.positive_weight != 1.0 || a.negative_weight != 1.0 {
+            out += &format!(
+                "advantage weighted by its sign: × {} where A > 0, × {} where A < 0\n",
+                a.positive_weight, a.negative_weight
+            );
+        }
         let corrected = a.is_correction != crate::config::IsCorrection::None;
         if corrected {
             out += &format!(
@@ -307,5 +337,26 @@ mod tests {
             got.tokens.iter().all(|t| t.objective.is_finite()),
             "{got:?}"
         );
+        // Far above π_old the ratio overflows f32: refused, naming the token (it printed inf).
+        let c = config(&["algorithm.loss=unclipped"]);
+        let e = calculate(&c, &[-1.0, -1.0], &[-1.0, -1000.0], None, None, 1.0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("token 1") && e.contains("not finite"), "{e}");
+    }
+
+    /// The sign's weights scale the advantage as in training (they were ignored); without
+    /// π_ref there is no KL to report (it was k3 against π_old).
+    #[test]
+    fn sign_weights_apply_and_no_kl_without_a_reference() {
+        let plain = calculate(&config(&[]), &[-1.0], &[-1.0], None, None, 1.0).unwrap();
+        let c = config(&["algorithm.positive_weight=0.5"]);
+        let half = calculate(&c, &[-1.0], &[-1.0], None, None, 1.0).unwrap();
+        assert!((half.tokens[0].dlogp - plain.tokens[0].dlogp / 2.0).abs() < 1e-7);
+        let negative = calculate(&c, &[-1.0], &[-1.0], None, None, -1.0).unwrap();
+        assert!((negative.tokens[0].dlogp + plain.tokens[0].dlogp).abs() < 1e-7);
+        assert_eq!(plain.tokens[0].kl, None);
+        let with_ref = calculate(&c, &[-1.0], &[-1.0], Some(&[-2.0]), None, 1.0).unwrap();
+        assert!(with_ref.tokens[0].kl.is_some_and(|k| k > 0.0));
     }
 }

@@ -154,6 +154,11 @@ pub fn verify(dir: &Path) -> Result<(), CheckpointError> {
     read_verified(dir).map(|_| ())
 }
 
+/// The trainer's state in a complete, unaltered checkpoint.
+pub fn state_of(dir: &Path) -> Result<TrainerState, CheckpointError> {
+    read_verified(dir).map(|(state, _)| state)
+}
+
 /// Restore what `save` wrote; the run then continues bit-identically.
 pub fn load(trainer: &mut Trainer, dir: &Path) -> Result<(), TrainError> {
     let (state, blobs) = read_verified(dir).map_err(|e| err(dir, e))?;

@@ -6,6 +6,6 @@ pub mod run;
 
 pub use lock::{LockError, RunLock};
 pub use run::{
-    RunError, RunOptions, RunOutcome, install_interrupt_handler, interrupted, mark_complete,
-    read_metrics, run,
+    RunError, RunOptions, RunOutcome, check_resume, install_interrupt_handler, interrupted,
+    mark_complete, read_metrics, run,
 };

@@ -140,7 +140,9 @@ pub fn install_interrupt_handler() {
             let _ = ctrlc::set_handler(|| {
                 let n = INTERRUPTS.fetch_add(1, Ordering::SeqCst) + 1;
                 if n == 1 {
-                    eprintln!("\ngrpo-lab: interrupted; finishing this iteration and writing a checkpoint (Ctrl-C again to stop now)");
+                    // Off the terminal's `^C` and the bar's line; a log gets no blank line.
+                    let fresh_line = if std::io::IsTerminal::is_terminal(&std::io::stderr()) { "\n" } else { "" };
+                    eprintln!("{fresh_line}grpo-lab: interrupted; finishing this iteration and writing a checkpoint (Ctrl-C again to stop now)");
                 } else if IN_COLD_START.load(Ordering::SeqCst) > 0
                     && IN_COLD_START.load(Ordering::SeqCst) == RUNS.load(Ordering::SeqCst)
                 {
@@ -227,6 +229,84 @@ impl Progress {
     pub(crate) fn finish_and_clear(&self) {
         #[cfg(feature = "native")]
         self.bar.finish_and_clear();
+    }
+
+    /// Redraw a few times a second on its own (the spinner and the elapsed time move) through
+    /// long work that makes no step, e.g. a cold start that is one engine call.
+    pub(crate) fn tick_steadily(&self, _on: bool) {
+        #[cfg(feature = "native")]
+        if _on {
+            self.bar
+                .enable_steady_tick(std::time::Duration::from_millis(250));
+        } else {
+            self.bar.disable_steady_tick();
+        }
+    }
+}
+
+/// Where stderr is not a terminal (a log file, a pipe, a batch job) the bar draws nothing: a
+/// run says how it stands in plain lines instead, at most every `every` seconds and at its end.
+struct LogLines {
+    on: bool,
+    every: f64,
+    last: Option<Instant>,
+}
+
+impl LogLines {
+    fn new(progress: bool) -> Self {
+        #[cfg(feature = "native")]
+        let on = progress && !std::io::IsTerminal::is_terminal(&std::io::stderr());
+        #[cfg(not(feature = "native"))]
+        let on = {
+            let _ = progress;
+            false
+        };
+        Self {
+            on,
+            every: 10.0,
+            last: None,
+        }
+    }
+
+    /// The cold start is one engine call that makes no step: said, and the bar kept moving.
+    fn cold_start(&self, bar: &Progress, config: &RunConfig) {
+        let what = format!("cold start: {} supervised steps", config.sft.steps);
+        if self.on {
+            eprintln!("grpo-lab: {what}");
+        }
+        bar.set_message(|| what);
+        bar.tick_steadily(true);
+    }
+
+    /// A line for an iteration that ended (always the run's last; otherwise when due).
+    fn iteration(
+        &mut self,
+        trainer: &Trainer,
+        config: &RunConfig,
+        last: Option<&StepRecord>,
+        started: Instant,
+    ) {
+        let due = self
+            .last
+            .is_none_or(|t| t.elapsed().as_secs_f64() >= self.every);
+        if !self.on || !(due || trainer.is_done()) {
+            return;
+        }
+        self.last = Some(Instant::now());
+        let figures = last.map_or(String::new(), |r| {
+            format!(
+                " · reward {:.3} · accuracy {:.2}",
+                r.reward_mean, r.accuracy_train
+            )
+        });
+        eprintln!(
+            "grpo-lab: iteration {}/{} · step {}/{}{figures} · {:.0} s",
+            trainer.iteration(),
+            config.run.iterations,
+            trainer.global_step(),
+            config.total_steps(),
+            started.elapsed().as_secs_f64()
+        );
     }
 }
 
@@ -360,12 +440,13 @@ pub fn for_each_metric(path: &Path, mut f: impl FnMut(StepRecord)) -> std::io::R
 /// Check `metrics.jsonl` against a checkpoint taken before iteration `iteration` (after
 /// `steps` optimizer steps), streaming: the records before it must be exactly steps 1..=steps,
 /// in order; a last line cut short is dropped with a warning. Returns the byte length of the
-/// part to keep (the rest is redone) and its last record.
+/// part to keep (the rest is redone), its last record, and how many whole records past it the
+/// resume drops (to be redone).
 fn reconcile_metrics(
     path: &Path,
     iteration: usize,
     steps: usize,
-) -> Result<(u64, Option<StepRecord>), RunError> {
+) -> Result<(u64, Option<StepRecord>, usize), RunError> {
     use std::io::BufRead;
     let gap = |detail: String| RunError::MetricsGap {
         path: path.to_path_buf(),
@@ -373,7 +454,7 @@ fn reconcile_metrics(
     };
     let file = match File::open(path) {
         Ok(f) => f,
-        Err(_) if steps == 0 => return Ok((0, None)),
+        Err(_) if steps == 0 => return Ok((0, None, 0)),
         Err(e) => return Err(gap(format!("missing step 1..={steps} ({e})"))),
     };
     let mut reader = std::io::BufReader::new(file);
@@ -407,7 +488,19 @@ fn reconcile_metrics(
             }
         };
         if r.iteration >= iteration {
-            break;
+            // This record and every whole one after it belong to iterations redone.
+            let mut dropped = 1;
+            loop {
+                line.clear();
+                if reader.read_line(&mut line).map_err(io(path))? == 0 {
+                    break;
+                }
+                dropped += usize::from(line.ends_with('\n'));
+            }
+            if seen != steps {
+                return Err(gap(format!("missing step {}", seen + 1)));
+            }
+            return Ok((offset, last, dropped));
         }
         if r.step != seen + 1 {
             return Err(gap(if r.step > seen + 1 {
@@ -423,7 +516,7 @@ fn reconcile_metrics(
     if seen != steps {
         return Err(gap(format!("missing step {}", seen + 1)));
     }
-    Ok((offset, last))
+    Ok((offset, last, 0))
 }
 
 /// The iteration of the last record in `metrics.jsonl` that parses, read from the file's tail
@@ -552,6 +645,40 @@ pub fn read_metrics_decimated(
     Ok(t.kept)
 }
 
+/// What the trainer refuses on a resume, refused before anything runs or prints (the trainer
+/// would say it after the run's start line): fewer iterations than the run's newest complete
+/// checkpoint has done, or a config that differs from the one it was taken with (a hand-edited
+/// `config.toml`) in more than where it computes.
+pub fn check_resume(out: &Path, config: &RunConfig) -> Result<(), TrainError> {
+    let mut dirs: Vec<PathBuf> = fs::read_dir(out.join("checkpoints"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort_by_key(|p| std::cmp::Reverse(checkpoint_number(p)));
+    let Some(state) = dirs
+        .iter()
+        .find_map(|dir| super::checkpoint::state_of(dir).ok())
+    else {
+        return Ok(());
+    };
+    if config.run.iterations < state.iteration {
+        return Err(TrainError::ShorterThanCheckpoint {
+            asked: config.run.iterations,
+            done: state.iteration,
+        });
+    }
+    let recorded = state
+        .config_toml
+        .as_deref()
+        .and_then(|text| RunConfig::from_toml_str(text, "the checkpoint's config").ok());
+    match recorded.map(|r| r.changed_for_resume(config)) {
+        Some(changed) if !changed.is_empty() => Err(TrainError::ConfigChanged(changed.join(", "))),
+        _ => Ok(()),
+    }
+}
+
 /// The iteration a checkpoint directory `iter-N` belongs to (numbers past 999 999 sort right).
 fn checkpoint_number(dir: &Path) -> u64 {
     dir.file_name()
@@ -604,7 +731,7 @@ pub(crate) fn latest_checkpoint(out: &Path) -> Option<PathBuf> {
             Ok(()) => {
                 if i > 0 || named.is_none() {
                     eprintln!(
-                        "grpo-lab: resuming from {}, the newest checkpoint that verifies",
+                        "grpo-lab: taking {}, the newest checkpoint that verifies",
                         dir.display()
                     );
                 }
@@ -840,8 +967,23 @@ fn continue_from_checkpoint(
     }
     // Records past the checkpoint are redone, bit for bit; the ones before it must all be
     // there (a deleted or shortened file is refused, not continued with a hole).
-    let (keep, kept_last) =
+    let (keep, kept_last, dropped) =
         reconcile_metrics(&jsonl_path, trainer.iteration(), trainer.global_step())?;
+    if trainer.iteration() > 0 || dropped > 0 {
+        eprintln!(
+            "grpo-lab: resuming after iteration {} (step {}){}",
+            trainer.iteration(),
+            trainer.global_step(),
+            match dropped {
+                0 => String::new(),
+                n => format!(
+                    "; the {n} record{} logged after that checkpoint {} redone",
+                    if n == 1 { "" } else { "s" },
+                    if n == 1 { "is" } else { "are" }
+                ),
+            }
+        );
+    }
     // Extending the run (`--set run.iterations=N`), or where it now computes (`--device`,
     // `run.engine`, `run.threads`), is recorded once it is sure to go on.
     if RunConfig::from_file(&config_path)? != *config {
@@ -859,6 +1001,21 @@ struct Driven {
     status: String,
     last: Option<StepRecord>,
     failure: Option<TrainError>,
+}
+
+impl Driven {
+    /// The run stops on `e`; a diverged step's record is logged (which figure went
+    /// non-finite first shows).
+    fn fail(&mut self, mut e: TrainError, sinks: &mut Sinks) -> std::io::Result<()> {
+        if let TrainError::NonFinite { step, record, .. } = &mut e {
+            self.status = format!("diverged at step {step}");
+            if let Some(record) = record.take() {
+                sinks.write(&record)?;
+            }
+        }
+        self.failure = Some(e);
+        Ok(())
+    }
 }
 
 /// Step the trainer to the end (or to Ctrl-C, or to a non-finite loss), each record to the
@@ -895,6 +1052,7 @@ fn drive(
         write_checkpoint(trainer, out)?;
     }
     let mu = config.algorithm.steps_per_iteration();
+    let (mut lines, started) = (LogLines::new(progress), Instant::now());
     while !trainer.is_done() {
         // One iteration, each record to the sinks as its step ends; a second Ctrl-C stops it
         // in the middle.
@@ -903,10 +1061,12 @@ fn drive(
         let mut cold = !trainer.cold_start_done();
         if cold {
             IN_COLD_START.fetch_add(1, Ordering::SeqCst);
+            lines.cold_start(&bar, config);
         }
         let result = trainer.run_iteration(|record| {
             if std::mem::take(&mut cold) {
                 IN_COLD_START.fetch_sub(1, Ordering::SeqCst);
+                bar.tick_steadily(false);
             }
             written = sinks.write(&record);
             bar.inc(1);
@@ -928,10 +1088,7 @@ fn drive(
         }
         written.map_err(io(&jsonl_path))?;
         if let Err(e) = result {
-            if let TrainError::NonFinite { step, .. } = e {
-                driven.status = format!("diverged at step {step}");
-            }
-            driven.failure = Some(e);
+            driven.fail(e, sinks).map_err(io(&jsonl_path))?;
             break;
         }
         if stopped {
@@ -950,6 +1107,7 @@ fn drive(
         } else {
             sinks.flush().map_err(io(&jsonl_path))?;
         }
+        lines.iteration(trainer, config, driven.last.as_ref(), started);
         // Stopped after the last iteration: the run is complete.
         if interrupts > 0 && !trainer.is_done() {
             driven.status = "interrupted".into();
