@@ -804,6 +804,25 @@ fn a_typed_negative_group_size_is_refused_at_its_field() {
             .is_disabled(),
         "nothing applies while the field is refused"
     );
+    // The field shows the draft's value again, and another draft (a preset) clears the
+    // refusal: Reset applies again.
+    assert!(
+        h.get_all_by_label("G (group size)")
+            .any(|n| n.value().as_deref() == Some("10"))
+    );
+    let mut h = h;
+    h.get_all_by_label("lecture17")
+        .next()
+        .expect("the preset button")
+        .click();
+    h.run();
+    h.run();
+    assert_eq!(h.state().config_panel.typed_error, None);
+    assert!(
+        !h.get_by_label("Reset with this config")
+            .accesskit_node()
+            .is_disabled()
+    );
 }
 
 /// The controls stay one line however long the status is: the bar's height is the same while

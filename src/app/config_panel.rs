@@ -146,6 +146,8 @@ pub fn fields_ui(
     if panel.cached.as_ref().is_none_or(|(c, _)| c != draft) {
         let table = toml::Table::try_from(&*draft).unwrap_or_default();
         panel.cached = Some((draft.clone(), table));
+        // A new draft (an edit that read, a preset, a file): a refused typed value is gone.
+        panel.typed_error = None;
     }
     let Some((_, table)) = &mut panel.cached else {
         return;
@@ -187,7 +189,7 @@ pub fn fields_ui(
 /// reach the panel to be shown at its field. A value the draft's type cannot hold (a negative
 /// G) is refused here, at field `f`, the one edited.
 fn read_back(
-    table: &toml::Table,
+    table: &mut toml::Table,
     f: &Field,
     draft: &mut RunConfig,
 ) -> Result<(), (String, String)> {
@@ -203,6 +205,11 @@ fn read_back(
                 f.key,
                 f.allowed()
             );
+            // The field shows the draft's value again, so the next edit of any field reads.
+            let kept = toml::Table::try_from(&*draft).ok();
+            if let Some(v) = kept.as_ref().and_then(|t| get(t, f.key)) {
+                set(table, f.key, v.clone());
+            }
             Err((f.key.to_string(), why))
         }
     }

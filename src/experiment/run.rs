@@ -102,7 +102,17 @@ pub fn run_matrix(
         }
         computes.push(compute);
     }
-    let total_steps: u64 = todo.iter().map(|(c, _, _)| c.total_steps() as u64).sum();
+    // A resumed run makes only the steps past its checkpoint.
+    let total_steps: u64 = todo
+        .iter()
+        .map(|(c, dir, resume)| {
+            let done = resume
+                .then(|| train::run::resume_state(dir))
+                .flatten()
+                .map_or(0, |s| s.global_step);
+            c.total_steps().saturating_sub(done) as u64
+        })
+        .sum();
     // Counted in steps, as each run makes them (counted in runs, a matrix of long runs sat
     // at 0/N for hours).
     let bar = train::run::Progress::new(

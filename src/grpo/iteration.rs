@@ -708,13 +708,12 @@ impl Trainer {
         self.timings.step += step_started.elapsed().as_secs_f64();
         let sc = out.scalars;
         let step = self.global_step + 1;
-        // A diverged step still makes its record (the error carries it, to be logged).
+        // A diverged step makes its record (its error carries it) but moves no state.
         let diverged = finite(&sc, step, self.iteration).err();
-        self.entropy_control.update(sc.entropy as f64, a);
-        let part_rows = part.map(|p| p.rows);
         let frozen = self.frozen.as_mut().expect("rolled out above");
-        if let Some(rows) = part_rows {
-            frozen.saw(rows, &out.logp, &out.entropy);
+        if diverged.is_none() {
+            self.entropy_control.update(sc.entropy as f64, a);
+            part.inspect(|p| frozen.saw(p.rows.clone(), &out.logp, &out.entropy));
         }
         let groups = (last_of_iteration && logged > 0).then(|| frozen.groups_after(&out));
         let mut record = record::step_record(

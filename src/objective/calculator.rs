@@ -124,13 +124,29 @@ pub fn calculate(
             is_weight: t.is_weight.get(i).copied().unwrap_or(1.0),
         })
         .collect::<Vec<TokenRow>>();
-    // f32, as the engines compute: a ratio e^{log π − log π_old} past ~3.4e38 is infinite.
+    finite_terms(&tokens, t.loss, logp, old_logp)?;
+    Ok(Calculation {
+        tokens,
+        loss: t.loss,
+        clip_low: t.clip_low,
+        clip_high: t.clip_high,
+    })
+}
+
+/// f32, as the engines compute: a ratio e^{log π − log π_old} past ~3.4e38 is infinite, and so
+/// may the aggregated loss be of finite terms.
+fn finite_terms(
+    tokens: &[TokenRow],
+    loss: f64,
+    logp: &[f32],
+    old_logp: &[f32],
+) -> Result<(), CalcError> {
     let bad = tokens.iter().position(|r| {
         ![r.objective, r.dlogp, r.ratio]
             .iter()
             .all(|v| v.is_finite())
     });
-    if let Some(i) = bad.or((!t.loss.is_finite()).then_some(0)) {
+    if let Some(i) = bad {
         return Err(CalcError::Input(format!(
             "token {i}: the objective is not finite in f32 (ratio {}, ∂L/∂log π {}; log π − log π_old = {}): allowed log-ratios whose exponential f32 holds (below ~88), as the engines compute in f32 too",
             tokens[i].ratio,
@@ -138,12 +154,12 @@ pub fn calculate(
             logp[i] - old_logp[i]
         )));
     }
-    Ok(Calculation {
-        tokens,
-        loss: t.loss,
-        clip_low: t.clip_low,
-        clip_high: t.clip_high,
-    })
+    if !loss.is_finite() {
+        return Err(CalcError::Input(format!(
+            "the loss is {loss} in f32 although every token's term is finite: the aggregation overflows (allowed terms whose sum f32 holds, below ~3.4e38)"
+        )));
+    }
+    Ok(())
 }
 
 /// The inputs' lengths agree and each is what it stands for: log-probabilities ≤ 0, a finite

@@ -389,10 +389,12 @@ impl Axes {
         let x = x_range(series, whole);
         // Whole ticks: no more labels than whole numbers in the range, so plotters' step
         // (1, 2, 5 × 10ᵏ) is at least 1 and, on a range from and to whole numbers, lands on them.
-        let wholes = (x.1 - x.0) as usize + 1;
+        let wholes = ((x.1 - x.0) as usize).saturating_add(1);
         let (x_ticks, x_light) = if whole {
             let ticks = MAX_TICKS.min(wholes);
-            (ticks, wholes.div_ceil(ticks))
+            // Light lines at whole numbers, at most 10 between labels (one per iteration would
+            // grey a long run's plot, and grow its SVG with the run).
+            (ticks, wholes.div_ceil(ticks).min(10))
         } else {
             (MAX_TICKS, 10)
         };

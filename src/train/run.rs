@@ -650,17 +650,7 @@ pub fn read_metrics_decimated(
 /// checkpoint has done, or a config that differs from the one it was taken with (a hand-edited
 /// `config.toml`) in more than where it computes.
 pub fn check_resume(out: &Path, config: &RunConfig) -> Result<(), TrainError> {
-    let mut dirs: Vec<PathBuf> = fs::read_dir(out.join("checkpoints"))
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_dir())
-        .collect();
-    dirs.sort_by_key(|p| std::cmp::Reverse(checkpoint_number(p)));
-    let Some(state) = dirs
-        .iter()
-        .find_map(|dir| super::checkpoint::state_of(dir).ok())
-    else {
+    let Some(state) = resume_state(out) else {
         return Ok(());
     };
     if config.run.iterations < state.iteration {
@@ -677,6 +667,12 @@ pub fn check_resume(out: &Path, config: &RunConfig) -> Result<(), TrainError> {
         Some(changed) if !changed.is_empty() => Err(TrainError::ConfigChanged(changed.join(", "))),
         _ => Ok(()),
     }
+}
+
+/// The trainer's state a resume of `out` would start from (the checkpoint it takes, chosen
+/// without a word); None for a run without one.
+pub(crate) fn resume_state(out: &Path) -> Option<crate::grpo::TrainerState> {
+    pick_checkpoint(out, false).and_then(|dir| super::checkpoint::state_of(&dir).ok())
 }
 
 /// The iteration a checkpoint directory `iter-N` belongs to (numbers past 999 999 sort right).
@@ -696,6 +692,11 @@ fn checkpoint_dir(out: &Path, iteration: usize) -> PathBuf {
 /// else the newest that does, each one passed over named with the reason (a crash mid-write,
 /// a file cut, edited or deleted since).
 pub(crate) fn latest_checkpoint(out: &Path) -> Option<PathBuf> {
+    pick_checkpoint(out, true)
+}
+
+/// [`latest_checkpoint`]'s choice; `say`: name each one passed over, and why.
+fn pick_checkpoint(out: &Path, say: bool) -> Option<PathBuf> {
     let root = out.join("checkpoints");
     // `latest` names one directory beside it: one plain path component (not `../other-run`).
     let written = fs::read_to_string(root.join("latest")).ok();
@@ -711,7 +712,7 @@ pub(crate) fn latest_checkpoint(out: &Path) -> Option<PathBuf> {
         })
         .map(|name| root.join(name))
         .filter(|dir| dir.is_dir());
-    if let (Some(text), None) = (&written, &named) {
+    if let (Some(text), None, true) = (&written, &named, say) {
         eprintln!(
             "grpo-lab: passing over checkpoints/latest: it names {:?}, not a checkpoint directory of this run",
             text.trim()
@@ -729,7 +730,7 @@ pub(crate) fn latest_checkpoint(out: &Path) -> Option<PathBuf> {
     for (i, dir) in candidates.enumerate() {
         match super::checkpoint::verify(dir) {
             Ok(()) => {
-                if i > 0 || named.is_none() {
+                if say && (i > 0 || named.is_none()) {
                     eprintln!(
                         "grpo-lab: taking {}, the newest checkpoint that verifies",
                         dir.display()
@@ -737,7 +738,10 @@ pub(crate) fn latest_checkpoint(out: &Path) -> Option<PathBuf> {
                 }
                 return Some(dir.clone());
             }
-            Err(why) => eprintln!("grpo-lab: passing over checkpoint {}: {why}", dir.display()),
+            Err(why) if say => {
+                eprintln!("grpo-lab: passing over checkpoint {}: {why}", dir.display())
+            }
+            Err(_) => {}
         }
     }
     None
