@@ -50,6 +50,36 @@ pub enum TrainError {
     ShorterThanCheckpoint { asked: usize, done: usize },
 }
 
+impl TrainerState {
+    /// Whether a run with `config` may continue from this state: not with fewer iterations
+    /// than it has done (that would run nothing and call the run completed, its metrics past
+    /// them kept), nor under a config that differs from the one it was taken with (a
+    /// hand-edited `config.toml`) in more than where it computes.
+    pub fn check_resume(&self, config: &RunConfig) -> Result<(), TrainError> {
+        if config.run.iterations < self.iteration {
+            return Err(TrainError::ShorterThanCheckpoint {
+                asked: config.run.iterations,
+                done: self.iteration,
+            });
+        }
+        let Some(text) = &self.config_toml else {
+            return Ok(());
+        };
+        let recorded = RunConfig::from_toml_str(text, "the checkpoint's config").map_err(|e| {
+            TrainError::Checkpoint {
+                path: "state.json".into(),
+                reason: format!("its config does not parse: {e}"),
+            }
+        })?;
+        let changed = recorded.changed_for_resume(config);
+        if changed.is_empty() {
+            Ok(())
+        } else {
+            Err(TrainError::ConfigChanged(changed.join(", ")))
+        }
+    }
+}
+
 impl TrainError {
     /// The device has not answered yet (a browser): the same step, asked again on a later
     /// frame, goes on where this one stopped.
@@ -564,31 +594,7 @@ impl Trainer {
 
     /// Continue from what `snapshot` returned; the run then continues bit-identically.
     pub fn restore(&mut self, state: TrainerState, snapshot: &Snapshot) -> Result<(), TrainError> {
-        let recorded = match &state.config_toml {
-            Some(text) => Some(
-                RunConfig::from_toml_str(text, "the checkpoint's config").map_err(|e| {
-                    TrainError::Checkpoint {
-                        path: "state.json".into(),
-                        reason: format!("its config does not parse: {e}"),
-                    }
-                })?,
-            ),
-            None => None,
-        };
-        // Fewer iterations than the checkpoint has done would run nothing and call the run
-        // completed (its metrics past them kept): refused.
-        if self.config.run.iterations < state.iteration {
-            return Err(TrainError::ShorterThanCheckpoint {
-                asked: self.config.run.iterations,
-                done: state.iteration,
-            });
-        }
-        if let Some(recorded) = &recorded {
-            let changed = recorded.changed_for_resume(&self.config);
-            if !changed.is_empty() {
-                return Err(TrainError::ConfigChanged(changed.join(", ")));
-            }
-        }
+        state.check_resume(&self.config)?;
         let snapshot = &self.restore_stale(snapshot);
         match self.engine.restore(snapshot) {
             // Written on burn's path (a GPU, or `run.fused_step = off` at the time): it

@@ -645,28 +645,10 @@ pub fn read_metrics_decimated(
     Ok(t.kept)
 }
 
-/// What the trainer refuses on a resume, refused before anything runs or prints (the trainer
-/// would say it after the run's start line): fewer iterations than the run's newest complete
-/// checkpoint has done, or a config that differs from the one it was taken with (a hand-edited
-/// `config.toml`) in more than where it computes.
+/// What the trainer refuses on a resume ([`crate::grpo::TrainerState::check_resume`]), refused before
+/// anything runs or prints (the trainer would say it after the run's start line).
 pub fn check_resume(out: &Path, config: &RunConfig) -> Result<(), TrainError> {
-    let Some(state) = resume_state(out) else {
-        return Ok(());
-    };
-    if config.run.iterations < state.iteration {
-        return Err(TrainError::ShorterThanCheckpoint {
-            asked: config.run.iterations,
-            done: state.iteration,
-        });
-    }
-    let recorded = state
-        .config_toml
-        .as_deref()
-        .and_then(|text| RunConfig::from_toml_str(text, "the checkpoint's config").ok());
-    match recorded.map(|r| r.changed_for_resume(config)) {
-        Some(changed) if !changed.is_empty() => Err(TrainError::ConfigChanged(changed.join(", "))),
-        _ => Ok(()),
-    }
+    resume_state(out).map_or(Ok(()), |state| state.check_resume(config))
 }
 
 /// The trainer's state a resume of `out` would start from (the checkpoint it takes, chosen
