@@ -1293,17 +1293,34 @@ pub fn bench_rollout(compute: &Compute, a: &RolloutBenchOptions) -> Result<()> {
             "  WGSL kernels:   {k:.2} ms (upload of the logits and read-back of tokens, rewards, advantages included)"
         );
         println!(
-            "  ratio reference / kernels: {:.2}×; identical tokens: {:.6}",
-            r / k,
+            "  ratio reference / kernels: {}×; identical tokens: {:.6}",
+            crate::bench::significant(r / k),
             agree as f64 / (b * g * n) as f64
         );
     }
     Ok(())
 }
 
+/// `x` with three significant digits (a ratio of 0.0035 is not "0.00").
+pub(crate) fn significant(x: f64) -> String {
+    if !x.is_finite() || x == 0.0 {
+        return format!("{x}");
+    }
+    let decimals = (2 - x.abs().log10().floor() as i32).max(0) as usize;
+    format!("{x:.decimals$}")
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{chart_device, time_in_turn, warm_up};
+    use super::{chart_device, significant, time_in_turn, warm_up};
+
+    #[test]
+    fn a_ratio_keeps_three_significant_digits() {
+        assert_eq!(significant(0.0035123), "0.00351");
+        assert_eq!(significant(5.7), "5.70");
+        assert_eq!(significant(123.4), "123");
+        assert_eq!(significant(0.0), "0");
+    }
     use crate::config::RunConfig;
     use crate::gpu::context::Compute;
 

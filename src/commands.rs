@@ -73,10 +73,15 @@ pub(crate) fn advantages_cmd(rewards: &str, json: bool) -> Result<()> {
             s.mean,
             s.std,
             s.max,
-            if s.zero_std {
-                " — all equal: no learning signal"
-            } else {
-                ""
+            match (s.zero_std, s.mean) {
+                (false, _) => "",
+                (true, m) if m > 0.0 => {
+                    " — all equal: the group-relative modes give 0 (no learning signal); raw and max keep the reward itself, which still pushes every answer up"
+                }
+                (true, m) if m < 0.0 => {
+                    " — all equal: the group-relative modes give 0 (no learning signal); raw and max keep the reward itself, which pushes every answer down"
+                }
+                (true, _) => " — all equal, at 0: no mode gives a learning signal",
             }
         );
         for m in AdvantageMode::GROUP {

@@ -527,6 +527,14 @@ fn export_cmd(a: ExportArgs) -> Result<()> {
     Ok(())
 }
 
+/// What of the run's config picks a tag (where it pays its KL; the std its advantages divide
+/// by); a run without its config gets the defaults.
+fn log_context(run_dir: &std::path::Path) -> grpo_lab::export::logs::LogContext {
+    use grpo_lab::export::logs::LogContext;
+    RunConfig::from_file(&run_dir.join("config.toml"))
+        .map_or(LogContext::default(), |c| LogContext::of(&c))
+}
+
 fn export_log_cmd(a: ExportLogArgs) -> Result<()> {
     use grpo_lab::export::logs;
     let metrics = a.run_dir.join("metrics.jsonl");
@@ -577,7 +585,7 @@ fn export_log_cmd(a: ExportLogArgs) -> Result<()> {
             let start = end - total;
             let dir = a.out.unwrap_or_else(|| a.run_dir.join("tensorboard"));
             let path = dir.join(logs::event_file_name(start, "grpo-lab"));
-            let bytes = logs::tensorboard(&records, names, start);
+            let bytes = logs::tensorboard(&records, names, start, log_context(&a.run_dir));
             std::fs::create_dir_all(&dir)
                 .and_then(|_| std::fs::write(&path, &bytes))
                 .map_err(|e| {
@@ -1069,6 +1077,27 @@ fn app_cmd(a: AppArgs) -> Result<()> {
     .map_err(|e| anyhow::anyhow!("the app could not open a window: {e}"))
 }
 
+/// What a matrix runs: `2 cells × 5 seeds = 10 runs, 2 at a time on auto → DIR`.
+fn matrix_line(
+    cells: usize,
+    seeds: usize,
+    jobs: usize,
+    device: DeviceChoice,
+    out: &std::path::Path,
+) -> String {
+    let n = |k: usize, what: &str| format!("{k} {what}{}", if k == 1 { "" } else { "s" });
+    let runs = cells * seeds;
+    format!(
+        "{} × {} = {}, {} at a time on {} → {}",
+        n(cells, "cell"),
+        n(seeds, "seed"),
+        n(runs, "run"),
+        jobs.min(runs).max(1),
+        device.name(),
+        out.display()
+    )
+}
+
 fn compare_cmd(a: CompareArgs) -> Result<()> {
     use grpo_lab::experiment::{Axis, CompareOptions, Matrix, parse_seeds, run_matrix};
     train::install_interrupt_handler();
@@ -1121,12 +1150,8 @@ fn compare_cmd(a: CompareArgs) -> Result<()> {
     });
     let device = a.config.device.unwrap_or(DeviceChoice::Auto);
     eprintln!(
-        "grpo-lab compare: {} cells × {} seeds = {} runs, {jobs} at a time on {} → {}",
-        cells.len(),
-        matrix.seeds.len(),
-        cells.len() * matrix.seeds.len(),
-        device.name(),
-        a.out.display()
+        "grpo-lab compare: {}",
+        matrix_line(cells.len(), matrix.seeds.len(), jobs, device, &a.out)
     );
     let outcome = run_matrix(
         &matrix,

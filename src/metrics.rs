@@ -54,6 +54,15 @@ pub struct StepRecord {
     #[serde(rename = "reward/std")]
     #[serde(deserialize_with = "f32_or_nan")]
     pub reward_std: f32,
+    /// The mean over the iteration's groups of each group's reward std (unbiased, n − 1, as
+    /// torch's `std`): what TRL logs as `reward_std` (`reward/std` is over the whole batch).
+    /// None with G = 1, and in logs written before it.
+    #[serde(
+        rename = "reward/group_std",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub reward_std_group: Option<f32>,
     #[serde(rename = "reward/min")]
     #[serde(deserialize_with = "f32_or_nan")]
     pub reward_min: f32,
@@ -389,6 +398,7 @@ pub const CSV_COLUMNS: &[(&str, Getter)] = &[
     ("step", |r| Some(r.step as f32)),
     ("reward/mean", |r| Some(r.reward_mean)),
     ("reward/std", |r| Some(r.reward_std)),
+    ("reward/group_std", |r| r.reward_std_group),
     ("reward/min", |r| Some(r.reward_min)),
     ("reward/max", |r| Some(r.reward_max)),
     ("frac_reward_zero_std", |r| Some(r.frac_reward_zero_std)),

@@ -57,6 +57,11 @@ fn config_from_hash() -> Option<Result<crate::config::RunConfig, String>> {
         .ok()
         .and_then(|s| s.as_string())
         .unwrap_or_else(|| hash.to_string());
+    // A plain anchor (`#top`) is no config; a config without its `grpo-lab:` is one written
+    // by hand, told what it lacks.
+    if !(text.starts_with("grpo-lab") || text.trim_start().starts_with('{')) {
+        return None;
+    }
     Some(crate::app::views::parse_share_string(&text))
 }
 

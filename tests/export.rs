@@ -655,6 +655,10 @@ fn export_log_writes_tensorboard_events_that_decode_and_unipo_json() {
         let s = scalars(e);
         let get = |t: &str| s.iter().find(|(k, _)| k == t).map(|(_, x)| *x);
         assert_eq!(get("train/reward"), Some(r.reward_mean));
+        // TRL's reward_std: the groups' stds' mean, not the batch's.
+        assert_eq!(get("train/reward_std"), r.reward_std_group);
+        assert!(r.reward_std_group.is_some());
+        assert_eq!(get("grpo_lab/reward/std"), Some(r.reward_std));
         assert_eq!(get("train/kl"), Some(r.kl));
         assert_eq!(get("train/learning_rate"), Some(r.lr));
         assert_eq!(get("grpo_lab/accuracy/train"), Some(r.accuracy_train));
@@ -701,6 +705,45 @@ fn export_log_writes_tensorboard_events_that_decode_and_unipo_json() {
             .iter()
             .any(|(t, _)| t == "critic/score/mean")
     );
+    // A verl step is the iteration: its actor metrics the mean of its optimizer steps, its
+    // time their sum, the clip fraction both sides (verl's `pg_clipfrac_lower` is the dual
+    // clip's, not logged here); the KL where this run pays it, in the loss.
+    for (e, iteration) in events[1..].iter().zip(0..) {
+        let s = scalars(e);
+        let get = |t: &str| s.iter().find(|(k, _)| k == t).map(|(_, x)| *x);
+        let steps: Vec<_> = records
+            .iter()
+            .filter(|r| r.iteration == iteration)
+            .collect();
+        assert_eq!(steps.len(), 3);
+        let mean = |f: &dyn Fn(&grpo_lab::metrics::StepRecord) -> f32| {
+            (steps.iter().map(|r| f(r) as f64).sum::<f64>() / steps.len() as f64) as f32
+        };
+        assert_eq!(get("actor/pg_loss"), Some(mean(&|r| r.loss)));
+        assert_eq!(get("actor/kl_loss"), Some(mean(&|r| r.kl)));
+        assert_eq!(get("actor/ppo_kl"), Some(mean(&|r| r.ppo_kl)));
+        assert_eq!(
+            get("actor/pg_clipfrac"),
+            Some(mean(&|r| r.clip_ratio_low + r.clip_ratio_high))
+        );
+        assert_eq!(get("actor/pg_clipfrac_lower"), None);
+        assert_eq!(
+            get("grpo_lab/clip_ratio/high"),
+            Some(mean(&|r| r.clip_ratio_high))
+        );
+        let secs: f64 = steps.iter().map(|r| r.step_time_secs as f64).sum();
+        assert_eq!(get("timing_s/step"), Some(secs as f32));
+        assert_eq!(get("critic/score/mean"), Some(steps[0].reward_mean));
+        // The rollout's tokens once over the iteration's time; ranges stay ranges.
+        let tokens = steps[0].tokens_per_second as f64 * steps[0].step_time_secs as f64;
+        let rate = get("perf/throughput").unwrap() as f64;
+        assert!(
+            (rate * secs / tokens - 1.0).abs() < 1e-3,
+            "{rate} {tokens} {secs}"
+        );
+        let lowest = steps.iter().map(|r| r.ratio_min).fold(f32::MAX, f32::min);
+        assert_eq!(get("grpo_lab/ratio/min"), Some(lowest));
+    }
 
     // UNIPO.
     let o = grpo_lab(&["export-log", "--to", "unipo", run.to_str().unwrap()]);
@@ -725,11 +768,33 @@ fn export_log_writes_tensorboard_events_that_decode_and_unipo_json() {
         "strings",
         "log_probs",
         "old_log_probs",
+        "ref_log_probs",
         "advantages",
         "token_objective",
     ] {
         assert_eq!(tokens[k].as_array().unwrap().len(), 3, "{k}");
     }
+    // The reference's log-probs are the ones metrics.jsonl logged.
+    let logged = &records[2].groups.as_ref().unwrap()[0].ref_logp[0];
+    let floats = |v: &serde_json::Value| -> Vec<f32> {
+        let v = v.as_array().unwrap();
+        v.iter().map(|x| x.as_f64().unwrap() as f32).collect()
+    };
+    assert_eq!(&floats(&tokens["ref_log_probs"]), logged);
+    // Each token's objective is −(ℓ_t + β·KL_t): this run pays its KL in the loss.
+    let config = grpo_lab::config::RunConfig::from_file(&run.join("config.toml")).unwrap();
+    let s = grpo_lab::objective::loss::LossSettings::of(&config);
+    assert!(s.kl_on());
+    let g = &records[2].groups.as_ref().unwrap()[0];
+    let a = g.advantages[config.algorithm.advantage.name()][0];
+    let terms =
+        grpo_lab::objective::loss::response_terms(&s, &g.logp[0], &g.old_logp[0], logged, a);
+    let objective = floats(&tokens["token_objective"]);
+    let with_kl: Vec<f32> = (0..3)
+        .map(|t| -(terms.term[t] + s.beta * terms.kl_tokens[t]))
+        .collect();
+    assert_eq!(objective, with_kl);
+    assert!(terms.kl_tokens.iter().any(|&k| k != 0.0), "a KL to see");
     assert!(entries[0].get("prompts").is_none());
     let o = grpo_lab(&["export-log", "--to", "wandb", run.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
@@ -807,7 +872,7 @@ fn python_checks_where_python_is_present() {
         String::from_utf8_lossy(&o.stderr)
     );
     // The TFRecord framing, read by Python's own struct (CRC not checked there).
-    let bytes = logs::tensorboard(&[], logs::Names::Trl, 1.0e9);
+    let bytes = logs::tensorboard(&[], logs::Names::Trl, 1.0e9, logs::LogContext::default());
     let path = out.join("events.out.tfevents.1.test");
     std::fs::write(&path, bytes).unwrap();
     let script = "import struct,sys\nb=open(sys.argv[1],'rb').read()\nn=struct.unpack('<Q',b[:8])[0]\nassert b[12:12+n].find(b'brain.Event:2')>0\nprint('ok')\n";

@@ -533,7 +533,11 @@ impl GrpoApp {
             .unwrap_or("");
         let (state, progress) = self.progress();
         let state = match &self.error {
-            Some(e) => format!("error: {}", e.chars().take(200).collect::<String>()),
+            // The banner holds the whole text; a status line a title can carry.
+            Some(e) if e.chars().count() > 200 => {
+                format!("error: {}…", e.chars().take(200).collect::<String>())
+            }
+            Some(e) => format!("error: {e}"),
             None => state.to_string(),
         };
         let lab = self
@@ -546,10 +550,11 @@ impl GrpoApp {
             .step
             .map(|k| format!(" · tour {}/{}", k + 1, tour::STEPS.len()))
             .unwrap_or_default();
-        format!(
-            "grpo-lab · {name} · {progress} · {state} · {}{lab}{tour}",
-            self.device
-        )
+        let device = match self.device.as_str() {
+            "" => "no engine",
+            d => d,
+        };
+        format!("grpo-lab · {name} · {progress} · {state} · {device}{lab}{tour}")
     }
 
     fn status_line(&self) -> String {

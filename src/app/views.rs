@@ -554,6 +554,16 @@ pub fn runs_ui(app: &mut GrpoApp, ui: &mut egui::Ui) {
 
 /// The run directory to add, and the buttons that add it (or a compare directory).
 fn runs_path_row(app: &mut GrpoApp, ui: &mut egui::Ui) {
+    // A browser tab reads no directories: the buttons could only fail there.
+    if cfg!(target_arch = "wasm32") {
+        ui.label(
+            egui::RichText::new(
+                "Run directories are read from disk by the desktop app; in the browser, the Experiments tab's ▶ Run trains runs to compare here.",
+            )
+            .small(),
+        );
+        return;
+    }
     ui.horizontal(|ui| {
         let l = ui.label("Run directory");
         ui.add(egui::TextEdit::singleline(&mut app.runs_path).char_limit(4096))

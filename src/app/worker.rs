@@ -37,6 +37,12 @@ pub enum Event {
     Error(String),
 }
 
+#[cfg(all(target_arch = "wasm32", feature = "web"))]
+thread_local! {
+    /// Why the browser's WebGPU adapter did not open, once it has failed.
+    static NO_ADAPTER: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
 /// A trainer for `config` on the engine `--device` (auto: the fastest) picks, after the
 /// memory check a run makes; the reason, when not.
 pub(crate) fn start_trainer(config: &RunConfig) -> Result<Trainer, String> {
@@ -46,10 +52,20 @@ pub(crate) fn start_trainer(config: &RunConfig) -> Result<Trainer, String> {
     // starts when asked again.
     #[cfg(all(target_arch = "wasm32", feature = "web"))]
     if let Err(crate::gpu::DeviceError::Pending) = &selected {
+        // An adapter that failed to open does not open on the next ask either: say why.
+        if let Some(why) = NO_ADAPTER.with(|n| n.borrow().clone()) {
+            return Err(why);
+        }
         let (choice, _) = crate::engine::resolve(config.run.device, config);
         wasm_bindgen_futures::spawn_local(async move {
             if let Err(e) = crate::gpu::Compute::select_async(choice).await {
+                // (Its text is the native one, naming drivers: the console keeps it.)
                 log::error!("{e}");
+                NO_ADAPTER.with(|n| {
+                    *n.borrow_mut() = Some(
+                        "this browser opened no WebGPU adapter, which this config needs (run.engine = wgsl, run.kernels = gpu, or run.device = gpu | software): open it in a browser with WebGPU (or reload to try again), or set those to auto to train on the CPU engines".into(),
+                    )
+                });
             }
         });
         return Err(

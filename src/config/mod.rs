@@ -38,6 +38,9 @@ pub enum ConfigError {
     },
     #[error("config file {path} is not valid TOML: {reason}")]
     Parse { path: String, reason: String },
+    /// A shared one-line config (a link's, **Load line**'s), which is JSON.
+    #[error("the shared line is not a valid config: {0}")]
+    SharedLine(String),
 }
 
 /// The whole run: what to learn, with what model, by which algorithm.

@@ -13,12 +13,12 @@ const PRESET_KEY: &str = "preset";
 impl RunConfig {
     /// A config from its one-line JSON form (long or short).
     pub fn from_json_line(json: &str) -> Result<Self, ConfigError> {
-        let bad = |reason: String| ConfigError::Parse {
-            path: "shared config".into(),
-            reason,
-        };
-        let value: serde_json::Value =
-            serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
+        let bad = ConfigError::SharedLine;
+        let value: serde_json::Value = serde_json::from_str(json).map_err(|e| {
+            bad(format!(
+                "not valid JSON: {e} (a `%` written by hand must be `%25`)"
+            ))
+        })?;
         if value.as_object().is_none() {
             return Err(bad(
                 "expected an object: {\"preset\": …, \"section\": {…}}".into()

@@ -605,7 +605,7 @@ pub fn check(config: &RunConfig, compute: &Compute) -> Result<(), EngineError> {
     if config.run.engine == EngineChoice::Wgsl {
         if compute.gpu.is_none() {
             return Err(EngineError::WgslUnavailable(format!(
-                "needs a wgpu device, but the run is on {}: use --device gpu or --device software, or set run.engine = auto or burn",
+                "needs a wgpu device, but the run is on {}: use --device gpu or --device software (run.device = gpu | software), or set run.engine = auto or burn",
                 compute.label
             )));
         }
@@ -763,7 +763,11 @@ pub fn resolve(choice: DeviceChoice, config: &RunConfig) -> (DeviceChoice, Strin
             let gpu = crate::gpu::context::hardware_adapter_name();
             auto_device(config, gpu.as_deref())
         }
-        other => (other, format!("--device {}", other.name())),
+        // `--device X` reaches the config as `run.device = X`: either may have said it.
+        other => (
+            other,
+            format!("run.device = {0} (--device {0})", other.name()),
+        ),
     }
 }
 

@@ -98,7 +98,7 @@ pub fn run_matrix(
                 reason: e.to_string(),
             })?;
         if opts.progress && said.insert(why.clone()) {
-            eprintln!("grpo-lab: {why}");
+            train::progress::say(&format!("grpo-lab: {why}"));
         }
         computes.push(compute);
     }
@@ -115,7 +115,7 @@ pub fn run_matrix(
         .sum();
     // Counted in steps, as each run makes them (counted in runs, a matrix of long runs sat
     // at 0/N for hours).
-    let bar = train::run::Progress::new(
+    let bar = train::progress::Progress::new(
         opts.progress,
         total_steps,
         "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps (eta {eta}) {msg}",
@@ -184,7 +184,7 @@ fn run_all(
     todo: &[Todo],
     computes: &[crate::gpu::Compute],
     jobs: usize,
-    bar: &train::run::Progress,
+    bar: &train::progress::Progress,
     skipped: usize,
 ) -> Result<usize, ExperimentError> {
     let (next, finished) = (&AtomicUsize::new(0), &AtomicUsize::new(0));

@@ -285,7 +285,8 @@ pub const METRIC_NAMES: &[(&str, Option<&str>, Option<&str>)] = &[
         Some("train/reward"),
         Some("critic/score/mean"),
     ),
-    ("reward/std", Some("train/reward_std"), None),
+    // TRL's `reward_std` is the mean of the groups' stds, not the batch's.
+    ("reward/group_std", Some("train/reward_std"), None),
     ("reward/min", None, Some("critic/score/min")),
     ("reward/max", None, Some("critic/score/max")),
     (
@@ -319,18 +320,14 @@ pub const METRIC_NAMES: &[(&str, Option<&str>, Option<&str>)] = &[
         Some("response_length/clip_ratio"),
     ),
     ("loss", Some("train/loss"), Some("actor/pg_loss")),
-    ("kl", Some("train/kl"), Some("actor/kl_loss")),
+    // verl's name for the KL depends on where the run pays it: [`tensorboard`] picks it.
+    ("kl", Some("train/kl"), None),
     ("entropy", Some("train/entropy"), Some("actor/entropy")),
-    (
-        "clip_ratio/low",
-        Some("train/clip_ratio/low_mean"),
-        Some("actor/pg_clipfrac_lower"),
-    ),
-    (
-        "clip_ratio/high",
-        Some("train/clip_ratio/high_mean"),
-        Some("actor/pg_clipfrac"),
-    ),
+    // verl's `actor/pg_clipfrac` is both sides together (written from the two), and its
+    // `pg_clipfrac_lower` is the dual clip's fraction, which is not this.
+    ("clip_ratio/low", Some("train/clip_ratio/low_mean"), None),
+    ("clip_ratio/high", Some("train/clip_ratio/high_mean"), None),
+    ("ppo_kl", None, Some("actor/ppo_kl")),
     (
         "grad_norm",
         Some("train/grad_norm"),
@@ -358,9 +355,76 @@ pub fn tag(names: Names, metric: &str) -> String {
     }
 }
 
-/// The event file of a run: one event per step with every scalar of [`CSV_COLUMNS`] (NaN
-/// and missing values left out), stamped from `start_wall_time` plus the steps' durations.
-pub fn tensorboard(records: &[StepRecord], names: Names, start_wall_time: f64) -> Vec<u8> {
+/// Where the run pays its KL: verl logs it as `actor/kl_loss` in the loss, as
+/// `actor/reward_kl_penalty` in the reward, and not at all without one (β = 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KlRole {
+    Loss,
+    Reward,
+    None,
+}
+
+impl KlRole {
+    pub fn of(c: &RunConfig) -> Self {
+        match (c.algorithm.beta > 0.0, c.algorithm.kl_penalty) {
+            (false, _) => Self::None,
+            (true, crate::config::KlPenaltyMode::Loss) => Self::Loss,
+            (true, _) => Self::Reward,
+        }
+    }
+}
+
+/// What of the run's config picks a tag: where it pays its KL (verl), and whether its
+/// advantages divide by the batch's std (TRL's `scale_rewards = "batch"`, whose
+/// `reward_std` is the batch's; otherwise the groups' mean std).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogContext {
+    pub kl: KlRole,
+    pub batch_std: bool,
+}
+
+impl Default for LogContext {
+    /// A log without its config: no KL name, TRL's default `reward_std` (the groups').
+    fn default() -> Self {
+        Self {
+            kl: KlRole::None,
+            batch_std: false,
+        }
+    }
+}
+
+impl LogContext {
+    pub fn of(c: &RunConfig) -> Self {
+        Self {
+            kl: KlRole::of(c),
+            batch_std: c.algorithm.advantage == crate::config::AdvantageMode::BatchNormalized,
+        }
+    }
+
+    /// The tag of `metric` under `names` in this run.
+    fn tag(&self, names: Names, metric: &str) -> String {
+        match (names, metric, self.kl, self.batch_std) {
+            (Names::Verl, "kl", KlRole::Loss, _) => "actor/kl_loss".into(),
+            (Names::Verl, "kl", KlRole::Reward, _) => "actor/reward_kl_penalty".into(),
+            (Names::Trl, "reward/std", _, true) => "train/reward_std".into(),
+            (Names::Trl, "reward/group_std", _, true) => "grpo_lab/reward/group_std".into(),
+            _ => tag(names, metric),
+        }
+    }
+}
+
+/// The event file of a run, stamped from `start_wall_time` plus the steps' durations: every
+/// scalar of [`CSV_COLUMNS`] (NaN and missing values left out). Under TRL's names (and
+/// grpo-lab's) one event per optimizer step; under verl's one per iteration (x = iteration +
+/// 1), as verl logs a training step: the mean of the iteration's optimizer steps (its actor
+/// metrics are means over its updates), `timing_s/step` their sum, `perf/throughput` their
+/// tokens over that time, and `actor/pg_clipfrac` both clip sides together.
+pub fn tensorboard(
+    records: &[StepRecord],
+    names: Names,
+    start_wall_time: f64,
+    run: LogContext,
+) -> Vec<u8> {
     let mut out = Vec::new();
     let first = Event {
         wall_time: start_wall_time,
@@ -368,7 +432,12 @@ pub fn tensorboard(records: &[StepRecord], names: Names, start_wall_time: f64) -
         what: Some(event::What::FileVersion("brain.Event:2".into())),
     };
     record(&first.encode_to_vec(), &mut out);
+    let scalar = |tag: String, v: f32| SummaryValue {
+        tag,
+        value: Some(summary_value::Value::SimpleValue(v)),
+    };
     let mut wall = start_wall_time;
+    let mut first_of_iteration = 0;
     for (i, r) in records.iter().enumerate() {
         wall += r.step_time_secs.max(0.0) as f64;
         let last_of_iteration = records
@@ -379,17 +448,25 @@ pub fn tensorboard(records: &[StepRecord], names: Names, start_wall_time: f64) -
             Names::Verl => r.iteration as i64 + 1,
             _ => r.step as i64,
         };
-        let value = CSV_COLUMNS
+        let steps = match names {
+            Names::Verl => &records[first_of_iteration..=i],
+            _ => std::slice::from_ref(r),
+        };
+        first_of_iteration = i + 1;
+        let mut value: Vec<SummaryValue> = CSV_COLUMNS
             .iter()
             .filter(|(name, _)| !matches!(*name, "iteration" | "step"))
             .filter_map(|(name, get)| {
-                let v = get(r)?;
-                v.is_finite().then(|| SummaryValue {
-                    tag: tag(names, name),
-                    value: Some(summary_value::Value::SimpleValue(v)),
-                })
+                let v = over_steps(steps, name, get)?;
+                Some(scalar(run.tag(names, name), v))
             })
             .collect();
+        if names == Names::Verl {
+            let both = |r: &StepRecord| Some(r.clip_ratio_low + r.clip_ratio_high);
+            if let Some(v) = over_steps(steps, "", &both) {
+                value.push(scalar("actor/pg_clipfrac".into(), v));
+            }
+        }
         let e = Event {
             wall_time: wall,
             step,
@@ -398,6 +475,50 @@ pub fn tensorboard(records: &[StepRecord], names: Names, start_wall_time: f64) -
         record(&e.encode_to_vec(), &mut out);
     }
     out
+}
+
+/// One scalar over optimizer steps (one, or an iteration's): the mean of its finite values;
+/// the step time summed, and the throughput as tokens over that time.
+fn over_steps(
+    steps: &[StepRecord],
+    name: &str,
+    get: &dyn Fn(&StepRecord) -> Option<f32>,
+) -> Option<f32> {
+    let time = |r: &StepRecord| r.step_time_secs.max(0.0) as f64;
+    let (sum, count) = match name {
+        "tokens_per_second" => {
+            // Every step of an iteration trains on its one rollout: its tokens once (each
+            // step's rate times its time gives them again), over the iteration's time.
+            let tokens: f64 = steps
+                .iter()
+                .map(|r| r.tokens_per_second as f64 * time(r))
+                .sum::<f64>()
+                / steps.len().max(1) as f64;
+            let secs: f64 = steps.iter().map(time).sum();
+            return (steps.len() == 1)
+                .then(|| get(&steps[0]))
+                .flatten()
+                .or_else(|| (secs > 0.0).then(|| (tokens / secs) as f32))
+                .filter(|v| v.is_finite());
+        }
+        _ => steps
+            .iter()
+            .filter_map(|r| get(r).filter(|v| v.is_finite()))
+            .fold((0.0f64, 0usize), |(s, c), v| (s + v as f64, c + 1)),
+    };
+    let finite = || {
+        steps
+            .iter()
+            .filter_map(|r| get(r).filter(|v| v.is_finite()))
+    };
+    match (name, count) {
+        (_, 0) => None,
+        ("step_time_secs", _) => Some(sum as f32),
+        // A range over the steps stays one: the smallest minimum, the largest maximum.
+        (n, _) if n.ends_with("/min") => finite().reduce(f32::min),
+        (n, _) if n.ends_with("/max") => finite().reduce(f32::max),
+        _ => Some((sum / count as f64) as f32),
+    }
 }
 
 /// The file name TensorBoard looks for.
@@ -434,7 +555,7 @@ pub fn unipo_algorithm(c: &RunConfig) -> &'static str {
 /// an hparam), one entry per optimizer step with its metrics, and on the last step of each
 /// iteration up to `max_prompts` logged groups with every response's tokens, log-probs
 /// (`log_probs` at that step, `old_log_probs` from the rollout), advantages and per-token
-/// objective. grpo-lab does not log reference log-probs, so `ref_log_probs` is absent.
+/// objective; `ref_log_probs` where the run logged the reference's (null otherwise).
 pub fn unipo(c: &RunConfig, records: &[StepRecord], max_prompts: usize) -> serde_json::Value {
     use serde_json::{Value, json};
     let entries: Vec<Value> = records
@@ -543,15 +664,34 @@ fn unipo_prompts(
                     let a = adv.and_then(|v| v.get(i)).copied().unwrap_or(f32::NAN);
                     let logp = g.logp.get(i).cloned().unwrap_or_default();
                     let old = g.old_logp.get(i).cloned().unwrap_or_default();
+                    // The reference's, where the run logged them (it computes them where
+                    // a KL is measured or paid).
+                    let reference = g
+                        .ref_logp
+                        .get(i)
+                        .filter(|r| r.len() >= logp.len().min(old.len()));
                     let len = logp.len().min(old.len());
                     let (logp, old) = (&logp[..len], &old[..len]);
-                    // The objective's own text, without the KL (the reference is not logged).
+                    // The objective's own text; its KL term where the reference is logged.
                     let s = crate::objective::loss::LossSettings {
-                        beta: 0.0,
+                        beta: if reference.is_some() {
+                            c.algorithm.beta as f32
+                        } else {
+                            0.0
+                        },
                         ..crate::objective::loss::LossSettings::of(c)
                     };
-                    let terms = crate::objective::loss::response_terms(&s, logp, old, old, a);
-                    let objective: Vec<f32> = terms.term.iter().map(|&x| -x).collect();
+                    let ref_logp = reference.map_or(old, |r| &r[..len]);
+                    let terms = crate::objective::loss::response_terms(&s, logp, old, ref_logp, a);
+                    // −(ℓ_t + β·KL_t): the KL where the loss pays it (`kl_tokens` is logged
+                    // either way, `term` holds ℓ_t alone).
+                    let beta = if s.kl_on() { s.beta } else { 0.0 };
+                    let objective: Vec<f32> = terms
+                        .term
+                        .iter()
+                        .zip(terms.kl_tokens.iter().chain(std::iter::repeat(&0.0)))
+                        .map(|(&l, &kl)| -(l + beta * kl))
+                        .collect();
                     let strings: Vec<String> = resp.iter().map(|&t| token_string(t)).collect();
                     json!({
                         "id": format!("step{}_p{}_sample{i}", r.step - 1, g.prompt_index),
@@ -564,6 +704,7 @@ fn unipo_prompts(
                             "strings": strings,
                             "log_probs": logp,
                             "old_log_probs": old,
+                            "ref_log_probs": reference.is_some().then_some(ref_logp),
                             "advantages": vec![a; resp.len()],
                             "token_objective": objective,
                         },
@@ -649,13 +790,29 @@ mod tests {
 
     #[test]
     fn every_metric_has_a_tag_and_the_tags_are_distinct() {
-        for names in [Names::Trl, Names::Verl, Names::GrpoLab] {
-            let mut tags: Vec<String> = CSV_COLUMNS.iter().map(|(n, _)| tag(names, n)).collect();
-            let n = tags.len();
-            tags.sort();
-            tags.dedup();
-            assert_eq!(tags.len(), n, "{names:?}");
+        let runs = [KlRole::Loss, KlRole::Reward, KlRole::None]
+            .into_iter()
+            .flat_map(|kl| [false, true].map(|batch_std| LogContext { kl, batch_std }));
+        for run in runs {
+            for names in [Names::Trl, Names::Verl, Names::GrpoLab] {
+                let mut tags: Vec<String> =
+                    CSV_COLUMNS.iter().map(|(n, _)| run.tag(names, n)).collect();
+                let n = tags.len();
+                tags.sort();
+                tags.dedup();
+                assert_eq!(tags.len(), n, "{names:?} {run:?}");
+            }
         }
+        // TRL's reward_std follows the run's scale_rewards.
+        let batch = LogContext {
+            kl: KlRole::None,
+            batch_std: true,
+        };
+        assert_eq!(batch.tag(Names::Trl, "reward/std"), "train/reward_std");
+        assert_eq!(
+            LogContext::default().tag(Names::Trl, "reward/group_std"),
+            "train/reward_std"
+        );
         for (m, _, _) in METRIC_NAMES {
             assert!(CSV_COLUMNS.iter().any(|(n, _)| n == m), "{m}");
         }

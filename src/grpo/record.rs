@@ -12,6 +12,8 @@ use crate::objective::advantage::GroupStats;
 pub struct RolloutStats {
     pub reward_mean: f32,
     pub reward_std: f32,
+    /// The mean of each group's unbiased reward std (TRL's `reward_std`); None with G = 1.
+    pub reward_std_group: Option<f32>,
     pub reward_min: f32,
     pub reward_max: f32,
     pub frac_zero_std: f32,
@@ -274,6 +276,21 @@ fn mean_or_nan(v: impl Iterator<Item = f32>) -> f32 {
     }
 }
 
+/// The mean over `groups` equal groups of each one's unbiased std (n − 1, as torch's `std`,
+/// so TRL's `reward_std`); None for groups of one.
+fn group_std_mean(rewards: &[f32], groups: usize) -> Option<f32> {
+    let g = rewards.len() / groups.max(1);
+    if g < 2 {
+        return None;
+    }
+    let stds = rewards.chunks(g).map(|group| {
+        let mean = group.iter().map(|&x| x as f64).sum::<f64>() / g as f64;
+        let ss: f64 = group.iter().map(|&x| (x as f64 - mean).powi(2)).sum();
+        (ss / (g - 1) as f64).sqrt()
+    });
+    Some((stds.sum::<f64>() / groups as f64) as f32)
+}
+
 pub fn rollout_stats(
     r: &RolloutView,
     resampling: Resampling,
@@ -300,6 +317,7 @@ pub fn rollout_stats(
     RolloutStats {
         reward_mean: batch.mean,
         reward_std: batch.std,
+        reward_std_group: group_std_mean(r.rewards, r.zero_std.len()),
         reward_min: batch.min,
         reward_max: batch.max,
         frac_zero_std: r.zero_std.iter().filter(|z| **z).count() as f32 / r.zero_std.len() as f32,
@@ -479,6 +497,7 @@ pub fn step_record(
         step_in_iteration: at.step_in_iteration,
         reward_mean: stats.reward_mean,
         reward_std: stats.reward_std,
+        reward_std_group: stats.reward_std_group,
         reward_min: stats.reward_min,
         reward_max: stats.reward_max,
         frac_reward_zero_std: stats.frac_zero_std,
@@ -543,6 +562,20 @@ pub fn step_record(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// TRL's `reward_std` by hand: groups [1, 0, 1, 0] (mean ½, Σ(x − ½)² = 1, std √(1/3))
+    /// and [1, 1, 1, 1] (std 0): the mean is √(1/3) / 2, not the batch's std.
+    #[test]
+    fn group_std_is_the_mean_of_the_groups_unbiased_stds() {
+        let r = [1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0];
+        let got = group_std_mean(&r, 2).unwrap();
+        assert!(
+            (got as f64 - (1.0f64 / 3.0).sqrt() / 2.0).abs() < 1e-7,
+            "{got}"
+        );
+        assert_eq!(group_std_mean(&[3.0, 3.0], 1), Some(0.0));
+        assert_eq!(group_std_mean(&[1.0, 2.0], 2), None);
+    }
 
     #[test]
     fn pass_at_k_matches_the_closed_form() {

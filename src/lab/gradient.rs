@@ -1028,14 +1028,7 @@ impl Report {
                 "a baseline cuts variance: at G = {g_hi}, raw {:.2} → rloo {:.2} (cosine {:.3} → {:.3})",
                 raw.variance, rloo.variance, raw.cosine_mean, rloo.cosine_mean
             ));
-            out.push(format!(
-                "rloo (unbiased in theory): bias {:.3} against a floor of {:.3} ({}), at the scale of raw rewards ({:.5} vs raw {:.5})",
-                rloo.bias,
-                rloo.bias_floor,
-                judged(rloo.bias, rloo.bias_floor, "a bias: more batches?", "none seen"),
-                rloo.scale,
-                raw.scale
-            ));
+            out.push(rloo_line(raw, rloo, &judged));
         }
         if let (Some(cen), Some(rloo)) = (self.find(Centered, g_lo), self.find(Rloo, g_lo)) {
             out.push(format!(
@@ -1132,14 +1125,66 @@ impl Report {
                     "above k1's: far from π_ref k3 is heavy-tailed"
                 },
                 100.0 * (k.k3 / k.exact - 1.0),
-                if (k.k3 / k.exact - 1.0).abs() > 0.05 {
-                    " (its rare large ratios are rarely drawn)"
-                } else {
-                    ""
+                {
+                    // The batches' mean carries their noise: two standard errors of it.
+                    let se = 2.0 * k.k3_std / (self.batches.max(1) as f64).sqrt();
+                    let dev = k.k3 - k.exact;
+                    if dev.abs() <= se {
+                        format!(
+                            " (within the batches' noise, ±{:.1} %)",
+                            100.0 * se / k.exact
+                        )
+                    } else if dev < 0.0 && dev / k.exact < -0.05 {
+                        " (low: its rare large ratios are rarely drawn)".to_string()
+                    } else if dev > 0.0 && dev / k.exact > 0.05 {
+                        " (high: a rare large ratio drawn weighs heavily)".to_string()
+                    } else {
+                        String::new()
+                    }
                 }
             )
         }
     }
+}
+
+/// RLOO's line: its bias against its floor, and its scale against raw's (both unbiased, so
+/// one scale in expectation; each measured scale carries its estimator's noise, about its
+/// bias floor, relative: twice that is read as apart).
+fn rloo_line(
+    raw: &EstimatorStats,
+    rloo: &EstimatorStats,
+    judged: &dyn Fn(f64, f64, &'static str, &'static str) -> &'static str,
+) -> String {
+    let apart = (rloo.scale / raw.scale - 1.0).abs();
+    let noise = 2.0 * raw.bias_floor.max(rloo.bias_floor);
+    let same = apart <= noise.max(0.02);
+    format!(
+        "rloo (unbiased in theory): bias {:.3} against a floor of {:.3} ({}), {} ({:.5} vs raw {:.5}{})",
+        rloo.bias,
+        rloo.bias_floor,
+        judged(
+            rloo.bias,
+            rloo.bias_floor,
+            "a bias: more batches?",
+            "none seen"
+        ),
+        if same {
+            "at the scale of raw rewards"
+        } else {
+            "its scale apart from raw's beyond their noise"
+        },
+        rloo.scale,
+        raw.scale,
+        if same {
+            String::new()
+        } else {
+            format!(
+                ": {:.0} % apart, noise ~{:.0} %",
+                100.0 * apart,
+                100.0 * noise
+            )
+        }
+    )
 }
 
 /// Below this KL (nats) the exact sums' own f32 error (~1e-7 an answer) is over 1 % of it.
@@ -1215,8 +1260,11 @@ pub fn run_all(
     quiet: bool,
 ) -> Result<Report, String> {
     check(&config, a)?;
-    let bar =
-        crate::train::run::Progress::new(!quiet, 1, "{msg:>14} [{bar:40}] {pos}/{len} ({eta})");
+    let bar = crate::train::progress::Progress::new(
+        !quiet,
+        1,
+        "{msg:>14} [{bar:40}] {pos}/{len} ({eta})",
+    );
     let mut session = Session::start(trainer_for(config, checkpoint)?, a);
     while !session.advance(web_time::Duration::from_millis(100)) {
         let (what, done, total) = session.progress();
@@ -1286,6 +1334,19 @@ mod tests {
             "{line}"
         );
         assert!(line.contains("k2 -10.0 % biased"), "{line}");
+        // The batches' mean read 20 % high with no spread over the batches: said high; the
+        // same gap within two standard errors of that mean (±0.058 over 3 batches) is noise.
+        assert!(line.contains("+20.0 % off (high:"), "{line}");
+        let noisy = KlStats {
+            k3_std: 0.05,
+            ..kl(0.1, 0.12)
+        };
+        let c = report(1.0, noisy).checks();
+        let line = c.iter().find(|l| l.starts_with("KL estimators (")).unwrap();
+        assert!(line.contains("within the batches' noise"), "{line}");
+        let c = report(1.0, kl(0.1, 0.08)).checks();
+        let line = c.iter().find(|l| l.starts_with("KL estimators (")).unwrap();
+        assert!(line.contains("(low: its rare large ratios"), "{line}");
     }
 
     use super::*;

@@ -13,8 +13,8 @@ pub struct Reward {
     pub parts: BTreeMap<String, f32>,
 }
 
-/// `distance`: positions where the response agrees with `sorted(prompt)`.
-/// Missing or extra positions (variable-length responses) count as wrong.
+/// `distance`: positions where the response agrees with `sorted(prompt)`. A missing position
+/// (a short answer) earns nothing; an extra one (a long answer) neither earns nor costs.
 pub fn distance(prompt: &[u32], response: &[u32]) -> u32 {
     super::sort::with_sorted(prompt, |truth| {
         truth.iter().zip(response).filter(|(t, r)| t == r).count() as u32
@@ -97,15 +97,28 @@ impl RewardFn {
         Self { terms }
     }
 
-    /// Largest possible reward for a length-`n` prompt (for charts and thresholds).
+    /// Largest possible reward for a length-`n` prompt and a length-`n` answer (the
+    /// lecture model's; for charts and thresholds).
     pub fn max_reward(&self, n: usize) -> f32 {
+        self.max_reward_at(n, n, true)
+    }
+
+    /// Largest possible reward for a length-`n` prompt and an answer of `len` tokens: the
+    /// sorted prompt, then (past `n`) its largest element repeated. `inclusion_ordering`
+    /// pays every adjacent pair of the answer, so a longer answer can earn more; `exact`
+    /// needs `len = n` and, for the transformer, the closing `<eos>` (`closed`).
+    pub fn max_reward_at(&self, n: usize, len: usize, closed: bool) -> f32 {
         self.terms
             .iter()
             .map(|(kind, w)| {
                 let m = match kind {
-                    RewardKind::Distance => n as f32,
-                    RewardKind::InclusionOrdering => (2 * n).saturating_sub(1) as f32,
-                    RewardKind::Exact => 1.0,
+                    RewardKind::Distance => n.min(len) as f32,
+                    // Each prompt element is paid where its value appears at all: one
+                    // token can pay for all n (a prompt of one repeated value).
+                    RewardKind::InclusionOrdering => {
+                        ((len > 0) as usize * n + len.saturating_sub(1)) as f32
+                    }
+                    RewardKind::Exact => (len == n && closed) as u8 as f32,
                 };
                 w.max(0.0) * m
             })
@@ -172,18 +185,38 @@ impl RewardFn {
     }
 }
 
-/// Largest possible reward of a run: the verifiers' maximum for `n`, plus the format reward
-/// and Kimi's best length reward (+0.5) where they apply.
+/// Largest possible reward of a run: the verifiers' maximum for `n` (for the transformer, over
+/// every answer length up to `max_len`), plus the format reward and Kimi's best length reward
+/// (+0.5) where they apply.
 pub fn max_reward_of(c: &crate::config::RunConfig) -> f32 {
     let t = &c.task;
-    let mut m = RewardFn::from_task(t).max_reward(t.n);
-    if c.model.kind == crate::config::ModelKind::Transformer {
-        m += t.format_reward.max(0.0) as f32;
-        if t.length_reward == crate::config::LengthReward::Kimi {
-            m += 0.5 * t.length_reward_weight.max(0.0) as f32;
-        }
+    let f = RewardFn::from_task(t);
+    if c.model.kind != crate::config::ModelKind::Transformer {
+        return f.max_reward(t.n);
     }
-    m
+    // An answer of `len` tokens closes within `max_len` (the format reward; `exact` needs
+    // it) when `len < max_len`; a truncated one holds `max_len` tokens. Which length pays
+    // most depends on the weights: `inclusion_ordering` pays the longest.
+    // The shaping terms as `shaping` pays them: DAPO's overlong penalty on the generated
+    // tokens (`<eos>` included), and Kimi's length reward, whose best (+0.5) only a correct
+    // answer can have (a wrong one's is ≤ 0).
+    let max_len = c.max_len();
+    let format = t.format_reward.max(0.0) as f32;
+    let w = t.length_reward_weight.max(0.0) as f32;
+    let best = (0..=max_len)
+        .map(|len| {
+            let closed = len < max_len;
+            let shaping = match t.length_reward {
+                crate::config::LengthReward::Overlong => {
+                    w * overlong_penalty(len + closed as usize, max_len, t.overlong_buffer, !closed)
+                }
+                crate::config::LengthReward::Kimi if closed && len == t.n => 0.5 * w,
+                _ => 0.0,
+            };
+            f.max_reward_at(t.n, len, closed) + if closed { format } else { 0.0 } + shaping
+        })
+        .fold(f32::MIN, f32::max);
+    best.max(0.0)
 }
 
 /// A variable-length response of the autoregressive policy, as the verifiers see it.
@@ -538,6 +571,54 @@ mod tests {
         assert_eq!(f.reward(&[3, 1, 0, 2], &[0, 3, 1, 2]), 0.5);
         assert_eq!(r.parts["exact"], 1.0);
         assert_eq!(f.max_reward(4), 4.0);
+    }
+
+    /// The transformer's largest reward is the largest any answer of at most `max_len` tokens
+    /// earns on any prompt: found by trying them all on a small task, for each verifier and
+    /// a weighted mix (inclusion_ordering pays a longer answer more than the sorted one).
+    #[test]
+    fn the_transformers_max_reward_is_what_some_answer_earns() {
+        let (n, vocab, max_len) = (3usize, 3u32, 5usize);
+        let eos = vocab;
+        for weights in [
+            vec![("inclusion_ordering", 1.0)],
+            vec![("distance", 1.0)],
+            vec![("exact", 1.0)],
+            vec![("exact", 1.0), ("distance", 0.2)],
+            vec![("exact", 2.0), ("inclusion_ordering", 0.5)],
+        ] {
+            for overlong in [false, true] {
+                let mut c = crate::config::RunConfig::preset("transformer-sort").unwrap();
+                c.task.n = n;
+                c.task.vocab = vocab as usize;
+                c.task.max_len = max_len;
+                c.task.format_reward = 0.2;
+                c.task.reward_weights = weights.iter().map(|(k, w)| (k.to_string(), *w)).collect();
+                if overlong {
+                    // DAPO's penalty from 2 tokens on: the padded answer pays for its length.
+                    c.task.length_reward = crate::config::LengthReward::Overlong;
+                    c.task.length_reward_weight = 1.0;
+                    c.task.overlong_buffer = 3;
+                }
+                let f = RewardFn::from_task(&c.task);
+                let mut best = f32::MIN;
+                let answers = (vocab + 1).pow(max_len as u32);
+                for prompt in 0..vocab.pow(n as u32) {
+                    let prompt: Vec<u32> = (0..n)
+                        .map(|i| prompt / vocab.pow(i as u32) % vocab)
+                        .collect();
+                    for a in 0..answers {
+                        let tokens: Vec<u32> = (0..max_len)
+                            .map(|i| a / (vocab + 1).pow(i as u32) % (vocab + 1))
+                            .collect();
+                        let r = ArResponse::parse(&tokens, eos);
+                        let (format, overlong) = shaping(&c, &r);
+                        best = best.max(f.reward_ar(&prompt, &r) + format + overlong);
+                    }
+                }
+                assert_eq!(max_reward_of(&c), best, "{weights:?}, overlong {overlong}");
+            }
+        }
     }
 
     #[test]

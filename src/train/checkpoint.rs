@@ -27,7 +27,7 @@ pub enum CheckpointError {
         name: String,
         source: serde_json::Error,
     },
-    #[error("{name} does not match the manifest (size {size} vs {expected}, or its checksum)")]
+    #[error("{name} does not match the manifest ({})", if size == expected { "its SHA-256 differs".to_string() } else { format!("{size} bytes, the manifest says {expected}") })]
     Mismatch {
         name: String,
         size: u64,

@@ -78,10 +78,10 @@ impl RunLock {
                 if e.kind() == std::io::ErrorKind::Unsupported
                     || e.raw_os_error() == Some(ENOLCK) =>
             {
-                eprintln!(
+                super::progress::say(&format!(
                     "grpo-lab: {} cannot be locked on this file system ({e}); nothing stops a second writer here",
                     path.display()
-                );
+                ));
             }
             Err(TryLockError::Error(e)) => return Err(io(&path)(e)),
         }

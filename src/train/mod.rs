@@ -2,6 +2,7 @@
 
 pub mod checkpoint;
 pub mod lock;
+pub mod progress;
 pub mod run;
 
 pub use lock::{LockError, RunLock};

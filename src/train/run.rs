@@ -15,6 +15,17 @@ use std::sync::mpsc::Sender;
 use thiserror::Error;
 use web_time::Instant;
 
+use super::progress::Progress;
+#[cfg(feature = "native")]
+use super::progress::bar_shown;
+
+/// `eprintln!` through [`say`]: above a drawn bar, not through it.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::train::progress::say(&format!($($arg)*))
+    };
+}
+
 #[derive(Debug, Error)]
 pub enum RunError {
     #[error("{0} already holds a run; pass --resume to continue it or --force to overwrite it")]
@@ -141,15 +152,16 @@ pub fn install_interrupt_handler() {
                 let n = INTERRUPTS.fetch_add(1, Ordering::SeqCst) + 1;
                 if n == 1 {
                     // Off the terminal's `^C` and the bar's line; a log gets no blank line.
-                    let fresh_line = if std::io::IsTerminal::is_terminal(&std::io::stderr()) { "\n" } else { "" };
-                    eprintln!("{fresh_line}grpo-lab: interrupted; finishing this iteration and writing a checkpoint (Ctrl-C again to stop now)");
+                    // (A drawn bar's line, `^C` included, is cleared for the line instead.)
+                    let fresh_line = if std::io::IsTerminal::is_terminal(&std::io::stderr()) && !bar_shown() { "\n" } else { "" };
+                    say!("{fresh_line}grpo-lab: interrupted; finishing this iteration and writing a checkpoint (Ctrl-C again to stop now)");
                 } else if IN_COLD_START.load(Ordering::SeqCst) > 0
                     && IN_COLD_START.load(Ordering::SeqCst) == RUNS.load(Ordering::SeqCst)
                 {
                     // The cold start is one engine call (burn's path: ~40 s on lavapipe) that
                     // no step boundary interrupts, and nothing of the run is being written
                     // while it runs: stopping here loses nothing a resume would not redo.
-                    eprintln!("grpo-lab: stopped in the cold start; `--resume` runs it again from the same initial weights");
+                    say!("grpo-lab: stopped in the cold start; `--resume` runs it again from the same initial weights");
                     std::process::exit(130);
                 }
             });
@@ -173,75 +185,6 @@ pub fn mark_complete() {
 /// Whether Ctrl-C stopped the work short (the CLI's exit code 130).
 pub fn stopped_short() -> bool {
     interrupted() && !COMPLETE.load(Ordering::SeqCst)
-}
-
-/// A terminal progress bar (indicatif) with the `native` feature; without it (the
-/// browser) every call does nothing. `Sync`: `compare`'s worker threads share one.
-pub(crate) struct Progress {
-    #[cfg(feature = "native")]
-    bar: indicatif::ProgressBar,
-}
-
-impl Progress {
-    /// A bar of `total` with an indicatif `template`, drawn when `show`; hidden otherwise.
-    pub(crate) fn new(show: bool, total: u64, template: &str) -> Self {
-        #[cfg(feature = "native")]
-        {
-            let bar = if show {
-                let bar = indicatif::ProgressBar::new(total);
-                bar.set_style(
-                    indicatif::ProgressStyle::with_template(template).expect("valid template"),
-                );
-                bar
-            } else {
-                indicatif::ProgressBar::hidden()
-            };
-            Self { bar }
-        }
-        #[cfg(not(feature = "native"))]
-        {
-            let _ = (show, total, template);
-            Self {}
-        }
-    }
-
-    pub(crate) fn set_position(&self, _pos: u64) {
-        #[cfg(feature = "native")]
-        self.bar.set_position(_pos);
-    }
-
-    pub(crate) fn inc(&self, _delta: u64) {
-        #[cfg(feature = "native")]
-        self.bar.inc(_delta);
-    }
-
-    /// The message is built only when a bar can show it.
-    pub(crate) fn set_message(&self, _msg: impl FnOnce() -> String) {
-        #[cfg(feature = "native")]
-        self.bar.set_message(_msg());
-    }
-
-    pub(crate) fn set_length(&self, _len: u64) {
-        #[cfg(feature = "native")]
-        self.bar.set_length(_len);
-    }
-
-    pub(crate) fn finish_and_clear(&self) {
-        #[cfg(feature = "native")]
-        self.bar.finish_and_clear();
-    }
-
-    /// Redraw a few times a second on its own (the spinner and the elapsed time move) through
-    /// long work that makes no step, e.g. a cold start that is one engine call.
-    pub(crate) fn tick_steadily(&self, _on: bool) {
-        #[cfg(feature = "native")]
-        if _on {
-            self.bar
-                .enable_steady_tick(std::time::Duration::from_millis(250));
-        } else {
-            self.bar.disable_steady_tick();
-        }
-    }
 }
 
 /// Where stderr is not a terminal (a log file, a pipe, a batch job) the bar draws nothing: a
@@ -272,7 +215,7 @@ impl LogLines {
     fn cold_start(&self, bar: &Progress, config: &RunConfig) {
         let what = format!("cold start: {} supervised steps", config.sft.steps);
         if self.on {
-            eprintln!("grpo-lab: {what}");
+            say!("grpo-lab: {what}");
         }
         bar.set_message(|| what);
         bar.tick_steadily(true);
@@ -295,11 +238,11 @@ impl LogLines {
         self.last = Some(Instant::now());
         let figures = last.map_or(String::new(), |r| {
             format!(
-                " · reward {:.3} · accuracy {:.2}",
+                " · reward {:.3} · batch accuracy {:.2}",
                 r.reward_mean, r.accuracy_train
             )
         });
-        eprintln!(
+        say!(
             "grpo-lab: iteration {}/{} · step {}/{}{figures} · {:.0} s",
             trainer.iteration(),
             config.run.iterations,
@@ -422,7 +365,7 @@ pub fn for_each_metric(path: &Path, mut f: impl FnMut(StepRecord)) -> std::io::R
             Ok(r) => f(r),
             // No newline at its end: the last line, cut short.
             Err(_) if !line.ends_with('\n') => {
-                eprintln!(
+                say!(
                     "grpo-lab: {}: line {number} is incomplete (still being written, or cut by an interrupted write); dropped",
                     path.display()
                 );
@@ -471,7 +414,7 @@ fn reconcile_metrics(
         let r: StepRecord = match serde_json::from_str(&line) {
             Ok(r) => r,
             Err(_) if !line.ends_with('\n') => {
-                eprintln!(
+                say!(
                     "grpo-lab: {}: line {number} is incomplete (still being written, or cut by an interrupted write); dropped",
                     path.display()
                 );
@@ -695,7 +638,7 @@ fn pick_checkpoint(out: &Path, say: bool) -> Option<PathBuf> {
         .map(|name| root.join(name))
         .filter(|dir| dir.is_dir());
     if let (Some(text), None, true) = (&written, &named, say) {
-        eprintln!(
+        say!(
             "grpo-lab: passing over checkpoints/latest: it names {:?}, not a checkpoint directory of this run",
             text.trim()
         );
@@ -713,7 +656,7 @@ fn pick_checkpoint(out: &Path, say: bool) -> Option<PathBuf> {
         match super::checkpoint::verify(dir) {
             Ok(()) => {
                 if say && (i > 0 || named.is_none()) {
-                    eprintln!(
+                    say!(
                         "grpo-lab: taking {}, the newest checkpoint that verifies",
                         dir.display()
                     );
@@ -721,7 +664,7 @@ fn pick_checkpoint(out: &Path, say: bool) -> Option<PathBuf> {
                 return Some(dir.clone());
             }
             Err(why) if say => {
-                eprintln!("grpo-lab: passing over checkpoint {}: {why}", dir.display())
+                say!("grpo-lab: passing over checkpoint {}: {why}", dir.display())
             }
             Err(_) => {}
         }
@@ -765,16 +708,28 @@ pub fn is_run_dir(out: &Path) -> bool {
 
 /// Memory this machine has available now, in MiB (Linux's `MemAvailable`; None elsewhere).
 pub fn available_memory_mib() -> Option<f64> {
-    let info = fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
+    // A browser tab: wasm32 addresses 4 GiB at most; half of it for the run, the rest for
+    // the allocator's slack and the page (a larger run aborts the tab, blank, mid-allocation).
+    #[cfg(target_arch = "wasm32")]
+    return Some(2048.0);
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let info = fs::read_to_string("/proc/meminfo").ok()?;
+        let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib / 1024.0)
+    }
 }
 
 /// The memory cap of a config and where it comes from (None: no cap known).
 pub fn memory_cap(config: &RunConfig) -> Option<(f64, &'static str)> {
+    let available = if cfg!(target_arch = "wasm32") {
+        "a browser tab's WebAssembly memory can hold (wasm32: half of its 4 GiB)"
+    } else {
+        "this machine has available"
+    };
     match config.run.max_memory_mib {
-        0 => available_memory_mib().map(|m| (m, "this machine has available")),
+        0 => available_memory_mib().map(|m| (m, available)),
         m => Some((m as f64, "of run.max_memory_mib")),
     }
 }
@@ -841,7 +796,7 @@ pub fn run(config: RunConfig, compute: Compute, opts: RunOptions) -> Result<RunO
         .flatten()
         .filter(|s| s.status == "completed" && s.steps == trainer.global_step());
     if kept.is_some() {
-        eprintln!(
+        say!(
             "grpo-lab: {} is complete at its {} iterations: nothing to run (--set run.iterations=N extends it)",
             out.display(),
             trainer.iteration()
@@ -956,7 +911,7 @@ fn continue_from_checkpoint(
     let (keep, kept_last, dropped) =
         reconcile_metrics(&jsonl_path, trainer.iteration(), trainer.global_step())?;
     if trainer.iteration() > 0 || dropped > 0 {
-        eprintln!(
+        say!(
             "grpo-lab: resuming after iteration {} (step {}){}",
             trainer.iteration(),
             trainer.global_step(),
