@@ -558,7 +558,7 @@ fn runs_path_row(app: &mut GrpoApp, ui: &mut egui::Ui) {
     if cfg!(target_arch = "wasm32") {
         ui.label(
             egui::RichText::new(
-                "Run directories are read from disk by the desktop app; in the browser, the Experiments tab's ▶ Run trains runs to compare here.",
+                "Run directories are read from disk by the desktop app; in the browser, ▶ Run in the app below (or Keep the current run) brings runs to compare here.",
             )
             .small(),
         );

@@ -484,40 +484,33 @@ fn over_steps(
     name: &str,
     get: &dyn Fn(&StepRecord) -> Option<f32>,
 ) -> Option<f32> {
+    let finite = |r: &StepRecord| get(r).filter(|v| v.is_finite());
+    if let [one] = steps {
+        return finite(one);
+    }
     let time = |r: &StepRecord| r.step_time_secs.max(0.0) as f64;
-    let (sum, count) = match name {
+    let values: Vec<f32> = steps.iter().filter_map(finite).collect();
+    let sum = || values.iter().map(|&v| v as f64).sum::<f64>();
+    match name {
+        // Every step of an iteration trains on its one rollout: its tokens once (each step's
+        // rate times its time gives them again), over the iteration's time.
         "tokens_per_second" => {
-            // Every step of an iteration trains on its one rollout: its tokens once (each
-            // step's rate times its time gives them again), over the iteration's time.
-            let tokens: f64 = steps
+            let tokens = steps
                 .iter()
                 .map(|r| r.tokens_per_second as f64 * time(r))
                 .sum::<f64>()
                 / steps.len().max(1) as f64;
             let secs: f64 = steps.iter().map(time).sum();
-            return (steps.len() == 1)
-                .then(|| get(&steps[0]))
-                .flatten()
-                .or_else(|| (secs > 0.0).then(|| (tokens / secs) as f32))
-                .filter(|v| v.is_finite());
+            (secs > 0.0)
+                .then(|| (tokens / secs) as f32)
+                .filter(|v| v.is_finite())
         }
-        _ => steps
-            .iter()
-            .filter_map(|r| get(r).filter(|v| v.is_finite()))
-            .fold((0.0f64, 0usize), |(s, c), v| (s + v as f64, c + 1)),
-    };
-    let finite = || {
-        steps
-            .iter()
-            .filter_map(|r| get(r).filter(|v| v.is_finite()))
-    };
-    match (name, count) {
-        (_, 0) => None,
-        ("step_time_secs", _) => Some(sum as f32),
+        _ if values.is_empty() => None,
+        "step_time_secs" => Some(sum() as f32),
         // A range over the steps stays one: the smallest minimum, the largest maximum.
-        (n, _) if n.ends_with("/min") => finite().reduce(f32::min),
-        (n, _) if n.ends_with("/max") => finite().reduce(f32::max),
-        _ => Some((sum / count as f64) as f32),
+        n if n.ends_with("/min") => values.iter().copied().reduce(f32::min),
+        n if n.ends_with("/max") => values.iter().copied().reduce(f32::max),
+        _ => Some((sum() / values.len() as f64) as f32),
     }
 }
 
